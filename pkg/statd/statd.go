@@ -1,0 +1,152 @@
+// Package statd wires shoal-statd: the node's replicated state. It opens
+// the document store (package store), serves the shoal.state.v1 API on the
+// local socket, exports the store's counters as metrics and scrubs the
+// index after start-up. Clustering (join, gossip, anti-entropy) plugs in
+// here as further components over the same store.
+package statd
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/shoal-dev/shoal/pkg/daemon"
+	"github.com/shoal-dev/shoal/pkg/hlc"
+	"github.com/shoal-dev/shoal/pkg/store"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// Config is shoal-statd's configuration (/etc/shoal/statd.toml).
+type Config struct {
+	daemon.Common
+	// NodeID overrides the generated node ID on first start.
+	NodeID string `toml:"node_id"`
+	// MaxClockSkew bounds how far ahead of the local clock a peer's
+	// timestamps may be.
+	MaxClockSkew daemon.Duration `toml:"max_clock_skew"`
+	// WatchHistory is how many changes are kept for watchers to resume.
+	WatchHistory uint64 `toml:"watch_history"`
+	// MSTCacheNodes bounds the index nodes cached in memory.
+	MSTCacheNodes int `toml:"mst_cache_nodes"`
+}
+
+// Spec describes shoal-statd to the daemon runtime.
+func Spec() daemon.Spec {
+	return daemon.Spec{
+		Name:  "statd",
+		Short: "Shoal state daemon: replicated cluster state as CRDT documents",
+		Long: `shoal-statd keeps this node's copy of the cluster state: CRDT documents on
+Pebble indexed by a Merkle Search Tree, served on <run-dir>/statd.sock
+(shoal.state.v1). Writes are durable when acknowledged; watchers resume
+from a revision across reconnects and restarts.`,
+		MetricsPort: 9461,
+		Config: func(c daemon.Common) daemon.Configurable {
+			return &Config{
+				Common:        c,
+				MaxClockSkew:  daemon.Duration(hlc.DefaultMaxSkew),
+				WatchHistory:  100_000,
+				MSTCacheNodes: 16_384,
+			}
+		},
+		Flags: func(fs *pflag.FlagSet, cfg any) {
+			c := cfg.(*Config)
+			fs.StringVar(&c.NodeID, "node-id", c.NodeID, "node ID to use on first start (default: random)")
+			fs.Var(&c.MaxClockSkew, "max-clock-skew", "reject peer timestamps further ahead than this")
+			fs.Uint64Var(&c.WatchHistory, "watch-history", c.WatchHistory, "changes kept for watchers to resume from")
+			fs.IntVar(&c.MSTCacheNodes, "mst-cache-nodes", c.MSTCacheNodes, "index nodes cached in memory")
+		},
+		Start: start,
+	}
+}
+
+// Main runs shoal-statd.
+func Main(args []string) int { return daemon.Main(Spec(), args) }
+
+func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error, error) {
+	cfg := rt.Config.(*Config)
+	if cfg.WatchHistory == 0 {
+		return nil, fmt.Errorf("watch_history must be positive")
+	}
+	clock := hlc.NewClock(nil, time.Duration(cfg.MaxClockSkew))
+	st, err := store.Open(store.Options{
+		Dir:           filepath.Join(cfg.StateDir, "db"),
+		NodeID:        cfg.NodeID,
+		Clock:         clock,
+		Logger:        rt.Log.With("component", "store"),
+		WatchHistory:  cfg.WatchHistory,
+		MSTCacheNodes: cfg.MSTCacheNodes,
+	})
+	if err != nil {
+		return nil, err
+	}
+	statev1.RegisterStateServer(rt.GRPC, &stateServer{st: st})
+	rt.Metrics.MustRegister(newCollector(st))
+	rt.Details = func() map[string]string {
+		s := st.Status()
+		return map[string]string{
+			"node_id":  s.NodeID,
+			"keys":     strconv.FormatUint(s.Live, 10),
+			"revision": strconv.FormatUint(s.Revision, 10),
+			"root":     fmt.Sprintf("%x", s.Root[:8]),
+		}
+	}
+	go func() {
+		n, err := st.Scrub(ctx)
+		if err != nil {
+			rt.Log.Error("index scrub", "entries", n, "err", err)
+			return
+		}
+		rt.Log.Info("index scrub clean", "entries", n)
+	}()
+	return func(context.Context) error { return st.Close() }, nil
+}
+
+// collector exports the store's status as Prometheus metrics at scrape
+// time, so there is one source of truth for the numbers.
+type collector struct {
+	st    *store.Store
+	descs map[string]*prometheus.Desc
+	keys  *prometheus.Desc
+	tombs *prometheus.Desc
+	rev   *prometheus.Desc
+}
+
+func newCollector(st *store.Store) *collector {
+	c := &collector{
+		st:    st,
+		descs: map[string]*prometheus.Desc{},
+		keys:  prometheus.NewDesc("shoal_statd_documents", "Live documents.", nil, nil),
+		tombs: prometheus.NewDesc("shoal_statd_tombstones", "Deleted documents still remembered.", nil, nil),
+		rev:   prometheus.NewDesc("shoal_statd_revision", "Latest local revision.", nil, nil),
+	}
+	for name := range st.Status().Counters {
+		c.descs[name] = prometheus.NewDesc("shoal_statd_"+name+"_total", "Store counter "+name+".", nil, nil)
+	}
+	return c
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.keys
+	ch <- c.tombs
+	ch <- c.rev
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	s := c.st.Status()
+	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(s.Live))
+	ch <- prometheus.MustNewConstMetric(c.tombs, prometheus.GaugeValue, float64(s.Tombstones))
+	ch <- prometheus.MustNewConstMetric(c.rev, prometheus.CounterValue, float64(s.Revision))
+	for name, v := range s.Counters {
+		if d, ok := c.descs[name]; ok {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v))
+		}
+	}
+}

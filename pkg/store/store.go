@@ -1,0 +1,297 @@
+package store
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/containerd/errdefs"
+
+	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/hlc"
+	"github.com/shoal-dev/shoal/pkg/mst"
+)
+
+// Options configure a Store.
+type Options struct {
+	// Dir is the Pebble directory.
+	Dir string
+	// NodeID names this node in the stamps of its writes. It is stored on
+	// first open; a later Open with a different non-empty NodeID fails.
+	// Empty means: the stored one, or a new random one.
+	NodeID string
+	// Clock issues timestamps; nil means a wall clock with the default max
+	// skew.
+	Clock *hlc.Clock
+	// Logger receives the store's (and Pebble's) messages.
+	Logger *slog.Logger
+	// WatchHistory is how many changes the log keeps for watchers to
+	// resume from (default 100,000).
+	WatchHistory uint64
+	// MSTCacheNodes bounds the decoded MST nodes kept in memory.
+	MSTCacheNodes int
+	// MSTLevelBits sets the MST fanout (2^bits); it must be equal on every
+	// node of a cluster. Default 4.
+	MSTLevelBits int
+	// MaxGroup bounds how many writes share one commit (default 1024).
+	MaxGroup int
+}
+
+// ErrClosed is returned by calls on a closed store.
+var ErrClosed = fmt.Errorf("store closed: %w", errdefs.ErrUnavailable)
+
+// ErrCompacted is returned by Watch when the change log no longer holds
+// the requested revision.
+var ErrCompacted = errors.New("revision compacted")
+
+// Store is a node's replicated document store. All methods are safe for
+// concurrent use.
+type Store struct {
+	opts   Options
+	log    *slog.Logger
+	db     *pebble.DB
+	clock  *hlc.Clock
+	nodeID string
+
+	reqs    chan *writeReq
+	repairs chan struct{}
+	closing chan struct{}
+	done    chan struct{}
+	closeMu sync.Once
+
+	// Committed state, published by the committer after each commit.
+	rev    atomic.Uint64
+	oldest atomic.Uint64
+	state  atomic.Pointer[committed]
+
+	notifyMu sync.Mutex
+	notify   chan struct{} // closed and replaced at every commit
+
+	stats counters
+
+	// Owned by the committer goroutine.
+	tree *mst.Tree
+}
+
+// committed is the part of the state published as one unit.
+type committed struct {
+	root       mst.Hash
+	live       uint64
+	tombstones uint64
+}
+
+// Open opens (or creates) the store in opts.Dir and starts its committer.
+func Open(opts Options) (*Store, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	if opts.Clock == nil {
+		opts.Clock = hlc.NewClock(nil, 0)
+	}
+	if opts.WatchHistory == 0 {
+		opts.WatchHistory = 100_000
+	}
+	if opts.MaxGroup <= 0 {
+		opts.MaxGroup = 1024
+	}
+	if opts.MSTLevelBits == 0 {
+		opts.MSTLevelBits = 4
+	}
+	db, err := pebble.Open(opts.Dir, &pebble.Options{
+		Logger:             pebbleLogger{opts.Logger.With("component", "pebble")},
+		FormatMajorVersion: pebble.FormatNewest,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open pebble at %s: %w", opts.Dir, err)
+	}
+	s := &Store{
+		opts:    opts,
+		log:     opts.Logger,
+		db:      db,
+		clock:   opts.Clock,
+		reqs:    make(chan *writeReq, opts.MaxGroup),
+		repairs: make(chan struct{}, 1),
+		closing: make(chan struct{}),
+		done:    make(chan struct{}),
+		notify:  make(chan struct{}),
+	}
+	if err := s.load(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	go s.run()
+	return s, nil
+}
+
+// load reads the scalars, checks the format and node ID, restores the HLC
+// and opens the tree at its persisted root (loading no more than the root).
+func (s *Store) load() error {
+	format, err := s.getUint(keyFormat)
+	if err != nil {
+		return err
+	}
+	isNew := format == 0
+	if !isNew && format != formatVersion {
+		return fmt.Errorf("store format %d, this binary reads %d", format, formatVersion)
+	}
+	stored, err := s.getBytes(keyNodeID)
+	if err != nil {
+		return err
+	}
+	switch {
+	case stored == nil && s.opts.NodeID == "":
+		s.nodeID = NewNodeID()
+	case stored == nil:
+		s.nodeID = s.opts.NodeID
+	case s.opts.NodeID != "" && s.opts.NodeID != string(stored):
+		return fmt.Errorf("state dir belongs to node %q, not %q", stored, s.opts.NodeID)
+	default:
+		s.nodeID = string(stored)
+	}
+	if len(s.nodeID) > crdt.MaxNodeID {
+		return fmt.Errorf("node ID longer than %d bytes", crdt.MaxNodeID)
+	}
+	if isNew {
+		b := s.db.NewBatch()
+		b.Set(keyFormat, binary.BigEndian.AppendUint64(nil, formatVersion), nil)
+		b.Set(keyNodeID, []byte(s.nodeID), nil)
+		if err := b.Commit(pebble.Sync); err != nil {
+			return fmt.Errorf("initialise store: %w", err)
+		}
+	}
+	rev, err := s.getUint(keyRev)
+	if err != nil {
+		return err
+	}
+	oldest, err := s.getUint(keyOldest)
+	if err != nil {
+		return err
+	}
+	if oldest == 0 {
+		oldest = 1
+	}
+	s.rev.Store(rev)
+	s.oldest.Store(oldest)
+	if b, err := s.getBytes(keyHLC); err != nil {
+		return err
+	} else if b != nil {
+		ts, err := hlc.Decode(b)
+		if err != nil {
+			return fmt.Errorf("stored clock: %w", err)
+		}
+		s.clock.Restore(ts)
+	}
+	var st committed
+	if b, err := s.getBytes(keyRoot); err != nil {
+		return err
+	} else if len(b) == len(st.root) {
+		copy(st.root[:], b)
+	}
+	if st.live, err = s.getUint(keyLive); err != nil {
+		return err
+	}
+	if st.tombstones, err = s.getUint(keyTombstones); err != nil {
+		return err
+	}
+	s.state.Store(&st)
+	s.tree = s.openTree(st.root)
+	return nil
+}
+
+func (s *Store) openTree(root mst.Hash) *mst.Tree {
+	return mst.Open(pebbleNodes{s.db}, root, s.mstOptions())
+}
+
+func (s *Store) mstOptions() mst.Options {
+	return mst.Options{LevelBits: s.opts.MSTLevelBits, CacheNodes: s.opts.MSTCacheNodes}
+}
+
+// Close stops the committer after the writes already queued and closes the
+// database. Calls after Close fail with ErrClosed.
+func (s *Store) Close() error {
+	var err error
+	s.closeMu.Do(func() {
+		close(s.closing)
+		<-s.done
+		err = s.db.Close()
+	})
+	return err
+}
+
+// NodeID returns the ID this node stamps its writes with.
+func (s *Store) NodeID() string { return s.nodeID }
+
+// Clock returns the store's clock.
+func (s *Store) Clock() *hlc.Clock { return s.clock }
+
+// Revision returns the latest committed revision.
+func (s *Store) Revision() uint64 { return s.rev.Load() }
+
+// Root returns the committed MST root.
+func (s *Store) Root() mst.Hash { return s.state.Load().root }
+
+// NewNodeID returns a random 12-hex-digit node ID.
+func NewNodeID() string {
+	var b [6]byte
+	rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func (s *Store) getBytes(key []byte) ([]byte, error) { return readBytes(s.db, key) }
+
+// readBytes returns a copy of the value at key, nil if absent.
+func readBytes(r pebble.Reader, key []byte) ([]byte, error) {
+	v, c, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read %q: %w", key, err)
+	}
+	defer c.Close()
+	return append([]byte(nil), v...), nil
+}
+
+func (s *Store) getUint(key []byte) (uint64, error) {
+	b, err := s.getBytes(key)
+	if err != nil || b == nil {
+		return 0, err
+	}
+	if len(b) != 8 {
+		return 0, fmt.Errorf("scalar %q has %d bytes: %w", key, len(b), errdefs.ErrDataLoss)
+	}
+	return binary.BigEndian.Uint64(b), nil
+}
+
+// pebbleNodes serves MST nodes from the database.
+type pebbleNodes struct{ r pebble.Reader }
+
+func (p pebbleNodes) GetNode(h mst.Hash) ([]byte, error) {
+	v, c, err := p.r.Get(nodeKey(h))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("node %x: %w", h[:8], mst.ErrNodeNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return append([]byte(nil), v...), nil
+}
+
+type pebbleLogger struct{ log *slog.Logger }
+
+func (l pebbleLogger) Infof(format string, args ...any) { l.log.Debug(fmt.Sprintf(format, args...)) }
+func (l pebbleLogger) Errorf(format string, args ...any) {
+	l.log.Error(fmt.Sprintf(format, args...))
+}
+func (l pebbleLogger) Fatalf(format string, args ...any) {
+	l.log.Error(fmt.Sprintf(format, args...))
+	panic(fmt.Sprintf(format, args...))
+}
