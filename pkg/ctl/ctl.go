@@ -1,0 +1,123 @@
+// Package ctl implements shoalctl, the command-line interface. Commands
+// are grouped by noun (daemon, state, ...) and talk only to the local
+// daemons' sockets, found in --run-dir or $SHOAL_RUN_DIR.
+//
+// Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
+// 4 a daemon is unreachable.
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/shoal-dev/shoal/pkg/buildinfo"
+	"github.com/shoal-dev/shoal/pkg/client"
+)
+
+// Exit codes.
+const (
+	exitOK          = 0
+	exitFailure     = 1
+	exitUsage       = 2
+	exitNotFound    = 3
+	exitUnavailable = 4
+)
+
+// app holds what every command shares.
+type app struct {
+	runDir  string
+	timeout time.Duration
+	out     io.Writer
+	errOut  io.Writer
+}
+
+// usageError marks errors in how shoalctl was called.
+type usageError struct{ error }
+
+// Main runs shoalctl with args and returns the exit code.
+func Main(args []string) int {
+	a := &app{out: os.Stdout, errOut: os.Stderr}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return exitOK
+	}
+	fmt.Fprintf(a.errOut, "error: %s\n", describe(err))
+	return exitCode(err)
+}
+
+func (a *app) rootCommand() *cobra.Command {
+	root := &cobra.Command{
+		Use:   "shoalctl",
+		Short: "Control a Shoal node and cluster",
+		Long: `shoalctl talks to the Shoal daemons of this node over their local sockets
+(--run-dir, or $SHOAL_RUN_DIR, default /run/shoal).
+
+Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
+4 a daemon is unreachable.`,
+		Version:       buildinfo.String(),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.PersistentFlags().StringVar(&a.runDir, "run-dir", client.RunDirFromEnv(), "directory of the daemons' sockets ($SHOAL_RUN_DIR)")
+	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on a call after this long")
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.AddCommand(a.daemonCommand(), a.stateCommand())
+	return root
+}
+
+// ctx returns a context bounded by --timeout.
+func (a *app) ctx(cmd *cobra.Command) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(cmd.Context(), a.timeout)
+}
+
+func (a *app) statd() (*client.Statd, error) {
+	return client.NewStatd(a.runDir, client.Retry{})
+}
+
+// describe renders an error for humans: a gRPC status shows its message
+// without the rpc error prefix.
+func describe(err error) string {
+	if s, ok := status.FromError(err); ok {
+		return s.Message()
+	}
+	return err.Error()
+}
+
+func exitCode(err error) int {
+	var ue usageError
+	if errors.As(err, &ue) {
+		return exitUsage
+	}
+	switch status.Code(err) {
+	case codes.InvalidArgument, codes.OutOfRange:
+		return exitUsage
+	case codes.NotFound:
+		return exitNotFound
+	case codes.Unavailable:
+		return exitUnavailable
+	}
+	switch {
+	case errdefs.IsInvalidArgument(err):
+		return exitUsage
+	case errdefs.IsNotFound(err):
+		return exitNotFound
+	case errdefs.IsUnavailable(err):
+		return exitUnavailable
+	}
+	return exitFailure
+}
