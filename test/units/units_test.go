@@ -1,0 +1,124 @@
+// Package units checks the systemd units in systemd/: systemd-analyze
+// verify accepts them (against a throw-away root holding the installed
+// binaries), and no Shoal unit requires or binds to another Shoal daemon,
+// so each daemon restarts on its own.
+package units
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var daemons = []string{"statd", "schedd", "netd", "vold"}
+
+func unitDir(t *testing.T) string {
+	t.Helper()
+	dir, err := filepath.Abs("../../systemd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func TestSystemdAnalyzeVerify(t *testing.T) {
+	if _, err := exec.LookPath("systemd-analyze"); err != nil {
+		t.Fatal("systemd-analyze not installed (make deps installs systemd)")
+	}
+	root := t.TempDir()
+	bin := filepath.Join(root, "usr/local/bin")
+	etc := filepath.Join(root, "etc/systemd/system")
+	for _, d := range []string{bin, etc, filepath.Join(root, "usr/lib/systemd")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// verify resolves dependencies such as sysinit.target against the
+	// root, so it needs the distribution's units beside ours.
+	if out, err := exec.Command("cp", "-a", "/usr/lib/systemd/system", filepath.Join(root, "usr/lib/systemd/")).CombinedOutput(); err != nil {
+		t.Fatalf("copy system units: %v %s", err, out)
+	}
+	for _, d := range daemons {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(bin, "shoal-"+d), "github.com/shoal-dev/shoal/cmd/"+d).CombinedOutput()
+		if err != nil {
+			t.Fatalf("build %s: %v %s", d, err, out)
+		}
+	}
+	units, _ := filepath.Glob(filepath.Join(unitDir(t), "shoal*"))
+	if len(units) != 2*len(daemons)+1 {
+		t.Fatalf("want a service and a socket per daemon and shoal.target, found %v", units)
+	}
+	args := []string{"verify", "--man=no", "--root=" + root}
+	for _, u := range units {
+		data, err := os.ReadFile(u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(etc, filepath.Base(u)), data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "/etc/systemd/system/"+filepath.Base(u))
+	}
+	out, err := exec.Command("systemd-analyze", args...).CombinedOutput()
+	if err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
+	}
+}
+
+func TestUnitsAreIndependent(t *testing.T) {
+	for _, d := range daemons {
+		svc := readUnit(t, "shoal-"+d+".service")
+		if got := svc["Service.Type"]; got != "notify" {
+			t.Errorf("shoal-%s.service Type=%s, want notify", d, got)
+		}
+		if svc["Service.WatchdogSec"] == "" || svc["Service.Restart"] == "" {
+			t.Errorf("shoal-%s.service lacks WatchdogSec or Restart", d)
+		}
+		for _, key := range []string{"Unit.Requires", "Unit.BindsTo", "Unit.Requisite", "Unit.PartOf"} {
+			for _, other := range daemons {
+				if strings.Contains(svc[key], "shoal-"+other) {
+					t.Errorf("shoal-%s.service %s=%s ties it to shoal-%s", d, key, svc[key], other)
+				}
+			}
+		}
+		sock := readUnit(t, "shoal-"+d+".socket")
+		if sock["Socket.ListenStream"] != "/run/shoal/"+d+".sock" || sock["Socket.SocketMode"] != "0660" {
+			t.Errorf("shoal-%s.socket: %v", d, sock)
+		}
+	}
+	target := readUnit(t, "shoal.target")
+	for _, d := range daemons {
+		if !strings.Contains(target["Unit.Wants"], "shoal-"+d+".service") {
+			t.Errorf("shoal.target does not want shoal-%s.service", d)
+		}
+	}
+}
+
+// readUnit returns Section.Key -> values (joined by spaces) of a unit.
+func readUnit(t *testing.T, name string) map[string]string {
+	t.Helper()
+	f, err := os.Open(filepath.Join(unitDir(t), name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]string{}
+	section := ""
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		switch {
+		case line == "" || strings.HasPrefix(line, "#"):
+		case strings.HasPrefix(line, "["):
+			section = strings.Trim(line, "[]")
+		default:
+			k, v, _ := strings.Cut(line, "=")
+			key := section + "." + k
+			out[key] = strings.TrimSpace(out[key] + " " + v)
+		}
+	}
+	return out
+}
