@@ -1,0 +1,99 @@
+# Shoal build, test and benchmark entry points. `make help` lists them.
+SHELL := /bin/bash
+GO ?= go
+PREFIX ?= /usr/local
+DESTDIR ?=
+UNITDIR ?= /etc/systemd/system
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS := -X github.com/shoal-dev/shoal/pkg/buildinfo.Version=$(VERSION)
+DAEMONS := statd schedd netd vold
+BINS := $(addprefix bin/shoal-,$(DAEMONS)) bin/shoalctl
+PROTOC_GEN_GO_VERSION := v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
+FUZZTIME ?= 10s
+# Packages needed by the tests and the demo on a fresh Debian machine.
+APT_PACKAGES := protobuf-compiler systemd iproute2 nftables busybox-static
+
+.PHONY: help build test unit e2e fuzz check proto deps install demo bench clean
+
+help:
+	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold} and bin/shoalctl"
+	@echo "make test    - everything CI runs: checks, unit/property tests, fuzzing, e2e"
+	@echo "make demo    - start a local Shoal and show state converging"
+	@echo "make bench   - run the benchmarks and write docs/BENCHMARKS.md"
+	@echo "make check   - gofmt, go vet, generated code current"
+	@echo "make proto   - regenerate Go code from proto/"
+	@echo "make install - install binaries and systemd units (PREFIX, DESTDIR)"
+
+build: $(BINS)
+
+bin/shoal-%: FORCE
+	$(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/$*
+
+bin/shoalctl: FORCE
+	$(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/ctl
+
+FORCE:
+
+# deps installs what the tests need when it is missing (CI runs on a fresh
+# Debian machine; a developer's machine usually has it all already).
+deps:
+	@missing=""; \
+	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
+	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
+	command -v nft >/dev/null || missing="$$missing nftables"; \
+	[ -x /bin/busybox ] || missing="$$missing busybox-static"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing:$$missing"; \
+		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	@test -x $(GOBIN_DIR)/protoc-gen-go && $(GOBIN_DIR)/protoc-gen-go --version | grep -q $(PROTOC_GEN_GO_VERSION) || \
+		$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	@test -x $(GOBIN_DIR)/protoc-gen-go-grpc && $(GOBIN_DIR)/protoc-gen-go-grpc --version | grep -q $(PROTOC_GEN_GO_GRPC_VERSION:v%=%) || \
+		$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+
+proto: deps
+	PATH="$(GOBIN_DIR):$$PATH" ./proto/gen.sh
+
+check: deps
+	@bad=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
+	if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
+	$(GO) vet ./...
+	PATH="$(GOBIN_DIR):$$PATH" ./proto/gen.sh
+	@if ! git diff --quiet -- proto/ || [ -n "$$(git ls-files --others --exclude-standard proto/)" ]; then \
+		echo "generated protobuf code is stale: run 'make proto' and commit"; git status --short proto/; exit 1; fi
+
+# test is what CI runs (.ci/run) and what the README tells newcomers.
+test: deps check build unit fuzz e2e
+
+unit:
+	$(GO) test -count=1 -timeout 15m ./pkg/... ./test/units/...
+
+# Each fuzz target runs briefly: go test allows one target per run.
+FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange
+fuzz:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
+		$(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) ./$$pkg; \
+	done
+
+# e2e runs the real binaries (built by `build`) as separate processes.
+e2e: build
+	SHOAL_BIN_DIR=$(CURDIR)/bin $(GO) test -count=1 -timeout 20m ./test/e2e/...
+
+bench: build
+	./bench/run.sh
+
+demo: build
+	./scripts/demo.sh
+
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR)
+	install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 systemd/*.service systemd/*.socket systemd/*.target $(DESTDIR)$(UNITDIR)/
+
+clean:
+	rm -rf bin
