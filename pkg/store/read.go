@@ -287,3 +287,39 @@ func readUint(r pebble.Reader, key []byte) (uint64, error) {
 	}
 	return binary.BigEndian.Uint64(v), nil
 }
+
+// Scan calls fn with every stored document, tombstones included, in key
+// order from one snapshot, until fn returns false.
+func (s *Store) Scan(fn func(key string, d crdt.Doc) bool) error {
+	if s.isClosed() {
+		return ErrClosed
+	}
+	snap := s.db.NewSnapshot()
+	defer snap.Close()
+	it, err := snap.NewIter(&pebble.IterOptions{LowerBound: []byte{prefixDoc}, UpperBound: []byte{prefixDoc + 1}})
+	if err != nil {
+		return err
+	}
+	defer it.Close()
+	for it.First(); it.Valid(); it.Next() {
+		_, d, err := DecodeRecord(it.Value())
+		if err != nil {
+			continue // reported by readers and the scrub
+		}
+		if !fn(string(it.Key()[1:]), d) {
+			break
+		}
+	}
+	return it.Error()
+}
+
+// SetMeta stores a node-local value that is not replicated (e.g. when the
+// node last synchronised with a peer).
+func (s *Store) SetMeta(name string, value []byte) error {
+	return s.db.Set(append([]byte("smeta/"), name...), value, pebble.Sync)
+}
+
+// Meta returns a value stored by SetMeta, nil if none.
+func (s *Store) Meta(name string) ([]byte, error) {
+	return readBytes(s.db, append([]byte("smeta/"), name...))
+}

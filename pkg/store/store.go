@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/containerd/errdefs"
 
 	"github.com/shoal-dev/shoal/pkg/crdt"
@@ -42,6 +43,9 @@ type Options struct {
 	MSTLevelBits int
 	// MaxGroup bounds how many writes share one commit (default 1024).
 	MaxGroup int
+	// InMemory keeps the database in memory (simulations and tests): the
+	// same code paths without a disk.
+	InMemory bool
 }
 
 // ErrClosed is returned by calls on a closed store.
@@ -104,10 +108,14 @@ func Open(opts Options) (*Store, error) {
 	if opts.MSTLevelBits == 0 {
 		opts.MSTLevelBits = 4
 	}
-	db, err := pebble.Open(opts.Dir, &pebble.Options{
+	popts := &pebble.Options{
 		Logger:             pebbleLogger{opts.Logger.With("component", "pebble")},
 		FormatMajorVersion: pebble.FormatNewest,
-	})
+	}
+	if opts.InMemory {
+		popts.FS = vfs.NewMem()
+	}
+	db, err := pebble.Open(opts.Dir, popts)
 	if err != nil {
 		return nil, fmt.Errorf("open pebble at %s: %w", opts.Dir, err)
 	}

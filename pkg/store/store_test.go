@@ -494,3 +494,44 @@ func TestCorruptNodeFoundByWriteAndRepaired(t *testing.T) {
 		t.Fatal("index diverged from documents after repair")
 	}
 }
+
+func TestPurgeTombstonesAndStale(t *testing.T) {
+	s := openTest(t, t.TempDir())
+	ctx := context.Background()
+	mustPut(t, s, "/live", "v", "1")
+	mustPut(t, s, "/dead", "v", "1")
+	if _, err := s.Delete(ctx, "/dead", nil); err != nil {
+		t.Fatal(err)
+	}
+	rev := s.Revision()
+	cut := s.Clock().Now()
+	mustPut(t, s, "/new-dead", "v", "1")
+	if _, err := s.Delete(ctx, "/new-dead", nil); err != nil {
+		t.Fatal(err)
+	}
+	expired := func(d crdt.Doc) bool { return !d.Exists() && d.MaxStamp().TS.Less(cut) }
+	n, err := s.Purge(ctx, []string{"/live", "/dead", "/new-dead", "/absent"}, expired)
+	if err != nil || n != 1 {
+		t.Fatalf("purged %d (%v), want only /dead", n, err)
+	}
+	if rec, _ := s.GetRaw("/dead"); !rec.Doc.IsEmpty() {
+		t.Fatal("/dead still stored")
+	}
+	if rec, _ := s.GetRaw("/new-dead"); rec.Doc.IsEmpty() {
+		t.Fatal("young tombstone purged")
+	}
+	if st := s.Status(); st.Tombstones != 1 || st.Live != 1 || st.Revision != rev+2 {
+		t.Fatalf("status %+v", st)
+	}
+	n, err = s.Purge(ctx, []string{"/live"}, func(d crdt.Doc) bool { return d.MaxStamp().TS.Less(cut) })
+	if err != nil || n != 1 {
+		t.Fatalf("stale purge: %d %v", n, err)
+	}
+	// The index still matches the documents.
+	root := s.Root()
+	s.RequestRepair()
+	waitFor(t, func() bool { return s.Status().Counters["mst_repairs"] == 1 })
+	if s.Root() != root {
+		t.Fatal("index diverged after purge")
+	}
+}

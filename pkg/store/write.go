@@ -22,6 +22,7 @@ const (
 	opPut opKind = iota
 	opDelete
 	opMerge
+	opPurge
 )
 
 type writeReq struct {
@@ -30,6 +31,7 @@ type writeReq struct {
 	fields map[string]crdt.Value // opPut
 	names  []string              // opDelete; empty deletes the document
 	remote crdt.Doc              // opMerge
+	purge  func(crdt.Doc) bool   // opPurge: whether to forget the document
 	res    chan WriteResult
 }
 
@@ -217,6 +219,18 @@ func (s *Store) tryCommit(group []*writeReq) (_ []WriteResult, err error) {
 				return nil, err
 			}
 		}
+		if r.op == opPurge {
+			purged, err := s.purge(b, &st, r, cur)
+			if err != nil {
+				return nil, err
+			}
+			if purged {
+				overlay[r.key] = Record{Key: r.key}
+				changed++
+			}
+			results[i] = WriteResult{Rev: rev, Changed: purged, Existed: cur.Doc.Exists()}
+			continue
+		}
 		delta, existed := s.delta(r, cur.Doc)
 		next := crdt.Merge(cur.Doc, delta)
 		if crdt.Equal(next, cur.Doc) {
@@ -292,6 +306,57 @@ func (s *Store) tryCommit(group []*writeReq) (_ []WriteResult, err error) {
 	s.rev.Store(rev)
 	s.broadcast()
 	return results, nil
+}
+
+// purge forgets a document entirely (no tombstone left, no change logged)
+// if r.purge says so.
+func (s *Store) purge(b *pebble.Batch, st *committed, r *writeReq, cur Record) (bool, error) {
+	d := cur.Doc
+	if d.IsEmpty() || !r.purge(d) {
+		return false, nil
+	}
+	if _, err := s.tree.Delete(IndexKey(d, r.key)); err != nil {
+		return false, err
+	}
+	countDoc(st, d, -1)
+	b.Delete(docKey(r.key), nil)
+	return true, nil
+}
+
+// Purge forgets entirely the documents among keys for which forget
+// returns true, judged by the committer on their current state (so a write
+// racing the purge is never lost to a stale judgement). It serves
+// tombstone garbage collection, and a node that was away longer than the
+// tombstone retention dropping what it may hold stale. A purge is not a
+// change: watchers see nothing and the revision stays.
+func (s *Store) Purge(ctx context.Context, keys []string, forget func(crdt.Doc) bool) (int, error) {
+	reqs := make([]*writeReq, 0, len(keys))
+	for _, k := range keys {
+		r := &writeReq{op: opPurge, key: k, purge: forget, res: make(chan WriteResult, 1)}
+		select {
+		case s.reqs <- r:
+			reqs = append(reqs, r)
+		case <-s.closing:
+			return 0, ErrClosed
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	n := 0
+	for _, r := range reqs {
+		select {
+		case res := <-r.res:
+			if res.Err != nil {
+				return n, res.Err
+			}
+			if res.Changed {
+				n++
+			}
+		case <-ctx.Done():
+			return n, ctx.Err()
+		}
+	}
+	return n, nil
 }
 
 // delta turns a request into the document delta it merges, and reports
