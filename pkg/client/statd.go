@@ -10,14 +10,17 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
 // Statd is a client of shoal-statd's local API.
 type Statd struct {
 	statev1.StateClient
-	Conn  *grpc.ClientConn
-	retry Retry
+	// Cluster is statd's cluster membership API on the same connection.
+	Cluster clusterv1.ClusterClient
+	Conn    *grpc.ClientConn
+	retry   Retry
 }
 
 // NewStatd returns a client of the statd socket in runDir.
@@ -26,7 +29,7 @@ func NewStatd(runDir string, retry Retry) (*Statd, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Statd{StateClient: statev1.NewStateClient(conn), Conn: conn, retry: retry.withDefaults()}, nil
+	return &Statd{StateClient: statev1.NewStateClient(conn), Cluster: clusterv1.NewClusterClient(conn), Conn: conn, retry: retry.withDefaults()}, nil
 }
 
 // Close closes the connection.

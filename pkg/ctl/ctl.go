@@ -45,6 +45,9 @@ type app struct {
 // usageError marks errors in how shoalctl was called.
 type usageError struct{ error }
 
+// notFoundError marks a named thing that does not exist.
+type notFoundError struct{ error }
+
 // Main runs shoalctl with args and returns the exit code.
 func Main(args []string) int {
 	a := &app{out: os.Stdout, errOut: os.Stderr}
@@ -76,7 +79,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
 	root.PersistentFlags().StringVar(&a.runDir, "run-dir", client.RunDirFromEnv(), "directory of the daemons' sockets ($SHOAL_RUN_DIR)")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on a call after this long")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(a.daemonCommand(), a.stateCommand())
+	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.devCommand())
 	return root
 }
 
@@ -102,6 +105,10 @@ func exitCode(err error) int {
 	var ue usageError
 	if errors.As(err, &ue) {
 		return exitUsage
+	}
+	var nf notFoundError
+	if errors.As(err, &nf) {
+		return exitNotFound
 	}
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.OutOfRange:

@@ -29,6 +29,9 @@ func ToStatus(err error) error {
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errdefs.IsUnauthorized(err):
+		// errgrpc has no mapping for this class.
+		return status.Error(codes.Unauthenticated, err.Error())
 	}
 	return errgrpc.ToGRPC(err)
 }

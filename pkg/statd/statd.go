@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"time"
 
@@ -16,8 +17,12 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/shoal-dev/shoal/pkg/daemon"
+	"github.com/shoal-dev/shoal/pkg/gossip"
 	"github.com/shoal-dev/shoal/pkg/hlc"
+	"github.com/shoal-dev/shoal/pkg/member"
+	"github.com/shoal-dev/shoal/pkg/pki"
 	"github.com/shoal-dev/shoal/pkg/store"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
@@ -33,6 +38,51 @@ type Config struct {
 	WatchHistory uint64 `toml:"watch_history"`
 	// MSTCacheNodes bounds the index nodes cached in memory.
 	MSTCacheNodes int `toml:"mst_cache_nodes"`
+
+	// NodeName is the name shown for this node (default: the hostname).
+	NodeName string `toml:"node_name"`
+	// BindAddr is the IP the peer port listens on (default: all).
+	BindAddr string `toml:"bind_addr"`
+	// PeerPort is the TCP port of the mutual-TLS peer API.
+	PeerPort uint32 `toml:"peer_port"`
+
+	// Gossip.
+	PushFanout          int             `toml:"push_fanout"`
+	PushRounds          int             `toml:"push_rounds"`
+	PushInterval        daemon.Duration `toml:"push_interval"`
+	AntiEntropyInterval daemon.Duration `toml:"anti_entropy_interval"`
+
+	// Failure detection.
+	ProbeInterval    daemon.Duration `toml:"probe_interval"`
+	ProbeTimeout     daemon.Duration `toml:"probe_timeout"`
+	SuspicionTimeout daemon.Duration `toml:"suspicion_timeout"`
+
+	// TombstoneRetention is how long deleted documents are remembered; it
+	// must exceed the longest partition the cluster should heal from.
+	TombstoneRetention daemon.Duration `toml:"tombstone_retention"`
+	// CertValidity is the lifetime of node certificates; they are renewed
+	// when a third of it remains.
+	CertValidity daemon.Duration `toml:"cert_validity"`
+}
+
+// DefaultPeerPort is the peer API's default TCP port.
+const DefaultPeerPort = 7470
+
+func (c *Config) gossipConfig() gossip.Config {
+	g := gossip.DefaultConfig()
+	g.Fanout = c.PushFanout
+	g.PushRounds = c.PushRounds
+	g.PushInterval = time.Duration(c.PushInterval)
+	g.AntiEntropyInterval = time.Duration(c.AntiEntropyInterval)
+	return g
+}
+
+func (c *Config) memberConfig() member.Config {
+	m := member.DefaultConfig()
+	m.ProbeInterval = time.Duration(c.ProbeInterval)
+	m.ProbeTimeout = time.Duration(c.ProbeTimeout)
+	m.SuspicionTimeout = time.Duration(c.SuspicionTimeout)
+	return m
 }
 
 // Spec describes shoal-statd to the daemon runtime.
@@ -46,11 +96,22 @@ Pebble indexed by a Merkle Search Tree, served on <run-dir>/statd.sock
 from a revision across reconnects and restarts.`,
 		MetricsPort: 9461,
 		Config: func(c daemon.Common) daemon.Configurable {
+			g, m := gossip.DefaultConfig(), member.DefaultConfig()
 			return &Config{
-				Common:        c,
-				MaxClockSkew:  daemon.Duration(hlc.DefaultMaxSkew),
-				WatchHistory:  100_000,
-				MSTCacheNodes: 16_384,
+				Common:              c,
+				MaxClockSkew:        daemon.Duration(hlc.DefaultMaxSkew),
+				WatchHistory:        100_000,
+				MSTCacheNodes:       16_384,
+				PeerPort:            DefaultPeerPort,
+				PushFanout:          g.Fanout,
+				PushRounds:          g.PushRounds,
+				PushInterval:        daemon.Duration(g.PushInterval),
+				AntiEntropyInterval: daemon.Duration(g.AntiEntropyInterval),
+				ProbeInterval:       daemon.Duration(m.ProbeInterval),
+				ProbeTimeout:        daemon.Duration(m.ProbeTimeout),
+				SuspicionTimeout:    daemon.Duration(m.SuspicionTimeout),
+				TombstoneRetention:  daemon.Duration(72 * time.Hour),
+				CertValidity:        daemon.Duration(30 * 24 * time.Hour),
 			}
 		},
 		Flags: func(fs *pflag.FlagSet, cfg any) {
@@ -59,6 +120,18 @@ from a revision across reconnects and restarts.`,
 			fs.Var(&c.MaxClockSkew, "max-clock-skew", "reject peer timestamps further ahead than this")
 			fs.Uint64Var(&c.WatchHistory, "watch-history", c.WatchHistory, "changes kept for watchers to resume from")
 			fs.IntVar(&c.MSTCacheNodes, "mst-cache-nodes", c.MSTCacheNodes, "index nodes cached in memory")
+			fs.StringVar(&c.NodeName, "node-name", c.NodeName, "name shown for this node (default: hostname)")
+			fs.StringVar(&c.BindAddr, "bind-addr", c.BindAddr, "IP the peer port listens on (default: all)")
+			fs.Uint32Var(&c.PeerPort, "peer-port", c.PeerPort, "TCP port of the mutual-TLS peer API")
+			fs.IntVar(&c.PushFanout, "push-fanout", c.PushFanout, "peers each gossip push round reaches")
+			fs.IntVar(&c.PushRounds, "push-rounds", c.PushRounds, "rounds a change is pushed for")
+			fs.Var(&c.PushInterval, "push-interval", "interval between gossip push rounds")
+			fs.Var(&c.AntiEntropyInterval, "anti-entropy-interval", "interval between anti-entropy rounds")
+			fs.Var(&c.ProbeInterval, "probe-interval", "failure detection probe interval")
+			fs.Var(&c.ProbeTimeout, "probe-timeout", "failure detection probe timeout")
+			fs.Var(&c.SuspicionTimeout, "suspicion-timeout", "time a suspect member has to refute before it is declared dead")
+			fs.Var(&c.TombstoneRetention, "tombstone-retention", "how long deleted documents are remembered")
+			fs.Var(&c.CertValidity, "cert-validity", "lifetime of node certificates")
 		},
 		Start: start,
 	}
@@ -84,7 +157,19 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	if err != nil {
 		return nil, err
 	}
+	if cfg.NodeID != "" {
+		if err := pki.ValidateNodeID(cfg.NodeID); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
 	statev1.RegisterStateServer(rt.GRPC, &stateServer{st: st})
+	cl := newCluster(cfg, st, rt.Log)
+	clusterv1.RegisterClusterServer(rt.GRPC, &clusterServer{c: cl})
+	if err := cl.resume(ctx); err != nil {
+		st.Close()
+		return nil, err
+	}
 	rt.Metrics.MustRegister(newCollector(st))
 	rt.Details = func() map[string]string {
 		s := st.Status()
@@ -103,7 +188,10 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		}
 		rt.Log.Info("index scrub clean", "entries", n)
 	}()
-	return func(context.Context) error { return st.Close() }, nil
+	return func(context.Context) error {
+		cl.close()
+		return st.Close()
+	}, nil
 }
 
 // collector exports the store's status as Prometheus metrics at scrape
@@ -150,3 +238,5 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 }
+
+func numCPU() int { return runtime.NumCPU() }

@@ -1,0 +1,247 @@
+package ctl
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+func (a *app) nodeCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "node", Short: "List, inspect and label cluster nodes"}
+	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel())
+	return cmd
+}
+
+// nodeView is a node as shoalctl shows it: its document plus this node's
+// view of its liveness.
+type nodeView struct {
+	ID       string            `json:"id"`
+	Name     string            `json:"name"`
+	Addr     string            `json:"addr"`
+	State    string            `json:"state"`
+	CPUs     int64             `json:"cpus"`
+	Memory   int64             `json:"memory"`
+	Version  string            `json:"version"`
+	Labels   map[string]string `json:"labels"`
+	Left     bool              `json:"left,omitempty"`
+	Revision uint64            `json:"revision"`
+}
+
+func (a *app) loadNodes(cmd *cobra.Command, c *client.Statd) ([]nodeView, error) {
+	ctx, cancel := a.ctx(cmd)
+	defer cancel()
+	states := map[string]string{}
+	if st, err := c.Cluster.Status(ctx, &clusterv1.StatusRequest{}); err == nil {
+		for _, m := range st.GetMembers() {
+			states[m.GetId()] = m.GetState()
+		}
+	}
+	var out []nodeView
+	token := ""
+	for {
+		resp, err := c.List(ctx, &statev1.ListRequest{Prefix: "/nodes/", PageToken: token, PageSize: 1000})
+		if err != nil {
+			return nil, err
+		}
+		for _, d := range resp.GetDocuments() {
+			out = append(out, nodeOf(d, states))
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name+out[i].ID < out[j].Name+out[j].ID })
+	return out, nil
+}
+
+func nodeOf(d *statev1.Document, states map[string]string) nodeView {
+	f := d.GetFields()
+	v := nodeView{
+		ID:       strings.TrimPrefix(d.GetKey(), "/nodes/"),
+		Name:     f["name"].GetStringValue(),
+		Addr:     f["addr"].GetStringValue(),
+		CPUs:     f["cpus"].GetIntValue(),
+		Memory:   f["memory"].GetIntValue(),
+		Version:  f["version"].GetStringValue(),
+		Left:     f["left"].GetBoolValue(),
+		Labels:   map[string]string{},
+		Revision: d.GetRevision(),
+	}
+	for k, val := range f {
+		if l, ok := strings.CutPrefix(k, "label."); ok {
+			v.Labels[l] = val.GetStringValue()
+		}
+	}
+	v.State = states[v.ID]
+	if v.State == "" {
+		v.State = "unknown"
+	}
+	if v.Left {
+		v.State = "left"
+	}
+	return v
+}
+
+// findNode resolves NODE given as an ID, an ID prefix or a name.
+func findNode(nodes []nodeView, ref string) (nodeView, error) {
+	var hits []nodeView
+	for _, n := range nodes {
+		if n.ID == ref {
+			return n, nil
+		}
+		if n.Name == ref || strings.HasPrefix(n.ID, ref) {
+			hits = append(hits, n)
+		}
+	}
+	switch len(hits) {
+	case 1:
+		return hits[0], nil
+	case 0:
+		return nodeView{}, notFoundError{fmt.Errorf("no node %q (see `shoalctl node ls`)", ref)}
+	}
+	var ids []string
+	for _, h := range hits {
+		ids = append(ids, h.ID)
+	}
+	return nodeView{}, usageError{fmt.Errorf("%q matches several nodes: %s; use the ID", ref, strings.Join(ids, ", "))}
+}
+
+func (a *app) nodeLs() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List the cluster's nodes",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, err := a.statd()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			nodes, err := a.loadNodes(cmd, c)
+			if err != nil {
+				return err
+			}
+			if nodes == nil {
+				nodes = []nodeView{}
+			}
+			return render(a.out, format, nodes, func(tw *tabwriter.Writer) {
+				fmt.Fprintln(tw, "ID\tNAME\tADDRESS\tSTATE\tCPUS\tMEMORY\tLABELS")
+				for _, n := range nodes {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Name, n.Addr, n.State, n.CPUs, bytesText(uint64(n.Memory)), labelsText(n.Labels))
+				}
+			})
+		},
+	}
+	outputFlag(cmd, &format)
+	return cmd
+}
+
+func labelsText(l map[string]string) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(l)) {
+		parts = append(parts, k+"="+l[k])
+	}
+	return strings.Join(parts, ",")
+}
+
+func (a *app) nodeInspect() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "inspect NODE",
+		Short: "Show one node (by ID, ID prefix or name)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, err := a.statd()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			nodes, err := a.loadNodes(cmd, c)
+			if err != nil {
+				return err
+			}
+			n, err := findNode(nodes, args[0])
+			if err != nil {
+				return err
+			}
+			return render(a.out, format, n, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "ID\t%s\nNAME\t%s\nADDRESS\t%s\nSTATE\t%s\nCPUS\t%d\nMEMORY\t%s\nVERSION\t%s\nLABELS\t%s\n",
+					n.ID, n.Name, n.Addr, n.State, n.CPUs, bytesText(uint64(n.Memory)), n.Version, labelsText(n.Labels))
+			})
+		},
+	}
+	outputFlag(cmd, &format)
+	return cmd
+}
+
+func (a *app) nodeLabel() *cobra.Command {
+	var rm []string
+	cmd := &cobra.Command{
+		Use:     "label NODE [KEY=VALUE...] [--rm KEY...]",
+		Short:   "Set or remove labels of a node",
+		Example: "  shoalctl node label n2 zone=eu disk=ssd\n  shoalctl node label n2 --rm disk",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			set := map[string]*statev1.Value{}
+			for _, kv := range args[1:] {
+				k, v, ok := strings.Cut(kv, "=")
+				if !ok || k == "" {
+					return usageError{fmt.Errorf("label %q: want KEY=VALUE", kv)}
+				}
+				set["label."+k] = &statev1.Value{Kind: &statev1.Value_StringValue{StringValue: v}}
+			}
+			if len(set) == 0 && len(rm) == 0 {
+				return usageError{fmt.Errorf("nothing to do: give KEY=VALUE labels or --rm KEY")}
+			}
+			c, err := a.statd()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			nodes, err := a.loadNodes(cmd, c)
+			if err != nil {
+				return err
+			}
+			n, err := findNode(nodes, args[0])
+			if err != nil {
+				return err
+			}
+			ctx, cancel := a.ctx(cmd)
+			defer cancel()
+			if len(set) > 0 {
+				if _, err := c.Put(ctx, &statev1.PutRequest{Key: "/nodes/" + n.ID, Fields: set}); err != nil {
+					return err
+				}
+			}
+			if len(rm) > 0 {
+				var fields []string
+				for _, k := range rm {
+					fields = append(fields, "label."+k)
+				}
+				if _, err := c.Delete(ctx, &statev1.DeleteRequest{Key: "/nodes/" + n.ID, Fields: fields}); err != nil {
+					return err
+				}
+			}
+			fmt.Fprintf(a.out, "node %s labels updated\n", n.ID)
+			return nil
+		},
+	}
+	cmd.Flags().StringSliceVar(&rm, "rm", nil, "label keys to remove")
+	return cmd
+}
