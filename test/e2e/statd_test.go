@@ -25,7 +25,7 @@ func put(ctx context.Context, c *client.Statd, key, field, val string) (*statev1
 	return c.Put(ctx, &statev1.PutRequest{Key: key, Fields: map[string]*statev1.Value{field: str(val)}})
 }
 
-func status(t *testing.T, c *client.Statd) *statev1.StatusResponse {
+func storeStatus(t *testing.T, c *client.Statd) *statev1.StatusResponse {
 	t.Helper()
 	st, err := c.Status(context.Background(), &statev1.StatusRequest{})
 	if err != nil {
@@ -49,10 +49,10 @@ func TestKill9KeepsAcknowledgedWritesAndRoot(t *testing.T) {
 	if _, err := c.Delete(ctx, &statev1.DeleteRequest{Key: "/kv/007"}); err != nil {
 		t.Fatal(err)
 	}
-	before := status(t, c)
+	before := storeStatus(t, c)
 	p.kill()
 	n.start("statd")
-	after := status(t, c)
+	after := storeStatus(t, c)
 	if after.RootHash != before.RootHash || after.Revision != before.Revision || after.Keys != before.Keys {
 		t.Fatalf("restart changed the state:\nbefore %v\nafter  %v", before, after)
 	}
@@ -203,7 +203,7 @@ func TestWatchExactlyOnceAcrossReconnectAndRestart(t *testing.T) {
 	n.start("statd")
 	<-writeDone
 
-	final := status(t, writer).Revision
+	final := storeStatus(t, writer).Revision
 	// Every /w/ change in the log must be seen exactly once: compare with a
 	// fresh watch replaying the whole log.
 	var want []uint64
