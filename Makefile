@@ -72,7 +72,7 @@ unit:
 	$(GO) test -count=1 -timeout 15m ./pkg/... ./test/units/...
 
 # Each fuzz target runs briefly: go test allows one target per run.
-FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange
+FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/pki:FuzzParseToken
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \

@@ -280,7 +280,7 @@ func (s *clusterServer) Status(context.Context, *clusterv1.StatusRequest) (*clus
 	st := c.st.Status()
 	resp := &clusterv1.StatusResponse{
 		NodeId:   c.nodeID,
-		RootHash: fmt.Sprintf("%x", st.Root),
+		RootHash: st.Root.String(),
 		Keys:     st.Live,
 		Counters: st.Counters,
 	}

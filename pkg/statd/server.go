@@ -118,7 +118,7 @@ func (s *stateServer) Status(context.Context, *statev1.StatusRequest) (*statev1.
 		NodeId:         st.NodeID,
 		Keys:           st.Live,
 		Tombstones:     st.Tombstones,
-		RootHash:       fmt.Sprintf("%x", st.Root),
+		RootHash:       st.Root.String(),
 		Revision:       st.Revision,
 		OldestRevision: st.Oldest,
 		Counters:       st.Counters,
