@@ -86,8 +86,9 @@ type Config struct {
 	ProbeInterval time.Duration
 	// ProbeTimeout bounds a direct ping before indirect probes start, and
 	// the ping a node sends on another's behalf. It should exceed the
-	// 99th-percentile round trip and leave time for an indirect probe
-	// (about 2×ProbeTimeout) before the round ends.
+	// 99th-percentile round trip and stay below about half ProbeInterval,
+	// so that ping requests about a live target are answered before the
+	// round ends.
 	ProbeTimeout time.Duration
 	// SuspicionTimeout is how long a member stays Suspect on a node before
 	// that node declares it Dead, unless it refutes first. Every node runs

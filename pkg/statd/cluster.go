@@ -145,9 +145,9 @@ func (c *cluster) activate(ctx context.Context, info clusterFile, seeds []member
 		c.gossip.SetLastSync(last)
 	}
 	c.seedMembers()
-	for _, u := range seeds {
-		c.members.Add(u.ID, u.Addr)
-	}
+	// The member table of the node we joined through, incarnations and
+	// states included, so this node starts with a current view.
+	c.members.Apply(seeds)
 	runCtx, cancel := context.WithCancel(context.Background())
 	c.cancel = cancel
 	c.active.Store(true)

@@ -371,3 +371,24 @@ func resources() (cpus int, memory int64) {
 	}
 	return cpus, 0
 }
+
+func (s *clusterServer) Identity(context.Context, *clusterv1.IdentityRequest) (*clusterv1.IdentityResponse, error) {
+	c := s.c
+	if !c.active.Load() {
+		return nil, errNotMember
+	}
+	id, ca := c.identity.Load(), c.ca.Load()
+	key, err := id.KeyPEM()
+	if err != nil {
+		return nil, err
+	}
+	return &clusterv1.IdentityResponse{
+		ClusterName: c.info.Name,
+		NodeId:      c.nodeID,
+		AdvertiseIp: c.info.Advertise,
+		CaCertPem:   ca.CertPEM(),
+		NodeCertPem: id.CertPEM(),
+		NodeKeyPem:  key,
+		NotAfter:    timestamppb.New(id.NotAfter),
+	}, nil
+}

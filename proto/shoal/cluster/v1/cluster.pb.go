@@ -26,6 +26,136 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type IdentityRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IdentityRequest) Reset() {
+	*x = IdentityRequest{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdentityRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdentityRequest) ProtoMessage() {}
+
+func (x *IdentityRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdentityRequest.ProtoReflect.Descriptor instead.
+func (*IdentityRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+type IdentityResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	ClusterName string                 `protobuf:"bytes,1,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
+	NodeId      string                 `protobuf:"bytes,2,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	// advertise_ip is the IP peers reach this node at.
+	AdvertiseIp string `protobuf:"bytes,3,opt,name=advertise_ip,json=advertiseIp,proto3" json:"advertise_ip,omitempty"`
+	CaCertPem   []byte `protobuf:"bytes,4,opt,name=ca_cert_pem,json=caCertPem,proto3" json:"ca_cert_pem,omitempty"`
+	// node_cert_pem is the node certificate chain (leaf, CA).
+	NodeCertPem   []byte                 `protobuf:"bytes,5,opt,name=node_cert_pem,json=nodeCertPem,proto3" json:"node_cert_pem,omitempty"`
+	NodeKeyPem    []byte                 `protobuf:"bytes,6,opt,name=node_key_pem,json=nodeKeyPem,proto3" json:"node_key_pem,omitempty"`
+	NotAfter      *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=not_after,json=notAfter,proto3" json:"not_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *IdentityResponse) Reset() {
+	*x = IdentityResponse{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *IdentityResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*IdentityResponse) ProtoMessage() {}
+
+func (x *IdentityResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use IdentityResponse.ProtoReflect.Descriptor instead.
+func (*IdentityResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *IdentityResponse) GetClusterName() string {
+	if x != nil {
+		return x.ClusterName
+	}
+	return ""
+}
+
+func (x *IdentityResponse) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+func (x *IdentityResponse) GetAdvertiseIp() string {
+	if x != nil {
+		return x.AdvertiseIp
+	}
+	return ""
+}
+
+func (x *IdentityResponse) GetCaCertPem() []byte {
+	if x != nil {
+		return x.CaCertPem
+	}
+	return nil
+}
+
+func (x *IdentityResponse) GetNodeCertPem() []byte {
+	if x != nil {
+		return x.NodeCertPem
+	}
+	return nil
+}
+
+func (x *IdentityResponse) GetNodeKeyPem() []byte {
+	if x != nil {
+		return x.NodeKeyPem
+	}
+	return nil
+}
+
+func (x *IdentityResponse) GetNotAfter() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NotAfter
+	}
+	return nil
+}
+
 type InitRequest struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	ClusterName string                 `protobuf:"bytes,1,opt,name=cluster_name,json=clusterName,proto3" json:"cluster_name,omitempty"`
@@ -38,7 +168,7 @@ type InitRequest struct {
 
 func (x *InitRequest) Reset() {
 	*x = InitRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[0]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -50,7 +180,7 @@ func (x *InitRequest) String() string {
 func (*InitRequest) ProtoMessage() {}
 
 func (x *InitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[0]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -63,7 +193,7 @@ func (x *InitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitRequest.ProtoReflect.Descriptor instead.
 func (*InitRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{0}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *InitRequest) GetClusterName() string {
@@ -92,7 +222,7 @@ type InitResponse struct {
 
 func (x *InitResponse) Reset() {
 	*x = InitResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[1]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -104,7 +234,7 @@ func (x *InitResponse) String() string {
 func (*InitResponse) ProtoMessage() {}
 
 func (x *InitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[1]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -117,7 +247,7 @@ func (x *InitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitResponse.ProtoReflect.Descriptor instead.
 func (*InitResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *InitResponse) GetClusterName() string {
@@ -160,7 +290,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[2]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -172,7 +302,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[2]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -185,7 +315,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -221,7 +351,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[3]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -233,7 +363,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[3]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -246,7 +376,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{3}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *JoinResponse) GetClusterName() string {
@@ -286,7 +416,7 @@ type TokenRequest struct {
 
 func (x *TokenRequest) Reset() {
 	*x = TokenRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[4]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -298,7 +428,7 @@ func (x *TokenRequest) String() string {
 func (*TokenRequest) ProtoMessage() {}
 
 func (x *TokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[4]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -311,7 +441,7 @@ func (x *TokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRequest.ProtoReflect.Descriptor instead.
 func (*TokenRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{4}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *TokenRequest) GetRotate() bool {
@@ -330,7 +460,7 @@ type TokenResponse struct {
 
 func (x *TokenResponse) Reset() {
 	*x = TokenResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[5]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -342,7 +472,7 @@ func (x *TokenResponse) String() string {
 func (*TokenResponse) ProtoMessage() {}
 
 func (x *TokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[5]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -355,7 +485,7 @@ func (x *TokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenResponse.ProtoReflect.Descriptor instead.
 func (*TokenResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{5}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *TokenResponse) GetToken() string {
@@ -373,7 +503,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[6]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -385,7 +515,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[6]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -398,7 +528,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{6}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 type LeaveResponse struct {
@@ -409,7 +539,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[7]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +551,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[7]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +564,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{7}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 type StatusRequest struct {
@@ -445,7 +575,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[8]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -457,7 +587,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[8]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -470,7 +600,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{8}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
 }
 
 type PeerSync struct {
@@ -489,7 +619,7 @@ type PeerSync struct {
 
 func (x *PeerSync) Reset() {
 	*x = PeerSync{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[9]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -501,7 +631,7 @@ func (x *PeerSync) String() string {
 func (*PeerSync) ProtoMessage() {}
 
 func (x *PeerSync) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[9]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -514,7 +644,7 @@ func (x *PeerSync) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerSync.ProtoReflect.Descriptor instead.
 func (*PeerSync) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{9}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PeerSync) GetBytesSent() uint64 {
@@ -589,7 +719,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -601,7 +731,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -614,7 +744,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *MemberStatus) GetId() string {
@@ -684,7 +814,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -696,7 +826,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -709,7 +839,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *StatusResponse) GetClusterName() string {
@@ -779,7 +909,17 @@ var File_shoal_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x1eshoal/cluster/v1/cluster.proto\x12\x10shoal.cluster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"W\n" +
+	"\x1eshoal/cluster/v1/cluster.proto\x12\x10shoal.cluster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x11\n" +
+	"\x0fIdentityRequest\"\x90\x02\n" +
+	"\x10IdentityResponse\x12!\n" +
+	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x17\n" +
+	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12!\n" +
+	"\fadvertise_ip\x18\x03 \x01(\tR\vadvertiseIp\x12\x1e\n" +
+	"\vca_cert_pem\x18\x04 \x01(\fR\tcaCertPem\x12\"\n" +
+	"\rnode_cert_pem\x18\x05 \x01(\fR\vnodeCertPem\x12 \n" +
+	"\fnode_key_pem\x18\x06 \x01(\fR\n" +
+	"nodeKeyPem\x127\n" +
+	"\tnot_after\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"W\n" +
 	"\vInitRequest\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12%\n" +
 	"\x0eadvertise_addr\x18\x02 \x01(\tR\radvertiseAddr\"~\n" +
@@ -835,13 +975,14 @@ const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0ecert_not_after\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fcertNotAfter\x1a;\n" +
 	"\rCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xf8\x02\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xcb\x03\n" +
 	"\aCluster\x12E\n" +
 	"\x04Init\x12\x1d.shoal.cluster.v1.InitRequest\x1a\x1e.shoal.cluster.v1.InitResponse\x12E\n" +
 	"\x04Join\x12\x1d.shoal.cluster.v1.JoinRequest\x1a\x1e.shoal.cluster.v1.JoinResponse\x12H\n" +
 	"\x05Token\x12\x1e.shoal.cluster.v1.TokenRequest\x1a\x1f.shoal.cluster.v1.TokenResponse\x12H\n" +
 	"\x05Leave\x12\x1e.shoal.cluster.v1.LeaveRequest\x1a\x1f.shoal.cluster.v1.LeaveResponse\x12K\n" +
-	"\x06Status\x12\x1f.shoal.cluster.v1.StatusRequest\x1a .shoal.cluster.v1.StatusResponseB=Z;github.com/shoal-dev/shoal/proto/shoal/cluster/v1;clusterv1b\x06proto3"
+	"\x06Status\x12\x1f.shoal.cluster.v1.StatusRequest\x1a .shoal.cluster.v1.StatusResponse\x12Q\n" +
+	"\bIdentity\x12!.shoal.cluster.v1.IdentityRequest\x1a\".shoal.cluster.v1.IdentityResponseB=Z;github.com/shoal-dev/shoal/proto/shoal/cluster/v1;clusterv1b\x06proto3"
 
 var (
 	file_shoal_cluster_v1_cluster_proto_rawDescOnce sync.Once
@@ -855,45 +996,50 @@ func file_shoal_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_shoal_cluster_v1_cluster_proto_rawDescData
 }
 
-var file_shoal_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_shoal_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
 var file_shoal_cluster_v1_cluster_proto_goTypes = []any{
-	(*InitRequest)(nil),           // 0: shoal.cluster.v1.InitRequest
-	(*InitResponse)(nil),          // 1: shoal.cluster.v1.InitResponse
-	(*JoinRequest)(nil),           // 2: shoal.cluster.v1.JoinRequest
-	(*JoinResponse)(nil),          // 3: shoal.cluster.v1.JoinResponse
-	(*TokenRequest)(nil),          // 4: shoal.cluster.v1.TokenRequest
-	(*TokenResponse)(nil),         // 5: shoal.cluster.v1.TokenResponse
-	(*LeaveRequest)(nil),          // 6: shoal.cluster.v1.LeaveRequest
-	(*LeaveResponse)(nil),         // 7: shoal.cluster.v1.LeaveResponse
-	(*StatusRequest)(nil),         // 8: shoal.cluster.v1.StatusRequest
-	(*PeerSync)(nil),              // 9: shoal.cluster.v1.PeerSync
-	(*MemberStatus)(nil),          // 10: shoal.cluster.v1.MemberStatus
-	(*StatusResponse)(nil),        // 11: shoal.cluster.v1.StatusResponse
-	nil,                           // 12: shoal.cluster.v1.StatusResponse.CountersEntry
-	(*timestamppb.Timestamp)(nil), // 13: google.protobuf.Timestamp
+	(*IdentityRequest)(nil),       // 0: shoal.cluster.v1.IdentityRequest
+	(*IdentityResponse)(nil),      // 1: shoal.cluster.v1.IdentityResponse
+	(*InitRequest)(nil),           // 2: shoal.cluster.v1.InitRequest
+	(*InitResponse)(nil),          // 3: shoal.cluster.v1.InitResponse
+	(*JoinRequest)(nil),           // 4: shoal.cluster.v1.JoinRequest
+	(*JoinResponse)(nil),          // 5: shoal.cluster.v1.JoinResponse
+	(*TokenRequest)(nil),          // 6: shoal.cluster.v1.TokenRequest
+	(*TokenResponse)(nil),         // 7: shoal.cluster.v1.TokenResponse
+	(*LeaveRequest)(nil),          // 8: shoal.cluster.v1.LeaveRequest
+	(*LeaveResponse)(nil),         // 9: shoal.cluster.v1.LeaveResponse
+	(*StatusRequest)(nil),         // 10: shoal.cluster.v1.StatusRequest
+	(*PeerSync)(nil),              // 11: shoal.cluster.v1.PeerSync
+	(*MemberStatus)(nil),          // 12: shoal.cluster.v1.MemberStatus
+	(*StatusResponse)(nil),        // 13: shoal.cluster.v1.StatusResponse
+	nil,                           // 14: shoal.cluster.v1.StatusResponse.CountersEntry
+	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
 }
 var file_shoal_cluster_v1_cluster_proto_depIdxs = []int32{
-	13, // 0: shoal.cluster.v1.PeerSync.last_sync:type_name -> google.protobuf.Timestamp
-	13, // 1: shoal.cluster.v1.MemberStatus.since:type_name -> google.protobuf.Timestamp
-	9,  // 2: shoal.cluster.v1.MemberStatus.sync:type_name -> shoal.cluster.v1.PeerSync
-	10, // 3: shoal.cluster.v1.StatusResponse.members:type_name -> shoal.cluster.v1.MemberStatus
-	12, // 4: shoal.cluster.v1.StatusResponse.counters:type_name -> shoal.cluster.v1.StatusResponse.CountersEntry
-	13, // 5: shoal.cluster.v1.StatusResponse.cert_not_after:type_name -> google.protobuf.Timestamp
-	0,  // 6: shoal.cluster.v1.Cluster.Init:input_type -> shoal.cluster.v1.InitRequest
-	2,  // 7: shoal.cluster.v1.Cluster.Join:input_type -> shoal.cluster.v1.JoinRequest
-	4,  // 8: shoal.cluster.v1.Cluster.Token:input_type -> shoal.cluster.v1.TokenRequest
-	6,  // 9: shoal.cluster.v1.Cluster.Leave:input_type -> shoal.cluster.v1.LeaveRequest
-	8,  // 10: shoal.cluster.v1.Cluster.Status:input_type -> shoal.cluster.v1.StatusRequest
-	1,  // 11: shoal.cluster.v1.Cluster.Init:output_type -> shoal.cluster.v1.InitResponse
-	3,  // 12: shoal.cluster.v1.Cluster.Join:output_type -> shoal.cluster.v1.JoinResponse
-	5,  // 13: shoal.cluster.v1.Cluster.Token:output_type -> shoal.cluster.v1.TokenResponse
-	7,  // 14: shoal.cluster.v1.Cluster.Leave:output_type -> shoal.cluster.v1.LeaveResponse
-	11, // 15: shoal.cluster.v1.Cluster.Status:output_type -> shoal.cluster.v1.StatusResponse
-	11, // [11:16] is the sub-list for method output_type
-	6,  // [6:11] is the sub-list for method input_type
-	6,  // [6:6] is the sub-list for extension type_name
-	6,  // [6:6] is the sub-list for extension extendee
-	0,  // [0:6] is the sub-list for field type_name
+	15, // 0: shoal.cluster.v1.IdentityResponse.not_after:type_name -> google.protobuf.Timestamp
+	15, // 1: shoal.cluster.v1.PeerSync.last_sync:type_name -> google.protobuf.Timestamp
+	15, // 2: shoal.cluster.v1.MemberStatus.since:type_name -> google.protobuf.Timestamp
+	11, // 3: shoal.cluster.v1.MemberStatus.sync:type_name -> shoal.cluster.v1.PeerSync
+	12, // 4: shoal.cluster.v1.StatusResponse.members:type_name -> shoal.cluster.v1.MemberStatus
+	14, // 5: shoal.cluster.v1.StatusResponse.counters:type_name -> shoal.cluster.v1.StatusResponse.CountersEntry
+	15, // 6: shoal.cluster.v1.StatusResponse.cert_not_after:type_name -> google.protobuf.Timestamp
+	2,  // 7: shoal.cluster.v1.Cluster.Init:input_type -> shoal.cluster.v1.InitRequest
+	4,  // 8: shoal.cluster.v1.Cluster.Join:input_type -> shoal.cluster.v1.JoinRequest
+	6,  // 9: shoal.cluster.v1.Cluster.Token:input_type -> shoal.cluster.v1.TokenRequest
+	8,  // 10: shoal.cluster.v1.Cluster.Leave:input_type -> shoal.cluster.v1.LeaveRequest
+	10, // 11: shoal.cluster.v1.Cluster.Status:input_type -> shoal.cluster.v1.StatusRequest
+	0,  // 12: shoal.cluster.v1.Cluster.Identity:input_type -> shoal.cluster.v1.IdentityRequest
+	3,  // 13: shoal.cluster.v1.Cluster.Init:output_type -> shoal.cluster.v1.InitResponse
+	5,  // 14: shoal.cluster.v1.Cluster.Join:output_type -> shoal.cluster.v1.JoinResponse
+	7,  // 15: shoal.cluster.v1.Cluster.Token:output_type -> shoal.cluster.v1.TokenResponse
+	9,  // 16: shoal.cluster.v1.Cluster.Leave:output_type -> shoal.cluster.v1.LeaveResponse
+	13, // 17: shoal.cluster.v1.Cluster.Status:output_type -> shoal.cluster.v1.StatusResponse
+	1,  // 18: shoal.cluster.v1.Cluster.Identity:output_type -> shoal.cluster.v1.IdentityResponse
+	13, // [13:19] is the sub-list for method output_type
+	7,  // [7:13] is the sub-list for method input_type
+	7,  // [7:7] is the sub-list for extension type_name
+	7,  // [7:7] is the sub-list for extension extendee
+	0,  // [0:7] is the sub-list for field type_name
 }
 
 func init() { file_shoal_cluster_v1_cluster_proto_init() }
@@ -907,7 +1053,7 @@ func file_shoal_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_cluster_v1_cluster_proto_rawDesc), len(file_shoal_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   13,
+			NumMessages:   15,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

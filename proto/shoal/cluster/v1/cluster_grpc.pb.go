@@ -23,11 +23,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Cluster_Init_FullMethodName   = "/shoal.cluster.v1.Cluster/Init"
-	Cluster_Join_FullMethodName   = "/shoal.cluster.v1.Cluster/Join"
-	Cluster_Token_FullMethodName  = "/shoal.cluster.v1.Cluster/Token"
-	Cluster_Leave_FullMethodName  = "/shoal.cluster.v1.Cluster/Leave"
-	Cluster_Status_FullMethodName = "/shoal.cluster.v1.Cluster/Status"
+	Cluster_Init_FullMethodName     = "/shoal.cluster.v1.Cluster/Init"
+	Cluster_Join_FullMethodName     = "/shoal.cluster.v1.Cluster/Join"
+	Cluster_Token_FullMethodName    = "/shoal.cluster.v1.Cluster/Token"
+	Cluster_Leave_FullMethodName    = "/shoal.cluster.v1.Cluster/Leave"
+	Cluster_Status_FullMethodName   = "/shoal.cluster.v1.Cluster/Status"
+	Cluster_Identity_FullMethodName = "/shoal.cluster.v1.Cluster/Identity"
 )
 
 // ClusterClient is the client API for Cluster service.
@@ -44,6 +45,10 @@ type ClusterClient interface {
 	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
 	// Status is this node's view of the cluster.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
+	// Identity hands this node's cluster identity to its sibling daemons
+	// (schedd, vold) for their own peer traffic. The local socket is
+	// root-only; FAILED_PRECONDITION until the node is in a cluster.
+	Identity(ctx context.Context, in *IdentityRequest, opts ...grpc.CallOption) (*IdentityResponse, error)
 }
 
 type clusterClient struct {
@@ -104,6 +109,16 @@ func (c *clusterClient) Status(ctx context.Context, in *StatusRequest, opts ...g
 	return out, nil
 }
 
+func (c *clusterClient) Identity(ctx context.Context, in *IdentityRequest, opts ...grpc.CallOption) (*IdentityResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(IdentityResponse)
+	err := c.cc.Invoke(ctx, Cluster_Identity_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // ClusterServer is the server API for Cluster service.
 // All implementations must embed UnimplementedClusterServer
 // for forward compatibility.
@@ -118,6 +133,10 @@ type ClusterServer interface {
 	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
 	// Status is this node's view of the cluster.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
+	// Identity hands this node's cluster identity to its sibling daemons
+	// (schedd, vold) for their own peer traffic. The local socket is
+	// root-only; FAILED_PRECONDITION until the node is in a cluster.
+	Identity(context.Context, *IdentityRequest) (*IdentityResponse, error)
 	mustEmbedUnimplementedClusterServer()
 }
 
@@ -142,6 +161,9 @@ func (UnimplementedClusterServer) Leave(context.Context, *LeaveRequest) (*LeaveR
 }
 func (UnimplementedClusterServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
+}
+func (UnimplementedClusterServer) Identity(context.Context, *IdentityRequest) (*IdentityResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Identity not implemented")
 }
 func (UnimplementedClusterServer) mustEmbedUnimplementedClusterServer() {}
 func (UnimplementedClusterServer) testEmbeddedByValue()                 {}
@@ -254,6 +276,24 @@ func _Cluster_Status_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Cluster_Identity_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(IdentityRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).Identity(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_Identity_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).Identity(ctx, req.(*IdentityRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Cluster_ServiceDesc is the grpc.ServiceDesc for Cluster service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -280,6 +320,10 @@ var Cluster_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Status",
 			Handler:    _Cluster_Status_Handler,
+		},
+		{
+			MethodName: "Identity",
+			Handler:    _Cluster_Identity_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
