@@ -166,6 +166,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	statev1.RegisterStateServer(rt.GRPC, &stateServer{st: st})
 	cl := newCluster(cfg, st, rt.Log)
 	clusterv1.RegisterClusterServer(rt.GRPC, &clusterServer{c: cl})
+	rt.Metrics.MustRegister(newSyncCollector(cl))
 	if err := cl.resume(ctx); err != nil {
 		st.Close()
 		return nil, err
@@ -240,3 +241,46 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 }
 
 func numCPU() int { return runtime.NumCPU() }
+
+// syncCollector exports the per-peer sync counters of the gossip layer.
+type syncCollector struct {
+	c     *cluster
+	descs map[string]*prometheus.Desc
+}
+
+func newSyncCollector(c *cluster) *syncCollector {
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("shoal_statd_sync_"+name, help, []string{"peer"}, nil)
+	}
+	return &syncCollector{c: c, descs: map[string]*prometheus.Desc{
+		"bytes_sent":       d("bytes_sent_total", "Bytes sent to a peer by gossip and anti-entropy."),
+		"bytes_received":   d("bytes_received_total", "Bytes received from a peer."),
+		"entries_sent":     d("entries_sent_total", "Documents sent to a peer."),
+		"entries_received": d("entries_received_total", "Documents received from a peer."),
+		"rounds":           d("rounds_total", "Completed anti-entropy rounds with a peer."),
+		"rejected":         d("rejected_total", "Documents from a peer refused (clock skew, malformed)."),
+		"failures":         d("failures_total", "Failed calls to a peer."),
+		"last_sync":        d("last_sync_timestamp_seconds", "When the last anti-entropy round with a peer completed."),
+	}}
+}
+
+func (s *syncCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range s.descs {
+		ch <- d
+	}
+}
+
+func (s *syncCollector) Collect(ch chan<- prometheus.Metric) {
+	for peer, p := range s.c.counters.Snapshot() {
+		for name, v := range map[string]uint64{
+			"bytes_sent": p.BytesSent, "bytes_received": p.BytesReceived,
+			"entries_sent": p.EntriesSent, "entries_received": p.EntriesReceived,
+			"rounds": p.Rounds, "rejected": p.Rejected, "failures": p.Failures,
+		} {
+			ch <- prometheus.MustNewConstMetric(s.descs[name], prometheus.CounterValue, float64(v), peer)
+		}
+		if !p.LastSync.IsZero() {
+			ch <- prometheus.MustNewConstMetric(s.descs["last_sync"], prometheus.GaugeValue, float64(p.LastSync.UnixNano())/1e9, peer)
+		}
+	}
+}

@@ -181,6 +181,27 @@ func TestFiveNodeCluster(t *testing.T) {
 		}
 	})
 
+	t.Run("SyncCountersInStatusAndMetrics", func(t *testing.T) {
+		out, errOut, code, err := c.Ctl(ctx, 2, "cluster", "status", "-o", "json")
+		if err != nil || code != 0 {
+			t.Fatalf("cluster status: %v %d %s", err, code, errOut)
+		}
+		for _, want := range []string{`"bytes_sent"`, `"entries_received"`, `"rounds"`, `"rejected"`, `"last_sync"`, `"state": "alive"`} {
+			if !strings.Contains(out, want) {
+				t.Fatalf("cluster status -o json lacks %s:\n%s", want, out)
+			}
+		}
+		metrics, _, code, err := c.Exec(ctx, 2, []string{"busybox", "wget", "-qO-", "http://127.0.0.1:9461/metrics"}, nil)
+		if err != nil || code != 0 {
+			t.Fatalf("metrics: %v %d", err, code)
+		}
+		for _, want := range []string{"shoal_statd_sync_bytes_sent_total{peer=", "shoal_statd_sync_rounds_total{peer=", "shoal_statd_sync_rejected_total{peer=", "shoal_statd_documents "} {
+			if !strings.Contains(metrics, want) {
+				t.Fatalf("metrics lack %s", want)
+			}
+		}
+	})
+
 	t.Run("PartitionMergesOnHeal", func(t *testing.T) {
 		if err := c.Partition(ctx, [][]int{{1, 2}, {3, 4, 5}}); err != nil {
 			t.Fatal(err)
