@@ -24,13 +24,11 @@ func (a *app) clusterInit() *cobra.Command {
 		Short: "Create a new cluster with this node as its first member",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			resp, err := c.Cluster.Init(ctx, &clusterv1.InitRequest{ClusterName: name, AdvertiseAddr: advertise})
 			if err != nil {
 				return err
@@ -55,13 +53,11 @@ func (a *app) clusterJoin() *cobra.Command {
 			if token == "" {
 				return usageError{fmt.Errorf("--token is required (print one with `shoalctl cluster token` on a member)")}
 			}
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			resp, err := c.Cluster.Join(ctx, &clusterv1.JoinRequest{Token: token, Addr: args[0], AdvertiseAddr: advertise})
 			if err != nil {
 				return err
@@ -82,13 +78,11 @@ func (a *app) clusterToken() *cobra.Command {
 		Short: "Print the join token (--rotate makes a new one and invalidates the old)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			resp, err := c.Cluster.Token(ctx, &clusterv1.TokenRequest{Rotate: rotate})
 			if err != nil {
 				return err
@@ -107,13 +101,11 @@ func (a *app) clusterLeave() *cobra.Command {
 		Short: "Leave the cluster gracefully",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			if _, err := c.Cluster.Leave(ctx, &clusterv1.LeaveRequest{}); err != nil {
 				return err
 			}
@@ -193,13 +185,11 @@ func (a *app) clusterStatus() *cobra.Command {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			resp, err := c.Cluster.Status(ctx, &clusterv1.StatusRequest{})
 			if err != nil {
 				return err

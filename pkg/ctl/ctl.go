@@ -92,6 +92,17 @@ func (a *app) statd() (*client.Statd, error) {
 	return client.NewStatd(a.runDir, client.Retry{})
 }
 
+// statdCall returns a statd client and a context bounded by --timeout;
+// done releases both.
+func (a *app) statdCall(cmd *cobra.Command) (*client.Statd, context.Context, func(), error) {
+	c, err := a.statd()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := a.ctx(cmd)
+	return c, ctx, func() { cancel(); c.Close() }, nil
+}
+
 // describe renders an error for humans: a gRPC status shows its message
 // without the rpc error prefix.
 func describe(err error) string {

@@ -89,13 +89,11 @@ func (a *app) statePut() *cobra.Command {
 				}
 				fields[name] = statepb.ToValue(crdt.Bytes(data))
 			}
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			resp, err := c.Put(ctx, &statev1.PutRequest{Key: args[0], Fields: fields})
 			if err != nil {
 				return err
@@ -119,13 +117,11 @@ func (a *app) stateGet() *cobra.Command {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			resp, err := c.Get(ctx, &statev1.GetRequest{Key: args[0], WithMeta: meta})
 			if err != nil {
 				return err
@@ -159,13 +155,11 @@ func (a *app) stateRm() *cobra.Command {
 		Short: "Delete a document, or only some of its fields",
 		Args:  cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			resp, err := c.Delete(ctx, &statev1.DeleteRequest{Key: args[0], Fields: args[1:]})
 			if err != nil {
 				return err
@@ -195,13 +189,11 @@ func (a *app) stateLs() *cobra.Command {
 			if len(args) == 1 {
 				prefix = args[0]
 			}
-			c, err := a.statd()
+			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
+			defer done()
 			var docs []docView
 			token := ""
 			for {
