@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/containerd/errdefs"
 
@@ -48,6 +49,9 @@ type Options struct {
 	InMemory bool
 }
 
+// cacheBytes sizes Pebble's block cache (memtables included).
+const cacheBytes = 96 << 20
+
 // ErrClosed is returned by calls on a closed store.
 var ErrClosed = fmt.Errorf("store closed: %w", errdefs.ErrUnavailable)
 
@@ -82,6 +86,11 @@ type Store struct {
 
 	// Owned by the committer goroutine.
 	tree *mst.Tree
+	next pending
+	// syncq hands applied groups from the committer to the syncer.
+	syncq chan *inflight
+	// broken is set when a WAL sync failed; no write is accepted after.
+	broken atomic.Pointer[error]
 }
 
 // committed is the part of the state published as one unit.
@@ -111,6 +120,17 @@ func Open(opts Options) (*Store, error) {
 	popts := &pebble.Options{
 		Logger:             pebbleLogger{opts.Logger.With("component", "pebble")},
 		FormatMajorVersion: pebble.FormatNewest,
+		// NB: Pebble reserves memtable memory out of the block cache; the
+		// default 8 MB cache is all memtable and caches nothing, and every
+		// write reads the document it merges into.
+		Cache:        pebble.NewCache(cacheBytes),
+		MemTableSize: 16 << 20,
+	}
+	defer popts.Cache.Unref()
+	// Bloom filters spare the committer's read of a document that does not
+	// exist yet (every create) a search through every level.
+	for i := range popts.Levels {
+		popts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	if opts.InMemory {
 		popts.FS = vfs.NewMem()
@@ -129,6 +149,7 @@ func Open(opts Options) (*Store, error) {
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),
 		notify:  make(chan struct{}),
+		syncq:   make(chan *inflight, 4),
 	}
 	if err := s.load(); err != nil {
 		db.Close()
@@ -210,6 +231,7 @@ func (s *Store) load() error {
 	}
 	s.state.Store(&st)
 	s.tree = s.openTree(st.root)
+	s.next = pending{rev: rev, st: st, oldest: oldest}
 	return nil
 }
 

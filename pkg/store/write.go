@@ -133,9 +133,17 @@ func (s *Store) submit(ctx context.Context, r *writeReq) (WriteResult, error) {
 	}
 }
 
-// run is the committer loop: the only goroutine that writes.
+// run is the committer loop: the only goroutine that writes. It applies a
+// group and moves on to the next while the syncer waits for the first
+// group's fsync: preparing group N+1 overlaps the WAL sync of group N.
 func (s *Store) run() {
-	defer close(s.done)
+	syncDone := make(chan struct{})
+	go func() { s.syncer(); close(syncDone) }()
+	defer func() {
+		close(s.syncq)
+		<-syncDone
+		close(s.done)
+	}()
 	for {
 		select {
 		case r := <-s.reqs:
@@ -167,42 +175,111 @@ func (s *Store) run() {
 	}
 }
 
-// commitGroup commits a group of writes, repairing the index and retrying
-// once if it turns out to be damaged.
+// inflight is a group applied to Pebble whose WAL sync the syncer awaits
+// before it publishes the new state and answers the writers.
+type inflight struct {
+	batch   *pebble.Batch // nil when the group changed nothing
+	group   []*writeReq
+	results []WriteResult
+	next    pending
+	changed int
+	start   time.Time
+	barrier chan struct{} // set for drainSync's marker instead of a group
+}
+
+// pending is the committer's view of the state: what the last applied
+// group left, durable or not yet.
+type pending struct {
+	rev    uint64
+	st     committed
+	oldest uint64
+}
+
+// syncer completes groups in the order they were applied.
+func (s *Store) syncer() {
+	for inf := range s.syncq {
+		if inf.barrier != nil {
+			close(inf.barrier)
+			continue
+		}
+		if inf.batch != nil {
+			err := inf.batch.SyncWait()
+			inf.batch.Close()
+			if err != nil {
+				// A failed WAL sync leaves the database in an unknown state:
+				// refuse every later write rather than acknowledge it.
+				s.log.Error("wal sync failed; the store refuses further writes", "err", err)
+				s.broken.Store(&err)
+				for _, r := range inf.group {
+					r.res <- WriteResult{Err: fmt.Errorf("commit: %w: %w", err, errdefs.ErrDataLoss)}
+				}
+				continue
+			}
+		}
+		if inf.changed > 0 {
+			s.stats.observeCommit(time.Since(inf.start), inf.changed)
+			st := inf.next.st
+			s.oldest.Store(inf.next.oldest)
+			s.state.Store(&st)
+			s.rev.Store(inf.next.rev)
+			s.broadcast()
+		}
+		for i, r := range inf.group {
+			r.res <- inf.results[i]
+		}
+	}
+}
+
+// drainSync waits until every group applied so far is synced and
+// published.
+func (s *Store) drainSync() {
+	done := make(chan struct{})
+	s.syncq <- &inflight{barrier: done}
+	<-done
+}
+
+// commitGroup applies a group of writes, repairing the index and retrying
+// once if it turns out to be damaged, and hands it to the syncer.
 func (s *Store) commitGroup(group []*writeReq) {
-	results, err := s.tryCommit(group)
+	inf, err := s.tryCommit(group)
 	if errors.Is(err, mst.ErrCorruptNode) || errors.Is(err, mst.ErrNodeNotFound) {
 		s.stats.corruptNodes.Add(1)
 		s.log.Error("index damaged; rebuilding from documents", "err", err)
 		if rerr := s.rebuildIndex(); rerr != nil {
 			err = fmt.Errorf("%w (rebuild failed: %v)", err, rerr)
 		} else {
-			results, err = s.tryCommit(group)
+			inf, err = s.tryCommit(group)
 		}
 	}
-	for i, r := range group {
-		if err != nil {
+	if err != nil {
+		for _, r := range group {
 			r.res <- WriteResult{Err: fmt.Errorf("commit: %w", err)}
-			continue
 		}
-		r.res <- results[i]
+		return
 	}
+	// NB: even a group that changed nothing goes through the syncer, so a
+	// "nothing to do" answer never overtakes the sync of the write it saw.
+	s.syncq <- inf
 }
 
-// tryCommit applies a group to the tree and commits it as one batch. On a
-// group-wide error nothing is written and the tree is rolled back;
-// per-write errors (a document that would grow too large) fail only that
-// write.
-func (s *Store) tryCommit(group []*writeReq) (_ []WriteResult, err error) {
-	st := *s.state.Load()
-	rev := s.rev.Load()
+// tryCommit applies a group to the tree and to Pebble as one batch without
+// waiting for its sync. On a group-wide error nothing is written and the
+// tree is rolled back; per-write errors (a document that would grow too
+// large) fail only that write.
+func (s *Store) tryCommit(group []*writeReq) (_ *inflight, err error) {
+	if p := s.broken.Load(); p != nil {
+		return nil, fmt.Errorf("store failed earlier: %w: %w", *p, errdefs.ErrDataLoss)
+	}
+	next := s.next
+	st, rev := &next.st, next.rev
 	overlay := make(map[string]Record, len(group))
-	results := make([]WriteResult, len(group))
+	inf := &inflight{group: group, results: make([]WriteResult, len(group)), start: time.Now()}
+	results := inf.results
 	b := s.db.NewBatch()
-	defer b.Close()
 	defer func() {
 		if err != nil {
 			s.tree.Rollback()
+			b.Close()
 		}
 	}()
 	changed := 0
@@ -220,7 +297,7 @@ func (s *Store) tryCommit(group []*writeReq) (_ []WriteResult, err error) {
 			}
 		}
 		if r.op == opPurge {
-			purged, err := s.purge(b, &st, r, cur)
+			purged, err := s.purge(b, st, r, cur)
 			if err != nil {
 				return nil, err
 			}
@@ -232,16 +309,16 @@ func (s *Store) tryCommit(group []*writeReq) (_ []WriteResult, err error) {
 			continue
 		}
 		delta, existed := s.delta(r, cur.Doc)
-		next := crdt.Merge(cur.Doc, delta)
-		if crdt.Equal(next, cur.Doc) {
+		merged := crdt.Merge(cur.Doc, delta)
+		if crdt.Equal(merged, cur.Doc) {
 			results[i] = WriteResult{Rev: rev, Record: cur, Existed: existed}
 			continue
 		}
-		if len(next.Fields) > crdt.MaxFields {
-			results[i] = WriteResult{Err: fmt.Errorf("document %s would have %d fields (tombstones included), limit %d: %w", r.key, len(next.Fields), crdt.MaxFields, errdefs.ErrInvalidArgument)}
+		if len(merged.Fields) > crdt.MaxFields {
+			results[i] = WriteResult{Err: fmt.Errorf("document %s would have %d fields (tombstones included), limit %d: %w", r.key, len(merged.Fields), crdt.MaxFields, errdefs.ErrInvalidArgument)}
 			continue
 		}
-		enc := next.Marshal()
+		enc := merged.Marshal()
 		if len(enc) > crdt.MaxDocSize {
 			results[i] = WriteResult{Err: fmt.Errorf("document %s would be %d bytes, limit %d: %w", r.key, len(enc), crdt.MaxDocSize, errdefs.ErrInvalidArgument)}
 			continue
@@ -251,22 +328,23 @@ func (s *Store) tryCommit(group []*writeReq) (_ []WriteResult, err error) {
 				return nil, err
 			}
 		}
-		digest := next.Digest()
-		if err := s.tree.Put(IndexKey(next, r.key), digest[:]); err != nil {
+		digest := merged.Digest()
+		if err := s.tree.Put(IndexKey(merged, r.key), digest[:]); err != nil {
 			return nil, err
 		}
-		countDoc(&st, cur.Doc, -1)
-		countDoc(&st, next, +1)
+		countDoc(st, cur.Doc, -1)
+		countDoc(st, merged, +1)
 		rev++
 		changed++
-		rec := Record{Key: r.key, Rev: rev, Doc: next}
+		rec := Record{Key: r.key, Rev: rev, Doc: merged}
 		overlay[r.key] = rec
 		b.Set(docKey(r.key), encodeRecord(rev, enc), nil)
 		b.Set(changeKey(rev), encodeChange(r.key, enc), nil)
 		results[i] = WriteResult{Rev: rev, Record: rec, Changed: true, Existed: existed}
 	}
 	if changed == 0 {
-		return results, nil
+		b.Close()
+		return inf, nil
 	}
 	ch, err := s.tree.Commit()
 	if err != nil {
@@ -284,28 +362,24 @@ func (s *Store) tryCommit(group []*writeReq) (_ []WriteResult, err error) {
 	b.Set(keyHLC, s.clock.Last().AppendBinary(nil), nil)
 	b.Set(keyLive, u64(st.live), nil)
 	b.Set(keyTombstones, u64(st.tombstones), nil)
-	oldest := s.oldest.Load()
 	// Trim the change log in steps rather than every commit, so the range
 	// deletions stay few.
-	if keep := s.opts.WatchHistory; rev >= oldest+keep+keep/8 {
+	if keep := s.opts.WatchHistory; rev >= next.oldest+keep+keep/8 {
 		newOldest := rev - keep + 1
-		b.DeleteRange(changeKey(oldest), changeKey(newOldest), nil)
+		b.DeleteRange(changeKey(next.oldest), changeKey(newOldest), nil)
 		b.Set(keyOldest, u64(newOldest), nil)
-		oldest = newOldest
+		next.oldest = newOldest
 	}
-	start := time.Now()
-	if err := b.Commit(pebble.Sync); err != nil {
+	next.rev = rev
+	if err := s.db.ApplyNoSyncWait(b, pebble.Sync); err != nil {
 		// The tree already committed in memory; reopen it at the last
-		// durable root so it matches the disk again.
-		s.tree = s.openTree(s.state.Load().root)
-		return nil, fmt.Errorf("pebble commit: %w", err)
+		// applied root so it matches the database again.
+		s.tree = s.openTree(s.next.st.root)
+		return nil, fmt.Errorf("pebble apply: %w", err)
 	}
-	s.stats.observeCommit(time.Since(start), changed)
-	s.oldest.Store(oldest)
-	s.state.Store(&st)
-	s.rev.Store(rev)
-	s.broadcast()
-	return results, nil
+	s.next = next
+	inf.batch, inf.next, inf.changed = b, next, changed
+	return inf, nil
 }
 
 // purge forgets a document entirely (no tombstone left, no change logged)
@@ -425,6 +499,7 @@ func readRecord(r pebble.Reader, key string) (Record, error) {
 // rebuildIndex rebuilds the MST from the documents, replacing every stored
 // node, and recounts live documents and tombstones.
 func (s *Store) rebuildIndex() error {
+	s.drainSync()
 	start := time.Now()
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
@@ -472,6 +547,7 @@ func (s *Store) rebuildIndex() error {
 		return fmt.Errorf("write rebuilt index: %w", err)
 	}
 	s.tree = s.openTree(st.root)
+	s.next.st = st
 	s.state.Store(&st)
 	s.stats.repairs.Add(1)
 	s.log.Warn("index rebuilt from documents", "entries", len(entries), "skipped_corrupt", skipped,
