@@ -59,6 +59,10 @@ func Main(args []string) int {
 	if err == nil {
 		return exitOK
 	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code // the command's own status; it printed its own errors
+	}
 	fmt.Fprintf(a.errOut, "error: %s\n", describe(err))
 	return exitCode(err)
 }
@@ -79,7 +83,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
 	root.PersistentFlags().StringVar(&a.runDir, "run-dir", client.RunDirFromEnv(), "directory of the daemons' sockets ($SHOAL_RUN_DIR)")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on a call after this long")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.devCommand())
+	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.serviceCommand(), a.taskCommand(), a.imageCommand(), a.devCommand())
 	return root
 }
 
@@ -120,6 +124,10 @@ func exitCode(err error) int {
 	var nf notFoundError
 	if errors.As(err, &nf) {
 		return exitNotFound
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		return ee.code
 	}
 	switch status.Code(err) {
 	case codes.InvalidArgument, codes.OutOfRange:

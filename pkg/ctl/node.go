@@ -12,12 +12,13 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
 func (a *app) nodeCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Short: "List, inspect and label cluster nodes"}
-	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel())
+	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel(), a.nodeAvailability("drain"), a.nodeAvailability("activate"))
 	return cmd
 }
 
@@ -243,5 +244,53 @@ func (a *app) nodeLabel() *cobra.Command {
 		},
 	}
 	cmd.Flags().StringSliceVar(&rm, "rm", nil, "label keys to remove")
+	return cmd
+}
+
+func (a *app) nodeAvailability(verb string) *cobra.Command {
+	short := "Move a node's tasks elsewhere and take no new ones"
+	availability := "drain"
+	if verb == "activate" {
+		short, availability = "Let a drained node take tasks again", "active"
+	}
+	var noWait bool
+	cmd := &cobra.Command{
+		Use:   verb + " NODE",
+		Short: short,
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := a.statd()
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			nodes, err := a.loadNodes(cmd, st)
+			if err != nil {
+				return err
+			}
+			n, err := findNode(nodes, args[0])
+			if err != nil {
+				return err
+			}
+			c, err := a.schedd()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			resp, err := c.SetNodeAvailability(cmd.Context(), &schedv1.SetNodeAvailabilityRequest{Node: n.ID, Availability: availability, Wait: !noWait && verb == "drain"})
+			if err != nil {
+				return err
+			}
+			if verb == "drain" {
+				fmt.Fprintf(a.out, "node %s drained (%d tasks moved)\n", n.ID, resp.GetMoved())
+			} else {
+				fmt.Fprintf(a.out, "node %s active\n", n.ID)
+			}
+			return nil
+		},
+	}
+	if verb == "drain" {
+		cmd.Flags().BoolVar(&noWait, "detach", false, "return without waiting for the tasks to move")
+	}
 	return cmd
 }

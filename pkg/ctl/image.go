@@ -1,0 +1,116 @@
+package ctl
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+)
+
+func (a *app) imageCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "image", Short: "Load and list images (no registry needed)"}
+	cmd.AddCommand(a.imageLoad(), a.imageLs())
+	return cmd
+}
+
+func (a *app) imageLoad() *cobra.Command {
+	return &cobra.Command{
+		Use:   "load FILE",
+		Short: "Load an image archive (OCI layout or docker save tarball); - reads stdin",
+		Long: `Loads an image into this node. Nodes that lack it fetch it from a node that
+has it, by digest, when a task needs it: loading once serves the cluster.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var r io.Reader = os.Stdin
+			if args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return usageError{err}
+				}
+				defer f.Close()
+				r = f
+			}
+			c, err := a.schedd()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			stream, err := c.LoadImage(cmd.Context())
+			if err != nil {
+				return err
+			}
+			buf := make([]byte, 1<<20)
+			for {
+				n, err := r.Read(buf)
+				if n > 0 {
+					if serr := stream.Send(&schedv1.ImageChunk{Data: buf[:n]}); serr != nil {
+						break // the server's error comes with CloseAndRecv
+					}
+				}
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					return err
+				}
+			}
+			resp, err := stream.CloseAndRecv()
+			if err != nil {
+				return err
+			}
+			for _, img := range resp.GetImages() {
+				fmt.Fprintf(a.out, "loaded %s (%s, %s)\n", img.GetName(), img.GetDigest(), bytesText(uint64(img.GetSize())))
+			}
+			return nil
+		},
+	}
+}
+
+type imageView struct {
+	Name   string   `json:"name"`
+	Digest string   `json:"digest"`
+	Size   int64    `json:"size"`
+	Nodes  []string `json:"nodes"`
+}
+
+func (a *app) imageLs() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List images on this node and the nodes that hold them",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.ListImages(ctx, &schedv1.ListImagesRequest{})
+			if err != nil {
+				return err
+			}
+			views := []imageView{}
+			for _, i := range resp.GetImages() {
+				views = append(views, imageView{Name: i.GetName(), Digest: i.GetDigest(), Size: i.GetSize(), Nodes: i.GetNodes()})
+			}
+			sort.Slice(views, func(i, j int) bool { return views[i].Name < views[j].Name })
+			return render(a.out, format, views, func(tw *tabwriter.Writer) {
+				fmt.Fprintln(tw, "NAME\tDIGEST\tSIZE\tNODES")
+				for _, v := range views {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", v.Name, short(v.Digest), bytesText(uint64(v.Size)), strings.Join(v.Nodes, ","))
+				}
+			})
+		},
+	}
+	outputFlag(cmd, &format)
+	return cmd
+}

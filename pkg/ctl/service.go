@@ -1,0 +1,786 @@
+package ctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"sigs.k8s.io/yaml"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+)
+
+func (a *app) schedd() (*client.Schedd, error) { return client.NewSchedd(a.runDir, client.Retry{}) }
+
+// scheddCall is statdCall for schedd.
+func (a *app) scheddCall(cmd *cobra.Command) (*client.Schedd, context.Context, func(), error) {
+	c, err := a.schedd()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := a.ctx(cmd)
+	return c, ctx, func() { cancel(); c.Close() }, nil
+}
+
+func (a *app) serviceCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "service", Aliases: []string{"svc"}, Short: "Create and manage services"}
+	cmd.AddCommand(a.serviceCreate(), a.serviceDeploy(), a.serviceLs(), a.serviceInspect(), a.servicePs(),
+		a.serviceScale(), a.serviceUpdate(), a.serviceRollback(), a.serviceLogs(), a.serviceRm())
+	return cmd
+}
+
+// specFlags are the service flags shared by create and update.
+type specFlags struct {
+	image, cpu, memory, placement, restart, order, failure string
+	replicas                                               int
+	global                                                 bool
+	env, constraints, labels, publish, volumes             []string
+	healthCmd                                              string
+	healthInterval, healthTimeout, healthStart             time.Duration
+	healthRetries, parallelism, maxAttempts                int
+	updateDelay, monitor, stopGrace                        time.Duration
+	force                                                  bool
+}
+
+func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
+	fs.StringVar(&f.image, "image", "", "image reference, e.g. local/busybox:latest")
+	fs.IntVar(&f.replicas, "replicas", 1, "number of tasks")
+	if create {
+		fs.BoolVar(&f.global, "global", false, "run one task on every eligible node")
+	}
+	fs.StringVar(&f.cpu, "cpu", "", "CPUs reserved and limited per task: 0.5, 2 or 500m")
+	fs.StringVar(&f.memory, "memory", "", "memory reserved and limited per task: 256m, 1GiB")
+	fs.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	fs.StringArrayVar(&f.constraints, "constraint", nil, "placement constraint, e.g. node.labels.zone==eu (repeatable)")
+	fs.StringVar(&f.placement, "placement", "", "placement strategy: spread or binpack")
+	fs.StringVar(&f.restart, "restart", "", "restart policy: always, on-failure or never")
+	fs.IntVar(&f.maxAttempts, "restart-max-attempts", 0, "restarts allowed per slot (0: unlimited)")
+	fs.StringVar(&f.healthCmd, "health-cmd", "", "health check command, run with sh -c in the container")
+	fs.DurationVar(&f.healthInterval, "health-interval", 0, "time between health checks")
+	fs.DurationVar(&f.healthTimeout, "health-timeout", 0, "time a health check may take")
+	fs.IntVar(&f.healthRetries, "health-retries", 0, "consecutive failures that make a task unhealthy")
+	fs.DurationVar(&f.healthStart, "health-start-period", 0, "grace period after start during which failures do not count")
+	fs.IntVar(&f.parallelism, "update-parallelism", 0, "tasks updated at a time")
+	fs.DurationVar(&f.updateDelay, "update-delay", 0, "pause between update batches")
+	fs.StringVar(&f.order, "update-order", "", "update order: stop-first or start-first")
+	fs.StringVar(&f.failure, "update-failure-action", "", "on a failed update: pause or rollback")
+	fs.DurationVar(&f.monitor, "update-monitor", 0, "time after a task starts during which its failure fails the update")
+	fs.DurationVar(&f.stopGrace, "stop-grace", 0, "time between SIGTERM and SIGKILL when stopping a task")
+	fs.StringArrayVar(&f.labels, "label", nil, "service label KEY=VALUE (repeatable)")
+	fs.StringArrayVarP(&f.publish, "publish", "p", nil, "publish a port HOST:CONTAINER[/tcp|udp] (repeatable)")
+	fs.StringArrayVar(&f.volumes, "volume", nil, "volume NAME:/path (repeatable)")
+	if !create {
+		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
+	}
+}
+
+// apply writes the flags given on the command line into spec; for create
+// every flag counts, for update only the changed ones.
+func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []string, create bool) error {
+	set := func(name string) bool { return create || fs.Changed(name) }
+	if set("image") {
+		spec.Image = f.image
+	}
+	if create && fs.Changed("global") {
+		spec.Global = f.global
+		if !fs.Changed("replicas") {
+			f.replicas = 0
+		}
+	}
+	if set("replicas") {
+		spec.Replicas = f.replicas
+	}
+	if fs.Changed("cpu") {
+		v, err := parseCPU(f.cpu)
+		if err != nil {
+			return usageError{err}
+		}
+		spec.CPUMillis = v
+	}
+	if fs.Changed("memory") {
+		v, err := parseBytes(f.memory)
+		if err != nil {
+			return usageError{err}
+		}
+		spec.MemoryBytes = v
+	}
+	if fs.Changed("env") {
+		for _, e := range f.env {
+			if !strings.Contains(e, "=") {
+				return usageError{fmt.Errorf("--env %q: want KEY=VALUE", e)}
+			}
+		}
+		spec.Env = f.env
+	}
+	if fs.Changed("constraint") {
+		spec.Constraints = f.constraints
+	}
+	if fs.Changed("placement") {
+		spec.Placement = sched.Strategy(f.placement)
+	}
+	if fs.Changed("restart") {
+		spec.Restart.Policy = sched.RestartCondition(f.restart)
+	}
+	if fs.Changed("restart-max-attempts") {
+		spec.Restart.MaxAttempts = f.maxAttempts
+	}
+	if fs.Changed("health-cmd") {
+		spec.Health.Cmd = nil
+		if f.healthCmd != "" {
+			spec.Health.Cmd = []string{"sh", "-c", f.healthCmd}
+		}
+	}
+	if fs.Changed("health-interval") {
+		spec.Health.Interval = sched.Duration(f.healthInterval)
+	}
+	if fs.Changed("health-timeout") {
+		spec.Health.Timeout = sched.Duration(f.healthTimeout)
+	}
+	if fs.Changed("health-retries") {
+		spec.Health.Retries = f.healthRetries
+	}
+	if fs.Changed("health-start-period") {
+		spec.Health.StartPeriod = sched.Duration(f.healthStart)
+	}
+	if fs.Changed("update-parallelism") {
+		spec.Update.Parallelism = f.parallelism
+	}
+	if fs.Changed("update-delay") {
+		spec.Update.Delay = sched.Duration(f.updateDelay)
+	}
+	if fs.Changed("update-order") {
+		spec.Update.Order = sched.UpdateOrder(f.order)
+	}
+	if fs.Changed("update-failure-action") {
+		spec.Update.FailureAction = sched.FailureAction(f.failure)
+	}
+	if fs.Changed("update-monitor") {
+		spec.Update.Monitor = sched.Duration(f.monitor)
+	}
+	if fs.Changed("stop-grace") {
+		spec.StopGrace = sched.Duration(f.stopGrace)
+	}
+	if fs.Changed("label") {
+		spec.Labels = map[string]string{}
+		for _, l := range f.labels {
+			k, v, ok := strings.Cut(l, "=")
+			if !ok || k == "" {
+				return usageError{fmt.Errorf("--label %q: want KEY=VALUE", l)}
+			}
+			spec.Labels[k] = v
+		}
+	}
+	if fs.Changed("publish") {
+		spec.Ports = nil
+		for _, p := range f.publish {
+			port, err := parsePublish(p)
+			if err != nil {
+				return usageError{err}
+			}
+			spec.Ports = append(spec.Ports, port)
+		}
+	}
+	if fs.Changed("volume") {
+		spec.Volumes = f.volumes
+	}
+	if len(args) > 0 {
+		spec.Args = args
+	}
+	if f.force {
+		spec.ForceUpdate++
+	}
+	return nil
+}
+
+// parsePublish parses HOST:CONTAINER[/tcp|udp].
+func parsePublish(s string) (sched.Port, error) {
+	spec, proto, _ := strings.Cut(s, "/")
+	h, c, ok := strings.Cut(spec, ":")
+	host, err1 := strconv.Atoi(h)
+	ctr, err2 := strconv.Atoi(c)
+	if !ok || err1 != nil || err2 != nil {
+		return sched.Port{}, fmt.Errorf("--publish %q: want HOST:CONTAINER[/tcp|udp], e.g. 8080:80", s)
+	}
+	return sched.Port{Host: host, Container: ctr, Protocol: proto}, nil
+}
+
+// checkSpec validates a spec the way schedd will, so bad input fails
+// before anything is sent.
+func checkSpec(spec sched.ServiceSpec) ([]byte, error) {
+	if err := spec.WithDefaults().Validate(); err != nil {
+		return nil, usageError{err}
+	}
+	return json.Marshal(spec)
+}
+
+func (a *app) serviceCreate() *cobra.Command {
+	var f specFlags
+	var w waitFlags
+	cmd := &cobra.Command{
+		Use:   "create NAME --image REF [flags] [-- CMD ARGS...]",
+		Short: "Create a service and wait until its tasks run",
+		Example: `  shoalctl service create web --image local/busybox:latest --replicas 3 -- httpd -f -p 80
+  shoalctl service create agent --image local/busybox:latest --global -- sleep 1d`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			spec := sched.ServiceSpec{Name: args[0]}
+			if err := f.apply(cmd.Flags(), &spec, args[1:], true); err != nil {
+				return err
+			}
+			data, err := checkSpec(spec)
+			if err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			svc, err := c.CreateService(ctx, &schedv1.CreateServiceRequest{Spec: data})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.errOut, "service %s created (version %d)\n", svc.GetName(), svc.GetVersion())
+			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w)
+		},
+	}
+	f.bind(cmd.Flags(), true)
+	w.bind(cmd.Flags())
+	return cmd
+}
+
+// readSpecFile reads a YAML or JSON service spec, strictly: unknown
+// fields are errors naming the field.
+func readSpecFile(path string) (sched.ServiceSpec, error) {
+	var spec sched.ServiceSpec
+	var data []byte
+	var err error
+	if path == "-" {
+		data, err = readAllStdin()
+	} else {
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return spec, usageError{err}
+	}
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return spec, usageError{fmt.Errorf("%s: %w", path, err)}
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&spec); err != nil {
+		return spec, usageError{fmt.Errorf("%s: %w", path, err)}
+	}
+	return spec, nil
+}
+
+func (a *app) serviceDeploy() *cobra.Command {
+	var file string
+	var w waitFlags
+	cmd := &cobra.Command{
+		Use:   "deploy -f SPEC.yaml",
+		Short: "Create or update a service from a spec file (YAML or JSON)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if file == "" {
+				return usageError{fmt.Errorf("-f SPEC.yaml is required")}
+			}
+			spec, err := readSpecFile(file)
+			if err != nil {
+				return err
+			}
+			data, err := checkSpec(spec)
+			if err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			svc, err := c.DeployService(ctx, &schedv1.UpdateServiceRequest{Spec: data})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.errOut, "service %s deployed (version %d)\n", svc.GetName(), svc.GetVersion())
+			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w)
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "service spec file (- for stdin)")
+	w.bind(cmd.Flags())
+	return cmd
+}
+
+func (a *app) serviceUpdate() *cobra.Command {
+	var f specFlags
+	var w waitFlags
+	cmd := &cobra.Command{
+		Use:   "update NAME [flags] [-- CMD ARGS...]",
+		Short: "Change a service; its tasks are replaced by a rolling update",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			cur, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: args[0]})
+			if err != nil {
+				return err
+			}
+			var spec sched.ServiceSpec
+			if err := json.Unmarshal(cur.GetSpec(), &spec); err != nil {
+				return fmt.Errorf("stored spec of %s: %w", args[0], err)
+			}
+			if err := f.apply(cmd.Flags(), &spec, args[1:], false); err != nil {
+				return err
+			}
+			data, err := checkSpec(spec)
+			if err != nil {
+				return err
+			}
+			svc, err := c.UpdateService(ctx, &schedv1.UpdateServiceRequest{Spec: data})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.errOut, "service %s updated (version %d)\n", svc.GetName(), svc.GetVersion())
+			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w)
+		},
+	}
+	f.bind(cmd.Flags(), false)
+	w.bind(cmd.Flags())
+	return cmd
+}
+
+func (a *app) serviceScale() *cobra.Command {
+	var w waitFlags
+	cmd := &cobra.Command{
+		Use:   "scale NAME=REPLICAS...",
+		Short: "Set the number of tasks of services",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			type target struct {
+				name string
+				n    uint32
+			}
+			var targets []target
+			for _, arg := range args {
+				name, n, ok := strings.Cut(arg, "=")
+				v, err := strconv.ParseUint(n, 10, 32)
+				if !ok || err != nil || name == "" {
+					return usageError{fmt.Errorf("%q: want NAME=REPLICAS", arg)}
+				}
+				targets = append(targets, target{name, uint32(v)})
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			for _, t := range targets {
+				svc, err := c.ScaleService(ctx, &schedv1.ScaleServiceRequest{Name: t.name, Replicas: t.n})
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.errOut, "service %s scaled to %d\n", t.name, t.n)
+				if err := a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w); err != nil {
+					return err
+				}
+			}
+			return nil
+		},
+	}
+	w.bind(cmd.Flags())
+	return cmd
+}
+
+func (a *app) serviceRollback() *cobra.Command {
+	var w waitFlags
+	cmd := &cobra.Command{
+		Use:   "rollback NAME",
+		Short: "Return a service to its previous spec",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			svc, err := c.RollbackService(ctx, &schedv1.GetServiceRequest{Name: args[0]})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(a.errOut, "service %s rolled back (version %d)\n", svc.GetName(), svc.GetVersion())
+			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w)
+		},
+	}
+	w.bind(cmd.Flags())
+	return cmd
+}
+
+func (a *app) serviceRm() *cobra.Command {
+	var w waitFlags
+	cmd := &cobra.Command{
+		Use:   "rm NAME...",
+		Short: "Remove services and stop their tasks",
+		Args:  cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			for _, name := range args {
+				if _, err := c.RemoveService(ctx, &schedv1.GetServiceRequest{Name: name}); err != nil {
+					return err
+				}
+				fmt.Fprintf(a.errOut, "service %s removed\n", name)
+			}
+			if w.detach {
+				return nil
+			}
+			return a.waitGone(cmd, c, args, w)
+		},
+	}
+	w.bind(cmd.Flags())
+	return cmd
+}
+
+// serviceView is a service in -o json/yaml output.
+type serviceView struct {
+	Name          string            `json:"name"`
+	Version       uint64            `json:"version"`
+	State         string            `json:"state"`
+	Owner         string            `json:"owner"`
+	Running       uint32            `json:"running"`
+	Desired       uint32            `json:"desired"`
+	Unschedulable []string          `json:"unschedulable,omitempty"`
+	Spec          sched.ServiceSpec `json:"spec"`
+	Updated       *time.Time        `json:"updated,omitempty"`
+	HasPrevious   bool              `json:"has_previous,omitempty"`
+}
+
+func serviceViewOf(s *schedv1.Service) serviceView {
+	v := serviceView{Name: s.GetName(), Version: s.GetVersion(), State: s.GetState(), Owner: s.GetOwner(),
+		Running: s.GetRunning(), Desired: s.GetDesired(), Unschedulable: s.GetUnschedulable(), HasPrevious: s.GetHasPrevious()}
+	json.Unmarshal(s.GetSpec(), &v.Spec)
+	if s.GetUpdated() != nil {
+		t := s.GetUpdated().AsTime()
+		v.Updated = &t
+	}
+	return v
+}
+
+func mode(spec sched.ServiceSpec) string {
+	if spec.Global {
+		return "global"
+	}
+	return "replicated"
+}
+
+func (a *app) serviceLs() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List services",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.ListServices(ctx, &schedv1.ListServicesRequest{})
+			if err != nil {
+				return err
+			}
+			views := []serviceView{}
+			for _, s := range resp.GetServices() {
+				views = append(views, serviceViewOf(s))
+			}
+			sort.Slice(views, func(i, j int) bool { return views[i].Name < views[j].Name })
+			return render(a.out, format, views, func(tw *tabwriter.Writer) {
+				fmt.Fprintln(tw, "NAME\tMODE\tREPLICAS\tIMAGE\tVERSION\tSTATE\tOWNER")
+				for _, v := range views {
+					fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%d\t%s\t%s\n", v.Name, mode(v.Spec), v.Running, v.Desired, v.Spec.Image, v.Version, v.State, v.Owner)
+				}
+			})
+		},
+	}
+	outputFlag(cmd, &format)
+	return cmd
+}
+
+func (a *app) serviceInspect() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "Show a service: its spec and status",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if format == "table" {
+				format = "yaml"
+			}
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			s, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: args[0]})
+			if err != nil {
+				return err
+			}
+			return render(a.out, format, serviceViewOf(s), nil)
+		},
+	}
+	cmd.Flags().StringVarP(&format, "output", "o", "yaml", "output format: yaml or json")
+	return cmd
+}
+
+// taskView is a task in output.
+type taskView struct {
+	ID       string     `json:"id"`
+	Service  string     `json:"service"`
+	Slot     string     `json:"slot"`
+	Node     string     `json:"node"`
+	Version  uint64     `json:"version"`
+	State    string     `json:"state"`
+	Health   string     `json:"health,omitempty"`
+	Restarts uint32     `json:"restarts"`
+	ExitCode int32      `json:"exit_code"`
+	Error    string     `json:"error,omitempty"`
+	Current  bool       `json:"current"`
+	Image    string     `json:"image,omitempty"`
+	Created  *time.Time `json:"created,omitempty"`
+	Started  *time.Time `json:"started,omitempty"`
+}
+
+func taskViewOf(t *schedv1.Task) taskView {
+	v := taskView{ID: t.GetId(), Service: t.GetService(), Slot: t.GetSlot(), Node: t.GetNode(), Version: t.GetVersion(),
+		State: t.GetState(), Health: t.GetHealth(), Restarts: t.GetRestarts(), ExitCode: t.GetExitCode(), Error: t.GetError(),
+		Current: t.GetCurrent(), Image: t.GetImage()}
+	if t.GetCreated() != nil {
+		c := t.GetCreated().AsTime()
+		v.Created = &c
+	}
+	if t.GetStarted() != nil {
+		s := t.GetStarted().AsTime()
+		v.Started = &s
+	}
+	return v
+}
+
+func renderTasks(a *app, format string, tasks []*schedv1.Task) error {
+	views := []taskView{}
+	for _, t := range tasks {
+		views = append(views, taskViewOf(t))
+	}
+	sort.Slice(views, func(i, j int) bool {
+		if views[i].Service != views[j].Service {
+			return views[i].Service < views[j].Service
+		}
+		if views[i].Slot != views[j].Slot {
+			return slotLess(views[i].Slot, views[j].Slot)
+		}
+		return views[i].ID < views[j].ID
+	})
+	return render(a.out, format, views, func(tw *tabwriter.Writer) {
+		fmt.Fprintln(tw, "ID\tSERVICE\tSLOT\tNODE\tVERSION\tSTATE\tHEALTH\tRESTARTS\tERROR")
+		for _, v := range views {
+			state := v.State
+			if !v.Current {
+				state += " (superseded)"
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", v.ID, v.Service, v.Slot, v.Node, v.Version, state, v.Health, v.Restarts, v.Error)
+		}
+	})
+}
+
+func slotLess(a, b string) bool {
+	x, err1 := strconv.Atoi(a)
+	y, err2 := strconv.Atoi(b)
+	if err1 == nil && err2 == nil {
+		return x < y
+	}
+	return a < b
+}
+
+func (a *app) servicePs() *cobra.Command {
+	var format string
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "ps NAME",
+		Short: "List a service's tasks",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			if _, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: args[0]}); err != nil {
+				return err
+			}
+			resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: args[0], All: all})
+			if err != nil {
+				return err
+			}
+			return renderTasks(a, format, resp.GetTasks())
+		},
+	}
+	outputFlag(cmd, &format)
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
+	return cmd
+}
+
+// waitFlags control how long-running commands wait for convergence.
+type waitFlags struct {
+	detach  bool
+	timeout time.Duration
+}
+
+func (w *waitFlags) bind(fs *pflag.FlagSet) {
+	fs.BoolVarP(&w.detach, "detach", "d", false, "return at once instead of waiting for the service to converge")
+	fs.DurationVar(&w.timeout, "wait-timeout", 3*time.Minute, "give up waiting for convergence after this long")
+}
+
+// waitService polls a service until its tasks of version (or later) all
+// run, showing progress, and fails if the update was paused or rolled
+// back, or the wait times out.
+func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, version uint64, w waitFlags) error {
+	if w.detach {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(cmd.Context(), w.timeout)
+	defer cancel()
+	tty := isTerminal(a.errOut)
+	last := ""
+	for {
+		s, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: name})
+		if err != nil {
+			return err
+		}
+		line := fmt.Sprintf("%s: %d/%d running (version %d, %s)", name, s.GetRunning(), s.GetDesired(), s.GetVersion(), s.GetState())
+		if len(s.GetUnschedulable()) > 0 {
+			line += "; unschedulable: " + strings.Join(s.GetUnschedulable(), "; ")
+		}
+		if line != last {
+			if tty {
+				fmt.Fprintf(a.errOut, "\r\033[K%s", line)
+			} else {
+				fmt.Fprintln(a.errOut, line)
+			}
+			last = line
+		}
+		switch {
+		case s.GetState() == "paused":
+			if tty {
+				fmt.Fprintln(a.errOut)
+			}
+			return fmt.Errorf("update of %s failed and is paused (see `shoalctl service ps %s`; fix and update again, or `shoalctl service rollback %s`)", name, name, name)
+		case s.GetVersion() > version && s.GetState() == "active" && version > 0 && s.GetRunning() == s.GetDesired():
+			if tty {
+				fmt.Fprintln(a.errOut)
+			}
+			return fmt.Errorf("update of %s failed and was rolled back to version %d's spec", name, version-1)
+		case s.GetState() == "active" && s.GetRunning() == s.GetDesired() && converged(ctx, c, name, s.GetVersion()):
+			if tty {
+				fmt.Fprintln(a.errOut)
+			}
+			fmt.Fprintf(a.errOut, "%s converged: %d/%d running\n", name, s.GetRunning(), s.GetDesired())
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			if tty {
+				fmt.Fprintln(a.errOut)
+			}
+			return fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, last)
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// converged reports whether every current task of a service runs the
+// service's current version and no superseded task still runs.
+func converged(ctx context.Context, c *client.Schedd, name string, version uint64) bool {
+	resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: name})
+	if err != nil {
+		return false
+	}
+	for _, t := range resp.GetTasks() {
+		if !t.GetCurrent() && (t.GetState() == "running" || t.GetState() == "starting") {
+			return false
+		}
+		if t.GetCurrent() && t.GetVersion() != version {
+			return false
+		}
+	}
+	return true
+}
+
+// waitGone waits until removed services have no tasks left running.
+func (a *app) waitGone(cmd *cobra.Command, c *client.Schedd, names []string, w waitFlags) error {
+	ctx, cancel := context.WithTimeout(cmd.Context(), w.timeout)
+	defer cancel()
+	for _, name := range names {
+		for {
+			resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: name})
+			if err != nil {
+				return err
+			}
+			left := 0
+			for _, t := range resp.GetTasks() {
+				if !sched.TaskState(t.GetState()).Terminal() {
+					left++
+				}
+			}
+			if left == 0 {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%s: %d tasks still stopping after %v", name, left, w.timeout)
+			case <-time.After(250 * time.Millisecond):
+			}
+		}
+	}
+	fmt.Fprintln(a.errOut, "all tasks stopped")
+	return nil
+}
+
+func isTerminal(w any) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func readAllStdin() ([]byte, error) {
+	var b bytes.Buffer
+	_, err := b.ReadFrom(os.Stdin)
+	return b.Bytes(), err
+}

@@ -1,0 +1,259 @@
+package ctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+)
+
+func (a *app) taskCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "task", Short: "Inspect tasks: logs, exec"}
+	cmd.AddCommand(a.taskLs(), a.taskInspect(), a.taskLogs(), a.taskExec())
+	return cmd
+}
+
+func (a *app) taskLs() *cobra.Command {
+	var format, node, service string
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List tasks (of every service, or one node or service)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Node: node, Service: service, All: all})
+			if err != nil {
+				return err
+			}
+			return renderTasks(a, format, resp.GetTasks())
+		},
+	}
+	outputFlag(cmd, &format)
+	cmd.Flags().StringVar(&node, "node", "", "only tasks of this node (ID or name)")
+	cmd.Flags().StringVar(&service, "service", "", "only tasks of this service")
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
+	return cmd
+}
+
+func (a *app) taskInspect() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "inspect ID",
+		Short: "Show a task",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if format == "table" {
+				format = "yaml"
+			}
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			t, err := c.GetTask(ctx, &schedv1.GetTaskRequest{Id: args[0]})
+			if err != nil {
+				return err
+			}
+			return render(a.out, format, taskViewOf(t), func(*tabwriter.Writer) {})
+		},
+	}
+	cmd.Flags().StringVarP(&format, "output", "o", "yaml", "output format: yaml or json")
+	return cmd
+}
+
+// streamLogs copies one task's log to w until the stream ends.
+func streamLogs(ctx context.Context, c *client.Schedd, task string, follow bool, tail uint32, w io.Writer) error {
+	stream, err := c.TaskLogs(ctx, &schedv1.TaskLogsRequest{Task: task, Follow: follow, Tail: tail})
+	if err != nil {
+		return err
+	}
+	for {
+		chunk, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if _, err := w.Write(chunk.GetData()); err != nil {
+			return err
+		}
+	}
+}
+
+func (a *app) taskLogs() *cobra.Command {
+	var follow bool
+	var tail uint32
+	cmd := &cobra.Command{
+		Use:   "logs ID",
+		Short: "Print a task's log (from any node)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.schedd()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			return streamLogs(cmd.Context(), c, args[0], follow, tail, a.out)
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output")
+	cmd.Flags().Uint32Var(&tail, "tail", 0, "only the last N lines (0: all)")
+	return cmd
+}
+
+// prefixWriter prefixes every line with a task's name; the lock keeps
+// lines of concurrent tasks whole.
+type prefixWriter struct {
+	mu     *sync.Mutex
+	w      io.Writer
+	prefix string
+	bol    bool
+}
+
+func (p *prefixWriter) Write(b []byte) (int, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range b {
+		if p.bol {
+			io.WriteString(p.w, p.prefix)
+		}
+		p.w.Write([]byte{c})
+		p.bol = c == '\n'
+	}
+	return len(b), nil
+}
+
+func (a *app) serviceLogs() *cobra.Command {
+	var follow bool
+	var tail uint32
+	cmd := &cobra.Command{
+		Use:   "logs NAME",
+		Short: "Print the logs of a service's tasks, each line prefixed with its task",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.schedd()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx := cmd.Context()
+			resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: args[0]})
+			if err != nil {
+				return err
+			}
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			errs := make(chan error, len(resp.GetTasks()))
+			for _, t := range resp.GetTasks() {
+				if !t.GetCurrent() {
+					continue
+				}
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					w := &prefixWriter{mu: &mu, w: a.out, prefix: fmt.Sprintf("%s.%s@%s | ", t.GetService(), t.GetSlot(), t.GetNode()), bol: true}
+					if err := streamLogs(ctx, c, t.GetId(), follow, tail, w); err != nil && ctx.Err() == nil {
+						errs <- fmt.Errorf("task %s: %w", t.GetId(), err)
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			return errors.Join(collect(errs)...)
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output")
+	cmd.Flags().Uint32Var(&tail, "tail", 0, "only the last N lines of each task (0: all)")
+	return cmd
+}
+
+func collect(ch <-chan error) []error {
+	var out []error
+	for err := range ch {
+		out = append(out, err)
+	}
+	return out
+}
+
+func (a *app) taskExec() *cobra.Command {
+	var interactive bool
+	cmd := &cobra.Command{
+		Use:   "exec ID -- CMD [ARGS...]",
+		Short: "Run a command in a task (from any node); exits with its status",
+		Args:  cobra.MinimumNArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := a.schedd()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
+			ctx, cancel := context.WithCancel(cmd.Context())
+			defer cancel()
+			stream, err := c.TaskExec(ctx)
+			if err != nil {
+				return err
+			}
+			if err := stream.Send(&schedv1.ExecInput{Task: args[0], Args: args[1:], StdinClosed: !interactive}); err != nil {
+				return err
+			}
+			if interactive {
+				go func() {
+					buf := make([]byte, 32<<10)
+					for {
+						n, err := os.Stdin.Read(buf)
+						if n > 0 {
+							if stream.Send(&schedv1.ExecInput{Stdin: append([]byte(nil), buf[:n]...)}) != nil {
+								return
+							}
+						}
+						if err != nil {
+							stream.Send(&schedv1.ExecInput{StdinClosed: true})
+							return
+						}
+					}
+				}()
+			}
+			for {
+				out, err := stream.Recv()
+				if err != nil {
+					return err
+				}
+				a.out.Write(out.GetStdout())
+				a.errOut.Write(out.GetStderr())
+				if out.GetExited() {
+					if code := out.GetExitCode(); code != 0 {
+						return exitError{code: int(code)}
+					}
+					return nil
+				}
+			}
+		},
+	}
+	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "forward stdin to the command")
+	return cmd
+}
+
+// exitError makes shoalctl exit with a command's own status.
+type exitError struct{ code int }
+
+func (e exitError) Error() string { return fmt.Sprintf("command exited with status %d", e.code) }
