@@ -363,6 +363,13 @@ func (c *Cluster) killNode(ctx context.Context, i int) error {
 	if err := killNetns(ctx, c.NetnsPath(i)); err != nil {
 		errs = append(errs, fmt.Errorf("node %d: %w", i, err))
 	}
+	// Containers run under containerd's shims, outside the node's netns
+	// unless given one: a node that dies takes them with it.
+	if c.HasContainerd() {
+		if err := KillContainers(ctx, c.Containerd(i)); err != nil {
+			errs = append(errs, fmt.Errorf("node %d: %w", i, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 

@@ -1,0 +1,201 @@
+package runtime
+
+import (
+	"context"
+	"io"
+	"time"
+
+	digest "github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+)
+
+// Runtime runs a node's containers and holds its images. Implementations
+// are safe for concurrent use. Errors are classified with
+// github.com/containerd/errdefs (IsNotFound, IsAlreadyExists,
+// IsInvalidArgument, IsUnavailable, IsDataLoss, ...); see the package doc.
+type Runtime interface {
+	// Import loads the images of an OCI-layout tar or a `docker save` tar
+	// and unpacks them for the snapshotter. A name already in use is
+	// repointed to the imported image.
+	Import(ctx context.Context, r io.Reader) ([]Image, error)
+	// Images lists the images, sorted by name.
+	Images(ctx context.Context) ([]Image, error)
+	// Image returns the image ref names ("local/busybox:latest",
+	// "docker.io/local/busybox:latest") or whose target digest ref is
+	// ("sha256:..."); NotFound if there is none.
+	Image(ctx context.Context, ref string) (Image, error)
+	// RemoveImage removes an image name; its blobs go once nothing else
+	// uses them. Removing a missing image is not an error. Tasks made from
+	// the image keep running.
+	RemoveImage(ctx context.Context, ref string) error
+
+	// ImageBlobs lists the blobs this platform needs of image ref, parents
+	// before children: the target (index or manifest), the platform's
+	// manifest when the target is an index, the config, the layers. Copying
+	// them in this order with ReadBlob and WriteBlob, then calling
+	// CreateImage with the first one, transfers the image to another node.
+	ImageBlobs(ctx context.Context, ref string) ([]ocispec.Descriptor, error)
+	// ReadBlob opens a blob by digest and returns its size; NotFound if it
+	// is not here.
+	ReadBlob(ctx context.Context, dgst digest.Digest) (io.ReadCloser, int64, error)
+	// WriteBlob stores a blob read from r, verifying its size and digest
+	// against desc: a mismatch is an error wrapping errdefs.ErrDataLoss and
+	// nothing is committed. A blob already present is not read again. A
+	// written blob is kept for an hour (BlobTTL) for CreateImage to claim.
+	WriteBlob(ctx context.Context, desc ocispec.Descriptor, r io.Reader) error
+	// CreateImage names target once all its blobs (as ImageBlobs lists
+	// them) are written, and unpacks it. A missing blob is NotFound. A name
+	// already in use is repointed.
+	CreateImage(ctx context.Context, name string, target ocispec.Descriptor) (Image, error)
+
+	// Run creates task spec.ID (a container and its task) and starts it.
+	// An ID in use is AlreadyExists; a missing image NotFound.
+	Run(ctx context.Context, spec TaskSpec) error
+	// Stop sends the stop signal to task id, waits up to grace for it to
+	// exit, then kills it (SIGKILL) and returns how it exited. Stopping a
+	// task that has exited returns its exit again; a container that has
+	// no task (never started) returns Exit{Code: -1}. A missing container
+	// is NotFound. The task stays (stopped) until Remove.
+	Stop(ctx context.Context, id string, grace time.Duration) (Exit, error)
+	// Remove deletes task id: it kills the task if it runs, deletes it,
+	// its container and its root file system. Removing what does not
+	// exist is not an error. The log file stays.
+	Remove(ctx context.Context, id string) error
+	// List returns every task of this runtime's namespace, sorted by ID,
+	// including those a previous process started: after a restart, schedd
+	// re-adopts them from here.
+	List(ctx context.Context) ([]TaskInfo, error)
+	// Wait returns a channel that receives how task id exits, then
+	// closes. It works for tasks started by another process. If waiting
+	// fails (ctx ends, the runtime becomes unreachable) the Exit carries
+	// the error in Err and Code -1: wait again when it is back. A task that
+	// has already exited delivers its exit at once. Missing task: NotFound.
+	Wait(ctx context.Context, id string) (<-chan Exit, error)
+	// Exec runs args in running task id and returns its exit code.
+	// stdin, stdout and stderr may be nil, and stdout and stderr the same
+	// writer; with tty, stderr is merged into stdout. The process gets EOF
+	// on its stdin when stdin does. When ctx ends the process is killed.
+	// Exec in a task that is not running is FailedPrecondition.
+	Exec(ctx context.Context, id string, args []string, stdin io.Reader, stdout, stderr io.Writer, tty bool) (int, error)
+
+	// Close releases the connection. Tasks keep running.
+	Close() error
+}
+
+// Image is an image held by a Runtime.
+type Image struct {
+	// Name is the familiar reference ("local/busybox:latest").
+	Name string `json:"name"`
+	// Digest is the digest of the image's target: its manifest, or its
+	// index for multi-platform images. It names the image across nodes.
+	Digest digest.Digest `json:"digest"`
+	// Size is the size of the blobs this platform uses (as stored, that
+	// is compressed where the layers are).
+	Size int64 `json:"size"`
+	// Created comes from the image config (so it is the same on every
+	// node), or is when the image was stored here if the config has none.
+	Created time.Time `json:"created"`
+}
+
+// Mount is a bind mount of a host path into a task.
+type Mount struct {
+	Source   string `json:"source"`
+	Target   string `json:"target"`
+	ReadOnly bool   `json:"read_only,omitempty"`
+}
+
+// TaskSpec describes a task for Run.
+type TaskSpec struct {
+	// ID names the container and the task: letters, digits, '.', '_'
+	// and '-', at most 76 characters, starting with a letter or digit.
+	ID string `json:"id"`
+	// Image is an image name or target digest (see Runtime.Image).
+	Image string `json:"image"`
+	// Args replace the image's Cmd (the image's Entrypoint, if any, stays
+	// in front), as in `docker run IMAGE ARGS...`. Empty: the image's.
+	Args []string `json:"args,omitempty"`
+	// Env (KEY=VALUE) is added to the image's environment, replacing
+	// variables of the same name.
+	Env []string `json:"env,omitempty"`
+	// Labels are stored with the container and returned by List: Shoal's
+	// task metadata (task ID, service, slot, ...). Keys starting with
+	// "io.shoal.runtime/" and "io.containerd." are reserved.
+	Labels map[string]string `json:"labels,omitempty"`
+	// CPUMillis limits CPU time (1000 = one core) with a CFS quota; 0: no
+	// limit.
+	CPUMillis int64 `json:"cpu_millis,omitempty"`
+	// MemoryBytes limits memory (the cgroup's limit); 0: no limit.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// LogPath, an absolute path, receives the task's stdout and stderr,
+	// appended by the runtime (containerd's shim), so logging goes on
+	// while schedd restarts. Empty: output is discarded.
+	LogPath string `json:"log_path,omitempty"`
+	// NetNSPath is the network namespace to join (e.g.
+	// /var/run/netns/NAME); empty: the node's network namespace (that of
+	// the runtime's daemon).
+	NetNSPath string `json:"netns_path,omitempty"`
+	// Mounts are bind mounts. A mount on /etc/hostname, /etc/hosts or
+	// /etc/resolv.conf replaces the file the runtime provides.
+	Mounts []Mount `json:"mounts,omitempty"`
+	// Hostname of the task (default: its ID, cut to 63 characters).
+	Hostname string `json:"hostname,omitempty"`
+	// StopSignal is what Stop sends first ("SIGTERM", "TERM", "15");
+	// empty: the image's stop signal, else SIGTERM.
+	StopSignal string `json:"stop_signal,omitempty"`
+}
+
+// Status is the state of a task.
+type Status string
+
+// The states of a task.
+const (
+	// StatusCreated: the container exists but its task was never
+	// started (a Run interrupted half-way); Remove it.
+	StatusCreated Status = "created"
+	StatusRunning Status = "running"
+	// StatusStopped: the task has exited; ExitCode and ExitedAt say how.
+	StatusStopped Status = "stopped"
+	StatusPaused  Status = "paused"
+	StatusUnknown Status = "unknown"
+)
+
+// TaskInfo describes a task, as List returns it.
+type TaskInfo struct {
+	ID string `json:"id"`
+	// Image is the image the task runs (familiar name).
+	Image string `json:"image"`
+	// Labels are TaskSpec.Labels.
+	Labels  map[string]string `json:"labels,omitempty"`
+	Status  Status            `json:"status"`
+	Pid     uint32            `json:"pid,omitempty"`
+	LogPath string            `json:"log_path,omitempty"`
+	// CreatedAt is when the container was created; StartedAt when its
+	// process started (running tasks only; zero when unknown).
+	CreatedAt time.Time `json:"created_at"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	// ExitCode and ExitedAt are set for stopped tasks. A task killed by
+	// signal N exits with 128+N.
+	ExitCode int       `json:"exit_code"`
+	ExitedAt time.Time `json:"exited_at,omitzero"`
+}
+
+// Exit is how a task (or an exec'd process) ended.
+type Exit struct {
+	// Code is the exit status, 128+N for death by signal N, -1 when
+	// unknown.
+	Code     int       `json:"code"`
+	ExitedAt time.Time `json:"exited_at,omitzero"`
+	// Err is set, on a Wait channel only, when waiting failed rather than
+	// the task exiting.
+	Err error `json:"-"`
+}
+
+// BlobTTL is how long a blob written by WriteBlob is kept without a
+// CreateImage that uses it.
+const BlobTTL = time.Hour
+
+// Reserved label prefixes (see TaskSpec.Labels).
+const (
+	labelPrefix          = "io.shoal.runtime/"
+	containerdLabelsFrom = "io.containerd."
+)
