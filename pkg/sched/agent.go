@@ -1,0 +1,378 @@
+package sched
+
+import (
+	"cmp"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// DefaultRetention is how long a node keeps a finished task that no slot
+// names (document and container) before removing it, so `service ps` can
+// show recent history.
+const DefaultRetention = time.Hour
+
+// NodeView is what a node's agent decides from: its tasks, the slot
+// documents that name (or no longer name) them, and its ledger.
+type NodeView struct {
+	// Node is this node's ID.
+	Node string
+	// Tasks are the tasks this node runs or ran.
+	Tasks []LocalTask
+	// Slots are the slot documents of those tasks' slots, by
+	// SlotKey(service, slot); a missing entry means no document.
+	Slots map[string]Slot
+	// Reservations is the ledger's content (Ledger.Reservations).
+	Reservations []Reservation
+	// TTL is the reservation TTL (DefaultTTL when zero); Retention how
+	// long superseded finished tasks are kept (DefaultRetention when
+	// zero).
+	TTL, Retention time.Duration
+}
+
+// LocalTask is one task on this node: its document as this node last wrote
+// it, the spec it runs, and what the container runtime says.
+type LocalTask struct {
+	Task
+	Spec    ServiceSpec
+	Runtime Runtime
+}
+
+// RuntimeState is the container's state as the executor sees it.
+type RuntimeState string
+
+// Runtime states.
+const (
+	// RuntimeNone: no container (not created yet, or gone).
+	RuntimeNone RuntimeState = "none"
+	// RuntimeStarting: the executor is fetching the image, creating or
+	// starting the container.
+	RuntimeStarting RuntimeState = "starting"
+	RuntimeRunning  RuntimeState = "running"
+	// RuntimeStopping: a stop was sent and the container has not exited
+	// yet (within the grace period).
+	RuntimeStopping RuntimeState = "stopping"
+	RuntimeExited   RuntimeState = "exited"
+)
+
+// Runtime is the container's status, as the executor observes it.
+type Runtime struct {
+	State RuntimeState
+	// ExitCode and Error describe the last exit (Error: it could not be
+	// started, or was killed by the runtime).
+	ExitCode            int
+	Error               string
+	StartedAt, ExitedAt time.Time
+	// HealthPassed is whether a health check has passed since the
+	// container started. HealthFailures counts consecutive failed checks
+	// since the last pass, not counting those that ended within the
+	// spec's StartPeriod of the start (the prober's job).
+	HealthPassed   bool
+	HealthFailures int
+}
+
+// AgentAction is one step AgentDecide asks the node's executor to take:
+// StartTask, RestartTask, StopTask, UpdateTask, ConfirmReservation,
+// ReleaseReservation, RemoveTask or Requeue. Each is idempotent given the
+// runtime state: the executor ignores a start of a running container, a
+// stop of a stopped one, and so on.
+type AgentAction interface {
+	fmt.Stringer
+	isAgentAction()
+}
+
+// StartTask creates and starts the task's container (state pending).
+type StartTask struct{ TaskID string }
+
+// RestartTask starts the exited container of a task again in place.
+type RestartTask struct{ TaskID string }
+
+// StopTask stops a task's container: SIGTERM, then SIGKILL after Grace.
+type StopTask struct {
+	TaskID string
+	Grace  time.Duration
+	Reason string
+}
+
+// UpdateTask writes the lifecycle fields of the task document.
+type UpdateTask struct {
+	TaskID            string
+	State             TaskState
+	Health            Health
+	Restarts          int
+	ExitCode          int
+	Error             string
+	Started, Finished time.Time
+}
+
+// ConfirmReservation makes a reservation permanent: its slot names it.
+type ConfirmReservation struct{ TaskID string }
+
+// ReleaseReservation returns a reservation's resources to the node.
+type ReleaseReservation struct{ TaskID string }
+
+// RemoveTask deletes a finished task's container and document.
+type RemoveTask struct{ TaskID string }
+
+func (a StartTask) String() string   { return "start " + a.TaskID }
+func (a RestartTask) String() string { return "restart " + a.TaskID }
+func (a StopTask) String() string {
+	return fmt.Sprintf("stop %s grace=%v: %s", a.TaskID, a.Grace, a.Reason)
+}
+func (a UpdateTask) String() string {
+	s := fmt.Sprintf("update %s state=%s", a.TaskID, a.State)
+	if a.Health != "" {
+		s += " health=" + string(a.Health)
+	}
+	if a.Restarts != 0 {
+		s += fmt.Sprintf(" restarts=%d", a.Restarts)
+	}
+	if a.ExitCode != 0 {
+		s += fmt.Sprintf(" exit=%d", a.ExitCode)
+	}
+	if a.Error != "" {
+		s += fmt.Sprintf(" error=%q", a.Error)
+	}
+	return s
+}
+func (a ConfirmReservation) String() string { return "confirm " + a.TaskID }
+func (a ReleaseReservation) String() string { return "release " + a.TaskID }
+func (a RemoveTask) String() string         { return "remove " + a.TaskID }
+
+func (StartTask) isAgentAction()          {}
+func (RestartTask) isAgentAction()        {}
+func (StopTask) isAgentAction()           {}
+func (UpdateTask) isAgentAction()         {}
+func (ConfirmReservation) isAgentAction() {}
+func (ReleaseReservation) isAgentAction() {}
+func (RemoveTask) isAgentAction()         {}
+func (Requeue) isAgentAction()            {}
+
+// SlotKey is the key of a slot in NodeView.Slots: "<service>/<slot>".
+func SlotKey(service, slot string) string { return service + "/" + slot }
+
+// AgentDecide decides what a node does about its own tasks now. It is a
+// pure function of its arguments. Per task, in order:
+//
+//   - Wanted or not. A task is wanted while its slot document names it
+//     (as task or next; its reservation is then confirmed). It is
+//     superseded, and stopped at once, when the slot document was written
+//     after the task was created and names another task (or none). A task
+//     that no slot names otherwise is waited for until TTL after its
+//     creation (its owner may still write the slot), then stopped: its
+//     reservation expired, or its slot or service was deleted.
+//   - Lifecycle of a wanted task: start a pending task; report starting,
+//     then running once the health check passed (at once without one);
+//     mark it unhealthy and stop it after Retries consecutive failed
+//     checks past StartPeriod; restart an exited container in place per
+//     the restart policy with exponential backoff (Delay doubling to
+//     MaxDelay) while MaxAttempts allows, showing it as restarting in
+//     the meantime; otherwise record it exited or failed for good.
+//   - Bookkeeping: release the reservation of a task that will not run
+//     again, release reservations whose task is gone, and remove
+//     finished tasks no slot names after Retention.
+func AgentDecide(v NodeView, now time.Time) []AgentAction {
+	d := agent{v: v, now: now, ttl: cmp.Or(v.TTL, DefaultTTL), retention: cmp.Or(v.Retention, DefaultRetention)}
+	d.reserved = make(map[string]Reservation, len(v.Reservations))
+	for _, r := range v.Reservations {
+		d.reserved[r.TaskID] = r
+	}
+	tasks := slices.Clone(v.Tasks)
+	slices.SortFunc(tasks, func(a, b LocalTask) int { return strings.Compare(a.ID, b.ID) })
+	known := make(map[string]bool, len(tasks))
+	for i := range tasks {
+		known[tasks[i].ID] = true
+		d.task(&tasks[i])
+	}
+	for _, r := range v.Reservations {
+		if !known[r.TaskID] && !now.Before(r.Created.Add(cmp.Or(r.TTL, d.ttl))) {
+			d.emit(ReleaseReservation{TaskID: r.TaskID}) // no task: a leak
+		}
+	}
+	if !d.wake.IsZero() {
+		d.out = append(d.out, Requeue{At: d.wake, Why: d.why})
+	}
+	return d.out
+}
+
+type agent struct {
+	v              NodeView
+	now            time.Time
+	ttl, retention time.Duration
+	reserved       map[string]Reservation
+	out            []AgentAction
+	wake           time.Time
+	why            string
+}
+
+func (d *agent) emit(a AgentAction) { d.out = append(d.out, a) }
+
+func (d *agent) wakeAt(t time.Time, why string) {
+	if !t.After(d.now) {
+		t = d.now.Add(time.Millisecond)
+	}
+	if d.wake.IsZero() || t.Before(d.wake) {
+		d.wake, d.why = t, why
+	}
+}
+
+// wanted says whether t should run, and if not, why.
+func (d *agent) wanted(t *LocalTask) (bool, string) {
+	sl, ok := d.v.Slots[SlotKey(t.Service, t.Slot)]
+	if ok && sl.Names(t.ID) {
+		return true, ""
+	}
+	if ok && sl.Stamp.Compare(t.Created) > 0 {
+		if sl.Task == "" {
+			return false, "slot vacated"
+		}
+		return false, "superseded by " + sl.Task
+	}
+	if exp := t.CreatedAt().Add(d.ttl); d.now.Before(exp) {
+		d.wakeAt(exp, "unconfirmed task")
+		return true, ""
+	}
+	if ok {
+		return false, "reservation expired: the slot never named the task"
+	}
+	return false, "slot deleted"
+}
+
+func (d *agent) task(t *LocalTask) {
+	rt := t.Runtime
+	if rt.State == "" {
+		rt.State = RuntimeNone
+	}
+	spec := t.Spec.WithDefaults()
+	want, why := d.wanted(t)
+	if res, ok := d.reserved[t.ID]; ok && want && !res.Confirmed {
+		if sl, ok := d.v.Slots[SlotKey(t.Service, t.Slot)]; ok && sl.Names(t.ID) {
+			d.emit(ConfirmReservation{TaskID: t.ID})
+		}
+	}
+	if !want || t.State.Terminal() {
+		d.finish(t, rt, spec, why)
+		return
+	}
+	switch rt.State {
+	case RuntimeNone:
+		if t.State == TaskPending {
+			d.emit(StartTask{TaskID: t.ID})
+			return
+		}
+		// The container vanished under a task that had one (a host
+		// reboot, someone removed it): like a crash.
+		rt.State, rt.ExitedAt, rt.ExitCode = RuntimeExited, d.now, -1
+		rt.Error = cmp.Or(rt.Error, "container is gone")
+		d.exited(t, rt, spec)
+	case RuntimeStarting:
+		d.update(t, TaskStarting, healthOf(spec, false), t.Restarts, t.ExitCode, t.Error, t.Started, t.Finished)
+	case RuntimeRunning:
+		d.running(t, rt, spec)
+	case RuntimeStopping:
+		// A stop is under way (an unhealthy task being stopped is
+		// terminal and handled by finish).
+	case RuntimeExited:
+		d.exited(t, rt, spec)
+	}
+}
+
+func healthOf(spec ServiceSpec, passed bool) Health {
+	switch {
+	case !spec.Health.Enabled():
+		return HealthNone
+	case passed:
+		return HealthHealthy
+	}
+	return HealthStarting
+}
+
+func (d *agent) running(t *LocalTask, rt Runtime, spec ServiceSpec) {
+	if spec.Health.Enabled() && rt.HealthFailures >= spec.Health.Retries {
+		d.update(t, TaskUnhealthy, HealthUnhealthy, t.Restarts, 0,
+			fmt.Sprintf("health check failed %d times in a row", rt.HealthFailures), rt.StartedAt, d.now)
+		d.emit(StopTask{TaskID: t.ID, Grace: spec.StopGrace.D(), Reason: "unhealthy"})
+		return
+	}
+	// The last exit's code, error and time stay on record while the
+	// container runs again.
+	if spec.Health.Enabled() && !rt.HealthPassed {
+		d.update(t, TaskStarting, HealthStarting, t.Restarts, t.ExitCode, t.Error, rt.StartedAt, t.Finished)
+		return
+	}
+	d.update(t, TaskRunning, healthOf(spec, true), t.Restarts, t.ExitCode, t.Error, rt.StartedAt, t.Finished)
+}
+
+// exited applies the restart policy to a wanted task whose container
+// exited.
+func (d *agent) exited(t *LocalTask, rt Runtime, spec ServiceSpec) {
+	failed := rt.ExitCode != 0 || rt.Error != ""
+	pol := spec.Restart
+	restart := pol.Policy == RestartAlways || pol.Policy == RestartOnFailure && failed
+	if restart && (pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts) {
+		at := rt.ExitedAt.Add(Backoff(pol, t.Restarts))
+		if d.now.Before(at) {
+			d.update(t, TaskRestarting, healthOf(spec, false), t.Restarts, rt.ExitCode, rt.Error, rt.StartedAt, rt.ExitedAt)
+			d.wakeAt(at, "restart backoff")
+			return
+		}
+		d.emit(RestartTask{TaskID: t.ID})
+		d.update(t, TaskStarting, healthOf(spec, false), t.Restarts+1, rt.ExitCode, rt.Error, rt.StartedAt, rt.ExitedAt)
+		return
+	}
+	st := TaskExited
+	if failed {
+		st = TaskFailed
+	}
+	d.update(t, st, HealthNone, t.Restarts, rt.ExitCode, rt.Error, rt.StartedAt, rt.ExitedAt)
+	d.release(t.ID)
+}
+
+// finish winds down a task that is not wanted or is terminal: stop its
+// container, record it stopped, release its reservation, and remove it
+// after the retention period once no slot names it.
+func (d *agent) finish(t *LocalTask, rt Runtime, spec ServiceSpec, why string) {
+	switch rt.State {
+	case RuntimeStarting, RuntimeRunning:
+		reason := why
+		if reason == "" {
+			reason = "task is " + string(t.State)
+		}
+		d.emit(StopTask{TaskID: t.ID, Grace: spec.StopGrace.D(), Reason: reason})
+		return
+	case RuntimeStopping:
+		return
+	}
+	finished := t.Finished
+	if !t.State.Terminal() {
+		finished = cmp.Or(rt.ExitedAt, d.now)
+		d.update(t, TaskStopped, HealthNone, t.Restarts, rt.ExitCode, cmp.Or(why, rt.Error), rt.StartedAt, finished)
+	}
+	d.release(t.ID)
+	if sl, ok := d.v.Slots[SlotKey(t.Service, t.Slot)]; ok && sl.Names(t.ID) {
+		return // its owner still has to replace it
+	}
+	if gone := finished.Add(d.retention); !d.now.Before(gone) {
+		d.emit(RemoveTask{TaskID: t.ID})
+	} else {
+		d.wakeAt(gone, "remove finished task")
+	}
+}
+
+func (d *agent) release(id string) {
+	if _, ok := d.reserved[id]; ok {
+		d.emit(ReleaseReservation{TaskID: id})
+	}
+}
+
+// update emits an UpdateTask when the document differs from what it
+// should say.
+func (d *agent) update(t *LocalTask, st TaskState, h Health, restarts, exit int, errMsg string, started, finished time.Time) {
+	u := UpdateTask{TaskID: t.ID, State: st, Health: h, Restarts: restarts, ExitCode: exit, Error: errMsg, Started: started, Finished: finished}
+	if t.State == st && t.Health == h && t.Restarts == restarts && t.ExitCode == exit && t.Error == errMsg &&
+		t.Started.Equal(started) && t.Finished.Equal(finished) {
+		return
+	}
+	d.emit(u)
+}

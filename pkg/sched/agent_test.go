@@ -1,0 +1,258 @@
+package sched_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+)
+
+// agentCase builds a view of one task "a" of web/0 on node n1, created a
+// minute before t0, named by its slot (written then), reserved and
+// confirmed; the cases change what they need.
+type agentView struct {
+	task *sched.LocalTask
+	v    sched.NodeView
+}
+
+func newAgentView(st sched.TaskState, rt sched.RuntimeState) *agentView {
+	created := t0.Add(-time.Minute)
+	lt := sched.LocalTask{
+		Task: sched.Task{ID: "a", Service: "web", Slot: "0", Node: "n1", Version: 1, State: st,
+			Created: stampAt(created, "n1"), Resources: sched.Resources{CPUMillis: 100}},
+		Spec:    sched.ServiceSpec{Name: "web", Image: "img", Replicas: 1},
+		Runtime: sched.Runtime{State: rt},
+	}
+	if rt != sched.RuntimeNone {
+		lt.Runtime.StartedAt = created.Add(time.Second)
+		lt.Started = lt.Runtime.StartedAt
+	}
+	a := &agentView{v: sched.NodeView{
+		Node:         "n1",
+		Slots:        map[string]sched.Slot{"web/0": {Service: "web", Slot: "0", Task: "a", Node: "n1", Version: 1, Stamp: stampAt(created, "owner")}},
+		Reservations: []sched.Reservation{{TaskID: "a", Resources: lt.Resources, Created: created, TTL: 10 * time.Second, Confirmed: true}},
+		TTL:          10 * time.Second, Retention: time.Hour,
+	}}
+	a.v.Tasks = []sched.LocalTask{lt}
+	a.task = &a.v.Tasks[0]
+	return a
+}
+
+func (a *agentView) exited(code int, ago time.Duration) {
+	a.task.Runtime.State, a.task.Runtime.ExitCode, a.task.Runtime.ExitedAt = sched.RuntimeExited, code, t0.Add(-ago)
+}
+
+func TestAgentDecide(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		st    sched.TaskState
+		rt    sched.RuntimeState
+		build func(a *agentView)
+		want  string
+	}{
+		{
+			name: "named pending task: confirm and start",
+			st:   sched.TaskPending, rt: sched.RuntimeNone,
+			build: func(a *agentView) { a.v.Reservations[0].Confirmed = false },
+			want:  "confirm a\nstart a\n",
+		},
+		{
+			name: "unconfirmed task: start, and wait for its slot until the TTL",
+			st:   sched.TaskPending, rt: sched.RuntimeNone,
+			build: func(a *agentView) {
+				a.task.Created = stampAt(t0.Add(-2*time.Second), "n1")
+				a.v.Reservations[0].Confirmed = false
+				delete(a.v.Slots, "web/0")
+			},
+			want: "start a\nrequeue at 00:00:08.000 (unconfirmed task)\n",
+		},
+		{
+			name: "starting",
+			st:   sched.TaskPending, rt: sched.RuntimeStarting,
+			want: "update a state=starting\n",
+		},
+		{
+			name: "running without a health check",
+			st:   sched.TaskStarting, rt: sched.RuntimeRunning,
+			want: "update a state=running\n",
+		},
+		{
+			name: "nothing new",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			want: "",
+		},
+		{
+			name: "health check not passed yet",
+			st:   sched.TaskStarting, rt: sched.RuntimeRunning,
+			build: func(a *agentView) { a.task.Spec.Health.Cmd = []string{"true"} },
+			want:  "update a state=starting health=starting\n",
+		},
+		{
+			name: "health check passed",
+			st:   sched.TaskStarting, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.task.Spec.Health.Cmd = []string{"true"}
+				a.task.Runtime.HealthPassed = true
+			},
+			want: "update a state=running health=healthy\n",
+		},
+		{
+			name: "health check failed Retries times: unhealthy, stop",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.task.Spec.Health = sched.HealthCheck{Cmd: []string{"true"}, Retries: 2}
+				a.task.Runtime.HealthPassed, a.task.Runtime.HealthFailures = true, 2
+			},
+			want: "update a state=unhealthy health=unhealthy error=\"health check failed 2 times in a row\"\nstop a grace=10s: unhealthy\n",
+		},
+		{
+			name: "unhealthy task stopping: wait",
+			st:   sched.TaskUnhealthy, rt: sched.RuntimeStopping,
+			want: "",
+		},
+		{
+			name: "superseded: stop at once",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Stamp: stampAt(t0.Add(-time.Second), "owner")}
+			},
+			want: "stop a grace=10s: superseded by b\n",
+		},
+		{
+			name: "vacated by a stop-first update: stop",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Stamp: stampAt(t0.Add(-time.Second), "owner")}
+			},
+			want: "stop a grace=10s: slot vacated\n",
+		},
+		{
+			name: "the slot names another task, written before this one existed: wait",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.task.Created = stampAt(t0.Add(-time.Second), "n1")
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "old", Node: "n2", Stamp: stampAt(t0.Add(-time.Hour), "owner")}
+			},
+			want: "requeue at 00:00:09.000 (unconfirmed task)\n",
+		},
+		{
+			name: "never named within the TTL: stop",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "old", Node: "n2", Stamp: stampAt(t0.Add(-time.Hour), "owner")}
+			},
+			want: "stop a grace=10s: reservation expired: the slot never named the task\n",
+		},
+		{
+			name: "slot deleted (scale down, service removed): stop",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) { delete(a.v.Slots, "web/0") },
+			want:  "stop a grace=10s: slot deleted\n",
+		},
+		{
+			name: "stopped: record it, release, keep it for a while",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				delete(a.v.Slots, "web/0")
+				a.exited(0, time.Second)
+			},
+			want: "update a state=stopped error=\"slot deleted\"\nrelease a\nrequeue at 00:59:59.000 (remove finished task)\n",
+		},
+		{
+			name: "finished long ago and named by no slot: remove",
+			st:   sched.TaskStopped, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				delete(a.v.Slots, "web/0")
+				a.v.Reservations = nil
+				a.task.Finished = t0.Add(-2 * time.Hour)
+			},
+			want: "remove a\n",
+		},
+		{
+			name: "a failed task its slot still names is kept for its owner",
+			st:   sched.TaskFailed, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.v.Reservations = nil
+				a.task.Finished = t0.Add(-2 * time.Hour)
+			},
+			want: "",
+		},
+		{
+			name: "crashed: restarting after the first backoff (1s)",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) { a.exited(1, 300*time.Millisecond) },
+			want:  "update a state=restarting exit=1\nrequeue at 00:00:00.700 (restart backoff)\n",
+		},
+		{
+			name: "backoff over: restart in place",
+			st:   sched.TaskRestarting, rt: sched.RuntimeExited,
+			build: func(a *agentView) { a.exited(1, 2*time.Second) },
+			want:  "restart a\nupdate a state=starting restarts=1 exit=1\n",
+		},
+		{
+			name: "the backoff doubles",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) { a.task.Restarts = 3; a.exited(1, time.Second) },
+			want:  "update a state=restarting restarts=3 exit=1\nrequeue at 00:00:07.000 (restart backoff)\n",
+		},
+		{
+			name: "up to a cap",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) { a.task.Restarts = 12; a.exited(1, time.Second) },
+			want:  "update a state=restarting restarts=12 exit=1\nrequeue at 00:00:29.000 (restart backoff)\n",
+		},
+		{
+			name: "out of attempts: failed for good",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Spec.Restart.MaxAttempts, a.task.Restarts = 3, 3
+				a.exited(1, time.Second)
+			},
+			want: "update a state=failed restarts=3 exit=1\nrelease a\n",
+		},
+		{
+			name: "on-failure, exit 0: done",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Spec.Restart.Policy = sched.RestartOnFailure
+				a.exited(0, time.Second)
+			},
+			want: "update a state=exited\nrelease a\n",
+		},
+		{
+			name: "never: failed",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Spec.Restart.Policy = sched.RestartNever
+				a.exited(137, time.Second)
+			},
+			want: "update a state=failed exit=137\nrelease a\n",
+		},
+		{
+			name: "the container vanished: a crash",
+			st:   sched.TaskRunning, rt: sched.RuntimeNone,
+			want: "update a state=restarting exit=-1 error=\"container is gone\"\nrequeue at 00:00:01.000 (restart backoff)\n",
+		},
+		{
+			name: "a reservation without a task is released after the TTL",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Reservations = append(a.v.Reservations,
+					sched.Reservation{TaskID: "ghost", Created: t0.Add(-time.Minute)},
+					sched.Reservation{TaskID: "young", Created: t0.Add(-time.Second)})
+			},
+			want: "release ghost\n",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newAgentView(tc.st, tc.rt)
+			if tc.build != nil {
+				tc.build(a)
+			}
+			got := render(sched.AgentDecide(a.v, t0))
+			if got != tc.want {
+				t.Fatalf("actions:\n%s\nwant:\n%s", got, tc.want)
+			}
+		})
+	}
+}

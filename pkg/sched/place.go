@@ -1,0 +1,354 @@
+package sched
+
+import (
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Request is what one task needs from a node.
+type Request struct {
+	Service string
+	// Slot only breaks ties between equally good nodes, so that the
+	// slots of one service and different services fan out over
+	// different nodes instead of all picking the same first one.
+	Slot        string
+	Resources   Resources
+	Ports       []Port // host-mode ports only
+	Constraints []Constraint
+	Strategy    Strategy
+	// Tasks counts the service's live tasks per node (spread).
+	Tasks map[string]int
+}
+
+// NewRequest builds the request of one task of spec for slot. The spec
+// must be valid (its constraints parse).
+func NewRequest(spec ServiceSpec, slot string) (Request, error) {
+	cs, err := ParseConstraints(spec.Constraints)
+	if err != nil {
+		return Request{}, err
+	}
+	st := spec.Placement
+	if st == "" {
+		st = Spread
+	}
+	return Request{
+		Service:     spec.Name,
+		Slot:        slot,
+		Resources:   spec.Resources(),
+		Ports:       spec.WithDefaults().HostPorts(),
+		Constraints: cs,
+		Strategy:    st,
+	}, nil
+}
+
+// NodeUsage is what a node is known to have committed: the sum of the
+// reservations of its live tasks and the host ports they bind. It is the
+// observer's belief, not the truth: the node's own Ledger is the truth.
+type NodeUsage struct {
+	Used  Resources
+	Ports map[string]bool // "8080/tcp"
+}
+
+// Usage is the known usage of every node by ID.
+type Usage map[string]NodeUsage
+
+// UsageFromTasks sums the live (non-terminal) tasks per node.
+func UsageFromTasks(tasks []Task) Usage {
+	u := Usage{}
+	for _, t := range tasks {
+		if t.State.Terminal() || t.Node == "" {
+			continue
+		}
+		u.add(t.Node, t.Resources, t.Ports)
+	}
+	return u
+}
+
+// add records a task on node. It copies the node's port set before
+// changing it, so a Usage copied with maps.Clone can be changed without
+// touching the original.
+func (u Usage) add(node string, r Resources, ports []Port) {
+	nu := u[node]
+	nu.Used = nu.Used.Add(r)
+	if len(ports) > 0 {
+		ps := make(map[string]bool, len(nu.Ports)+len(ports))
+		maps.Copy(ps, nu.Ports)
+		for _, p := range ports {
+			ps[p.hostPortKey()] = true
+		}
+		nu.Ports = ps
+	}
+	u[node] = nu
+}
+
+// Observation is a node's free capacity as its ledger reported it: every
+// answer to a Reserve call, accepted or not, carries one.
+type Observation struct {
+	Free Resources
+	At   time.Time
+}
+
+// WithObservations returns u where every node observed within maxAge of
+// now counts as using at least its capacity minus the observed free
+// capacity. Owners placing from documents alone learn of other owners'
+// reservations only when the task documents arrive; the ledgers' own
+// figures are fresher. (Taking the larger of the two errs on the side of
+// fewer rejected calls for at most maxAge.)
+func (u Usage) WithObservations(nodes []Node, obs map[string]Observation, now time.Time, maxAge time.Duration) Usage {
+	if len(obs) == 0 {
+		return u
+	}
+	out := maps.Clone(u)
+	if out == nil {
+		out = Usage{}
+	}
+	for _, n := range nodes {
+		o, ok := obs[n.ID]
+		if !ok || now.Sub(o.At) > maxAge {
+			continue
+		}
+		nu := out[n.ID]
+		seen := n.Capacity.Sub(o.Free)
+		nu.Used = Resources{max(nu.Used.CPUMillis, seen.CPUMillis), max(nu.Used.MemoryBytes, seen.MemoryBytes)}
+		out[n.ID] = nu
+	}
+	return out
+}
+
+// Free is what n has left according to u.
+func (u NodeUsage) Free(n Node) Resources { return n.Capacity.Sub(u.Used) }
+
+// RejectClass is why a node cannot take a task.
+type RejectClass string
+
+// Reject classes, in the order Filter checks them.
+const (
+	RejectDown       RejectClass = "down"
+	RejectDrained    RejectClass = "drained"
+	RejectConstraint RejectClass = "constraint"
+	RejectPort       RejectClass = "port"
+	RejectCPU        RejectClass = "cpu"
+	RejectMemory     RejectClass = "memory"
+	RejectGone       RejectClass = "unreachable" // the Reserve call failed
+)
+
+// Reject says why a node refused (or would refuse) a task. The zero
+// Reject means it fits.
+type Reject struct {
+	Class RejectClass
+	// Detail is the failing constraint or port.
+	Detail string
+	// Need and Free are the request and the node's free resources.
+	Need, Free Resources
+}
+
+// OK reports whether r is the zero Reject: the node fits.
+func (r Reject) OK() bool { return r.Class == "" }
+
+func (r Reject) String() string {
+	switch r.Class {
+	case "":
+		return "fits"
+	case RejectDown:
+		return "node is down"
+	case RejectDrained:
+		return "node is drained"
+	case RejectConstraint:
+		return "fails constraint " + r.Detail
+	case RejectPort:
+		return "host port " + r.Detail + " is in use"
+	case RejectCPU:
+		return fmt.Sprintf("lacks CPU (need %s, free %s)", FormatCPU(r.Need.CPUMillis), FormatCPU(r.Free.CPUMillis))
+	case RejectMemory:
+		return fmt.Sprintf("lacks memory (need %s, free %s)", FormatBytes(r.Need.MemoryBytes), FormatBytes(r.Free.MemoryBytes))
+	}
+	return string(r.Class) + " " + r.Detail
+}
+
+// Filter checks whether n can take req given its known usage u: alive,
+// active, every constraint holds, host ports free, CPU and memory fit. It
+// returns the first failing check, or the zero Reject.
+func Filter(req Request, n Node, u NodeUsage) Reject {
+	switch {
+	case !n.Alive:
+		return Reject{Class: RejectDown}
+	case n.Availability == Drain:
+		return Reject{Class: RejectDrained}
+	}
+	for _, c := range req.Constraints {
+		if !c.Match(n) {
+			return Reject{Class: RejectConstraint, Detail: c.Expr}
+		}
+	}
+	return fits(req.Resources, req.Ports, u.Free(n), u.Ports)
+}
+
+// fits is the resource part of Filter, shared with the Ledger.
+func fits(need Resources, ports []Port, free Resources, bound map[string]bool) Reject {
+	for _, p := range ports {
+		if k := p.hostPortKey(); bound[k] {
+			return Reject{Class: RejectPort, Detail: k, Need: need, Free: free}
+		}
+	}
+	switch {
+	case need.CPUMillis > free.CPUMillis:
+		return Reject{Class: RejectCPU, Need: need, Free: free}
+	case need.MemoryBytes > free.MemoryBytes:
+		return Reject{Class: RejectMemory, Need: need, Free: free}
+	}
+	return Reject{}
+}
+
+// ScoreBuckets is how finely Score distinguishes free capacity.
+const ScoreBuckets = 16
+
+// Score rates a node that passed Filter: higher is better.
+//
+// spread: fewer tasks of the service first, then more free resources
+// after placing the task; binpack: less free resources after placing.
+// Free resources are the mean of the free CPU and memory fractions, so
+// both count equally whatever their units.
+//
+// NB: the fraction is rounded down to 1/ScoreBuckets. Owners decide
+// concurrently from the same, slightly stale figures; exact scores would
+// send them all to the same emptiest (spread) or fullest (binpack) node,
+// where all but one are rejected (the conflict problem of optimistic
+// schedulers such as Omega). Rounded, near-equal nodes tie, and Place's
+// per-slot tie-break fans the owners out over them.
+func Score(req Request, n Node, u NodeUsage) float64 {
+	f := math.Floor(freeFraction(n.Capacity, u.Used.Add(req.Resources))*ScoreBuckets) / ScoreBuckets
+	if req.Strategy == Binpack {
+		return -f
+	}
+	// f is in [0, 1]: the task count dominates.
+	return -float64(req.Tasks[n.ID]) + 0.5*f
+}
+
+func freeFraction(capacity, used Resources) float64 {
+	frac := func(c, u int64) float64 {
+		if c <= 0 {
+			return 0
+		}
+		return max(0, float64(c-u)/float64(c))
+	}
+	return (frac(capacity.CPUMillis, used.CPUMillis) + frac(capacity.MemoryBytes, used.MemoryBytes)) / 2
+}
+
+// Place ranks the nodes that can take req, best first. When none can, it
+// returns a human-readable reason that counts the nodes per rejection
+// class, e.g. "3 nodes: 2 lack memory (need 512MiB, most free 256MiB),
+// 1 fails constraint node.labels.zone==eu".
+//
+// Equal scores are ordered by a rendezvous weight of (service/slot, node):
+// deterministic, yet different slots prefer different nodes.
+func Place(req Request, nodes []Node, usage Usage) (ranked []string, reason string) {
+	type cand struct {
+		id    string
+		score float64
+		tie   uint64
+	}
+	cands := make([]cand, 0, len(nodes))
+	var rejects []Reject
+	h := keyHash(req.Service + "/" + req.Slot)
+	for _, n := range nodes {
+		u := usage[n.ID]
+		if r := Filter(req, n, u); !r.OK() {
+			rejects = append(rejects, r)
+			continue
+		}
+		cands = append(cands, cand{n.ID, Score(req, n, u), weight(h, n.ID)})
+	}
+	if len(cands) == 0 {
+		return nil, SummarizeRejects(len(nodes), rejects)
+	}
+	slices.SortFunc(cands, func(a, b cand) int {
+		switch {
+		case a.score > b.score:
+			return -1
+		case a.score < b.score:
+			return 1
+		case a.tie > b.tie:
+			return -1
+		case a.tie < b.tie:
+			return 1
+		}
+		return strings.Compare(a.id, b.id)
+	})
+	ranked = make([]string, len(cands))
+	for i, c := range cands {
+		ranked[i] = c.id
+	}
+	return ranked, ""
+}
+
+// SummarizeRejects explains why none of total nodes could take a task:
+// one phrase per rejection class (per constraint, per port), most common
+// first.
+func SummarizeRejects(total int, rejects []Reject) string {
+	if total == 0 {
+		return "no nodes"
+	}
+	type group struct {
+		key      string
+		n        int
+		first    Reject
+		mostFree Resources
+	}
+	groups := map[string]*group{}
+	for _, r := range rejects {
+		key := string(r.Class) + " " + r.Detail
+		g := groups[key]
+		if g == nil {
+			g = &group{key: key, first: r, mostFree: r.Free}
+			groups[key] = g
+		}
+		g.n++
+		g.mostFree.CPUMillis = max(g.mostFree.CPUMillis, r.Free.CPUMillis)
+		g.mostFree.MemoryBytes = max(g.mostFree.MemoryBytes, r.Free.MemoryBytes)
+	}
+	gs := slices.Collect(maps.Values(groups))
+	slices.SortFunc(gs, func(a, b *group) int {
+		if a.n != b.n {
+			return b.n - a.n
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	parts := make([]string, 0, len(gs))
+	for _, g := range gs {
+		verb := func(one, many string) string {
+			if g.n == 1 {
+				return one
+			}
+			return many
+		}
+		var p string
+		switch r := g.first; r.Class {
+		case RejectDown:
+			p = verb("is down", "are down")
+		case RejectDrained:
+			p = verb("is drained", "are drained")
+		case RejectConstraint:
+			p = verb("fails", "fail") + " constraint " + r.Detail
+		case RejectPort:
+			p = verb("has", "have") + " host port " + r.Detail + " in use"
+		case RejectCPU:
+			p = fmt.Sprintf("%s CPU (need %s, most free %s)", verb("lacks", "lack"), FormatCPU(r.Need.CPUMillis), FormatCPU(g.mostFree.CPUMillis))
+		case RejectMemory:
+			p = fmt.Sprintf("%s memory (need %s, most free %s)", verb("lacks", "lack"), FormatBytes(r.Need.MemoryBytes), FormatBytes(g.mostFree.MemoryBytes))
+		case RejectGone:
+			p = verb("is unreachable", "are unreachable")
+		default:
+			p = r.String()
+		}
+		parts = append(parts, fmt.Sprintf("%d %s", g.n, p))
+	}
+	noun := "nodes"
+	if total == 1 {
+		noun = "node"
+	}
+	return fmt.Sprintf("%d %s: %s", total, noun, strings.Join(parts, ", "))
+}

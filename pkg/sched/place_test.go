@@ -1,0 +1,156 @@
+package sched_test
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+)
+
+const gib = 1 << 30
+
+func node(id string, cpu, mem int64, labels ...string) sched.Node {
+	n := sched.Node{ID: id, Name: id, Hostname: id, Alive: true, Availability: sched.Active,
+		Capacity: sched.Resources{CPUMillis: cpu, MemoryBytes: mem}, Labels: map[string]string{}}
+	for i := 0; i+1 < len(labels); i += 2 {
+		n.Labels[labels[i]] = labels[i+1]
+	}
+	return n
+}
+
+func request(t *testing.T, spec sched.ServiceSpec) sched.Request {
+	t.Helper()
+	r, err := sched.NewRequest(spec, "0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestFilter(t *testing.T) {
+	spec := sched.ServiceSpec{Name: "web", Image: "x", CPUMillis: 500, MemoryBytes: 512 << 20,
+		Constraints: []string{"node.labels.zone==eu"},
+		Ports:       []sched.Port{{Host: 8080, Container: 80, Mode: sched.PortHost}, {Host: 9090, Container: 90}}}
+	req := request(t, spec)
+	base := node("n1", 1000, gib, "zone", "eu")
+	for _, tc := range []struct {
+		name string
+		n    func(sched.Node) sched.Node
+		u    sched.NodeUsage
+		want string
+	}{
+		{"fits", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{}, "fits"},
+		{"down", func(n sched.Node) sched.Node { n.Alive = false; return n }, sched.NodeUsage{}, "node is down"},
+		{"drained", func(n sched.Node) sched.Node { n.Availability = sched.Drain; return n }, sched.NodeUsage{}, "node is drained"},
+		{"constraint", func(n sched.Node) sched.Node { n.Labels = nil; return n }, sched.NodeUsage{}, "fails constraint node.labels.zone==eu"},
+		{"host port", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{Ports: map[string]bool{"8080/tcp": true}}, "host port 8080/tcp is in use"},
+		{"ingress port is no node resource", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{Ports: map[string]bool{"9090/tcp": true}}, "fits"},
+		{"cpu", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{Used: sched.Resources{CPUMillis: 600}}, "lacks CPU (need 500m, free 400m)"},
+		{"memory", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{Used: sched.Resources{MemoryBytes: 768 << 20}}, "lacks memory (need 512MiB, free 256MiB)"},
+		{"exactly full fits", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{Used: sched.Resources{CPUMillis: 500, MemoryBytes: 512 << 20}}, "fits"},
+	} {
+		if got := sched.Filter(req, tc.n(base), tc.u).String(); got != tc.want {
+			t.Errorf("%s: Filter = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestPlaceSpread(t *testing.T) {
+	nodes := []sched.Node{node("n1", 4000, 8*gib), node("n2", 4000, 8*gib), node("n3", 4000, 8*gib)}
+	req := request(t, sched.ServiceSpec{Name: "web", Image: "x", CPUMillis: 500, MemoryBytes: gib})
+	// Fewer tasks of the service first, even on a fuller node.
+	req.Tasks = map[string]int{"n1": 2, "n2": 1, "n3": 2}
+	usage := sched.Usage{"n2": {Used: sched.Resources{CPUMillis: 3000, MemoryBytes: 6 * gib}}}
+	ranked, why := sched.Place(req, nodes, usage)
+	if why != "" || ranked[0] != "n2" {
+		t.Fatalf("Place = %v %q, want n2 first", ranked, why)
+	}
+	// Equal counts: more free resources first.
+	req.Tasks = nil
+	usage = sched.Usage{"n1": {Used: sched.Resources{CPUMillis: 1000}}, "n3": {Used: sched.Resources{CPUMillis: 2000}}}
+	ranked, _ = sched.Place(req, nodes, usage)
+	if !slices.Equal(ranked, []string{"n2", "n1", "n3"}) {
+		t.Fatalf("Place = %v, want [n2 n1 n3]", ranked)
+	}
+}
+
+func TestPlaceBinpack(t *testing.T) {
+	nodes := []sched.Node{node("n1", 4000, 8*gib), node("n2", 4000, 8*gib), node("n3", 4000, 8*gib)}
+	req := request(t, sched.ServiceSpec{Name: "db", Image: "x", CPUMillis: 1000, MemoryBytes: 2 * gib, Placement: sched.Binpack})
+	usage := sched.Usage{
+		"n1": {Used: sched.Resources{CPUMillis: 2000, MemoryBytes: 4 * gib}},
+		"n2": {Used: sched.Resources{CPUMillis: 3500, MemoryBytes: 7 * gib}}, // fullest, but does not fit
+		"n3": {Used: sched.Resources{CPUMillis: 1000, MemoryBytes: 2 * gib}},
+	}
+	ranked, _ := sched.Place(req, nodes, usage)
+	if !slices.Equal(ranked, []string{"n1", "n3"}) {
+		t.Fatalf("Place = %v, want [n1 n3]", ranked)
+	}
+}
+
+// TestPlaceTieBreak: on identical nodes different slots prefer different
+// nodes, deterministically.
+func TestPlaceTieBreak(t *testing.T) {
+	var nodes []sched.Node
+	for _, id := range []string{"n1", "n2", "n3", "n4", "n5"} {
+		nodes = append(nodes, node(id, 1000, gib))
+	}
+	req := request(t, sched.ServiceSpec{Name: "web", Image: "x"})
+	first := map[string]bool{}
+	for _, slot := range []string{"0", "1", "2", "3", "4", "5", "6", "7"} {
+		req.Slot = slot
+		a, _ := sched.Place(req, nodes, nil)
+		rev := slices.Clone(nodes)
+		slices.Reverse(rev)
+		b, _ := sched.Place(req, rev, nil)
+		if !slices.Equal(a, b) {
+			t.Fatalf("ranking depends on node order: %v vs %v", a, b)
+		}
+		first[a[0]] = true
+	}
+	if len(first) < 3 {
+		t.Fatalf("8 slots all preferred %v", first)
+	}
+}
+
+func TestPlaceReason(t *testing.T) {
+	nodes := []sched.Node{
+		node("n1", 4000, gib, "zone", "eu"),
+		node("n2", 4000, gib, "zone", "eu"),
+		node("n3", 4000, 8*gib, "zone", "us"),
+	}
+	req := request(t, sched.ServiceSpec{Name: "web", Image: "x", MemoryBytes: 512 << 20, Constraints: []string{"node.labels.zone==eu"}})
+	usage := sched.Usage{"n1": {Used: sched.Resources{MemoryBytes: 768 << 20}}, "n2": {Used: sched.Resources{MemoryBytes: 900 << 20}}}
+	ranked, why := sched.Place(req, nodes, usage)
+	want := "3 nodes: 2 lack memory (need 512MiB, most free 256MiB), 1 fails constraint node.labels.zone==eu"
+	if ranked != nil || why != want {
+		t.Fatalf("Place = %v, %q\nwant nil, %q", ranked, why, want)
+	}
+	nodes[0].Alive = false
+	nodes[1].Availability = sched.Drain
+	_, why = sched.Place(req, nodes, usage)
+	if want := "3 nodes: 1 fails constraint node.labels.zone==eu, 1 is down, 1 is drained"; why != want {
+		t.Fatalf("reason %q, want %q", why, want)
+	}
+	if _, why := sched.Place(req, nil, nil); why != "no nodes" {
+		t.Fatalf("reason with no nodes: %q", why)
+	}
+}
+
+func TestUsageFromTasks(t *testing.T) {
+	u := sched.UsageFromTasks([]sched.Task{
+		{Node: "n1", State: sched.TaskRunning, Resources: sched.Resources{CPUMillis: 100, MemoryBytes: 10}, Ports: []sched.Port{{Host: 80, Container: 80}}},
+		{Node: "n1", State: sched.TaskPending, Resources: sched.Resources{CPUMillis: 200, MemoryBytes: 20}},
+		{Node: "n1", State: sched.TaskFailed, Resources: sched.Resources{CPUMillis: 400, MemoryBytes: 40}},
+		{Node: "n2", State: sched.TaskRestarting, Resources: sched.Resources{CPUMillis: 800, MemoryBytes: 80}},
+	})
+	if got := u["n1"].Used; got != (sched.Resources{CPUMillis: 300, MemoryBytes: 30}) {
+		t.Errorf("n1 uses %v", got)
+	}
+	if !u["n1"].Ports["80/tcp"] {
+		t.Errorf("n1 ports %v", u["n1"].Ports)
+	}
+	if got := u["n2"].Used; got != (sched.Resources{CPUMillis: 800, MemoryBytes: 80}) {
+		t.Errorf("n2 uses %v", got)
+	}
+}

@@ -1,0 +1,757 @@
+package sched
+
+import (
+	"cmp"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Snapshot is everything the owner of one service knows about it, as its
+// local replica of state shows it at one moment.
+type Snapshot struct {
+	// Service is the service document; nil when the service was removed.
+	Service *Service
+	// Slots are the service's slot documents.
+	Slots []Slot
+	// Tasks are the service's task documents (any state).
+	Tasks []Task
+	// Nodes are all nodes that have not left, with the owner's view of
+	// their liveness.
+	Nodes []Node
+	// Usage is the known usage of every node by all services (see
+	// UsageFromTasks).
+	Usage Usage
+	// InFlight are the Reserve calls the executor has sent for this
+	// service and not yet finished.
+	InFlight []InFlight
+	// TTL is the reservation TTL (DefaultTTL when zero).
+	TTL time.Duration
+}
+
+// InFlight is a Reserve the executor is working on: its slot is left
+// alone until it finishes (accepted and slot written, or given up) or the
+// TTL passes.
+type InFlight struct {
+	Slot   string
+	TaskID string
+	// Node is the candidate being asked.
+	Node string
+	Sent time.Time
+}
+
+// Reconcile decides what the owner of one service must do now to move the
+// service toward its spec. It is a pure function of its arguments: newID
+// supplies task IDs (random in schedd, a counter in tests).
+//
+// In order, it:
+//   - deletes slots the spec no longer has (scale down: the highest; a
+//     global service: nodes no longer eligible; everything when the
+//     service was removed);
+//   - stops a rollout that fails (a new task failed or turned unhealthy
+//     within the monitor period) with the update's failure action;
+//   - per slot: promotes a started replacement (Next), adopts an
+//     unnamed task placed by a previous owner, places a task where the
+//     slot is vacant, its task is lost (node down, document never
+//     appeared), terminal and replaceable under the restart policy, or
+//     misplaced (node drained, labels changed: start the replacement
+//     first);
+//   - walks outdated slots in batches of update parallelism, update delay
+//     apart, start-first (Reserve as Next) or stop-first (vacate the slot,
+//     then place once the old task has stopped);
+//   - records a completed rollout (SetServiceState with Converged).
+//
+// A slot with a Reserve in flight, or whose named task has not shown its
+// document yet, is left alone until the TTL passes: Reconcile never
+// places twice for one slot while an answer may still come.
+func Reconcile(s Snapshot, now time.Time, newID func() string) []Action {
+	if s.Service == nil {
+		var out []Action
+		for _, sl := range sortedSlots(s.Slots) {
+			out = append(out, DeleteSlot{Service: sl.Service, Slot: sl.Slot})
+		}
+		return out
+	}
+	r := newReconciler(s, now, newID)
+	r.run()
+	return r.finish()
+}
+
+// taskStatus is a task's condition as the owner sees it.
+type taskStatus int
+
+const (
+	stMissing   taskStatus = iota // named, but no task document yet
+	stPending                     // pending, starting or restarting on a live node
+	stRunning                     // running on a live, active node
+	stMisplaced                   // running, but its node is drained or fails the constraints
+	stLost                        // its node is down or gone
+	stDown                        // terminal: exited, failed, stopped, unhealthy
+)
+
+var statusNames = [...]string{"missing", "pending", "running", "misplaced", "lost", "down"}
+
+func (s taskStatus) String() string { return statusNames[s] }
+
+// slotInfo is one desired slot with what the snapshot says about it.
+type slotInfo struct {
+	name string
+	pin  string // global services: the node the slot belongs to
+	doc  *Slot  // nil: no slot document
+	cur  *Task
+	next *Task
+	// curSt and nextSt are meaningful when doc names a task / a next.
+	curSt, nextSt taskStatus
+	// unnamed are the slot's other tasks, oldest first.
+	unnamed []*Task
+}
+
+type reconciler struct {
+	now   time.Time
+	newID func() string
+	ttl   time.Duration
+
+	svc        *Service
+	spec       ServiceSpec // current spec, with defaults
+	digest     string
+	prev       *ServiceSpec // previous spec, with defaults
+	prevDigest string
+	req        Request // placement request of the current spec
+	reqErr     error
+	prevReq    Request
+
+	nodes    map[string]*Node
+	nodeList []Node
+	tasks    map[string]*Task
+	bySlot   map[string][]*Task
+	docs     map[string]*Slot
+	inflight map[string]InFlight
+	allSlots []Slot
+
+	usage  Usage
+	counts map[string]int
+	// unplaceable remembers, per spec digest, why no node could take a
+	// task: usage only grows during a reconcile, so the next slot of
+	// the same spec fails the same way without another pass over the
+	// nodes.
+	unplaceable map[string]string
+	// clearNext holds slot writes that only drop a failed replacement;
+	// they are emitted at the end unless another action for the slot,
+	// which rewrites the whole document anyway, came first.
+	clearNext map[string]AssignSlot
+
+	out  []Action
+	wake time.Time
+	why  string
+}
+
+func newReconciler(s Snapshot, now time.Time, newID func() string) *reconciler {
+	r := &reconciler{
+		now: now, newID: newID, ttl: cmp.Or(s.TTL, DefaultTTL),
+		svc:      s.Service,
+		nodes:    make(map[string]*Node, len(s.Nodes)),
+		nodeList: s.Nodes,
+		tasks:    make(map[string]*Task, len(s.Tasks)),
+		bySlot:   map[string][]*Task{},
+		docs:     make(map[string]*Slot, len(s.Slots)),
+		inflight: map[string]InFlight{},
+		allSlots: s.Slots,
+		usage:    maps.Clone(s.Usage),
+		counts:   map[string]int{},
+	}
+	if r.usage == nil {
+		r.usage = Usage{}
+	}
+	r.spec = s.Service.Spec.WithDefaults()
+	r.spec.Name = s.Service.Name
+	r.digest = r.spec.Digest()
+	r.req, r.reqErr = NewRequest(r.spec, "")
+	if s.Service.PrevSpec != nil {
+		p := s.Service.PrevSpec.WithDefaults()
+		p.Name = s.Service.Name
+		r.prev, r.prevDigest = &p, p.Digest()
+		r.prevReq, _ = NewRequest(p, "")
+	}
+	for i := range s.Nodes {
+		r.nodes[s.Nodes[i].ID] = &s.Nodes[i]
+	}
+	for i := range s.Tasks {
+		t := &s.Tasks[i]
+		r.tasks[t.ID] = t
+		r.bySlot[t.Slot] = append(r.bySlot[t.Slot], t)
+		if !t.State.Terminal() {
+			if n := r.nodes[t.Node]; n != nil && n.Alive {
+				r.counts[t.Node]++
+			}
+		}
+	}
+	for _, ts := range r.bySlot {
+		slices.SortFunc(ts, func(a, b *Task) int {
+			return cmp.Or(a.Created.Compare(b.Created), strings.Compare(a.ID, b.ID))
+		})
+	}
+	for i := range s.Slots {
+		r.docs[s.Slots[i].Slot] = &s.Slots[i]
+	}
+	for _, f := range s.InFlight {
+		if now.Before(f.Sent.Add(r.ttl)) {
+			r.inflight[f.Slot] = f
+			r.counts[f.Node]++
+		}
+	}
+	return r
+}
+
+func (r *reconciler) finish() []Action {
+	if !r.wake.IsZero() {
+		r.out = append(r.out, Requeue{At: r.wake, Why: r.why})
+	}
+	return r.out
+}
+
+// wakeAt asks for a requeue at t (the earliest one wins).
+func (r *reconciler) wakeAt(t time.Time, why string) {
+	if !t.After(r.now) {
+		t = r.now.Add(time.Millisecond)
+	}
+	if r.wake.IsZero() || t.Before(r.wake) {
+		r.wake, r.why = t, why
+	}
+}
+
+func (r *reconciler) emit(a Action) {
+	switch a := a.(type) {
+	case AssignSlot:
+		delete(r.clearNext, a.Slot)
+	case Reserve:
+		delete(r.clearNext, a.Slot)
+	}
+	r.out = append(r.out, a)
+}
+
+func (r *reconciler) run() {
+	if r.reqErr != nil {
+		r.emit(Unschedulable{Service: r.svc.Name, Reason: "invalid spec: " + r.reqErr.Error()})
+		return
+	}
+	desired := r.desiredSlots()
+	want := make(map[string]bool, len(desired))
+	for _, d := range desired {
+		want[d.name] = true
+	}
+	for _, sl := range sortedSlots(r.allSlots) {
+		if !want[sl.Slot] {
+			r.emit(DeleteSlot{Service: r.svc.Name, Slot: sl.Slot})
+		}
+	}
+	infos := make([]*slotInfo, len(desired))
+	for i, d := range desired {
+		infos[i] = r.classify(d.name, d.pin)
+	}
+	rolling := r.svc.Converged < r.svc.Version
+	if rolling && r.svc.State != ServicePaused && r.checkUpdateFailure() {
+		return
+	}
+	var outdated []*slotInfo
+	busy := 0 // slots of the rollout not finished yet
+	converged := true
+	for _, si := range infos {
+		st := r.reconcileSlot(si)
+		if st.outdated {
+			outdated = append(outdated, si)
+		}
+		if st.busy {
+			busy++
+		}
+		if !st.done {
+			converged = false
+		}
+	}
+	if len(outdated) > 0 {
+		converged = false
+		if r.svc.State != ServicePaused {
+			r.rollout(outdated, busy)
+		}
+	}
+	for _, si := range infos {
+		if a, ok := r.clearNext[si.name]; ok {
+			r.emit(a)
+		}
+	}
+	if rolling && converged && r.svc.State != ServicePaused {
+		r.emit(SetServiceState{Service: r.svc.Name, State: ServiceActive, Converged: r.svc.Version,
+			Reason: fmt.Sprintf("every slot runs version %d", r.svc.Version)})
+	}
+}
+
+type desiredSlot struct{ name, pin string }
+
+// desiredSlots lists the slots the spec asks for, in order: 0..replicas-1,
+// or one per eligible node (active, constraints hold; alive or not, so a
+// node that reboots keeps its slot) in node ID order.
+func (r *reconciler) desiredSlots() []desiredSlot {
+	if !r.spec.Global {
+		out := make([]desiredSlot, r.spec.Replicas)
+		for i := range out {
+			out[i].name = strconv.Itoa(i)
+		}
+		return out
+	}
+	var out []desiredSlot
+	for _, n := range r.nodeList {
+		if n.Availability == Drain || !r.matches(&n) {
+			continue
+		}
+		out = append(out, desiredSlot{name: n.ID, pin: n.ID})
+	}
+	slices.SortFunc(out, func(a, b desiredSlot) int { return strings.Compare(a.name, b.name) })
+	return out
+}
+
+func (r *reconciler) matches(n *Node) bool {
+	for _, c := range r.req.Constraints {
+		if !c.Match(*n) {
+			return false
+		}
+	}
+	return true
+}
+
+// current reports whether t runs the current spec.
+func (r *reconciler) current(t *Task) bool {
+	if t.SpecDigest == "" {
+		return t.Version == r.svc.Version
+	}
+	return t.SpecDigest == r.digest
+}
+
+// status classifies the task id that a slot says runs on node.
+func (r *reconciler) status(id, node string) (*Task, taskStatus) {
+	t := r.tasks[id]
+	if t == nil {
+		if n := r.nodes[node]; n == nil || !n.Alive {
+			return nil, stLost
+		}
+		return nil, stMissing
+	}
+	if t.State.Terminal() {
+		return t, stDown
+	}
+	n := r.nodes[t.Node]
+	switch {
+	case n == nil || !n.Alive:
+		return t, stLost
+	case t.State != TaskRunning:
+		return t, stPending
+	case n.Availability == Drain, r.current(t) && !r.matches(n):
+		return t, stMisplaced
+	}
+	return t, stRunning
+}
+
+func (r *reconciler) classify(name, pin string) *slotInfo {
+	si := &slotInfo{name: name, pin: pin, doc: r.docs[name]}
+	if d := si.doc; d != nil {
+		if d.Task != "" {
+			si.cur, si.curSt = r.status(d.Task, d.Node)
+		}
+		if d.Next != "" {
+			si.next, si.nextSt = r.status(d.Next, d.NextNode)
+		}
+	}
+	for _, t := range r.bySlot[name] {
+		if si.doc == nil || !si.doc.Names(t.ID) {
+			si.unnamed = append(si.unnamed, t)
+		}
+	}
+	return si
+}
+
+// checkUpdateFailure applies the update's failure action when a task of
+// the current version failed within the monitor period. It reports whether
+// it did (then nothing else happens this round).
+func (r *reconciler) checkUpdateFailure() bool {
+	if r.prev == nil {
+		return false // a creation, not an update
+	}
+	monitor := r.spec.Update.Monitor.D()
+	var bad *Task
+	for _, t := range r.tasksSorted() {
+		if t.Version != r.svc.Version || !r.current(t) {
+			continue
+		}
+		switch t.State {
+		case TaskFailed, TaskUnhealthy, TaskRestarting:
+		default:
+			continue
+		}
+		if t.Started.IsZero() || t.Finished.Sub(t.Started) < monitor {
+			bad = t
+			break
+		}
+	}
+	if bad == nil {
+		return false
+	}
+	why := fmt.Sprintf("task %s (slot %s) is %s", bad.ID, bad.Slot, bad.State)
+	if bad.Error != "" {
+		why += ": " + bad.Error
+	} else if bad.ExitCode != 0 {
+		why += fmt.Sprintf(" (exit code %d)", bad.ExitCode)
+	}
+	if r.spec.Update.FailureAction == ActionRollback && r.svc.State != ServiceRollingBack {
+		r.emit(SetServiceState{
+			Service: r.svc.Name, State: ServiceRollingBack,
+			Rollback: &Rollback{Spec: *r.svc.PrevSpec, PrevSpec: r.svc.Spec, Version: r.svc.Version + 1},
+			Reason:   fmt.Sprintf("update to version %d failed: %s; rolling back", r.svc.Version, why),
+		})
+		return true
+	}
+	what := "update"
+	if r.svc.State == ServiceRollingBack {
+		what = "rollback"
+	}
+	r.emit(SetServiceState{Service: r.svc.Name, State: ServicePaused,
+		Reason: fmt.Sprintf("%s to version %d paused: %s", what, r.svc.Version, why)})
+	return true
+}
+
+func (r *reconciler) tasksSorted() []*Task {
+	out := slices.Collect(maps.Values(r.tasks))
+	slices.SortFunc(out, func(a, b *Task) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+// slotResult is what reconcileSlot found.
+type slotResult struct {
+	outdated bool // the slot's running task runs an old spec: update it
+	busy     bool // a rollout step of the slot is under way (or monitored)
+	done     bool // the slot runs the current version, settled
+}
+
+// reconcileSlot repairs one slot; see Reconcile.
+func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
+	if f, ok := r.inflight[si.name]; ok {
+		r.wakeAt(f.Sent.Add(r.ttl), "reservation in flight")
+		return slotResult{busy: true}
+	}
+	if n := r.nodes[si.pin]; si.pin != "" && !n.Alive {
+		// A global slot waits for its node to come back; the rollout
+		// does not wait for it.
+		return slotResult{done: true}
+	}
+	d := si.doc
+	if d != nil && d.Next != "" {
+		switch si.nextSt {
+		case stRunning, stMisplaced:
+			// The replacement runs: it takes the slot; the old task
+			// is now superseded and its node stops it.
+			r.emit(AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Next, Node: d.NextNode, Version: d.NextVersion})
+			return slotResult{busy: true}
+		case stPending:
+			return slotResult{busy: true}
+		case stMissing:
+			if r.now.Before(d.Stamp.TS.Time().Add(r.ttl)) {
+				r.wakeAt(d.Stamp.TS.Time().Add(r.ttl), "replacement not seen yet")
+				return slotResult{busy: true}
+			}
+		}
+		// The replacement is lost or down: forget it and look at the
+		// slot again as if it never had one.
+		cleared := *d
+		cleared.Next, cleared.NextNode, cleared.NextVersion = "", "", 0
+		d = &cleared
+		if r.clearNext == nil {
+			r.clearNext = map[string]AssignSlot{}
+		}
+		r.clearNext[si.name] = AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Task, Node: d.Node, Version: d.Version}
+	}
+	if d == nil || d.Task == "" {
+		return r.vacant(si, d)
+	}
+	t := si.cur
+	switch si.curSt {
+	case stMissing:
+		if r.now.Before(d.Stamp.TS.Time().Add(r.ttl)) {
+			r.wakeAt(d.Stamp.TS.Time().Add(r.ttl), "task document not seen yet")
+			return slotResult{busy: d.Version == r.svc.Version}
+		}
+		r.place(si, d, false, "task "+d.Task+" never appeared", 0, nil)
+	case stPending:
+		if r.current(t) {
+			return slotResult{busy: t.Version == r.svc.Version}
+		}
+		return slotResult{}
+	case stRunning:
+		if !r.current(t) {
+			return slotResult{outdated: true}
+		}
+		// A new task counts against the update's parallelism until it
+		// has run through the monitor period.
+		done := r.monitored(t)
+		return slotResult{done: done, busy: !done}
+	case stMisplaced:
+		why := "node " + t.Node + " is drained"
+		if n := r.nodes[t.Node]; n != nil && n.Availability != Drain {
+			why = "node " + t.Node + " no longer meets the constraints"
+		}
+		r.place(si, d, true, why, t.Restarts, t)
+	case stLost:
+		restarts, node := 0, d.Node
+		if t != nil {
+			restarts, node = t.Restarts, t.Node
+		}
+		r.place(si, d, false, "node "+node+" is down", restarts, t)
+	case stDown:
+		return r.replaceDown(si, d, t)
+	}
+	return slotResult{}
+}
+
+// monitored reports whether a running task of the current version has run
+// through the monitor period (the rollout may count it as done).
+func (r *reconciler) monitored(t *Task) bool {
+	if t.Version != r.svc.Version || r.svc.Converged >= r.svc.Version {
+		return true
+	}
+	end := t.Started.Add(r.spec.Update.Monitor.D())
+	if r.now.Before(end) {
+		r.wakeAt(end, "monitoring new task")
+		return false
+	}
+	return true
+}
+
+// vacant handles a slot without a task: adopt a task placed by an owner
+// that did not get to write the slot, wait for a stop-first update's old
+// task to stop, or place a new one.
+func (r *reconciler) vacant(si *slotInfo, d *Slot) slotResult {
+	var created time.Time
+	if d != nil {
+		created = d.Stamp.TS.Time()
+	}
+	for _, t := range si.unnamed {
+		if d != nil && t.Created.Compare(d.Stamp) <= 0 {
+			continue // superseded by the vacating write
+		}
+		n := r.nodes[t.Node]
+		if t.State.Terminal() || n == nil || !n.Alive || n.Availability == Drain || !r.current(t) {
+			continue
+		}
+		if !r.now.Before(t.CreatedAt().Add(r.ttl)) {
+			continue // its node stops it: the reservation expired
+		}
+		r.emit(AssignSlot{Service: r.svc.Name, Slot: si.name, Task: t.ID, Node: t.Node, Version: t.Version})
+		return slotResult{busy: t.Version == r.svc.Version}
+	}
+	// Stop-first: the previous task is still stopping; its capacity
+	// frees when it is gone.
+	if d != nil {
+		limit := created.Add(r.spec.StopGrace.D() + r.ttl)
+		for _, t := range si.unnamed {
+			n := r.nodes[t.Node]
+			if t.State.Terminal() || n == nil || !n.Alive || t.Created.Compare(d.Stamp) > 0 {
+				continue
+			}
+			if r.now.Before(limit) {
+				r.wakeAt(limit, "waiting for the old task to stop")
+				return slotResult{busy: true}
+			}
+		}
+	}
+	restarts := 0
+	if d != nil {
+		// A slot vacated to update it starts the new version afresh;
+		// any other vacancy keeps the count of its last task.
+		for _, t := range slices.Backward(si.unnamed) {
+			if r.current(t) {
+				restarts = t.Restarts
+			}
+			break
+		}
+	}
+	r.place(si, d, false, "", restarts, nil)
+	return slotResult{busy: true}
+}
+
+// replaceDown decides about a slot whose task is terminal.
+func (r *reconciler) replaceDown(si *slotInfo, d *Slot, t *Task) slotResult {
+	spec := r.specFor(t)
+	pol := spec.Restart
+	budget := pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts
+	var ok bool
+	restarts := t.Restarts + 1
+	switch t.State {
+	case TaskStopped:
+		// Not the restart policy's doing (the reservation expired
+		// before the slot named it, or it was stopped by hand):
+		// replace at once.
+		ok, restarts = true, t.Restarts
+	case TaskUnhealthy:
+		ok = budget
+	case TaskFailed:
+		ok = budget && pol.Policy != RestartNever
+	case TaskExited:
+		ok = budget && pol.Policy == RestartAlways
+	}
+	if !ok {
+		// Finished under its restart policy: the slot stays as it is.
+		return slotResult{done: r.current(t)}
+	}
+	if t.State != TaskStopped {
+		at := t.Finished.Add(Backoff(pol, t.Restarts))
+		if r.now.Before(at) {
+			r.wakeAt(at, "restart backoff")
+			return slotResult{}
+		}
+	}
+	r.place(si, d, false, "task "+t.ID+" is "+string(t.State), restarts, t)
+	return slotResult{}
+}
+
+// specFor is the spec a replacement of t runs: the current one, except
+// that a paused rollout keeps the slots still on the previous spec there.
+func (r *reconciler) specFor(t *Task) ServiceSpec {
+	if r.keepPrev(t) {
+		return *r.prev
+	}
+	return r.spec
+}
+
+func (r *reconciler) keepPrev(t *Task) bool {
+	return r.svc.State == ServicePaused && r.prev != nil && t != nil &&
+		t.SpecDigest == r.prevDigest && r.prevDigest != r.digest
+}
+
+// rollout starts the next batch of the rolling update.
+func (r *reconciler) rollout(outdated []*slotInfo, busy int) {
+	u := r.spec.Update
+	var last time.Time
+	for _, t := range r.tasks {
+		if t.Version == r.svc.Version && r.current(t) && t.Started.After(last) {
+			last = t.Started
+		}
+	}
+	if !last.IsZero() && u.Delay > 0 {
+		if gate := last.Add(u.Delay.D()); r.now.Before(gate) {
+			r.wakeAt(gate, "update delay")
+			return
+		}
+	}
+	n := u.Parallelism - busy
+	for _, si := range outdated {
+		if n <= 0 {
+			break
+		}
+		n--
+		if u.Order == StartFirst {
+			r.place(si, si.doc, true, "update", 0, si.cur)
+			continue
+		}
+		// Stop-first: vacate the slot; its task is superseded and
+		// stops. The next rounds place the new one once it is gone.
+		r.emit(AssignSlot{Service: r.svc.Name, Slot: si.name})
+	}
+}
+
+// place asks for a new task for si: as the slot's task, or asNext as a
+// replacement started next to the running one. old is the task being
+// replaced, if any.
+func (r *reconciler) place(si *slotInfo, d *Slot, asNext bool, why string, restarts int, old *Task) {
+	spec, req, digest, version := r.spec, r.req, r.digest, r.svc.Version
+	if r.keepPrev(old) {
+		spec, req, digest, version = *r.prev, r.prevReq, r.prevDigest, old.Version
+	}
+	req.Slot, req.Tasks = si.name, r.counts
+	var ranked []string
+	var reason string
+	if si.pin != "" {
+		n := r.nodes[si.pin]
+		if n == nil {
+			return
+		}
+		if !n.Alive {
+			return // a global slot waits for its node
+		}
+		if rej := Filter(req, *n, r.usage[n.ID]); rej.OK() {
+			ranked = []string{n.ID}
+		} else {
+			reason = SummarizeRejects(1, []Reject{rej})
+		}
+	} else if why, known := r.unplaceable[digest]; known {
+		reason = why
+	} else {
+		ranked, reason = Place(req, r.nodeList, r.usage)
+		if len(ranked) == 0 {
+			if r.unplaceable == nil {
+				r.unplaceable = map[string]string{}
+			}
+			r.unplaceable[digest] = reason
+		}
+	}
+	if len(ranked) == 0 {
+		if why != "" {
+			reason = why + "; " + reason
+		}
+		r.emit(Unschedulable{Service: r.svc.Name, Slot: si.name, Reason: reason})
+		r.wakeAt(r.now.Add(r.ttl), "retry unschedulable")
+		return
+	}
+	id := r.newID()
+	assign := AssignSlot{Service: r.svc.Name, Slot: si.name, Task: id, Version: version}
+	if asNext && d != nil {
+		assign = AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Task, Node: d.Node, Version: d.Version,
+			Next: id, NextVersion: version}
+	}
+	r.emit(Reserve{
+		Service: r.svc.Name, Slot: si.name, TaskID: id, Version: version,
+		Spec: spec, SpecDigest: digest, Resources: req.Resources, Ports: req.Ports,
+		Restarts: restarts, TTL: r.ttl, Candidates: ranked, Assign: assign,
+	})
+	r.usage.add(ranked[0], req.Resources, req.Ports)
+	r.counts[ranked[0]]++
+}
+
+// Backoff is the delay before restart number restarts+1: the policy's
+// Delay doubled per restart already made, capped at MaxDelay.
+func Backoff(p RestartPolicy, restarts int) time.Duration {
+	d, maxD := p.Delay.D(), p.MaxDelay.D()
+	if d <= 0 {
+		d = DefaultRestartDelay
+	}
+	if maxD <= 0 {
+		maxD = max(DefaultRestartMaxDelay, d)
+	}
+	for range restarts {
+		if d >= maxD {
+			break
+		}
+		d *= 2
+	}
+	return min(d, maxD)
+}
+
+// sortedSlots orders slot documents: replica numbers numerically, then
+// other names.
+func sortedSlots(slots []Slot) []Slot {
+	out := slices.Clone(slots)
+	slices.SortFunc(out, func(a, b Slot) int { return compareSlotNames(a.Slot, b.Slot) })
+	return out
+}
+
+func compareSlotNames(a, b string) int {
+	ai, aok := IsReplicaSlot(a)
+	bi, bok := IsReplicaSlot(b)
+	switch {
+	case aok && bok:
+		return cmp.Compare(ai, bi)
+	case aok:
+		return -1
+	case bok:
+		return 1
+	}
+	return strings.Compare(a, b)
+}

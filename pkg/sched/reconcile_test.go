@@ -1,0 +1,618 @@
+package sched_test
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/hlc"
+	"github.com/shoal-dev/shoal/pkg/sched"
+)
+
+// world is a small cluster as an owner sees it, built up by the cases.
+type world struct {
+	svc      *sched.Service
+	nodes    []sched.Node
+	slots    []sched.Slot
+	tasks    []sched.Task
+	inflight []sched.InFlight
+}
+
+func stampAt(at time.Time, node string) crdt.Stamp {
+	return crdt.Stamp{TS: hlc.Timestamp{Wall: at.UnixNano()}, Node: node}
+}
+
+func webSpec(replicas int) sched.ServiceSpec {
+	return sched.ServiceSpec{Name: "web", Image: "img:1", Replicas: replicas, CPUMillis: 100, MemoryBytes: 128 << 20}
+}
+
+// newWorld: nodes n1..n3 (4 CPU, 8GiB), service web version 1 settled.
+func newWorld(spec sched.ServiceSpec) *world {
+	w := &world{svc: &sched.Service{Name: "web", Spec: spec, Version: 1, Converged: 1, State: sched.ServiceActive}}
+	for _, id := range []string{"n1", "n2", "n3"} {
+		w.nodes = append(w.nodes, node(id, 4000, 8*gib))
+	}
+	return w
+}
+
+// update changes the spec as `service update` does.
+func (w *world) update(change func(*sched.ServiceSpec)) {
+	prev := w.svc.Spec
+	next := prev
+	change(&next)
+	w.svc.PrevSpec, w.svc.Spec = &prev, next
+	w.svc.Version++
+	w.svc.Updated = t0.Add(-time.Minute)
+}
+
+func (w *world) nodeRef(id string) *sched.Node {
+	for i := range w.nodes {
+		if w.nodes[i].ID == id {
+			return &w.nodes[i]
+		}
+	}
+	panic("no node " + id)
+}
+
+// task adds a task document of the current spec, created at created.
+func (w *world) task(id, slot, node string, st sched.TaskState, created time.Time) *sched.Task {
+	return w.taskOf(w.svc.Spec, w.svc.Version, id, slot, node, st, created)
+}
+
+func (w *world) taskOf(spec sched.ServiceSpec, version int64, id, slot, node string, st sched.TaskState, created time.Time) *sched.Task {
+	t := sched.Task{ID: id, Service: "web", Slot: slot, Node: node, Version: version, SpecDigest: spec.Digest(),
+		State: st, Created: stampAt(created, node), Resources: spec.Resources()}
+	if st == sched.TaskRunning || st.Terminal() || st == sched.TaskRestarting {
+		t.Started = created.Add(time.Second)
+	}
+	w.tasks = append(w.tasks, t)
+	return &w.tasks[len(w.tasks)-1]
+}
+
+// slot writes a slot document naming task on node at stamp time at.
+func (w *world) slot(slot, task, node string, version int64, at time.Time) *sched.Slot {
+	for i := range w.slots {
+		if w.slots[i].Slot == slot {
+			w.slots = slices.Delete(w.slots, i, i+1)
+			break
+		}
+	}
+	w.slots = append(w.slots, sched.Slot{Service: "web", Slot: slot, Task: task, Node: node, Version: version, Stamp: stampAt(at, "owner")})
+	return &w.slots[len(w.slots)-1]
+}
+
+// running adds a running task of the current version named by its slot.
+func (w *world) running(slot, node string) {
+	id := "t" + slot
+	w.task(id, slot, node, sched.TaskRunning, t0.Add(-time.Hour))
+	w.slot(slot, id, node, w.svc.Version, t0.Add(-time.Hour))
+}
+
+func (w *world) snapshot() sched.Snapshot {
+	return sched.Snapshot{Service: w.svc, Slots: w.slots, Tasks: w.tasks, Nodes: w.nodes,
+		Usage: sched.UsageFromTasks(w.tasks), InFlight: w.inflight, TTL: 10 * time.Second}
+}
+
+func counter() func() string {
+	i := 0
+	return func() string { i++; return fmt.Sprintf("new%d", i) }
+}
+
+func render[A fmt.Stringer](acts []A) string {
+	var b strings.Builder
+	for _, a := range acts {
+		b.WriteString(a.String())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+func TestReconcile(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		build func(w *world)
+		spec  sched.ServiceSpec // webSpec(3) when zero
+		now   time.Duration     // after t0
+		want  string
+	}{
+		{
+			name:  "initial placement spreads",
+			build: func(w *world) { w.svc.Converged = 0 },
+			want: `reserve web/0 task=new1 v1 as=task on=n2,n3,n1
+reserve web/1 task=new2 v1 as=task on=n3,n1,n2
+reserve web/2 task=new3 v1 as=task on=n1,n3,n2
+`,
+		},
+		{
+			name:  "settled: nothing to do",
+			build: func(w *world) { w.running("0", "n1"); w.running("1", "n2"); w.running("2", "n3") },
+			want:  ``,
+		},
+		{
+			name: "rollout converged",
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+			},
+			want: "service web state=active converged=v1: every slot runs version 1\n",
+		},
+		{
+			name: "scale down deletes the highest slots",
+			build: func(w *world) {
+				for i, n := range []string{"n1", "n2", "n3", "n1", "n2"} {
+					w.running(fmt.Sprint(i), n)
+				}
+			},
+			want: "delete web/3\ndelete web/4\n",
+		},
+		{
+			name: "scale up adds slots on the emptiest nodes",
+			spec: webSpec(5),
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.running("3", "n1")
+			},
+			want: "reserve web/4 task=new1 v1 as=task on=n3,n2,n1\n",
+		},
+		{
+			name: "service removed",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.svc = nil
+			},
+			want: "delete web/0\ndelete web/1\n",
+		},
+		{
+			name: "dead node: replace elsewhere, keep the restart count",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.tasks[1].Restarts = 2
+				w.nodeRef("n2").Alive = false
+			},
+			want: "reserve web/1 task=new1 v1 as=task on=n3,n1 restarts=2\n",
+		},
+		{
+			name: "failed task: replaced after the backoff, counting a restart",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished, w.tasks[0].ExitCode = sched.TaskFailed, t0.Add(-2*time.Second), 1
+			},
+			spec: webSpec(1),
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1 restarts=1\n",
+		},
+		{
+			name: "failed task within its backoff: wait",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished, w.tasks[0].Restarts = sched.TaskFailed, t0.Add(-time.Second), 2 // backoff 4s
+			},
+			spec: webSpec(1),
+			want: "requeue at 00:00:03.000 (restart backoff)\n",
+		},
+		{
+			name: "failed task out of restart attempts: leave it",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished, w.tasks[0].Restarts = sched.TaskFailed, t0.Add(-time.Hour), 3
+			},
+			spec: func() sched.ServiceSpec { s := webSpec(1); s.Restart.MaxAttempts = 3; return s }(),
+			want: ``,
+		},
+		{
+			name: "exited task under on-failure: done",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished = sched.TaskExited, t0.Add(-time.Hour)
+			},
+			spec: func() sched.ServiceSpec { s := webSpec(1); s.Restart.Policy = sched.RestartOnFailure; return s }(),
+			want: ``,
+		},
+		{
+			name: "failed task under never: done",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished = sched.TaskFailed, t0.Add(-time.Hour)
+			},
+			spec: func() sched.ServiceSpec { s := webSpec(1); s.Restart.Policy = sched.RestartNever; return s }(),
+			want: ``,
+		},
+		{
+			name: "unhealthy task: replaced",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished = sched.TaskUnhealthy, t0.Add(-5*time.Second)
+			},
+			spec: webSpec(1),
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1 restarts=1\n",
+		},
+		{
+			name: "stopped task (not by its policy): replaced at once",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished = sched.TaskStopped, t0
+			},
+			spec: webSpec(1),
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1\n",
+		},
+		{
+			name: "drained node: start the replacement first",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.nodeRef("n3").Availability = sched.Drain
+			},
+			want: "reserve web/2 task=new1 v1 as=next on=n1,n2\n",
+		},
+		{
+			name: "labels changed: move the task, replacement first",
+			spec: func() sched.ServiceSpec { s := webSpec(1); s.Constraints = []string{"node.labels.zone==eu"}; return s }(),
+			build: func(w *world) {
+				w.nodeRef("n2").Labels["zone"] = "eu"
+				w.running("0", "n1")
+			},
+			want: "reserve web/0 task=new1 v1 as=next on=n2\n",
+		},
+		{
+			name: "replacement pending: wait",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.nodeRef("n3").Availability = sched.Drain
+				w.task("r2", "2", "n1", sched.TaskStarting, t0.Add(-time.Second))
+				w.slots[2].Next, w.slots[2].NextNode, w.slots[2].NextVersion = "r2", "n1", 1
+			},
+			want: ``,
+		},
+		{
+			name: "replacement running: it takes the slot",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.nodeRef("n3").Availability = sched.Drain
+				w.task("r2", "2", "n1", sched.TaskRunning, t0.Add(-time.Second))
+				w.slots[2].Next, w.slots[2].NextNode, w.slots[2].NextVersion = "r2", "n1", 1
+			},
+			want: "assign web/2 task=r2 node=n1 v1\n",
+		},
+		{
+			name: "replacement failed: try again",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.nodeRef("n3").Availability = sched.Drain
+				w.task("r2", "2", "n1", sched.TaskFailed, t0.Add(-time.Second))
+				w.slots[2].Next, w.slots[2].NextNode, w.slots[2].NextVersion = "r2", "n1", 1
+			},
+			want: "reserve web/2 task=new1 v1 as=next on=n1,n2\n",
+		},
+		{
+			name: "reservation in flight: leave the slot alone",
+			spec: webSpec(1),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.inflight = []sched.InFlight{{Slot: "0", TaskID: "x", Node: "n1", Sent: t0.Add(-time.Second)}}
+			},
+			want: "requeue at 00:00:09.000 (reservation in flight)\n",
+		},
+		{
+			name: "reservation in flight past the TTL: place again",
+			spec: webSpec(1),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.inflight = []sched.InFlight{{Slot: "0", TaskID: "x", Node: "n1", Sent: t0.Add(-11 * time.Second)}}
+			},
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1\n",
+		},
+		{
+			name: "slot names a task not seen yet: wait for it",
+			spec: webSpec(1),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.slot("0", "x", "n1", 1, t0.Add(-2*time.Second))
+			},
+			want: "requeue at 00:00:08.000 (task document not seen yet)\n",
+		},
+		{
+			name: "slot names a task that never appeared: place again",
+			spec: webSpec(1),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.slot("0", "x", "n1", 1, t0.Add(-20*time.Second))
+			},
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1\n",
+		},
+		{
+			name: "a previous owner's task without its slot write: adopt it",
+			spec: webSpec(1),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.task("late", "0", "n2", sched.TaskPending, t0.Add(-2*time.Second))
+				w.task("older", "0", "n3", sched.TaskRunning, t0.Add(-3*time.Second))
+			},
+			want: "assign web/0 task=older node=n3 v1\n",
+		},
+		{
+			name: "an unnamed task past the TTL is not adopted",
+			spec: webSpec(1),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.task("stale", "0", "n2", sched.TaskRunning, t0.Add(-time.Minute))
+			},
+			want: "reserve web/0 task=new1 v1 as=task on=n3,n1,n2\n", // n2 still runs it
+		},
+		{
+			name: "nothing fits: say why",
+			spec: func() sched.ServiceSpec { s := webSpec(1); s.MemoryBytes = 16 * gib; return s }(),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.nodeRef("n1").Alive = false
+			},
+			want: `unschedulable web/0: 3 nodes: 2 lack memory (need 16GiB, most free 8GiB), 1 is down
+requeue at 00:00:10.000 (retry unschedulable)
+`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := tc.spec
+			if spec.Name == "" {
+				spec = webSpec(3)
+			}
+			w := newWorld(spec)
+			tc.build(w)
+			got := render(sched.Reconcile(w.snapshot(), t0.Add(tc.now), counter()))
+			if got != tc.want {
+				t.Fatalf("actions:\n%s\nwant:\n%s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReconcileUpdate(t *testing.T) {
+	v1 := webSpec(3)
+	img2 := func(s *sched.ServiceSpec) { s.Image = "img:2" }
+	// settled: v1 everywhere, then `service update --image img:2`.
+	settled := func(w *world, upd ...func(*sched.ServiceSpec)) {
+		w.running("0", "n1")
+		w.running("1", "n2")
+		w.running("2", "n3")
+		w.update(func(s *sched.ServiceSpec) {
+			for _, u := range upd {
+				u(s)
+			}
+		})
+	}
+	for _, tc := range []struct {
+		name  string
+		build func(w *world)
+		want  string
+	}{
+		{
+			name:  "stop-first: vacate the first slot",
+			build: func(w *world) { settled(w, img2) },
+			want:  "assign web/0 task=-\n",
+		},
+		{
+			name: "stop-first: wait for the old task to stop",
+			build: func(w *world) {
+				settled(w, img2)
+				w.slot("0", "", "", 0, t0.Add(-time.Second))
+			},
+			want: "requeue at 00:00:19.000 (waiting for the old task to stop)\n",
+		},
+		{
+			name: "stop-first: old task stopped, place the new version",
+			build: func(w *world) {
+				settled(w, img2)
+				w.slot("0", "", "", 0, t0.Add(-time.Second))
+				w.tasks[0].State = sched.TaskStopped
+			},
+			want: "reserve web/0 task=new1 v2 as=task on=n1,n2,n3\n",
+		},
+		{
+			name: "start-first, parallelism 2: two replacements next to the old tasks",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.Order, s.Update.Parallelism = sched.StartFirst, 2 })
+			},
+			want: `reserve web/0 task=new1 v2 as=next on=n2,n3,n1
+reserve web/1 task=new2 v2 as=next on=n3,n1,n2
+`,
+		},
+		{
+			name: "parallelism counts the slots still updating",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.Order, s.Update.Parallelism = sched.StartFirst, 2 })
+				w.task("new0", "0", "n2", sched.TaskStarting, t0.Add(-time.Second))
+				w.slots[0].Next, w.slots[0].NextNode, w.slots[0].NextVersion = "new0", "n2", 2
+			},
+			want: "reserve web/1 task=new1 v2 as=next on=n3,n1,n2\n",
+		},
+		{
+			name: "update delay between batches",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.Delay = sched.Duration(10 * time.Second) })
+				w.task("new0", "0", "n1", sched.TaskRunning, t0.Add(-3*time.Second)) // started t0-2s
+				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
+			},
+			want: "requeue at 00:00:03.000 (monitoring new task)\n",
+		},
+		{
+			name: "update delay passed: next slot",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.Delay = sched.Duration(time.Second) })
+				w.task("new0", "0", "n1", sched.TaskRunning, t0.Add(-time.Minute))
+				w.slot("0", "new0", "n1", 2, t0.Add(-time.Minute))
+			},
+			want: "assign web/1 task=-\n",
+		},
+		{
+			name: "new task failed within the monitor period: roll back",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.FailureAction = sched.ActionRollback })
+				nt := w.task("new0", "0", "n1", sched.TaskFailed, t0.Add(-3*time.Second))
+				nt.Finished, nt.ExitCode = nt.Started.Add(time.Second), 2
+				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
+			},
+			want: "service web state=rolling-back rollback to v3: update to version 2 failed: task new0 (slot 0) is failed (exit code 2); rolling back\n",
+		},
+		{
+			name: "new task crash-looping: pause",
+			build: func(w *world) {
+				settled(w, img2)
+				nt := w.task("new0", "0", "n1", sched.TaskRestarting, t0.Add(-3*time.Second))
+				nt.Finished, nt.ExitCode = nt.Started.Add(time.Second), 1
+				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
+			},
+			want: "service web state=paused: update to version 2 paused: task new0 (slot 0) is restarting (exit code 1)\n",
+		},
+		{
+			name: "a failure after the monitor period is no update failure",
+			build: func(w *world) {
+				settled(w, img2)
+				nt := w.task("new0", "0", "n1", sched.TaskFailed, t0.Add(-time.Hour))
+				nt.Finished = t0.Add(-time.Minute)
+				w.slot("0", "new0", "n1", 2, t0.Add(-time.Hour))
+			},
+			// Slot 0 is repaired (not throttled) and the rollout goes on.
+			want: "reserve web/0 task=new1 v2 as=task on=n2,n3,n1 restarts=1\nassign web/1 task=-\n",
+		},
+		{
+			name: "paused: no update steps, repairs keep the old spec",
+			build: func(w *world) {
+				settled(w, img2)
+				w.svc.State = sched.ServicePaused
+				w.nodeRef("n2").Alive = false
+			},
+			want: "reserve web/1 task=new1 v1 as=task on=n3,n1\n",
+		},
+		{
+			name: "rollback done: the old tasks are current again",
+			build: func(w *world) {
+				settled(w, img2)
+				// The rollback wrote spec := v1's under version 3.
+				w.svc.Spec, w.svc.PrevSpec = v1, &sched.ServiceSpec{Name: "web", Image: "img:2", Replicas: 3}
+				w.svc.Version, w.svc.State = 3, sched.ServiceRollingBack
+			},
+			want: "service web state=active converged=v3: every slot runs version 3\n",
+		},
+		{
+			name: "failure during a rollback: pause",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.FailureAction = sched.ActionRollback })
+				w.svc.State = sched.ServiceRollingBack
+				w.task("new0", "0", "n1", sched.TaskUnhealthy, t0.Add(-3*time.Second))
+				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
+			},
+			want: "service web state=paused: rollback to version 2 paused: task new0 (slot 0) is unhealthy\n",
+		},
+		{
+			name: "a lost replacement and an outdated task: one write for the slot",
+			build: func(w *world) {
+				settled(w, img2)
+				w.taskOf(v1, 1, "r", "0", "n2", sched.TaskRunning, t0.Add(-time.Hour)) // an old drain's replacement
+				w.nodeRef("n2").Alive = false
+				w.slots[0].Next, w.slots[0].NextNode, w.slots[0].NextVersion = "r", "n2", 1
+			},
+			want: "reserve web/1 task=new1 v2 as=task on=n3,n1\nassign web/0 task=-\n", // n2 is dead: slot 1 too
+		},
+		{
+			name: "a lost replacement next to a fine task: drop it",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.update(func(s *sched.ServiceSpec) {})
+				w.svc.Converged = w.svc.Version
+				w.taskOf(v1, 1, "r", "0", "n2", sched.TaskFailed, t0.Add(-time.Hour))
+				w.slots[0].Next, w.slots[0].NextNode, w.slots[0].NextVersion = "r", "n2", 1
+			},
+			want: "assign web/0 task=t0 node=n1 v1\n",
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(v1)
+			tc.build(w)
+			got := render(sched.Reconcile(w.snapshot(), t0, counter()))
+			if got != tc.want {
+				t.Fatalf("actions:\n%s\nwant:\n%s", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestReconcileGlobal(t *testing.T) {
+	spec := sched.ServiceSpec{Name: "web", Image: "img:1", Global: true, MemoryBytes: gib, Constraints: []string{"node.labels.zone==eu"}}
+	for _, tc := range []struct {
+		name  string
+		build func(w *world)
+		want  string
+	}{
+		{
+			name:  "one slot per eligible node",
+			build: func(w *world) {},
+			want:  "reserve web/n1 task=new1 v1 as=task on=n1\nreserve web/n2 task=new2 v1 as=task on=n2\n",
+		},
+		{
+			name: "a node joins",
+			build: func(w *world) {
+				w.running("n1", "n1")
+				w.running("n2", "n2")
+				w.nodes = append(w.nodes, node("n4", 1000, 2*gib, "zone", "eu"))
+			},
+			want: "reserve web/n4 task=new1 v1 as=task on=n4\n",
+		},
+		{
+			name: "drained and relabelled nodes lose their slots",
+			build: func(w *world) {
+				w.running("n1", "n1")
+				w.running("n2", "n2")
+				w.running("n3", "n3") // labelled eu once
+				w.nodeRef("n2").Availability = sched.Drain
+			},
+			want: "delete web/n2\ndelete web/n3\n",
+		},
+		{
+			name: "a dead node keeps its slot and gets no replacement",
+			build: func(w *world) {
+				w.running("n1", "n1")
+				w.running("n2", "n2")
+				w.nodeRef("n2").Alive = false
+			},
+			want: ``,
+		},
+		{
+			name: "a node without room",
+			build: func(w *world) {
+				w.running("n2", "n2")
+				w.nodeRef("n1").Capacity.MemoryBytes = gib / 2
+			},
+			want: `unschedulable web/n1: 1 node: 1 lacks memory (need 1GiB, most free 512MiB)
+requeue at 00:00:10.000 (retry unschedulable)
+`,
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(spec)
+			w.nodeRef("n1").Labels["zone"] = "eu"
+			w.nodeRef("n2").Labels["zone"] = "eu"
+			tc.build(w)
+			got := render(sched.Reconcile(w.snapshot(), t0, counter()))
+			if got != tc.want {
+				t.Fatalf("actions:\n%s\nwant:\n%s", got, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,356 @@
+package sched_test
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/sched/sim"
+)
+
+// newCluster builds n nodes n1..nN with the given capacity.
+func newCluster(t *testing.T, n int, capa sched.Resources, tweak func(*sim.Config)) *sim.Cluster {
+	t.Helper()
+	cfg := sim.Config{Seed: 1}
+	for i := 1; i <= n; i++ {
+		cfg.Nodes = append(cfg.Nodes, sim.NodeConfig{ID: fmt.Sprintf("n%d", i), Capacity: capa})
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	c := sim.New(cfg)
+	if testing.Verbose() {
+		start := c.Now()
+		c.Trace = func(now time.Time, node, what string) {
+			t.Logf("%8s %-3s %s", now.Sub(start).Truncate(time.Millisecond), node, what)
+		}
+	}
+	t.Cleanup(func() {
+		if len(c.Violations) > 0 {
+			t.Errorf("invariants broken:\n%s", strings.Join(c.Violations, "\n"))
+		}
+	})
+	return c
+}
+
+var roomy = sched.Resources{CPUMillis: 8000, MemoryBytes: 16 * gib}
+
+func create(t *testing.T, c *sim.Cluster, spec sched.ServiceSpec) {
+	t.Helper()
+	if err := c.CreateService(spec); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func settle(t *testing.T, c *sim.Cluster, service string, within time.Duration) {
+	t.Helper()
+	if !c.RunUntil(func() bool { return c.Settled(service) }, within) {
+		t.Fatalf("%s did not settle within %v: running %v, slots %v, unschedulable %v",
+			service, within, c.Running(service), slotSummary(c, service), c.LastUnschedulable)
+	}
+}
+
+func slotSummary(c *sim.Cluster, service string) string {
+	var parts []string
+	for _, sl := range c.Slots(service) {
+		p := fmt.Sprintf("%s=%s@%s", sl.Slot, sl.Task, sl.Node)
+		if sl.Next != "" {
+			p += fmt.Sprintf("(next %s@%s)", sl.Next, sl.NextNode)
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, " ")
+}
+
+func TestSimSpread(t *testing.T) {
+	c := newCluster(t, 3, roomy, nil)
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6, CPUMillis: 500, MemoryBytes: 256 << 20})
+	settle(t, c, "web", 5*time.Second)
+	if got := c.Running("web"); !maps.Equal(got, map[string]int{"n1": 2, "n2": 2, "n3": 2}) {
+		t.Fatalf("running %v, want 2/2/2", got)
+	}
+	if svc := c.Service("web"); !c.RunUntil(func() bool { return c.Service("web").Converged == 1 }, 10*time.Second) {
+		t.Fatalf("rollout not recorded as converged: %+v", svc)
+	}
+}
+
+func TestSimScaleDown(t *testing.T) {
+	c := newCluster(t, 3, roomy, nil)
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 9, CPUMillis: 100})
+	settle(t, c, "web", 5*time.Second)
+	if err := c.Scale("web", 3); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, c, "web", 15*time.Second)
+	var names []string
+	for _, sl := range c.Slots("web") {
+		names = append(names, sl.Slot)
+	}
+	if !slices.Equal(names, []string{"0", "1", "2"}) {
+		t.Fatalf("slots %v, want 0 1 2", names)
+	}
+	var held int64
+	for _, id := range c.NodeIDs() {
+		held += c.Node(id).Ledger.Usage().CPUMillis
+	}
+	if held != 300 {
+		t.Fatalf("ledgers hold %dm for 3 tasks of 100m: reservations not released", held)
+	}
+	if err := c.Scale("web", 0); err != nil {
+		t.Fatal(err)
+	}
+	settle(t, c, "web", 15*time.Second)
+	c.RemoveService("web")
+	settle(t, c, "web", 15*time.Second)
+	if n := len(c.Slots("web")); n != 0 {
+		t.Fatalf("%d slots left after the service was removed", n)
+	}
+}
+
+// TestSimNodeDies: the tasks of a dead node are replaced elsewhere; when
+// it comes back its stale copies stop.
+func TestSimNodeDies(t *testing.T) {
+	c := newCluster(t, 3, roomy, nil)
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6, CPUMillis: 500})
+	settle(t, c, "web", 5*time.Second)
+	victim := sched.Owner("web", c.NodeIDs()) // the owner dies too
+	c.Kill(victim)
+	ok := c.RunUntil(func() bool {
+		up := 0
+		for node, n := range c.Running("web") {
+			if node != victim {
+				up += n
+			}
+		}
+		for _, sl := range c.Slots("web") {
+			if sl.Node == victim {
+				return false
+			}
+		}
+		return up == 6
+	}, 20*time.Second)
+	if !ok {
+		t.Fatalf("not replaced: running %v, slots %s", c.Running("web"), slotSummary(c, "web"))
+	}
+	if c.Running("web")[victim] != 2 {
+		t.Fatalf("the partitioned node's containers should still run: %v", c.Running("web"))
+	}
+	c.Revive(victim)
+	settle(t, c, "web", 15*time.Second)
+	if n := c.Running("web")[victim]; n != 0 {
+		t.Fatalf("%s still runs %d stale tasks", victim, n)
+	}
+}
+
+// TestSimTwoOwners: two nodes both believe they own the service while
+// capacity is exactly enough. No node is ever overcommitted (newCluster
+// checks every tick), and once views agree the service converges.
+func TestSimTwoOwners(t *testing.T) {
+	c := newCluster(t, 3, sched.Resources{CPUMillis: 1000, MemoryBytes: gib}, func(cfg *sim.Config) {
+		cfg.GossipLag = 300 * time.Millisecond
+	})
+	owner := sched.Owner("web", c.NodeIDs())
+	var other string
+	for _, id := range c.NodeIDs() {
+		if id != owner {
+			other = id
+			break
+		}
+	}
+	c.SetAliveView(other, []string{other}) // it thinks it is alone
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6, CPUMillis: 500, MemoryBytes: 256 << 20})
+	c.RunFor(10 * time.Second)
+	if c.Stats.Rejects == 0 {
+		t.Logf("no Reserve was rejected: the race did not happen? stats %+v", c.Stats)
+	}
+	c.SetAliveView(other, nil)
+	settle(t, c, "web", 30*time.Second)
+	t.Logf("stats %+v", c.Stats)
+}
+
+func TestSimCrashLoopBacksOff(t *testing.T) {
+	c := newCluster(t, 2, roomy, func(cfg *sim.Config) {
+		cfg.Images = map[string]sim.Behavior{"crash": {RunFor: 500 * time.Millisecond, ExitCode: 1}}
+	})
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "crash", Replicas: 1})
+	c.RunFor(20 * time.Second)
+	tasks := c.Tasks("web")
+	if len(tasks) != 1 {
+		t.Fatalf("%d tasks, want the one restarted in place", len(tasks))
+	}
+	// Starts at about 0.1s, then 0.6+1, 2.1+2, 4.6+4, 9.1+8 = 17.1s: four
+	// restarts in 20s, the fifth would be at 26s.
+	if tk := tasks[0]; tk.Restarts != 4 || (tk.State != sched.TaskRestarting && tk.State != sched.TaskRunning) {
+		t.Fatalf("task %s: state %s after %d restarts, want 4 restarts", tk.ID, tk.State, tk.Restarts)
+	}
+	if c.Stats.Starts != 5 {
+		t.Fatalf("%d starts, want 5", c.Stats.Starts)
+	}
+}
+
+func TestSimMaxAttempts(t *testing.T) {
+	c := newCluster(t, 2, roomy, func(cfg *sim.Config) {
+		cfg.Images = map[string]sim.Behavior{"crash": {RunFor: 100 * time.Millisecond, ExitCode: 3}}
+	})
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "crash", Replicas: 1,
+		Restart: sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: 2}})
+	c.RunFor(30 * time.Second)
+	tasks := c.Tasks("web")
+	if len(tasks) != 1 || tasks[0].State != sched.TaskFailed || tasks[0].Restarts != 2 || tasks[0].ExitCode != 3 {
+		t.Fatalf("tasks %+v, want one failed after 2 restarts", tasks)
+	}
+	if u := c.Node(tasks[0].Node).Ledger.Usage(); u != (sched.Resources{}) {
+		t.Fatalf("failed task still holds %v", u)
+	}
+}
+
+func TestSimUnhealthyReplaced(t *testing.T) {
+	c := newCluster(t, 3, roomy, nil)
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 3,
+		Health: sched.HealthCheck{Cmd: []string{"check"}, Interval: sched.Duration(time.Second), Retries: 2}})
+	settle(t, c, "web", 10*time.Second)
+	sick := c.Slots("web")[1]
+	c.Node(sick.Node).Sicken(sick.Task)
+	if !c.RunUntil(func() bool { return c.Slots("web")[1].Task != sick.Task && c.Settled("web") }, 30*time.Second) {
+		t.Fatalf("not replaced: slots %s", slotSummary(c, "web"))
+	}
+	for _, tk := range c.Tasks("web") {
+		if tk.ID == sick.Task && tk.State != sched.TaskUnhealthy {
+			t.Fatalf("the sick task is %s, want unhealthy", tk.State)
+		}
+	}
+}
+
+func TestSimDrain(t *testing.T) {
+	c := newCluster(t, 3, roomy, nil)
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6})
+	settle(t, c, "web", 5*time.Second)
+	minRunning := 6
+	c.SetAvailability("n2", sched.Drain)
+	ok := c.RunUntil(func() bool {
+		n := 0
+		for _, k := range c.Running("web") {
+			n += k
+		}
+		minRunning = min(minRunning, n)
+		return c.Settled("web") && c.Running("web")["n2"] == 0
+	}, 20*time.Second)
+	if !ok {
+		t.Fatalf("drain did not finish: running %v", c.Running("web"))
+	}
+	if minRunning < 6 {
+		t.Fatalf("capacity dipped to %d running tasks during the drain; the replacement should start first", minRunning)
+	}
+}
+
+func TestSimGlobal(t *testing.T) {
+	c := newCluster(t, 3, roomy, nil)
+	create(t, c, sched.ServiceSpec{Name: "agent", Image: "img", Global: true, CPUMillis: 100})
+	settle(t, c, "agent", 5*time.Second)
+	c.AddNode(sim.NodeConfig{ID: "n4", Capacity: roomy})
+	settle(t, c, "agent", 5*time.Second)
+	if got := c.Running("agent"); !maps.Equal(got, map[string]int{"n1": 1, "n2": 1, "n3": 1, "n4": 1}) {
+		t.Fatalf("running %v, want one per node", got)
+	}
+	c.SetAvailability("n1", sched.Drain)
+	settle(t, c, "agent", 20*time.Second)
+	if c.Running("agent")["n1"] != 0 {
+		t.Fatalf("the drained node still runs the global task")
+	}
+}
+
+// TestSimRollingUpdate: start-first keeps the full count running
+// throughout; every task ends on the new spec.
+func TestSimRollingUpdate(t *testing.T) {
+	c := newCluster(t, 3, roomy, nil)
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img:1", Replicas: 5,
+		Update: sched.UpdateConfig{Parallelism: 2, Order: sched.StartFirst, Monitor: sched.Duration(time.Second)}})
+	settle(t, c, "web", 5*time.Second)
+	if err := c.UpdateService("web", func(s *sched.ServiceSpec) { s.Image = "img:2" }); err != nil {
+		t.Fatal(err)
+	}
+	minRunning, maxRunning := 5, 0
+	ok := c.RunUntil(func() bool {
+		n := 0
+		for _, k := range c.Running("web") {
+			n += k
+		}
+		minRunning, maxRunning = min(minRunning, n), max(maxRunning, n)
+		return c.Settled("web") && c.Service("web").Converged == 2
+	}, 60*time.Second)
+	if !ok {
+		t.Fatalf("update did not finish: slots %s", slotSummary(c, "web"))
+	}
+	for _, sl := range c.Slots("web") {
+		if sl.Version != 2 {
+			t.Fatalf("slot %s runs version %d", sl.Slot, sl.Version)
+		}
+	}
+	if minRunning < 5 || maxRunning > 7 {
+		t.Fatalf("running went from %d to %d; start-first with parallelism 2 keeps it in [5, 7]", minRunning, maxRunning)
+	}
+}
+
+// TestSimBadUpdateRollsBack: the new version crashes; the owner rolls back
+// to the previous spec, and only the first batch ever ran the bad one.
+func TestSimBadUpdateRollsBack(t *testing.T) {
+	c := newCluster(t, 3, roomy, func(cfg *sim.Config) {
+		cfg.Images = map[string]sim.Behavior{"bad": {RunFor: time.Second, ExitCode: 1}}
+	})
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "good", Replicas: 4,
+		Update: sched.UpdateConfig{FailureAction: sched.ActionRollback, Monitor: sched.Duration(10 * time.Second)}})
+	settle(t, c, "web", 5*time.Second)
+	if err := c.UpdateService("web", func(s *sched.ServiceSpec) { s.Image = "bad" }); err != nil {
+		t.Fatal(err)
+	}
+	if !c.RunUntil(func() bool { return c.Service("web").State == sched.ServiceRollingBack }, 30*time.Second) {
+		t.Fatalf("no rollback: %+v", c.Service("web"))
+	}
+	if !c.RunUntil(func() bool {
+		s := c.Service("web")
+		return s.State == sched.ServiceActive && s.Converged == s.Version && c.Settled("web")
+	}, 60*time.Second) {
+		t.Fatalf("rollback did not finish: %+v, slots %s", c.Service("web"), slotSummary(c, "web"))
+	}
+	svc := c.Service("web")
+	if svc.Version != 3 || svc.Spec.Image != "good" || svc.PrevSpec.Image != "bad" {
+		t.Fatalf("service after rollback: version %d image %s prev %s", svc.Version, svc.Spec.Image, svc.PrevSpec.Image)
+	}
+	bad := 0
+	for _, tk := range c.Tasks("web") {
+		if tk.Image == "bad" {
+			bad++
+		}
+	}
+	if bad != 1 {
+		t.Fatalf("%d tasks ran the bad image; parallelism 1 should stop after the first", bad)
+	}
+}
+
+// TestSimPausedUpdate: with the default failure action the rollout pauses
+// and the remaining slots keep the old version.
+func TestSimPausedUpdate(t *testing.T) {
+	c := newCluster(t, 3, roomy, func(cfg *sim.Config) {
+		cfg.Images = map[string]sim.Behavior{"bad": {StartError: "exec format error"}}
+	})
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "good", Replicas: 3})
+	settle(t, c, "web", 5*time.Second)
+	if err := c.UpdateService("web", func(s *sched.ServiceSpec) { s.Image = "bad" }); err != nil {
+		t.Fatal(err)
+	}
+	if !c.RunUntil(func() bool { return c.Service("web").State == sched.ServicePaused }, 30*time.Second) {
+		t.Fatalf("not paused: %+v", c.Service("web"))
+	}
+	c.RunFor(30 * time.Second)
+	good := 0
+	for _, n := range c.Running("web") {
+		good += n
+	}
+	if good != 2 {
+		t.Fatalf("%d tasks run; want the 2 old ones left alone by the paused rollout", good)
+	}
+}

@@ -1,0 +1,464 @@
+package sched
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ServiceSpec is what a user asks for: the JSON document stored in field
+// `spec` of /services/<name>. Zero values mean "default" wherever a default
+// exists (see WithDefaults); Validate says what is wrong with a spec in
+// words a CLI user can act on.
+type ServiceSpec struct {
+	Name  string   `json:"name"`
+	Image string   `json:"image"`
+	Args  []string `json:"args,omitempty"`
+	// Env holds KEY=VALUE entries, in order.
+	Env []string `json:"env,omitempty"`
+
+	// Replicas is the number of slots of a replicated service (0 is a
+	// valid scale). A Global service has one slot per eligible node and
+	// must leave Replicas at 0.
+	Replicas int  `json:"replicas"`
+	Global   bool `json:"global,omitempty"`
+
+	// CPUMillis and MemoryBytes are both the reservation placement counts
+	// against a node's capacity and the limit the runtime enforces.
+	CPUMillis   int64 `json:"cpu_millis,omitempty"`
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+
+	// Constraints must all hold on a node for it to run a task, e.g.
+	// "node.labels.zone==eu" (see ParseConstraint).
+	Constraints []string `json:"constraints,omitempty"`
+	// Placement is the scoring strategy: spread (default) or binpack.
+	Placement Strategy `json:"placement,omitempty"`
+
+	Restart RestartPolicy `json:"restart,omitzero"`
+	Health  HealthCheck   `json:"health,omitzero"`
+	Update  UpdateConfig  `json:"update,omitzero"`
+	// StopGrace is how long a stop waits after SIGTERM before SIGKILL.
+	StopGrace Duration `json:"stop_grace,omitempty"`
+
+	Labels map[string]string `json:"labels,omitempty"`
+	Ports  []Port            `json:"ports,omitempty"`
+	// Volumes are passed to vold as they are; the scheduler does not
+	// interpret them yet.
+	Volumes []string `json:"volumes,omitempty"`
+
+	// ForceUpdate changes the spec (and so its digest) without changing
+	// anything else: `service update --force` increments it to replace
+	// every task.
+	ForceUpdate uint64 `json:"force_update,omitempty"`
+}
+
+// Strategy is a placement scoring strategy.
+type Strategy string
+
+// Placement strategies.
+const (
+	// Spread prefers nodes with fewer tasks of the service, then nodes
+	// with more free resources.
+	Spread Strategy = "spread"
+	// Binpack prefers the node with the least free resources that still
+	// fits, keeping other nodes empty.
+	Binpack Strategy = "binpack"
+)
+
+// RestartPolicy says when a node restarts a task's container in place.
+type RestartPolicy struct {
+	// Policy is always (default), on-failure or never.
+	Policy RestartCondition `json:"policy,omitempty"`
+	// MaxAttempts bounds the restarts of a slot (0: unlimited). A
+	// replacement task inherits the count of the task it replaces.
+	MaxAttempts int `json:"max_attempts,omitempty"`
+	// Delay is the first backoff (default 1s); it doubles on every
+	// restart up to MaxDelay (default 30s).
+	Delay    Duration `json:"delay,omitempty"`
+	MaxDelay Duration `json:"max_delay,omitempty"`
+}
+
+// RestartCondition is when to restart.
+type RestartCondition string
+
+// Restart conditions.
+const (
+	RestartAlways    RestartCondition = "always"
+	RestartOnFailure RestartCondition = "on-failure"
+	RestartNever     RestartCondition = "never"
+)
+
+// HealthCheck is a command run inside the container; exit status 0 is
+// healthy. An empty Cmd means no health check: a task is running as soon
+// as its container is.
+type HealthCheck struct {
+	Cmd      []string `json:"cmd,omitempty"`
+	Interval Duration `json:"interval,omitempty"` // default 30s
+	Timeout  Duration `json:"timeout,omitempty"`  // default 30s
+	// Retries is how many consecutive failures make a task unhealthy
+	// (default 3).
+	Retries int `json:"retries,omitempty"`
+	// StartPeriod is a grace period after the container starts during
+	// which failures are not counted (a success still counts).
+	StartPeriod Duration `json:"start_period,omitempty"`
+}
+
+// Enabled reports whether the spec has a health check.
+func (h HealthCheck) Enabled() bool { return len(h.Cmd) > 0 }
+
+// UpdateConfig drives rolling updates (and rollbacks).
+type UpdateConfig struct {
+	// Parallelism is how many slots are replaced at a time (default 1;
+	// 0 after defaults never happens: use a large number for "all").
+	Parallelism int `json:"parallelism,omitempty"`
+	// Delay is the pause between batches.
+	Delay Duration `json:"delay,omitempty"`
+	// Order is stop-first (default) or start-first.
+	Order UpdateOrder `json:"order,omitempty"`
+	// FailureAction is pause (default) or rollback.
+	FailureAction FailureAction `json:"failure_action,omitempty"`
+	// Monitor is how long after it starts a new task's failure counts as
+	// a failure of the update (default 5s).
+	Monitor Duration `json:"monitor,omitempty"`
+}
+
+// UpdateOrder says whether the old task stops before or after its
+// replacement starts.
+type UpdateOrder string
+
+// Update orders.
+const (
+	StopFirst  UpdateOrder = "stop-first"
+	StartFirst UpdateOrder = "start-first"
+)
+
+// FailureAction is what a failed update does.
+type FailureAction string
+
+// Failure actions.
+const (
+	ActionPause    FailureAction = "pause"
+	ActionRollback FailureAction = "rollback"
+)
+
+// Port publishes a container port.
+type Port struct {
+	// Host is the published port (1-65535).
+	Host int `json:"host"`
+	// Container is the port inside the container (1-65535).
+	Container int `json:"container"`
+	// Protocol is tcp (default) or udp.
+	Protocol string `json:"protocol,omitempty"`
+	// Mode is ingress (default: the port answers on every node and netd
+	// forwards to a replica anywhere) or host (the port is bound on the
+	// task's own node, so two tasks publishing it cannot share a node).
+	// Only host-mode ports are a placement resource.
+	Mode string `json:"mode,omitempty"`
+}
+
+// Port modes and protocols.
+const (
+	PortIngress = "ingress"
+	PortHost    = "host"
+	ProtoTCP    = "tcp"
+	ProtoUDP    = "udp"
+)
+
+func (p Port) String() string {
+	s := fmt.Sprintf("%d:%d/%s", p.Host, p.Container, p.proto())
+	if p.Mode == PortHost {
+		s += " (host)"
+	}
+	return s
+}
+
+func (p Port) proto() string {
+	if p.Protocol == "" {
+		return ProtoTCP
+	}
+	return p.Protocol
+}
+
+// hostPortKey identifies a bound host port.
+func (p Port) hostPortKey() string { return strconv.Itoa(p.Host) + "/" + p.proto() }
+
+// HostPorts returns the ports that bind on the task's node (mode host).
+func (s ServiceSpec) HostPorts() []Port {
+	var out []Port
+	for _, p := range s.Ports {
+		if p.Mode == PortHost {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Resources returns the reservation of one task of s.
+func (s ServiceSpec) Resources() Resources {
+	return Resources{CPUMillis: s.CPUMillis, MemoryBytes: s.MemoryBytes}
+}
+
+// Defaults.
+const (
+	DefaultRestartDelay    = time.Second
+	DefaultRestartMaxDelay = 30 * time.Second
+	DefaultHealthInterval  = 30 * time.Second
+	DefaultHealthTimeout   = 30 * time.Second
+	DefaultHealthRetries   = 3
+	DefaultMonitor         = 5 * time.Second
+	DefaultStopGrace       = 10 * time.Second
+)
+
+// WithDefaults returns s with every unset field that has a default set to
+// it. It does not change Replicas: 0 replicas is a valid scale, so the CLI
+// decides what an omitted --replicas means.
+func (s ServiceSpec) WithDefaults() ServiceSpec {
+	if s.Placement == "" {
+		s.Placement = Spread
+	}
+	if s.Restart.Policy == "" {
+		s.Restart.Policy = RestartAlways
+	}
+	if s.Restart.Delay == 0 {
+		s.Restart.Delay = Duration(DefaultRestartDelay)
+	}
+	if s.Restart.MaxDelay == 0 {
+		s.Restart.MaxDelay = Duration(max(DefaultRestartMaxDelay, time.Duration(s.Restart.Delay)))
+	}
+	if s.Health.Enabled() {
+		if s.Health.Interval == 0 {
+			s.Health.Interval = Duration(DefaultHealthInterval)
+		}
+		if s.Health.Timeout == 0 {
+			s.Health.Timeout = Duration(DefaultHealthTimeout)
+		}
+		if s.Health.Retries == 0 {
+			s.Health.Retries = DefaultHealthRetries
+		}
+	}
+	if s.Update.Parallelism == 0 {
+		s.Update.Parallelism = 1
+	}
+	if s.Update.Order == "" {
+		s.Update.Order = StopFirst
+	}
+	if s.Update.FailureAction == "" {
+		s.Update.FailureAction = ActionPause
+	}
+	if s.Update.Monitor == 0 {
+		s.Update.Monitor = Duration(DefaultMonitor)
+	}
+	if s.StopGrace == 0 {
+		s.StopGrace = Duration(DefaultStopGrace)
+	}
+	if len(s.Ports) > 0 {
+		ports := make([]Port, len(s.Ports))
+		for i, p := range s.Ports {
+			if p.Protocol == "" {
+				p.Protocol = ProtoTCP
+			}
+			if p.Mode == "" {
+				p.Mode = PortIngress
+			}
+			ports[i] = p
+		}
+		s.Ports = ports
+	}
+	return s
+}
+
+// nameRE is a DNS label: services are reachable as <name>.shoal.
+var nameRE = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]*[a-z0-9])?$`)
+
+// ValidName checks a service name: a lowercase DNS label of at most 63
+// characters, since the service answers DNS as <name>.shoal.
+func ValidName(name string) error {
+	switch {
+	case name == "":
+		return errors.New("service name is empty")
+	case len(name) > 63:
+		return fmt.Errorf("service name %q is %d characters long; the limit is 63 (it is a DNS label)", name, len(name))
+	case !nameRE.MatchString(name):
+		return fmt.Errorf("service name %q is invalid: use lowercase letters, digits and '-', starting and ending with a letter or digit (it is a DNS label)", name)
+	}
+	return nil
+}
+
+// Validate reports every problem with s (after defaults are applied), one
+// per line, joined with errors.Join; nil means s can be stored.
+func (s ServiceSpec) Validate() error {
+	d := s.WithDefaults()
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if err := ValidName(d.Name); err != nil {
+		errs = append(errs, err)
+	}
+	if strings.TrimSpace(d.Image) == "" {
+		add("image is empty")
+	}
+	for _, e := range d.Env {
+		k, _, ok := strings.Cut(e, "=")
+		if !ok || k == "" || strings.ContainsAny(k, " \t\n") {
+			add("env entry %q: want KEY=VALUE with a non-empty KEY without spaces", e)
+		}
+	}
+	if d.Replicas < 0 {
+		add("replicas is %d; it must be 0 or more", d.Replicas)
+	}
+	if d.Global && d.Replicas != 0 {
+		add("a global service runs one task per eligible node: do not also set replicas (%d)", d.Replicas)
+	}
+	if d.CPUMillis < 0 {
+		add("cpu is %dm; it must be 0 or more", d.CPUMillis)
+	}
+	if d.MemoryBytes < 0 {
+		add("memory is %d bytes; it must be 0 or more", d.MemoryBytes)
+	}
+	for _, c := range d.Constraints {
+		if _, err := ParseConstraint(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	switch d.Placement {
+	case Spread, Binpack:
+	default:
+		add("placement %q is unknown: use spread or binpack", d.Placement)
+	}
+	switch d.Restart.Policy {
+	case RestartAlways, RestartOnFailure, RestartNever:
+	default:
+		add("restart policy %q is unknown: use always, on-failure or never", d.Restart.Policy)
+	}
+	if d.Restart.MaxAttempts < 0 {
+		add("restart max attempts is %d; it must be 0 (unlimited) or more", d.Restart.MaxAttempts)
+	}
+	if d.Restart.Delay < 0 || d.Restart.MaxDelay < 0 {
+		add("restart delays must not be negative")
+	} else if d.Restart.MaxDelay < d.Restart.Delay {
+		add("restart max delay %v is shorter than the delay %v", d.Restart.MaxDelay, d.Restart.Delay)
+	}
+	if d.Health.Enabled() {
+		if d.Health.Interval < 0 || d.Health.Timeout < 0 || d.Health.StartPeriod < 0 {
+			add("health check durations must not be negative")
+		}
+		if d.Health.Retries < 0 {
+			add("health check retries is %d; it must be 1 or more", d.Health.Retries)
+		}
+	} else if d.Health.Interval != 0 || d.Health.Timeout != 0 || d.Health.Retries != 0 || d.Health.StartPeriod != 0 {
+		add("health check settings are given without a health check command")
+	}
+	if d.Update.Parallelism < 0 {
+		add("update parallelism is %d; it must be 1 or more", d.Update.Parallelism)
+	}
+	if d.Update.Delay < 0 || d.Update.Monitor < 0 {
+		add("update delay and monitor must not be negative")
+	}
+	switch d.Update.Order {
+	case StopFirst, StartFirst:
+	default:
+		add("update order %q is unknown: use stop-first or start-first", d.Update.Order)
+	}
+	switch d.Update.FailureAction {
+	case ActionPause, ActionRollback:
+	default:
+		add("update failure action %q is unknown: use pause or rollback", d.Update.FailureAction)
+	}
+	if d.StopGrace < 0 {
+		add("stop grace period must not be negative")
+	}
+	for k := range d.Labels {
+		if k == "" {
+			add("a label has an empty key")
+		}
+	}
+	seen := map[string]bool{}
+	for _, p := range d.Ports {
+		if p.Host < 1 || p.Host > 65535 {
+			add("published port %d is out of range 1-65535", p.Host)
+		}
+		if p.Container < 1 || p.Container > 65535 {
+			add("container port %d is out of range 1-65535", p.Container)
+		}
+		if p.Protocol != ProtoTCP && p.Protocol != ProtoUDP {
+			add("port %d: protocol %q is unknown: use tcp or udp", p.Host, p.Protocol)
+		}
+		if p.Mode != PortIngress && p.Mode != PortHost {
+			add("port %d: mode %q is unknown: use ingress or host", p.Host, p.Mode)
+		}
+		k := p.hostPortKey()
+		if seen[k] {
+			add("port %s is published twice", k)
+		}
+		seen[k] = true
+	}
+	for _, v := range d.Volumes {
+		if strings.TrimSpace(v) == "" {
+			add("a volume entry is empty")
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Digest identifies the effective spec (after defaults): a task runs the
+// current spec exactly when its digest equals the service's. Rolling back
+// to a previous spec makes the tasks still running it current again, and
+// an update that changes nothing replaces nothing.
+func (s ServiceSpec) Digest() string {
+	b, err := json.Marshal(s.WithDefaults())
+	if err != nil { // cannot happen: the spec has only plain types
+		panic(err)
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:12])
+}
+
+// DecodeSpec parses a spec document. Unknown fields are ignored, so a node
+// running an older version can still schedule a spec written by a newer
+// CLI (the fields it does not know are lost on its side only).
+func DecodeSpec(b []byte) (ServiceSpec, error) {
+	var s ServiceSpec
+	if err := json.Unmarshal(b, &s); err != nil {
+		return ServiceSpec{}, fmt.Errorf("service spec: %w", err)
+	}
+	return s, nil
+}
+
+// Duration is a time.Duration that encodes in JSON as a Go duration string
+// ("1m30s") and decodes from that or from a number of nanoseconds.
+type Duration time.Duration
+
+// D returns d as a time.Duration.
+func (d Duration) D() time.Duration { return time.Duration(d) }
+
+func (d Duration) String() string { return time.Duration(d).String() }
+
+// MarshalJSON encodes d as a duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return json.Marshal(time.Duration(d).String()) }
+
+// UnmarshalJSON accepts "1m30s" or a number of nanoseconds.
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	if len(b) > 0 && b[0] == '"' {
+		var s string
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+		v, err := time.ParseDuration(s)
+		if err != nil {
+			return fmt.Errorf("duration %q: %w", s, err)
+		}
+		*d = Duration(v)
+		return nil
+	}
+	var n int64
+	if err := json.Unmarshal(b, &n); err != nil {
+		return fmt.Errorf("duration: want a string like \"10s\" or nanoseconds, got %s", b)
+	}
+	*d = Duration(n)
+	return nil
+}

@@ -1,0 +1,227 @@
+package sched_test
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+)
+
+func validSpec() sched.ServiceSpec {
+	return sched.ServiceSpec{Name: "web", Image: "local/busybox:latest", Replicas: 3}
+}
+
+func TestValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		change func(*sched.ServiceSpec)
+		want   string // substring of the error; "" for valid
+	}{
+		{"minimal", func(*sched.ServiceSpec) {}, ""},
+		{"zero replicas is a scale", func(s *sched.ServiceSpec) { s.Replicas = 0 }, ""},
+		{"global", func(s *sched.ServiceSpec) { s.Replicas, s.Global = 0, true }, ""},
+		{"everything", func(s *sched.ServiceSpec) {
+			s.Env = []string{"A=1", "B="}
+			s.CPUMillis, s.MemoryBytes = 500, 512<<20
+			s.Constraints = []string{"node.labels.zone==eu", "node.hostname != n2"}
+			s.Placement = sched.Binpack
+			s.Restart = sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: 3, Delay: sched.Duration(time.Second)}
+			s.Health = sched.HealthCheck{Cmd: []string{"true"}, Retries: 2}
+			s.Update = sched.UpdateConfig{Parallelism: 2, Order: sched.StartFirst, FailureAction: sched.ActionRollback}
+			s.Ports = []sched.Port{{Host: 8080, Container: 80}, {Host: 8080, Container: 80, Protocol: "udp"}}
+		}, ""},
+		{"empty name", func(s *sched.ServiceSpec) { s.Name = "" }, "service name is empty"},
+		{"upper case name", func(s *sched.ServiceSpec) { s.Name = "Web" }, `service name "Web" is invalid`},
+		{"name ends with dash", func(s *sched.ServiceSpec) { s.Name = "web-" }, "is invalid"},
+		{"long name", func(s *sched.ServiceSpec) { s.Name = strings.Repeat("a", 64) }, "the limit is 63"},
+		{"no image", func(s *sched.ServiceSpec) { s.Image = " " }, "image is empty"},
+		{"negative replicas", func(s *sched.ServiceSpec) { s.Replicas = -1 }, "replicas is -1"},
+		{"global with replicas", func(s *sched.ServiceSpec) { s.Global = true }, "do not also set replicas (3)"},
+		{"negative cpu", func(s *sched.ServiceSpec) { s.CPUMillis = -5 }, "cpu is -5m"},
+		{"negative memory", func(s *sched.ServiceSpec) { s.MemoryBytes = -1 }, "memory is -1 bytes"},
+		{"bad env", func(s *sched.ServiceSpec) { s.Env = []string{"=x"} }, `env entry "=x"`},
+		{"constraint without operator", func(s *sched.ServiceSpec) { s.Constraints = []string{"node.labels.zone=eu"} },
+			`constraint "node.labels.zone=eu": no == or != operator`},
+		{"constraint unknown attribute", func(s *sched.ServiceSpec) { s.Constraints = []string{"engine.labels.a==b"} },
+			`constraint "engine.labels.a==b": unknown attribute "engine.labels.a"`},
+		{"constraint empty value", func(s *sched.ServiceSpec) { s.Constraints = []string{"node.id=="} }, "empty value"},
+		{"bad placement", func(s *sched.ServiceSpec) { s.Placement = "random" }, `placement "random" is unknown`},
+		{"bad restart policy", func(s *sched.ServiceSpec) { s.Restart.Policy = "sometimes" }, `restart policy "sometimes"`},
+		{"negative attempts", func(s *sched.ServiceSpec) { s.Restart.MaxAttempts = -1 }, "max attempts is -1"},
+		{"max delay below delay", func(s *sched.ServiceSpec) {
+			s.Restart.Delay, s.Restart.MaxDelay = sched.Duration(time.Minute), sched.Duration(time.Second)
+		}, "max delay 1s is shorter than the delay 1m0s"},
+		{"health settings without command", func(s *sched.ServiceSpec) { s.Health.Retries = 3 }, "without a health check command"},
+		{"bad order", func(s *sched.ServiceSpec) { s.Update.Order = "random" }, `update order "random"`},
+		{"bad failure action", func(s *sched.ServiceSpec) { s.Update.FailureAction = "panic" }, `failure action "panic"`},
+		{"negative parallelism", func(s *sched.ServiceSpec) { s.Update.Parallelism = -2 }, "parallelism is -2"},
+		{"port out of range", func(s *sched.ServiceSpec) { s.Ports = []sched.Port{{Host: 70000, Container: 80}} }, "published port 70000 is out of range"},
+		{"container port zero", func(s *sched.ServiceSpec) { s.Ports = []sched.Port{{Host: 80}} }, "container port 0 is out of range"},
+		{"duplicate port", func(s *sched.ServiceSpec) {
+			s.Ports = []sched.Port{{Host: 80, Container: 80}, {Host: 80, Container: 81, Protocol: "tcp"}}
+		}, "port 80/tcp is published twice"},
+		{"bad protocol", func(s *sched.ServiceSpec) { s.Ports = []sched.Port{{Host: 80, Container: 80, Protocol: "sctp"}} }, `protocol "sctp"`},
+		{"bad mode", func(s *sched.ServiceSpec) { s.Ports = []sched.Port{{Host: 80, Container: 80, Mode: "vip"}} }, `mode "vip"`},
+		{"empty volume", func(s *sched.ServiceSpec) { s.Volumes = []string{""} }, "a volume entry is empty"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := validSpec()
+			tc.change(&s)
+			err := s.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("Validate() = %v, want nil", err)
+			case tc.want != "" && err == nil:
+				t.Fatalf("Validate() = nil, want an error containing %q", tc.want)
+			case tc.want != "" && !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("Validate() = %q, want it to contain %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidateReportsEveryProblem(t *testing.T) {
+	s := sched.ServiceSpec{Name: "A", Replicas: -1}
+	err := s.Validate()
+	if err == nil {
+		t.Fatal("Validate() = nil")
+	}
+	if n := len(strings.Split(err.Error(), "\n")); n != 3 {
+		t.Fatalf("Validate() reported %d problems, want 3 (name, image, replicas):\n%v", n, err)
+	}
+}
+
+func TestWithDefaults(t *testing.T) {
+	d := sched.ServiceSpec{Name: "web", Image: "x", Replicas: 0, Health: sched.HealthCheck{Cmd: []string{"true"}},
+		Ports: []sched.Port{{Host: 80, Container: 80}}}.WithDefaults()
+	for _, c := range []struct {
+		what      string
+		got, want any
+	}{
+		{"replicas untouched", d.Replicas, 0},
+		{"placement", d.Placement, sched.Spread},
+		{"restart policy", d.Restart.Policy, sched.RestartAlways},
+		{"restart delay", d.Restart.Delay.D(), time.Second},
+		{"restart max delay", d.Restart.MaxDelay.D(), 30 * time.Second},
+		{"health interval", d.Health.Interval.D(), 30 * time.Second},
+		{"health retries", d.Health.Retries, 3},
+		{"parallelism", d.Update.Parallelism, 1},
+		{"order", d.Update.Order, sched.StopFirst},
+		{"failure action", d.Update.FailureAction, sched.ActionPause},
+		{"monitor", d.Update.Monitor.D(), 5 * time.Second},
+		{"stop grace", d.StopGrace.D(), 10 * time.Second},
+		{"port protocol", d.Ports[0].Protocol, "tcp"},
+		{"port mode", d.Ports[0].Mode, "ingress"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.what, c.got, c.want)
+		}
+	}
+	if d2 := d.WithDefaults(); d2.Digest() != d.Digest() {
+		t.Error("WithDefaults is not idempotent")
+	}
+}
+
+func TestDigest(t *testing.T) {
+	a := validSpec()
+	b := a.WithDefaults() // explicit defaults are the same spec
+	if a.Digest() != b.Digest() {
+		t.Error("a spec and its defaults have different digests")
+	}
+	c := a
+	c.Image = "local/busybox:1.36"
+	if a.Digest() == c.Digest() {
+		t.Error("changing the image kept the digest")
+	}
+	d := a
+	d.ForceUpdate++
+	if a.Digest() == d.Digest() {
+		t.Error("ForceUpdate kept the digest")
+	}
+}
+
+func TestSpecJSON(t *testing.T) {
+	s := validSpec()
+	s.StopGrace = sched.Duration(90 * time.Second)
+	s.Restart.Delay = sched.Duration(1500 * time.Millisecond)
+	b, err := json.Marshal(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(b), `"stop_grace":"1m30s"`) || !strings.Contains(string(b), `"delay":"1.5s"`) {
+		t.Fatalf("durations are not strings: %s", b)
+	}
+	if strings.Contains(string(b), `"health"`) || strings.Contains(string(b), `"update"`) {
+		t.Fatalf("empty sections are encoded: %s", b)
+	}
+	got, err := sched.DecodeSpec(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Digest() != s.Digest() {
+		t.Fatalf("round trip changed the spec: %s", b)
+	}
+	// Durations also decode from nanoseconds, and unknown fields are
+	// ignored (a newer CLI wrote them).
+	got, err = sched.DecodeSpec([]byte(`{"name":"web","image":"x","stop_grace":2000000000,"from_the_future":1}`))
+	if err != nil || got.StopGrace.D() != 2*time.Second {
+		t.Fatalf("DecodeSpec = %+v, %v", got, err)
+	}
+	if _, err := sched.DecodeSpec([]byte(`{"stop_grace":"soon"}`)); err == nil || !strings.Contains(err.Error(), `duration "soon"`) {
+		t.Fatalf("DecodeSpec(bad duration) = %v", err)
+	}
+}
+
+func TestConstraints(t *testing.T) {
+	n := sched.Node{ID: "id1", Name: "alpha", Hostname: "host1", Labels: map[string]string{"zone": "eu", "disk": "ssd"}}
+	for _, tc := range []struct {
+		expr string
+		want bool
+	}{
+		{"node.labels.zone==eu", true},
+		{"node.labels.zone == eu", true},
+		{`node.labels.zone=="eu"`, true},
+		{"node.labels.zone==us", false},
+		{"node.labels.zone!=us", true},
+		{"node.labels.disk!=hdd", true},
+		{"node.labels.disk!=ssd", false},
+		{"node.labels.gpu==yes", false}, // missing label never equals
+		{"node.labels.gpu!=yes", true},  // and always differs
+		{"node.hostname==host1", true},
+		{"node.hostname!=host1", false},
+		{"node.id==id1", true},
+		{"node.name==alpha", true},
+		{"node.name==beta", false},
+	} {
+		c, err := sched.ParseConstraint(tc.expr)
+		if err != nil {
+			t.Fatalf("ParseConstraint(%q): %v", tc.expr, err)
+		}
+		if got := c.Match(n); got != tc.want {
+			t.Errorf("%q.Match = %v, want %v", tc.expr, got, tc.want)
+		}
+	}
+	for _, bad := range []string{"", "node.labels.zone", "zone==eu", "node.labels.==eu", "node.cpu==4", "node.id==a==b", "node.id==''"} {
+		if _, err := sched.ParseConstraint(bad); err == nil {
+			t.Errorf("ParseConstraint(%q) = nil error", bad)
+		}
+	}
+}
+
+func TestFormat(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{sched.FormatBytes(512 << 20), "512MiB"},
+		{sched.FormatBytes(1536 << 20), "1.5GiB"},
+		{sched.FormatBytes(100), "100B"},
+		{sched.FormatBytes(2048), "2KiB"},
+		{sched.FormatCPU(250), "250m"},
+		{sched.FormatCPU(1500), "1.5 CPU"},
+		{sched.FormatCPU(2000), "2 CPU"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}

@@ -1,0 +1,220 @@
+package sched
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/crdt"
+)
+
+// Resources is an amount of CPU and memory: a node's capacity, a task's
+// reservation, or what is free.
+type Resources struct {
+	CPUMillis   int64 `json:"cpu_millis"`
+	MemoryBytes int64 `json:"memory_bytes"`
+}
+
+// Add returns r + o.
+func (r Resources) Add(o Resources) Resources {
+	return Resources{r.CPUMillis + o.CPUMillis, r.MemoryBytes + o.MemoryBytes}
+}
+
+// Sub returns r - o (which may be negative).
+func (r Resources) Sub(o Resources) Resources {
+	return Resources{r.CPUMillis - o.CPUMillis, r.MemoryBytes - o.MemoryBytes}
+}
+
+// Fits reports whether r fits in free.
+func (r Resources) Fits(free Resources) bool {
+	return r.CPUMillis <= free.CPUMillis && r.MemoryBytes <= free.MemoryBytes
+}
+
+func (r Resources) String() string {
+	return fmt.Sprintf("cpu %s, memory %s", FormatCPU(r.CPUMillis), FormatBytes(r.MemoryBytes))
+}
+
+// FormatCPU renders millicores: 1500 → "1.5 CPU", 250 → "250m".
+func FormatCPU(m int64) string {
+	if m >= 1000 && m%100 == 0 {
+		return strconv.FormatFloat(float64(m)/1000, 'f', -1, 64) + " CPU"
+	}
+	return strconv.FormatInt(m, 10) + "m"
+}
+
+// FormatBytes renders a byte count with a binary unit: "512MiB", "1.5GiB".
+func FormatBytes(b int64) string {
+	const unit = 1024
+	if b < unit && b > -unit {
+		return strconv.FormatInt(b, 10) + "B"
+	}
+	div, exp := int64(unit), 0
+	for n := b / unit; (n >= unit || n <= -unit) && exp < 5; n /= unit {
+		div *= unit
+		exp++
+	}
+	s := strings.TrimSuffix(strconv.FormatFloat(float64(b)/float64(div), 'f', 1, 64), ".0")
+	return s + string("KMGTPE"[exp]) + "iB"
+}
+
+// Availability is whether a node takes new tasks.
+type Availability string
+
+// Node availabilities.
+const (
+	// Active nodes take new tasks.
+	Active Availability = "active"
+	// Drain: no new tasks; owners move existing ones elsewhere
+	// (replacement first, then the old task stops).
+	Drain Availability = "drain"
+)
+
+// Node is what the scheduler knows of a node: its /nodes/<id> document and
+// whether this observer's membership view says it is alive. Nodes that
+// have left the cluster are not Nodes at all: leave them out of snapshots.
+type Node struct {
+	ID       string
+	Name     string
+	Hostname string
+	Labels   map[string]string
+	// Alive is the observer's liveness view (statd membership): two
+	// observers may disagree for a while.
+	Alive        bool
+	Availability Availability
+	Capacity     Resources
+}
+
+// TaskState is a task's lifecycle state, written by the node running it.
+type TaskState string
+
+// Task states. pending → starting → running, then exited, failed or stopped
+// (terminal); restarting while a container waits out its backoff before an
+// in-place restart; unhealthy when its health check failed (it is stopped
+// and its owner replaces it).
+const (
+	TaskPending    TaskState = "pending"
+	TaskStarting   TaskState = "starting"
+	TaskRunning    TaskState = "running"
+	TaskRestarting TaskState = "restarting"
+	TaskUnhealthy  TaskState = "unhealthy"
+	TaskExited     TaskState = "exited"
+	TaskFailed     TaskState = "failed"
+	TaskStopped    TaskState = "stopped"
+)
+
+// Terminal reports whether s is final: the node will not run the task
+// again. (An unhealthy task is final too: it is stopped, never restarted.)
+func (s TaskState) Terminal() bool {
+	switch s {
+	case TaskExited, TaskFailed, TaskStopped, TaskUnhealthy:
+		return true
+	}
+	return false
+}
+
+// Health is a task's health-check status.
+type Health string
+
+// Health statuses; "" when the service has no health check.
+const (
+	HealthNone      Health = ""
+	HealthStarting  Health = "starting"
+	HealthHealthy   Health = "healthy"
+	HealthUnhealthy Health = "unhealthy"
+)
+
+// Task is a /tasks/<id> document: written only by the node that runs it.
+type Task struct {
+	ID      string
+	Service string
+	Slot    string
+	Node    string
+	// Version is the service version the task was created for;
+	// SpecDigest identifies the spec it runs (ServiceSpec.Digest).
+	Version    int64
+	SpecDigest string
+	State      TaskState
+	Health     Health
+	// Restarts counts restarts of the slot: in-place restarts plus the
+	// count inherited from the task this one replaced.
+	Restarts int
+	ExitCode int
+	Error    string
+	// Created is the stamp of the node's first write of the document:
+	// HLC time plus node ID. The supersession rule compares it with the
+	// slot document's stamp.
+	Created crdt.Stamp
+	// Started is when the container last started (zero if never);
+	// Finished when it last exited or was marked unhealthy.
+	Started, Finished time.Time
+	Resources         Resources
+	// Ports are the host-mode ports the task binds on its node.
+	Ports []Port
+	Image string
+}
+
+// CreatedAt is the wall time of Created.
+func (t Task) CreatedAt() time.Time { return t.Created.TS.Time() }
+
+// Slot is a /slots/<service>/<slot> document, written only by the
+// service's owner. It names the task that fills the slot and, while a
+// replacement starts next to a still-running task (start-first updates,
+// drains), the replacement in Next. A slot whose Task is empty is vacant:
+// every task of the slot created before the document was written is
+// superseded.
+type Slot struct {
+	Service string
+	Slot    string
+	Task    string
+	Node    string
+	Version int64
+
+	Next        string
+	NextNode    string
+	NextVersion int64
+
+	// Stamp is the stamp of the last write of the document.
+	Stamp crdt.Stamp
+}
+
+// Names reports whether the slot document names task id (as its task or
+// as the replacement being started).
+func (s Slot) Names(id string) bool { return id != "" && (s.Task == id || s.Next == id) }
+
+// ServiceState is the state of a service document.
+type ServiceState string
+
+// Service states.
+const (
+	ServiceActive      ServiceState = "active"
+	ServicePaused      ServiceState = "paused"
+	ServiceRollingBack ServiceState = "rolling-back"
+)
+
+// Service is a /services/<name> document.
+type Service struct {
+	Name string
+	Spec ServiceSpec
+	// Version increases by one on every update (and on a rollback).
+	Version int64
+	// PrevSpec is the spec before the last update (nil if none): a
+	// rollback makes it the spec again.
+	PrevSpec *ServiceSpec
+	State    ServiceState
+	// Converged is the last version whose rollout completed: every slot
+	// ran it past the monitor period (written by the owner). A rollout is
+	// in progress while Converged < Version.
+	Converged int64
+	Updated   time.Time
+}
+
+// IsReplicaSlot reports whether slot is a replica number ("0", "1", …) and
+// returns it.
+func IsReplicaSlot(slot string) (int, bool) {
+	n, err := strconv.Atoi(slot)
+	if err != nil || n < 0 || strconv.Itoa(n) != slot {
+		return 0, false
+	}
+	return n, true
+}
