@@ -14,7 +14,7 @@ import (
 )
 
 // Mirror keeps a local copy of the documents under some prefixes of
-// statd's state, for daemons that reconcile against it (schedd, netd,
+// statd's state, with per-field stamps (statepb.FromDocument), for daemons that reconcile against it (schedd, netd,
 // vold). It lists each prefix, then follows the change stream from the
 // list's revision, so it never misses a change; when statd restarts or the
 // change log no longer reaches back far enough, it lists again.
@@ -51,7 +51,7 @@ func (m *Mirror) follow(ctx context.Context, prefix string) {
 		rev, err := m.list(ctx, prefix)
 		if err == nil {
 			m.markReady(prefix)
-			err = m.c.Watch(ctx, prefix, rev, func(resp *statev1.WatchResponse) error {
+			err = m.c.WatchMeta(ctx, prefix, rev, func(resp *statev1.WatchResponse) error {
 				if len(resp.GetEvents()) == 0 {
 					return nil
 				}
@@ -90,7 +90,7 @@ func (m *Mirror) list(ctx context.Context, prefix string) (uint64, error) {
 	token := ""
 	var rev uint64
 	for {
-		resp, err := m.c.List(ctx, &statev1.ListRequest{Prefix: prefix, PageToken: token, PageSize: 1000})
+		resp, err := m.c.List(ctx, &statev1.ListRequest{Prefix: prefix, PageToken: token, PageSize: 1000, WithMeta: true})
 		if err != nil {
 			return 0, err
 		}

@@ -42,9 +42,19 @@ func (c *Statd) Close() error { return c.Conn.Close() }
 // fails, or on an error that reconnecting cannot fix (a compacted
 // revision, bad input). after == FromNow starts from the current revision.
 func (c *Statd) Watch(ctx context.Context, prefix string, after uint64, fn func(*statev1.WatchResponse) error) error {
+	return c.watch(ctx, prefix, after, false, fn)
+}
+
+// WatchMeta is Watch with per-field stamps and tombstones in every
+// document.
+func (c *Statd) WatchMeta(ctx context.Context, prefix string, after uint64, fn func(*statev1.WatchResponse) error) error {
+	return c.watch(ctx, prefix, after, true, fn)
+}
+
+func (c *Statd) watch(ctx context.Context, prefix string, after uint64, meta bool, fn func(*statev1.WatchResponse) error) error {
 	failures := 0
 	for {
-		err := c.watchOnce(ctx, prefix, &after, fn, &failures)
+		err := c.watchOnce(ctx, prefix, &after, meta, fn, &failures)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -73,10 +83,10 @@ type callbackError struct{ err error }
 
 func (e callbackError) Error() string { return e.err.Error() }
 
-func (c *Statd) watchOnce(ctx context.Context, prefix string, after *uint64, fn func(*statev1.WatchResponse) error, failures *int) error {
+func (c *Statd) watchOnce(ctx context.Context, prefix string, after *uint64, meta bool, fn func(*statev1.WatchResponse) error, failures *int) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	req := &statev1.WatchRequest{Prefix: prefix}
+	req := &statev1.WatchRequest{Prefix: prefix, WithMeta: meta}
 	if *after != FromNow {
 		req.AfterRevision = after
 	}

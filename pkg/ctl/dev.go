@@ -132,12 +132,20 @@ func (a *app) devUp(name *string) *cobra.Command {
 				KeepOnFailure: true,
 				Logf:          func(format string, args ...any) { fmt.Fprintf(a.out, format+"\n", args...) },
 			}
-			if !cmd.Flags().Changed("daemons") || slices.Contains(daemons, "statd") {
-				// Nodes share the host's hostname; name them after their number.
-				spec.Args = map[string][]string{"statd": {"--node-name", "n{node}"}}
-			}
+			running := devcluster.DefaultDaemons
 			if cmd.Flags().Changed("daemons") {
 				spec.Daemons = daemons
+				running = daemons
+			}
+			spec.Args = map[string][]string{}
+			if slices.Contains(running, "statd") {
+				// Nodes share the host's hostname; name them after their number.
+				spec.Args["statd"] = []string{"--node-name", "n{node}"}
+			}
+			if slices.Contains(running, "schedd") {
+				// Every node gets its own containerd, as a real machine would.
+				spec.Extra = append(spec.Extra, devcluster.ContainerdProcess(""))
+				spec.Args["schedd"] = devcluster.ScheddArgs()
 			}
 			if nodes < 1 {
 				return usageError{fmt.Errorf("--nodes must be at least 1")}

@@ -401,3 +401,10 @@ func removeCgroups(ctx context.Context, hierarchies []string, parent string) err
 		}
 	}
 }
+
+// ScheddArgs are shoal-schedd's flags pointing it at its node's
+// containerd (placeholders expanded per node), for Spec.Args["schedd"].
+func ScheddArgs() []string {
+	l := ContainerdTemplate
+	return []string{"--containerd", l.Address, "--namespace", l.Namespace, "--runc-root", l.RuncRoot, "--cgroup-parent", l.CgroupParent}
+}

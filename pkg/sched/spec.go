@@ -410,7 +410,11 @@ func (s ServiceSpec) Validate() error {
 // to a previous spec makes the tasks still running it current again, and
 // an update that changes nothing replaces nothing.
 func (s ServiceSpec) Digest() string {
-	b, err := json.Marshal(s.WithDefaults())
+	// Replicas and the update config are the owner's business: changing
+	// them must not replace running tasks (a scale is not a rollout).
+	c := s.WithDefaults()
+	c.Replicas, c.Update = 0, UpdateConfig{}
+	b, err := json.Marshal(c)
 	if err != nil { // cannot happen: the spec has only plain types
 		panic(err)
 	}

@@ -1,37 +1,218 @@
-// Package schedd wires shoal-schedd, which will own services and tasks on containerd.
-// For now it runs in the shared daemon runtime only: it starts, serves
-// grpc.health.v1, reflection and shoal.daemon.v1 Info on its socket, and
-// exits cleanly on SIGTERM.
+// Package schedd wires shoal-schedd: services and tasks on containerd,
+// scheduled without a master (docs/SCHEDULING.md).
+//
+// The decisions are pkg/sched's pure functions; this package executes
+// them. Every node runs the same loop: it mirrors the scheduler's
+// documents from statd, reconciles the services it owns (rendezvous
+// hashing over the live members statd reports) by reserving slots on
+// target nodes over mutual TLS, and runs its own agent, which starts,
+// restarts, health-checks and stops the tasks this node accepted. Task
+// documents are written only by the node that runs them; slot documents
+// only by owners. schedd keeps each accepted task's spec on disk and finds
+// its containers in containerd by label, so a restart re-adopts every
+// container without touching it.
 package schedd
 
 import (
 	"context"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
 
+	"github.com/spf13/pflag"
+
+	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/daemon"
+	"github.com/shoal-dev/shoal/pkg/pki"
+	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 )
 
 // Config is shoal-schedd's configuration (/etc/shoal/schedd.toml).
 type Config struct {
 	daemon.Common
+	// Containerd is the containerd socket; Namespace, RuncRoot and
+	// CgroupParent keep this node's containers apart from others'.
+	Containerd   string `toml:"containerd"`
+	Namespace    string `toml:"namespace"`
+	RuncRoot     string `toml:"runc_root"`
+	CgroupParent string `toml:"cgroup_parent"`
+	// PeerPort is the TCP port of the mutual-TLS scheduler peer API; it
+	// must be the same on every node.
+	PeerPort uint32 `toml:"peer_port"`
+	// CPUMillis and MemoryBytes are the capacity offered to tasks (default:
+	// the machine's CPUs and memory less a reserve for the system).
+	CPUMillis   int64 `toml:"cpu_millis"`
+	MemoryBytes int64 `toml:"memory_bytes"`
+	// Tick is the reconcile interval (changes also trigger a round).
+	Tick daemon.Duration `toml:"tick"`
+	// ReservationTTL is how long a reservation waits for its slot.
+	ReservationTTL daemon.Duration `toml:"reservation_ttl"`
 }
+
+// DefaultPeerPort is the scheduler peer API's default port.
+const DefaultPeerPort = 7471
 
 // Spec describes shoal-schedd to the daemon runtime.
 func Spec() daemon.Spec {
 	return daemon.Spec{
 		Name:  "schedd",
-		Short: "Shoal schedd (placeholder: health and status only)",
-		Long: `shoal-schedd will own services and tasks on containerd.
-
-In this version it only starts, serves health (grpc.health.v1), reflection
-and status (shoal.daemon.v1 Info) on <run-dir>/schedd.sock, and exits cleanly
-on SIGTERM. It does nothing else yet.`,
+		Short: "Shoal scheduler daemon: services and tasks on containerd",
+		Long: `shoal-schedd runs services without a master: the live node that owns a
+service (rendezvous hashing) places its tasks by reserving capacity on
+target nodes, each of which decides atomically against its own capacity
+and runs the task on containerd. It serves the shoal.sched.v1 API on
+<run-dir>/schedd.sock and needs shoal-statd on the same node.`,
 		MetricsPort: 9462,
-		Config:      func(c daemon.Common) daemon.Configurable { return &Config{Common: c} },
-		Start: func(context.Context, *daemon.Runtime) (func(context.Context) error, error) {
-			return func(context.Context) error { return nil }, nil
+		Config: func(c daemon.Common) daemon.Configurable {
+			return &Config{
+				Common:         c,
+				Containerd:     "/run/containerd/containerd.sock",
+				Namespace:      "shoal",
+				PeerPort:       DefaultPeerPort,
+				Tick:           daemon.Duration(250 * time.Millisecond),
+				ReservationTTL: daemon.Duration(sched.DefaultTTL),
+			}
 		},
+		Flags: func(fs *pflag.FlagSet, cfg any) {
+			c := cfg.(*Config)
+			fs.StringVar(&c.Containerd, "containerd", c.Containerd, "containerd socket")
+			fs.StringVar(&c.Namespace, "namespace", c.Namespace, "containerd namespace for this node's images and containers")
+			fs.StringVar(&c.RuncRoot, "runc-root", c.RuncRoot, "runc state directory (distinct per node when nodes share a machine)")
+			fs.StringVar(&c.CgroupParent, "cgroup-parent", c.CgroupParent, "cgroup parent of the containers (default /<namespace>)")
+			fs.Uint32Var(&c.PeerPort, "peer-port", c.PeerPort, "TCP port of the scheduler peer API")
+			fs.Int64Var(&c.CPUMillis, "cpu-millis", c.CPUMillis, "CPU offered to tasks in millicores (default: all CPUs)")
+			fs.Int64Var(&c.MemoryBytes, "memory-bytes", c.MemoryBytes, "memory offered to tasks in bytes (default: 90% of RAM)")
+			fs.Var(&c.Tick, "tick", "reconcile interval")
+			fs.Var(&c.ReservationTTL, "reservation-ttl", "how long a reservation waits for its slot document")
+		},
+		Start: start,
 	}
 }
 
 // Main runs shoal-schedd.
 func Main(args []string) int { return daemon.Main(Spec(), args) }
+
+// node is one schedd.
+type node struct {
+	cfg   *Config
+	log   *slog.Logger
+	rt    shoalrt.Runtime
+	statd *client.Statd
+
+	// Set once the node is in a cluster (identity from statd).
+	id       string
+	ready    chan struct{}
+	identity atomic.Pointer[pki.Identity]
+	ca       atomic.Pointer[x509.CertPool]
+	mirror   *client.Mirror
+	peers    *peerPool
+	ledger   *sched.Ledger
+	alive    atomic.Pointer[[]string]
+	capacity sched.Resources
+
+	kick chan struct{}
+
+	// Owner side (guarded by omu).
+	omu      sync.Mutex
+	inflight map[string]map[string]sched.InFlight // service -> slot
+	accepted map[string]string                    // service/slot -> task ID accepted, slot not yet seen
+	observed map[string]sched.Observation         // node -> free capacity a Reserve answer reported
+	unsched  map[string]map[string]string         // service -> slot -> reason
+
+	// Agent side (guarded by amu).
+	amu   sync.Mutex
+	local map[string]*localTask
+}
+
+func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error, error) {
+	cfg := rt.Config.(*Config)
+	for _, d := range []string{"tasks", "logs", "runtime", "images"} {
+		if err := os.MkdirAll(filepath.Join(cfg.StateDir, d), 0o700); err != nil {
+			return nil, err
+		}
+	}
+	cr, err := shoalrt.NewContainerd(shoalrt.Config{
+		Address:      cfg.Containerd,
+		Namespace:    cfg.Namespace,
+		RuncRoot:     cfg.RuncRoot,
+		CgroupParent: cfg.CgroupParent,
+		StateDir:     filepath.Join(cfg.StateDir, "runtime"),
+		Logger:       rt.Log.With("component", "runtime"),
+	})
+	if err != nil {
+		return nil, err
+	}
+	st, err := client.NewStatd(cfg.RunDir, client.Retry{})
+	if err != nil {
+		cr.Close()
+		return nil, err
+	}
+	n := &node{
+		cfg: cfg, log: rt.Log, rt: cr, statd: st,
+		ready: make(chan struct{}), kick: make(chan struct{}, 1),
+		inflight: map[string]map[string]sched.InFlight{},
+		accepted: map[string]string{},
+		observed: map[string]sched.Observation{},
+		unsched:  map[string]map[string]string{},
+		local:    map[string]*localTask{},
+	}
+	n.capacity = cfg.capacity()
+	n.ledger = sched.NewLedger(n.capacity, time.Duration(cfg.ReservationTTL))
+	schedv1.RegisterSchedulerServer(rt.GRPC, &api{n: n})
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := n.run(runCtx); err != nil && runCtx.Err() == nil {
+			rt.Fatal(err)
+		}
+	}()
+	return func(context.Context) error {
+		cancel()
+		wg.Wait()
+		st.Close()
+		return cr.Close()
+	}, nil
+}
+
+// capacity is what this node offers: configured, or the machine less a
+// reserve for the system and the daemons.
+func (c *Config) capacity() sched.Resources {
+	r := sched.Resources{CPUMillis: c.CPUMillis, MemoryBytes: c.MemoryBytes}
+	if r.CPUMillis == 0 {
+		r.CPUMillis = int64(runtime.NumCPU()) * 1000
+	}
+	if r.MemoryBytes == 0 {
+		r.MemoryBytes = memTotal() / 10 * 9
+	}
+	return r
+}
+
+// wake asks the loop for a round now.
+func (n *node) wake() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// isReady reports whether the node has joined a cluster and loaded state.
+func (n *node) isReady() bool {
+	select {
+	case <-n.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+var errNotReady = fmt.Errorf("this node's scheduler is not ready: is it in a cluster (`shoalctl cluster status`)? %w", errUnavailable)

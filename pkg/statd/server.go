@@ -101,7 +101,7 @@ func (s *stateServer) Watch(req *statev1.WatchRequest, stream statev1.State_Watc
 			resp.Events = append(resp.Events, &statev1.Event{
 				Type:     typ,
 				Revision: e.Rev,
-				Document: statepb.ToDocument(e.Key, e.Rev, e.Doc, false),
+				Document: statepb.ToDocument(e.Key, e.Rev, e.Doc, req.GetWithMeta()),
 			})
 		}
 		return stream.Send(resp)

@@ -106,3 +106,29 @@ func ToDocument(key string, rev uint64, d crdt.Doc, withMeta bool) *statev1.Docu
 	}
 	return out
 }
+
+// FromDocument rebuilds the CRDT document behind a Document read with
+// meta (per-field stamps and tombstones): what a daemon needs to apply
+// rules that compare stamps. Without meta, fields get zero stamps.
+func FromDocument(d *statev1.Document) crdt.Doc {
+	out := crdt.Doc{Fields: make(map[string]crdt.Field, len(d.GetMeta())+len(d.GetFields())), Deleted: FromStamp(d.GetDeleted())}
+	for name, v := range d.GetFields() {
+		cv, err := FromValue(v)
+		if err != nil {
+			continue
+		}
+		// Without meta, the document's latest stamp stands in: a zero stamp
+		// would make the field invisible (hidden by the zero tombstone).
+		f := crdt.Field{Value: cv, Stamp: FromStamp(d.GetUpdated())}
+		if m := d.GetMeta()[name]; m != nil {
+			f.Stamp = FromStamp(m.GetStamp())
+		}
+		out.Fields[name] = f
+	}
+	for name, m := range d.GetMeta() {
+		if m.GetDeleted() {
+			out.Fields[name] = crdt.Field{Stamp: FromStamp(m.GetStamp()), Deleted: true}
+		}
+	}
+	return out
+}

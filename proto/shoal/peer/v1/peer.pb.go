@@ -951,8 +951,11 @@ func (x *GetDocsResponse) GetDocs() []*Doc {
 }
 
 type PullFromRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Root          []byte                 `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Root  []byte                 `protobuf:"bytes,1,opt,name=root,proto3" json:"root,omitempty"`
+	// after, when set, is the index key both sides held last when they were
+	// equal: the receiver tries the tail after it before walking the tree.
+	After         []byte `protobuf:"bytes,2,opt,name=after,proto3" json:"after,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -994,17 +997,184 @@ func (x *PullFromRequest) GetRoot() []byte {
 	return nil
 }
 
+func (x *PullFromRequest) GetAfter() []byte {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+type TailRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	After         []byte                 `protobuf:"bytes,1,opt,name=after,proto3" json:"after,omitempty"`
+	Limit         uint32                 `protobuf:"varint,2,opt,name=limit,proto3" json:"limit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TailRequest) Reset() {
+	*x = TailRequest{}
+	mi := &file_shoal_peer_v1_peer_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TailRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TailRequest) ProtoMessage() {}
+
+func (x *TailRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_peer_v1_peer_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TailRequest.ProtoReflect.Descriptor instead.
+func (*TailRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_peer_v1_peer_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TailRequest) GetAfter() []byte {
+	if x != nil {
+		return x.After
+	}
+	return nil
+}
+
+func (x *TailRequest) GetLimit() uint32 {
+	if x != nil {
+		return x.Limit
+	}
+	return 0
+}
+
+type Entry struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Key           []byte                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Value         []byte                 `protobuf:"bytes,2,opt,name=value,proto3" json:"value,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Entry) Reset() {
+	*x = Entry{}
+	mi := &file_shoal_peer_v1_peer_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Entry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Entry) ProtoMessage() {}
+
+func (x *Entry) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_peer_v1_peer_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Entry.ProtoReflect.Descriptor instead.
+func (*Entry) Descriptor() ([]byte, []int) {
+	return file_shoal_peer_v1_peer_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Entry) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Entry) GetValue() []byte {
+	if x != nil {
+		return x.Value
+	}
+	return nil
+}
+
+type TailResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries []*Entry               `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	// truncated: more entries follow than the limit allowed.
+	Truncated     bool `protobuf:"varint,2,opt,name=truncated,proto3" json:"truncated,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TailResponse) Reset() {
+	*x = TailResponse{}
+	mi := &file_shoal_peer_v1_peer_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TailResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TailResponse) ProtoMessage() {}
+
+func (x *TailResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_peer_v1_peer_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TailResponse.ProtoReflect.Descriptor instead.
+func (*TailResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_peer_v1_peer_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TailResponse) GetEntries() []*Entry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *TailResponse) GetTruncated() bool {
+	if x != nil {
+		return x.Truncated
+	}
+	return false
+}
+
 type PullFromResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// entries the receiver found it lacked and fetched.
-	Entries       uint32 `protobuf:"varint,1,opt,name=entries,proto3" json:"entries,omitempty"`
+	Entries uint32 `protobuf:"varint,1,opt,name=entries,proto3" json:"entries,omitempty"`
+	// root is the receiver's root afterwards: equal to the caller's when the
+	// round leaves them in sync.
+	Root          []byte `protobuf:"bytes,2,opt,name=root,proto3" json:"root,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *PullFromResponse) Reset() {
 	*x = PullFromResponse{}
-	mi := &file_shoal_peer_v1_peer_proto_msgTypes[17]
+	mi := &file_shoal_peer_v1_peer_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1016,7 +1186,7 @@ func (x *PullFromResponse) String() string {
 func (*PullFromResponse) ProtoMessage() {}
 
 func (x *PullFromResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_peer_v1_peer_proto_msgTypes[17]
+	mi := &file_shoal_peer_v1_peer_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1029,7 +1199,7 @@ func (x *PullFromResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PullFromResponse.ProtoReflect.Descriptor instead.
 func (*PullFromResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_peer_v1_peer_proto_rawDescGZIP(), []int{17}
+	return file_shoal_peer_v1_peer_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PullFromResponse) GetEntries() uint32 {
@@ -1037,6 +1207,13 @@ func (x *PullFromResponse) GetEntries() uint32 {
 		return x.Entries
 	}
 	return 0
+}
+
+func (x *PullFromResponse) GetRoot() []byte {
+	if x != nil {
+		return x.Root
+	}
+	return nil
 }
 
 var File_shoal_peer_v1_peer_proto protoreflect.FileDescriptor
@@ -1104,18 +1281,30 @@ const file_shoal_peer_v1_peer_proto_rawDesc = "" +
 	"\x0eGetDocsRequest\x12\x12\n" +
 	"\x04keys\x18\x01 \x03(\tR\x04keys\"9\n" +
 	"\x0fGetDocsResponse\x12&\n" +
-	"\x04docs\x18\x01 \x03(\v2\x12.shoal.peer.v1.DocR\x04docs\"%\n" +
+	"\x04docs\x18\x01 \x03(\v2\x12.shoal.peer.v1.DocR\x04docs\";\n" +
 	"\x0fPullFromRequest\x12\x12\n" +
-	"\x04root\x18\x01 \x01(\fR\x04root\",\n" +
+	"\x04root\x18\x01 \x01(\fR\x04root\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\fR\x05after\"9\n" +
+	"\vTailRequest\x12\x14\n" +
+	"\x05after\x18\x01 \x01(\fR\x05after\x12\x14\n" +
+	"\x05limit\x18\x02 \x01(\rR\x05limit\"/\n" +
+	"\x05Entry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\fR\x05value\"\\\n" +
+	"\fTailResponse\x12.\n" +
+	"\aentries\x18\x01 \x03(\v2\x14.shoal.peer.v1.EntryR\aentries\x12\x1c\n" +
+	"\ttruncated\x18\x02 \x01(\bR\ttruncated\"@\n" +
 	"\x10PullFromResponse\x12\x18\n" +
-	"\aentries\x18\x01 \x01(\rR\aentries2\xb8\x04\n" +
+	"\aentries\x18\x01 \x01(\rR\aentries\x12\x12\n" +
+	"\x04root\x18\x02 \x01(\fR\x04root2\xf9\x04\n" +
 	"\x04Peer\x12?\n" +
 	"\x04Join\x12\x1a.shoal.peer.v1.JoinRequest\x1a\x1b.shoal.peer.v1.JoinResponse\x12?\n" +
 	"\x04Ping\x12\x1a.shoal.peer.v1.PingRequest\x1a\x1b.shoal.peer.v1.PingResponse\x12H\n" +
 	"\aPingReq\x12\x1d.shoal.peer.v1.PingReqRequest\x1a\x1e.shoal.peer.v1.PingReqResponse\x12?\n" +
 	"\x04Push\x12\x1a.shoal.peer.v1.PushRequest\x1a\x1b.shoal.peer.v1.PushResponse\x12?\n" +
 	"\x04Root\x12\x1a.shoal.peer.v1.RootRequest\x1a\x1b.shoal.peer.v1.RootResponse\x12K\n" +
-	"\bGetNodes\x12\x1e.shoal.peer.v1.GetNodesRequest\x1a\x1f.shoal.peer.v1.GetNodesResponse\x12H\n" +
+	"\bGetNodes\x12\x1e.shoal.peer.v1.GetNodesRequest\x1a\x1f.shoal.peer.v1.GetNodesResponse\x12?\n" +
+	"\x04Tail\x12\x1a.shoal.peer.v1.TailRequest\x1a\x1b.shoal.peer.v1.TailResponse\x12H\n" +
 	"\aGetDocs\x12\x1d.shoal.peer.v1.GetDocsRequest\x1a\x1e.shoal.peer.v1.GetDocsResponse\x12K\n" +
 	"\bPullFrom\x12\x1e.shoal.peer.v1.PullFromRequest\x1a\x1f.shoal.peer.v1.PullFromResponseB7Z5github.com/shoal-dev/shoal/proto/shoal/peer/v1;peerv1b\x06proto3"
 
@@ -1132,7 +1321,7 @@ func file_shoal_peer_v1_peer_proto_rawDescGZIP() []byte {
 }
 
 var file_shoal_peer_v1_peer_proto_enumTypes = make([]protoimpl.EnumInfo, 1)
-var file_shoal_peer_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 18)
+var file_shoal_peer_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_shoal_peer_v1_peer_proto_goTypes = []any{
 	(Member_State)(0),        // 0: shoal.peer.v1.Member.State
 	(*JoinRequest)(nil),      // 1: shoal.peer.v1.JoinRequest
@@ -1152,7 +1341,10 @@ var file_shoal_peer_v1_peer_proto_goTypes = []any{
 	(*GetDocsRequest)(nil),   // 15: shoal.peer.v1.GetDocsRequest
 	(*GetDocsResponse)(nil),  // 16: shoal.peer.v1.GetDocsResponse
 	(*PullFromRequest)(nil),  // 17: shoal.peer.v1.PullFromRequest
-	(*PullFromResponse)(nil), // 18: shoal.peer.v1.PullFromResponse
+	(*TailRequest)(nil),      // 18: shoal.peer.v1.TailRequest
+	(*Entry)(nil),            // 19: shoal.peer.v1.Entry
+	(*TailResponse)(nil),     // 20: shoal.peer.v1.TailResponse
+	(*PullFromResponse)(nil), // 21: shoal.peer.v1.PullFromResponse
 }
 var file_shoal_peer_v1_peer_proto_depIdxs = []int32{
 	0,  // 0: shoal.peer.v1.Member.state:type_name -> shoal.peer.v1.Member.State
@@ -1165,27 +1357,30 @@ var file_shoal_peer_v1_peer_proto_depIdxs = []int32{
 	8,  // 7: shoal.peer.v1.PushRequest.docs:type_name -> shoal.peer.v1.Doc
 	2,  // 8: shoal.peer.v1.PushRequest.updates:type_name -> shoal.peer.v1.Member
 	8,  // 9: shoal.peer.v1.GetDocsResponse.docs:type_name -> shoal.peer.v1.Doc
-	1,  // 10: shoal.peer.v1.Peer.Join:input_type -> shoal.peer.v1.JoinRequest
-	4,  // 11: shoal.peer.v1.Peer.Ping:input_type -> shoal.peer.v1.PingRequest
-	6,  // 12: shoal.peer.v1.Peer.PingReq:input_type -> shoal.peer.v1.PingReqRequest
-	9,  // 13: shoal.peer.v1.Peer.Push:input_type -> shoal.peer.v1.PushRequest
-	11, // 14: shoal.peer.v1.Peer.Root:input_type -> shoal.peer.v1.RootRequest
-	13, // 15: shoal.peer.v1.Peer.GetNodes:input_type -> shoal.peer.v1.GetNodesRequest
-	15, // 16: shoal.peer.v1.Peer.GetDocs:input_type -> shoal.peer.v1.GetDocsRequest
-	17, // 17: shoal.peer.v1.Peer.PullFrom:input_type -> shoal.peer.v1.PullFromRequest
-	3,  // 18: shoal.peer.v1.Peer.Join:output_type -> shoal.peer.v1.JoinResponse
-	5,  // 19: shoal.peer.v1.Peer.Ping:output_type -> shoal.peer.v1.PingResponse
-	7,  // 20: shoal.peer.v1.Peer.PingReq:output_type -> shoal.peer.v1.PingReqResponse
-	10, // 21: shoal.peer.v1.Peer.Push:output_type -> shoal.peer.v1.PushResponse
-	12, // 22: shoal.peer.v1.Peer.Root:output_type -> shoal.peer.v1.RootResponse
-	14, // 23: shoal.peer.v1.Peer.GetNodes:output_type -> shoal.peer.v1.GetNodesResponse
-	16, // 24: shoal.peer.v1.Peer.GetDocs:output_type -> shoal.peer.v1.GetDocsResponse
-	18, // 25: shoal.peer.v1.Peer.PullFrom:output_type -> shoal.peer.v1.PullFromResponse
-	18, // [18:26] is the sub-list for method output_type
-	10, // [10:18] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	19, // 10: shoal.peer.v1.TailResponse.entries:type_name -> shoal.peer.v1.Entry
+	1,  // 11: shoal.peer.v1.Peer.Join:input_type -> shoal.peer.v1.JoinRequest
+	4,  // 12: shoal.peer.v1.Peer.Ping:input_type -> shoal.peer.v1.PingRequest
+	6,  // 13: shoal.peer.v1.Peer.PingReq:input_type -> shoal.peer.v1.PingReqRequest
+	9,  // 14: shoal.peer.v1.Peer.Push:input_type -> shoal.peer.v1.PushRequest
+	11, // 15: shoal.peer.v1.Peer.Root:input_type -> shoal.peer.v1.RootRequest
+	13, // 16: shoal.peer.v1.Peer.GetNodes:input_type -> shoal.peer.v1.GetNodesRequest
+	18, // 17: shoal.peer.v1.Peer.Tail:input_type -> shoal.peer.v1.TailRequest
+	15, // 18: shoal.peer.v1.Peer.GetDocs:input_type -> shoal.peer.v1.GetDocsRequest
+	17, // 19: shoal.peer.v1.Peer.PullFrom:input_type -> shoal.peer.v1.PullFromRequest
+	3,  // 20: shoal.peer.v1.Peer.Join:output_type -> shoal.peer.v1.JoinResponse
+	5,  // 21: shoal.peer.v1.Peer.Ping:output_type -> shoal.peer.v1.PingResponse
+	7,  // 22: shoal.peer.v1.Peer.PingReq:output_type -> shoal.peer.v1.PingReqResponse
+	10, // 23: shoal.peer.v1.Peer.Push:output_type -> shoal.peer.v1.PushResponse
+	12, // 24: shoal.peer.v1.Peer.Root:output_type -> shoal.peer.v1.RootResponse
+	14, // 25: shoal.peer.v1.Peer.GetNodes:output_type -> shoal.peer.v1.GetNodesResponse
+	20, // 26: shoal.peer.v1.Peer.Tail:output_type -> shoal.peer.v1.TailResponse
+	16, // 27: shoal.peer.v1.Peer.GetDocs:output_type -> shoal.peer.v1.GetDocsResponse
+	21, // 28: shoal.peer.v1.Peer.PullFrom:output_type -> shoal.peer.v1.PullFromResponse
+	20, // [20:29] is the sub-list for method output_type
+	11, // [11:20] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_shoal_peer_v1_peer_proto_init() }
@@ -1199,7 +1394,7 @@ func file_shoal_peer_v1_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_peer_v1_peer_proto_rawDesc), len(file_shoal_peer_v1_peer_proto_rawDesc)),
 			NumEnums:      1,
-			NumMessages:   18,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -29,6 +29,7 @@ const (
 	Peer_Push_FullMethodName     = "/shoal.peer.v1.Peer/Push"
 	Peer_Root_FullMethodName     = "/shoal.peer.v1.Peer/Root"
 	Peer_GetNodes_FullMethodName = "/shoal.peer.v1.Peer/GetNodes"
+	Peer_Tail_FullMethodName     = "/shoal.peer.v1.Peer/Tail"
 	Peer_GetDocs_FullMethodName  = "/shoal.peer.v1.Peer/GetDocs"
 	Peer_PullFrom_FullMethodName = "/shoal.peer.v1.Peer/PullFrom"
 )
@@ -50,6 +51,9 @@ type PeerClient interface {
 	Root(ctx context.Context, in *RootRequest, opts ...grpc.CallOption) (*RootResponse, error)
 	// GetNodes returns Merkle Search Tree nodes by hash.
 	GetNodes(ctx context.Context, in *GetNodesRequest, opts ...grpc.CallOption) (*GetNodesResponse, error)
+	// Tail returns the index entries after a key: the index is ordered by
+	// write time, so these are the writes since two peers were last equal.
+	Tail(ctx context.Context, in *TailRequest, opts ...grpc.CallOption) (*TailResponse, error)
 	// GetDocs returns documents by key.
 	GetDocs(ctx context.Context, in *GetDocsRequest, opts ...grpc.CallOption) (*GetDocsResponse, error)
 	// PullFrom asks the receiver to pull what it lacks from the caller, the
@@ -125,6 +129,16 @@ func (c *peerClient) GetNodes(ctx context.Context, in *GetNodesRequest, opts ...
 	return out, nil
 }
 
+func (c *peerClient) Tail(ctx context.Context, in *TailRequest, opts ...grpc.CallOption) (*TailResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(TailResponse)
+	err := c.cc.Invoke(ctx, Peer_Tail_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *peerClient) GetDocs(ctx context.Context, in *GetDocsRequest, opts ...grpc.CallOption) (*GetDocsResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(GetDocsResponse)
@@ -162,6 +176,9 @@ type PeerServer interface {
 	Root(context.Context, *RootRequest) (*RootResponse, error)
 	// GetNodes returns Merkle Search Tree nodes by hash.
 	GetNodes(context.Context, *GetNodesRequest) (*GetNodesResponse, error)
+	// Tail returns the index entries after a key: the index is ordered by
+	// write time, so these are the writes since two peers were last equal.
+	Tail(context.Context, *TailRequest) (*TailResponse, error)
 	// GetDocs returns documents by key.
 	GetDocs(context.Context, *GetDocsRequest) (*GetDocsResponse, error)
 	// PullFrom asks the receiver to pull what it lacks from the caller, the
@@ -194,6 +211,9 @@ func (UnimplementedPeerServer) Root(context.Context, *RootRequest) (*RootRespons
 }
 func (UnimplementedPeerServer) GetNodes(context.Context, *GetNodesRequest) (*GetNodesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetNodes not implemented")
+}
+func (UnimplementedPeerServer) Tail(context.Context, *TailRequest) (*TailResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Tail not implemented")
 }
 func (UnimplementedPeerServer) GetDocs(context.Context, *GetDocsRequest) (*GetDocsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetDocs not implemented")
@@ -330,6 +350,24 @@ func _Peer_GetNodes_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Tail_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(TailRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Tail(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Tail_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Tail(ctx, req.(*TailRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Peer_GetDocs_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(GetDocsRequest)
 	if err := dec(in); err != nil {
@@ -396,6 +434,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "GetNodes",
 			Handler:    _Peer_GetNodes_Handler,
+		},
+		{
+			MethodName: "Tail",
+			Handler:    _Peer_Tail_Handler,
 		},
 		{
 			MethodName: "GetDocs",

@@ -25,18 +25,12 @@ const (
 )
 
 type ReserveRequest struct {
-	state   protoimpl.MessageState `protogen:"open.v1"`
-	TaskId  string                 `protobuf:"bytes,1,opt,name=task_id,json=taskId,proto3" json:"task_id,omitempty"`
-	Service string                 `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
-	Slot    string                 `protobuf:"bytes,3,opt,name=slot,proto3" json:"slot,omitempty"`
-	Version uint64                 `protobuf:"varint,4,opt,name=version,proto3" json:"version,omitempty"`
-	// spec is the JSON ServiceSpec of that version.
-	Spec        []byte `protobuf:"bytes,5,opt,name=spec,proto3" json:"spec,omitempty"`
-	CpuMillis   int64  `protobuf:"varint,6,opt,name=cpu_millis,json=cpuMillis,proto3" json:"cpu_millis,omitempty"`
-	MemoryBytes int64  `protobuf:"varint,7,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
-	// ttl_ms: the reservation lapses unless the slot names the task in time.
-	TtlMs         int64  `protobuf:"varint,8,opt,name=ttl_ms,json=ttlMs,proto3" json:"ttl_ms,omitempty"`
-	Owner         string `protobuf:"bytes,9,opt,name=owner,proto3" json:"owner,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// reserve is the JSON of the owner's sched.Reserve action (candidates
+	// left out): task ID, service, slot, version, the spec to run, its
+	// resources, host ports, inherited restarts and the TTL.
+	Reserve       []byte `protobuf:"bytes,1,opt,name=reserve,proto3" json:"reserve,omitempty"`
+	Owner         string `protobuf:"bytes,2,opt,name=owner,proto3" json:"owner,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -71,60 +65,11 @@ func (*ReserveRequest) Descriptor() ([]byte, []int) {
 	return file_shoal_sched_v1_peer_proto_rawDescGZIP(), []int{0}
 }
 
-func (x *ReserveRequest) GetTaskId() string {
+func (x *ReserveRequest) GetReserve() []byte {
 	if x != nil {
-		return x.TaskId
-	}
-	return ""
-}
-
-func (x *ReserveRequest) GetService() string {
-	if x != nil {
-		return x.Service
-	}
-	return ""
-}
-
-func (x *ReserveRequest) GetSlot() string {
-	if x != nil {
-		return x.Slot
-	}
-	return ""
-}
-
-func (x *ReserveRequest) GetVersion() uint64 {
-	if x != nil {
-		return x.Version
-	}
-	return 0
-}
-
-func (x *ReserveRequest) GetSpec() []byte {
-	if x != nil {
-		return x.Spec
+		return x.Reserve
 	}
 	return nil
-}
-
-func (x *ReserveRequest) GetCpuMillis() int64 {
-	if x != nil {
-		return x.CpuMillis
-	}
-	return 0
-}
-
-func (x *ReserveRequest) GetMemoryBytes() int64 {
-	if x != nil {
-		return x.MemoryBytes
-	}
-	return 0
-}
-
-func (x *ReserveRequest) GetTtlMs() int64 {
-	if x != nil {
-		return x.TtlMs
-	}
-	return 0
 }
 
 func (x *ReserveRequest) GetOwner() string {
@@ -139,9 +84,10 @@ type ReserveResponse struct {
 	Accepted        bool                   `protobuf:"varint,1,opt,name=accepted,proto3" json:"accepted,omitempty"`
 	FreeCpuMillis   int64                  `protobuf:"varint,2,opt,name=free_cpu_millis,json=freeCpuMillis,proto3" json:"free_cpu_millis,omitempty"`
 	FreeMemoryBytes int64                  `protobuf:"varint,3,opt,name=free_memory_bytes,json=freeMemoryBytes,proto3" json:"free_memory_bytes,omitempty"`
-	Reason          string                 `protobuf:"bytes,4,opt,name=reason,proto3" json:"reason,omitempty"`
-	unknownFields   protoimpl.UnknownFields
-	sizeCache       protoimpl.SizeCache
+	// reject is the JSON of sched.Reject when not accepted.
+	Reject        []byte `protobuf:"bytes,4,opt,name=reject,proto3" json:"reject,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ReserveResponse) Reset() {
@@ -195,11 +141,11 @@ func (x *ReserveResponse) GetFreeMemoryBytes() int64 {
 	return 0
 }
 
-func (x *ReserveResponse) GetReason() string {
+func (x *ReserveResponse) GetReject() []byte {
 	if x != nil {
-		return x.Reason
+		return x.Reject
 	}
-	return ""
+	return nil
 }
 
 type GetBlobRequest struct {
@@ -466,23 +412,15 @@ var File_shoal_sched_v1_peer_proto protoreflect.FileDescriptor
 
 const file_shoal_sched_v1_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x19shoal/sched/v1/peer.proto\x12\x0eshoal.sched.v1\x1a\x1ashoal/sched/v1/sched.proto\"\xf4\x01\n" +
-	"\x0eReserveRequest\x12\x17\n" +
-	"\atask_id\x18\x01 \x01(\tR\x06taskId\x12\x18\n" +
-	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
-	"\x04slot\x18\x03 \x01(\tR\x04slot\x12\x18\n" +
-	"\aversion\x18\x04 \x01(\x04R\aversion\x12\x12\n" +
-	"\x04spec\x18\x05 \x01(\fR\x04spec\x12\x1d\n" +
-	"\n" +
-	"cpu_millis\x18\x06 \x01(\x03R\tcpuMillis\x12!\n" +
-	"\fmemory_bytes\x18\a \x01(\x03R\vmemoryBytes\x12\x15\n" +
-	"\x06ttl_ms\x18\b \x01(\x03R\x05ttlMs\x12\x14\n" +
-	"\x05owner\x18\t \x01(\tR\x05owner\"\x99\x01\n" +
+	"\x19shoal/sched/v1/peer.proto\x12\x0eshoal.sched.v1\x1a\x1ashoal/sched/v1/sched.proto\"@\n" +
+	"\x0eReserveRequest\x12\x18\n" +
+	"\areserve\x18\x01 \x01(\fR\areserve\x12\x14\n" +
+	"\x05owner\x18\x02 \x01(\tR\x05owner\"\x99\x01\n" +
 	"\x0fReserveResponse\x12\x1a\n" +
 	"\baccepted\x18\x01 \x01(\bR\baccepted\x12&\n" +
 	"\x0ffree_cpu_millis\x18\x02 \x01(\x03R\rfreeCpuMillis\x12*\n" +
 	"\x11free_memory_bytes\x18\x03 \x01(\x03R\x0ffreeMemoryBytes\x12\x16\n" +
-	"\x06reason\x18\x04 \x01(\tR\x06reason\"(\n" +
+	"\x06reject\x18\x04 \x01(\fR\x06reject\"(\n" +
 	"\x0eGetBlobRequest\x12\x16\n" +
 	"\x06digest\x18\x01 \x01(\tR\x06digest\"3\n" +
 	"\tBlobChunk\x12\x12\n" +

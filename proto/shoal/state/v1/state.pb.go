@@ -870,6 +870,8 @@ type WatchRequest struct {
 	// whole retained change log. Unset means from now: only changes after the
 	// current revision.
 	AfterRevision *uint64 `protobuf:"varint,2,opt,name=after_revision,json=afterRevision,proto3,oneof" json:"after_revision,omitempty"`
+	// with_meta adds per-field stamps and tombstones to every document.
+	WithMeta      bool `protobuf:"varint,3,opt,name=with_meta,json=withMeta,proto3" json:"with_meta,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -916,6 +918,13 @@ func (x *WatchRequest) GetAfterRevision() uint64 {
 		return *x.AfterRevision
 	}
 	return 0
+}
+
+func (x *WatchRequest) GetWithMeta() bool {
+	if x != nil {
+		return x.WithMeta
+	}
+	return false
 }
 
 type Event struct {
@@ -1233,10 +1242,11 @@ const file_shoal_state_v1_state_proto_rawDesc = "" +
 	"\fListResponse\x126\n" +
 	"\tdocuments\x18\x01 \x03(\v2\x18.shoal.state.v1.DocumentR\tdocuments\x12&\n" +
 	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x12\x1a\n" +
-	"\brevision\x18\x03 \x01(\x04R\brevision\"e\n" +
+	"\brevision\x18\x03 \x01(\x04R\brevision\"\x82\x01\n" +
 	"\fWatchRequest\x12\x16\n" +
 	"\x06prefix\x18\x01 \x01(\tR\x06prefix\x12*\n" +
-	"\x0eafter_revision\x18\x02 \x01(\x04H\x00R\rafterRevision\x88\x01\x01B\x11\n" +
+	"\x0eafter_revision\x18\x02 \x01(\x04H\x00R\rafterRevision\x88\x01\x01\x12\x1b\n" +
+	"\twith_meta\x18\x03 \x01(\bR\bwithMetaB\x11\n" +
 	"\x0f_after_revision\"\xc6\x01\n" +
 	"\x05Event\x12.\n" +
 	"\x04type\x18\x01 \x01(\x0e2\x1a.shoal.state.v1.Event.TypeR\x04type\x124\n" +

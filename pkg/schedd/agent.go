@@ -1,0 +1,428 @@
+package schedd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/statepb"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// Labels schedd puts on its containers.
+const (
+	labelTask    = "io.shoal/task"
+	labelService = "io.shoal/service"
+	labelSlot    = "io.shoal/slot"
+)
+
+// localTask is a task this node accepted.
+type localTask struct {
+	sched.LocalTask
+	// busy is set while a runtime operation (start, stop) runs for it.
+	busy bool
+	// stopProbe ends the task's health prober.
+	stopProbe context.CancelFunc
+}
+
+// taskRecord is what schedd keeps on disk per accepted task: the task and
+// the exact spec it runs, whatever the service document says later.
+type taskRecord struct {
+	Task sched.Task        `json:"task"`
+	Spec sched.ServiceSpec `json:"spec"`
+}
+
+func (n *node) recordPath(id string) string {
+	return filepath.Join(n.cfg.StateDir, "tasks", id+".json")
+}
+
+func (n *node) saveRecord(lt *localTask) error {
+	data, err := json.Marshal(taskRecord{Task: lt.Task, Spec: lt.Spec})
+	if err != nil {
+		return err
+	}
+	tmp := n.recordPath(lt.ID) + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, n.recordPath(lt.ID))
+}
+
+func (n *node) logPath(id string) string { return filepath.Join(n.cfg.StateDir, "logs", id+".log") }
+
+// acceptReserve is the target side of a Reserve: decide atomically against
+// the ledger, and on accept write the task document and remember the task.
+func (n *node) acceptReserve(ctx context.Context, a sched.Reserve) (bool, sched.Resources, sched.Reject, error) {
+	if !n.isReady() {
+		return false, sched.Resources{}, sched.Reject{}, errNotReady
+	}
+	now := time.Now()
+	n.amu.Lock()
+	defer n.amu.Unlock()
+	if _, dup := n.local[a.TaskID]; dup {
+		return true, n.ledger.Free(), sched.Reject{}, nil // a retried call
+	}
+	ok, free, why := n.ledger.Reserve(a.Reservation(), now)
+	if !ok {
+		return false, free, why, nil
+	}
+	key := sched.TaskKey(a.TaskID)
+	if err := n.put(ctx, key, sched.NewTaskFields(a, n.id, now)); err != nil {
+		n.ledger.Release(a.TaskID)
+		return false, n.ledger.Free(), sched.Reject{}, err
+	}
+	task := sched.Task{ID: a.TaskID, Service: a.Service, Slot: a.Slot, Node: n.id, Version: a.Version,
+		SpecDigest: a.SpecDigest, State: sched.TaskPending, Restarts: a.Restarts, Resources: a.Resources, Ports: a.Ports, Image: a.Spec.Image}
+	if d, err := n.getMeta(ctx, key); err == nil {
+		if t, ok := sched.TaskFromDoc(a.TaskID, statepb.FromDocument(d)); ok {
+			task = t
+		}
+	}
+	lt := &localTask{LocalTask: sched.LocalTask{Task: task, Spec: a.Spec, Runtime: sched.Runtime{State: sched.RuntimeNone}}}
+	if err := n.saveRecord(lt); err != nil {
+		n.log.Warn("save task record", "task", a.TaskID, "err", err)
+	}
+	n.local[a.TaskID] = lt
+	n.log.Info("task accepted", "task", a.TaskID, "service", a.Service, "slot", a.Slot, "version", a.Version)
+	n.wake()
+	return true, free, sched.Reject{}, nil
+}
+
+// view is what the agent decides from.
+func (n *node) view() sched.NodeView {
+	v := sched.NodeView{Node: n.id, Slots: map[string]sched.Slot{}, Reservations: n.ledger.Reservations(), TTL: time.Duration(n.cfg.ReservationTTL)}
+	n.amu.Lock()
+	defer n.amu.Unlock()
+	for _, lt := range n.local {
+		v.Tasks = append(v.Tasks, lt.LocalTask)
+		k := sched.SlotKey(lt.Service, lt.Slot)
+		if _, seen := v.Slots[k]; seen {
+			continue
+		}
+		if d := n.mirror.Get(sched.SlotDocKey(lt.Service, lt.Slot)); d != nil {
+			if sl, ok := sched.SlotFromDoc(lt.Service, lt.Slot, statepb.FromDocument(d)); ok {
+				v.Slots[k] = sl
+			}
+		}
+	}
+	return v
+}
+
+// agentRounds runs the agent until it has nothing more to do now (a few
+// rounds at most: one decision can enable the next).
+func (n *node) agentRounds(ctx context.Context, now time.Time) {
+	for range 3 {
+		did := false
+		for _, a := range sched.AgentDecide(n.view(), now) {
+			if r, ok := a.(sched.Requeue); ok {
+				if d := time.Until(r.At); d > 0 && d < time.Duration(n.cfg.Tick) {
+					time.AfterFunc(d, n.wake)
+				}
+				continue
+			}
+			did = true
+			n.execAgent(ctx, a)
+		}
+		if !did {
+			return
+		}
+	}
+}
+
+func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
+	switch a := a.(type) {
+	case sched.StartTask:
+		n.startTask(ctx, a.TaskID, false)
+	case sched.RestartTask:
+		n.startTask(ctx, a.TaskID, true)
+	case sched.StopTask:
+		n.stopTask(ctx, a)
+	case sched.UpdateTask:
+		n.amu.Lock()
+		lt := n.local[a.TaskID]
+		if lt != nil {
+			lt.Task = a.Apply(lt.Task)
+			n.saveRecord(lt)
+		}
+		n.amu.Unlock()
+		if lt == nil {
+			return
+		}
+		if err := n.put(ctx, sched.TaskKey(a.TaskID), a.Fields()); err != nil {
+			n.log.Warn("update task document", "task", a.TaskID, "err", err)
+		}
+	case sched.ConfirmReservation:
+		n.ledger.Confirm(a.TaskID)
+	case sched.ReleaseReservation:
+		n.ledger.Release(a.TaskID)
+	case sched.RemoveTask:
+		n.amu.Lock()
+		lt := n.local[a.TaskID]
+		delete(n.local, a.TaskID)
+		n.amu.Unlock()
+		if lt != nil && lt.stopProbe != nil {
+			lt.stopProbe()
+		}
+		if err := n.rt.Remove(ctx, a.TaskID); err != nil {
+			n.log.Warn("remove container", "task", a.TaskID, "err", err)
+		}
+		n.statd.Delete(ctx, &statev1.DeleteRequest{Key: sched.TaskKey(a.TaskID)})
+		os.Remove(n.recordPath(a.TaskID))
+		os.Remove(n.logPath(a.TaskID))
+	}
+}
+
+// startTask starts (or restarts) a task's container in the background.
+func (n *node) startTask(ctx context.Context, id string, restart bool) {
+	n.amu.Lock()
+	lt := n.local[id]
+	if lt == nil || lt.busy || lt.Runtime.State == sched.RuntimeRunning {
+		n.amu.Unlock()
+		return
+	}
+	lt.busy = true
+	lt.Runtime = sched.Runtime{State: sched.RuntimeStarting}
+	spec, task := lt.Spec, lt.Task
+	n.amu.Unlock()
+
+	go func() {
+		err := n.ensureImage(ctx, spec.Image)
+		if err == nil && restart {
+			err = n.rt.Remove(ctx, id)
+		}
+		if err == nil {
+			err = n.rt.Run(ctx, n.taskSpec(task, spec))
+			if errdefs.IsAlreadyExists(err) {
+				// Left over from an attempt that failed half-way.
+				if err = n.rt.Remove(ctx, id); err == nil {
+					err = n.rt.Run(ctx, n.taskSpec(task, spec))
+				}
+			}
+		}
+		now := time.Now()
+		n.amu.Lock()
+		lt := n.local[id]
+		if lt == nil {
+			n.amu.Unlock()
+			if err == nil {
+				n.rt.Remove(context.Background(), id)
+			}
+			return
+		}
+		lt.busy = false
+		if err != nil {
+			lt.Runtime = sched.Runtime{State: sched.RuntimeExited, ExitCode: -1, Error: err.Error(), ExitedAt: now}
+			n.amu.Unlock()
+			n.log.Warn("task start failed", "task", id, "err", err)
+			n.wake()
+			return
+		}
+		lt.Runtime = sched.Runtime{State: sched.RuntimeRunning, StartedAt: now}
+		n.watchTask(ctx, lt)
+		n.amu.Unlock()
+		n.log.Info("task started", "task", id, "service", task.Service, "slot", task.Slot)
+		n.wake()
+	}()
+}
+
+// taskSpec is the container spec of a task.
+func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
+	return shoalrt.TaskSpec{
+		ID:          t.ID,
+		Image:       spec.Image,
+		Args:        spec.Args,
+		Env:         spec.Env,
+		Labels:      map[string]string{labelTask: t.ID, labelService: t.Service, labelSlot: t.Slot},
+		CPUMillis:   spec.CPUMillis,
+		MemoryBytes: spec.MemoryBytes,
+		LogPath:     n.logPath(t.ID),
+		Hostname:    strings.ReplaceAll(t.Service+"-"+t.Slot, ".", "-"),
+	}
+}
+
+// watchTask follows a running container: its exit, and its health checks.
+// Callers hold amu.
+func (n *node) watchTask(ctx context.Context, lt *localTask) {
+	id := lt.ID
+	wctx, cancel := context.WithCancel(ctx)
+	if lt.stopProbe != nil {
+		lt.stopProbe()
+	}
+	lt.stopProbe = cancel
+	go func() {
+		for {
+			ch, err := n.rt.Wait(wctx, id)
+			if err == nil {
+				select {
+				case exit := <-ch:
+					if exit.Err == nil {
+						n.exited(id, exit)
+						cancel()
+						return
+					}
+				case <-wctx.Done():
+					return
+				}
+			}
+			select {
+			case <-wctx.Done():
+				return
+			case <-time.After(time.Second): // containerd away: wait again
+			}
+		}
+	}()
+	if h := lt.Spec.WithDefaults().Health; h.Enabled() {
+		go n.probe(wctx, id, h, lt.Runtime.StartedAt)
+	}
+}
+
+func (n *node) exited(id string, exit shoalrt.Exit) {
+	n.amu.Lock()
+	if lt := n.local[id]; lt != nil && (lt.Runtime.State == sched.RuntimeRunning || lt.Runtime.State == sched.RuntimeStopping) {
+		at := exit.ExitedAt
+		if at.IsZero() {
+			at = time.Now()
+		}
+		lt.Runtime.State, lt.Runtime.ExitCode, lt.Runtime.ExitedAt = sched.RuntimeExited, exit.Code, at
+		n.log.Info("task exited", "task", id, "code", exit.Code)
+	}
+	n.amu.Unlock()
+	n.wake()
+}
+
+// probe runs a task's health check every interval. Failures within the
+// start period do not count; a success always does.
+func (n *node) probe(ctx context.Context, id string, h sched.HealthCheck, started time.Time) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(h.Interval.D()):
+		}
+		cctx, cancel := context.WithTimeout(ctx, h.Timeout.D())
+		code, err := n.rt.Exec(cctx, id, h.Cmd, nil, io.Discard, io.Discard, false)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		pass := err == nil && code == 0
+		n.amu.Lock()
+		if lt := n.local[id]; lt != nil && lt.Runtime.State == sched.RuntimeRunning {
+			switch {
+			case pass:
+				lt.Runtime.HealthPassed, lt.Runtime.HealthFailures = true, 0
+			case time.Since(started) >= h.StartPeriod.D():
+				lt.Runtime.HealthFailures++
+			}
+		}
+		n.amu.Unlock()
+		n.wake()
+	}
+}
+
+// stopTask stops a container in the background (SIGTERM, grace, SIGKILL).
+func (n *node) stopTask(ctx context.Context, a sched.StopTask) {
+	n.amu.Lock()
+	lt := n.local[a.TaskID]
+	if lt == nil || lt.busy || (lt.Runtime.State != sched.RuntimeRunning && lt.Runtime.State != sched.RuntimeStarting) {
+		n.amu.Unlock()
+		return
+	}
+	lt.busy = true
+	lt.Runtime.State = sched.RuntimeStopping
+	if lt.stopProbe != nil {
+		lt.stopProbe()
+	}
+	n.amu.Unlock()
+	n.log.Info("stopping task", "task", a.TaskID, "reason", a.Reason)
+	go func() {
+		exit, err := n.rt.Stop(ctx, a.TaskID, a.Grace)
+		n.amu.Lock()
+		if lt := n.local[a.TaskID]; lt != nil {
+			lt.busy = false
+			lt.Runtime.State, lt.Runtime.ExitCode, lt.Runtime.ExitedAt = sched.RuntimeExited, exit.Code, time.Now()
+			if err != nil && !errdefs.IsNotFound(err) {
+				lt.Runtime.Error = err.Error()
+			}
+		}
+		n.amu.Unlock()
+		n.wake()
+	}()
+}
+
+// adopt rebuilds the local task table after a (re)start from the records
+// on disk and the containers containerd still has: running containers are
+// watched again, never restarted.
+func (n *node) adopt(ctx context.Context) error {
+	infos, err := n.rt.List(ctx)
+	if err != nil {
+		return err
+	}
+	containers := map[string]shoalrt.TaskInfo{}
+	for _, ti := range infos {
+		if id := ti.Labels[labelTask]; id != "" {
+			containers[id] = ti
+		}
+	}
+	entries, _ := os.ReadDir(filepath.Join(n.cfg.StateDir, "tasks"))
+	n.amu.Lock()
+	defer n.amu.Unlock()
+	for _, e := range entries {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(n.cfg.StateDir, "tasks", e.Name()))
+		var rec taskRecord
+		if err == nil {
+			err = json.Unmarshal(data, &rec)
+		}
+		if err != nil {
+			n.log.Warn("unreadable task record", "file", e.Name(), "err", err)
+			continue
+		}
+		if d := n.mirror.Get(sched.TaskKey(id)); d != nil {
+			if t, ok := sched.TaskFromDoc(id, statepb.FromDocument(d)); ok {
+				rec.Task = t
+			}
+		}
+		lt := &localTask{LocalTask: sched.LocalTask{Task: rec.Task, Spec: rec.Spec, Runtime: sched.Runtime{State: sched.RuntimeNone}}}
+		if ti, ok := containers[id]; ok {
+			delete(containers, id)
+			switch ti.Status {
+			case shoalrt.StatusRunning:
+				started := ti.StartedAt
+				if started.IsZero() {
+					started = time.Now()
+				}
+				lt.Runtime = sched.Runtime{State: sched.RuntimeRunning, StartedAt: started, HealthPassed: lt.Health == sched.HealthHealthy}
+				n.watchTask(ctx, lt)
+			default:
+				lt.Runtime = sched.Runtime{State: sched.RuntimeExited, ExitCode: ti.ExitCode, ExitedAt: ti.ExitedAt, StartedAt: ti.StartedAt}
+			}
+		}
+		n.local[id] = lt
+		if !lt.State.Terminal() {
+			n.ledger.Adopt(sched.Reservation{TaskID: id, Service: lt.Service, Slot: lt.Slot, Version: lt.Version,
+				Resources: lt.Resources, Ports: lt.Ports, Created: time.Now(), Confirmed: true})
+		}
+	}
+	// Containers no record explains were started by a schedd that lost
+	// its records: nothing will look after them, so remove them.
+	for id := range containers {
+		n.log.Warn("removing a container no task record explains", "container", id)
+		if err := n.rt.Remove(ctx, id); err != nil && !errors.Is(err, context.Canceled) {
+			n.log.Warn("remove orphan container", "container", id, "err", err)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,750 @@
+package schedd
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/statepb"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// api serves shoal.sched.v1.Scheduler on the local socket.
+type api struct {
+	schedv1.UnimplementedSchedulerServer
+	n *node
+}
+
+func (s *api) ready() error {
+	if !s.n.isReady() {
+		return errNotReady
+	}
+	return nil
+}
+
+// decodeSpec parses and validates a spec from the API.
+func decodeSpec(data []byte) (sched.ServiceSpec, error) {
+	var spec sched.ServiceSpec
+	if err := json.Unmarshal(data, &spec); err != nil {
+		return spec, fmt.Errorf("malformed service spec: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	spec = spec.WithDefaults()
+	if err := spec.Validate(); err != nil {
+		return spec, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	return spec, nil
+}
+
+// checkPlaceable rejects specs no node could ever run, before anything is
+// written: an image the cluster does not have, more memory or CPU than any
+// node offers, a host port another service already publishes.
+func (s *api) checkPlaceable(ctx context.Context, spec sched.ServiceSpec) error {
+	n := s.n
+	if !n.imageKnown(ctx, spec.Image) {
+		return fmt.Errorf("image %q is not on any node: load it with `shoalctl image load FILE`: %w", spec.Image, errdefs.ErrInvalidArgument)
+	}
+	var most sched.Resources
+	for _, nd := range n.nodes() {
+		most.CPUMillis = max(most.CPUMillis, nd.Capacity.CPUMillis)
+		most.MemoryBytes = max(most.MemoryBytes, nd.Capacity.MemoryBytes)
+	}
+	if spec.MemoryBytes > most.MemoryBytes {
+		return fmt.Errorf("memory %s per task is more than any node offers (largest: %s): %w",
+			sched.FormatBytes(spec.MemoryBytes), sched.FormatBytes(most.MemoryBytes), errdefs.ErrInvalidArgument)
+	}
+	if spec.CPUMillis > most.CPUMillis {
+		return fmt.Errorf("cpu %s per task is more than any node offers (largest: %s): %w",
+			sched.FormatCPU(spec.CPUMillis), sched.FormatCPU(most.CPUMillis), errdefs.ErrInvalidArgument)
+	}
+	w := n.readWorld()
+	for name, other := range w.services {
+		if name == spec.Name {
+			continue
+		}
+		for _, p := range spec.Ports {
+			for _, q := range other.Spec.Ports {
+				if p.Host == q.Host && strings.EqualFold(cmpProto(p.Protocol), cmpProto(q.Protocol)) {
+					return fmt.Errorf("port %d/%s is already published by service %s: %w", p.Host, cmpProto(p.Protocol), name, errdefs.ErrAlreadyExists)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func cmpProto(p string) string {
+	if p == "" {
+		return "tcp"
+	}
+	return p
+}
+
+// service reads a service from statd directly (not the mirror): writes
+// base their version on it.
+func (s *api) service(ctx context.Context, name string) (*sched.Service, error) {
+	d, err := s.n.getMeta(ctx, sched.ServiceKey(name))
+	if err != nil {
+		if errdefs.IsNotFound(err) || strings.Contains(err.Error(), "not found") {
+			return nil, fmt.Errorf("service %s not found: %w", name, errdefs.ErrNotFound)
+		}
+		return nil, err
+	}
+	svc, err := sched.ServiceFromDoc(name, statepb.FromDocument(d))
+	if err != nil {
+		return nil, err
+	}
+	if svc == nil {
+		return nil, fmt.Errorf("service %s not found: %w", name, errdefs.ErrNotFound)
+	}
+	return svc, nil
+}
+
+func (s *api) CreateService(ctx context.Context, req *schedv1.CreateServiceRequest) (*schedv1.Service, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	spec, err := decodeSpec(req.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.service(ctx, spec.Name); err == nil {
+		return nil, fmt.Errorf("service %s already exists (use `shoalctl service update` or `deploy`): %w", spec.Name, errdefs.ErrAlreadyExists)
+	} else if !errdefs.IsNotFound(err) {
+		return nil, err
+	}
+	if err := s.checkPlaceable(ctx, spec); err != nil {
+		return nil, err
+	}
+	svc := sched.Service{Name: spec.Name, Spec: spec, Version: 1, State: sched.ServiceActive, Updated: time.Now()}
+	return s.write(ctx, svc)
+}
+
+func (s *api) write(ctx context.Context, svc sched.Service) (*schedv1.Service, error) {
+	fields := sched.ServiceFields(svc)
+	fields[fieldUnschedulable] = stringValue("")
+	if err := s.n.put(ctx, sched.ServiceKey(svc.Name), fields); err != nil {
+		return nil, err
+	}
+	s.n.wake()
+	return s.describe(&svc), nil
+}
+
+// update makes spec the service's new version, keeping the old for
+// rollback.
+func (s *api) update(ctx context.Context, spec sched.ServiceSpec) (*schedv1.Service, error) {
+	cur, err := s.service(ctx, spec.Name)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.checkPlaceable(ctx, spec); err != nil {
+		return nil, err
+	}
+	prev := cur.Spec
+	svc := sched.Service{Name: spec.Name, Spec: spec, Version: cur.Version + 1, PrevSpec: &prev, State: sched.ServiceActive, Converged: cur.Converged, Updated: time.Now()}
+	return s.write(ctx, svc)
+}
+
+func (s *api) UpdateService(ctx context.Context, req *schedv1.UpdateServiceRequest) (*schedv1.Service, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	spec, err := decodeSpec(req.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	return s.update(ctx, spec)
+}
+
+func (s *api) DeployService(ctx context.Context, req *schedv1.UpdateServiceRequest) (*schedv1.Service, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	spec, err := decodeSpec(req.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	if _, err := s.service(ctx, spec.Name); errdefs.IsNotFound(err) {
+		return s.CreateService(ctx, &schedv1.CreateServiceRequest{Spec: req.GetSpec()})
+	}
+	return s.update(ctx, spec)
+}
+
+func (s *api) ScaleService(ctx context.Context, req *schedv1.ScaleServiceRequest) (*schedv1.Service, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	cur, err := s.service(ctx, req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	if cur.Spec.Global {
+		return nil, fmt.Errorf("service %s is global: it runs on every eligible node and cannot be scaled: %w", req.GetName(), errdefs.ErrInvalidArgument)
+	}
+	spec := cur.Spec
+	spec.Replicas = int(req.GetReplicas())
+	return s.update(ctx, spec)
+}
+
+func (s *api) RollbackService(ctx context.Context, req *schedv1.GetServiceRequest) (*schedv1.Service, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	cur, err := s.service(ctx, req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	if cur.PrevSpec == nil {
+		return nil, fmt.Errorf("service %s has no previous spec to roll back to: %w", req.GetName(), errdefs.ErrFailedPrecondition)
+	}
+	prev := cur.Spec
+	svc := sched.Service{Name: cur.Name, Spec: *cur.PrevSpec, Version: cur.Version + 1, PrevSpec: &prev, State: sched.ServiceActive, Converged: cur.Converged, Updated: time.Now()}
+	return s.write(ctx, svc)
+}
+
+func (s *api) RemoveService(ctx context.Context, req *schedv1.GetServiceRequest) (*schedv1.RemoveServiceResponse, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	if _, err := s.service(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
+	if _, err := s.n.statd.Delete(ctx, &statev1.DeleteRequest{Key: sched.ServiceKey(req.GetName())}); err != nil {
+		return nil, err
+	}
+	s.n.wake()
+	return &schedv1.RemoveServiceResponse{}, nil
+}
+
+func (s *api) GetService(ctx context.Context, req *schedv1.GetServiceRequest) (*schedv1.Service, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	svc, err := s.service(ctx, req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	return s.describe(svc), nil
+}
+
+func (s *api) ListServices(ctx context.Context, _ *schedv1.ListServicesRequest) (*schedv1.ListServicesResponse, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	w := s.n.readWorld()
+	resp := &schedv1.ListServicesResponse{}
+	for _, name := range sortedKeys(w.services) {
+		resp.Services = append(resp.Services, s.describe(w.services[name]))
+	}
+	return resp, nil
+}
+
+// describe adds the status every node can compute from state: running
+// and desired counts, owner, unschedulable reasons.
+func (s *api) describe(svc *sched.Service) *schedv1.Service {
+	n := s.n
+	w := n.readWorld()
+	spec, _ := json.Marshal(svc.Spec)
+	out := &schedv1.Service{
+		Name: svc.Name, Spec: spec, Version: uint64(svc.Version), State: string(svc.State),
+		Owner: sched.Owner(svc.Name, n.aliveNodes()), Updated: timestamppb.New(svc.Updated), HasPrevious: svc.PrevSpec != nil,
+	}
+	if svc.State == "" {
+		out.State = string(sched.ServiceActive)
+	}
+	if svc.Spec.Global {
+		for _, nd := range w.nodes {
+			if nd.Alive && nd.Availability == sched.Active && matches(svc.Spec, nd) {
+				out.Desired++
+			}
+		}
+	} else {
+		out.Desired = uint32(svc.Spec.Replicas)
+	}
+	current := currentTasks(w.slots[svc.Name])
+	for _, t := range w.tasks[svc.Name] {
+		if current[t.ID] && t.State == sched.TaskRunning && t.SpecDigest == svc.Spec.Digest() {
+			out.Running++
+		}
+	}
+	if d := n.mirror.Get(sched.ServiceKey(svc.Name)); d != nil {
+		if u := d.GetFields()[fieldUnschedulable].GetStringValue(); u != "" {
+			out.Unschedulable = strings.Split(u, "\n")
+		}
+	}
+	return out
+}
+
+// matches reports whether a node satisfies a spec's constraints.
+func matches(spec sched.ServiceSpec, nd sched.Node) bool {
+	cs, err := sched.ParseConstraints(spec.Constraints)
+	if err != nil {
+		return false
+	}
+	for _, c := range cs {
+		if !c.Match(nd) {
+			return false
+		}
+	}
+	return true
+}
+
+// currentTasks returns the task IDs the slots name (current or next).
+func currentTasks(slots []sched.Slot) map[string]bool {
+	out := map[string]bool{}
+	for _, sl := range slots {
+		if sl.Task != "" {
+			out[sl.Task] = true
+		}
+		if sl.Next != "" {
+			out[sl.Next] = true
+		}
+	}
+	return out
+}
+
+func taskProto(t sched.Task, current bool) *schedv1.Task {
+	out := &schedv1.Task{
+		Id: t.ID, Service: t.Service, Slot: t.Slot, Node: t.Node, Version: uint64(t.Version), State: string(t.State),
+		Health: string(t.Health), Restarts: uint32(t.Restarts), ExitCode: int32(t.ExitCode), Error: t.Error,
+		Current: current, Image: t.Image,
+	}
+	if !t.Created.TS.IsZero() {
+		out.Created = timestamppb.New(t.Created.TS.Time())
+	}
+	if !t.Started.IsZero() {
+		out.Started = timestamppb.New(t.Started)
+	}
+	return out
+}
+
+func (s *api) ListTasks(ctx context.Context, req *schedv1.ListTasksRequest) (*schedv1.ListTasksResponse, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	w := s.n.readWorld()
+	nodeFilter := req.GetNode()
+	if nodeFilter != "" {
+		for _, nd := range w.nodes {
+			if nd.Name == nodeFilter {
+				nodeFilter = nd.ID
+			}
+		}
+	}
+	resp := &schedv1.ListTasksResponse{}
+	for svc, tasks := range w.tasks {
+		if req.GetService() != "" && svc != req.GetService() {
+			continue
+		}
+		current := currentTasks(w.slots[svc])
+		for _, t := range tasks {
+			if nodeFilter != "" && t.Node != nodeFilter {
+				continue
+			}
+			if !req.GetAll() && t.State.Terminal() && !current[t.ID] {
+				continue
+			}
+			resp.Tasks = append(resp.Tasks, taskProto(t, current[t.ID]))
+		}
+	}
+	return resp, nil
+}
+
+func (s *api) GetTask(ctx context.Context, req *schedv1.GetTaskRequest) (*schedv1.Task, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	t, current, err := s.n.task(req.GetId())
+	if err != nil {
+		return nil, err
+	}
+	return taskProto(t, current), nil
+}
+
+// task finds a task by ID (or unique ID prefix) in the mirror.
+func (n *node) task(ref string) (sched.Task, bool, error) {
+	w := n.readWorld()
+	var hits []sched.Task
+	for _, t := range w.allTasks {
+		if t.ID == ref {
+			hits = []sched.Task{t}
+			break
+		}
+		if strings.HasPrefix(t.ID, ref) {
+			hits = append(hits, t)
+		}
+	}
+	switch len(hits) {
+	case 0:
+		return sched.Task{}, false, fmt.Errorf("task %s not found: %w", ref, errdefs.ErrNotFound)
+	case 1:
+		return hits[0], currentTasks(w.slots[hits[0].Service])[hits[0].ID], nil
+	}
+	return sched.Task{}, false, fmt.Errorf("task %q is ambiguous (%d tasks): %w", ref, len(hits), errdefs.ErrInvalidArgument)
+}
+
+func (s *api) TaskLogs(req *schedv1.TaskLogsRequest, stream schedv1.Scheduler_TaskLogsServer) error {
+	if err := s.ready(); err != nil {
+		return err
+	}
+	t, _, err := s.n.task(req.GetTask())
+	if err != nil {
+		return err
+	}
+	req.Task = t.ID
+	if t.Node == s.n.id {
+		return s.n.localLogs(stream.Context(), req, stream.Send)
+	}
+	api, err := s.n.peers.client(stream.Context(), t.Node)
+	if err != nil {
+		return err
+	}
+	remote, err := api.TaskLogs(stream.Context(), req)
+	if err != nil {
+		return err
+	}
+	for {
+		chunk, err := remote.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(chunk); err != nil {
+			return err
+		}
+	}
+}
+
+// localLogs sends a local task's log file, following it if asked.
+func (n *node) localLogs(ctx context.Context, req *schedv1.TaskLogsRequest, send func(*schedv1.LogChunk) error) error {
+	f, err := os.Open(n.logPath(req.GetTask()))
+	if os.IsNotExist(err) {
+		if _, ok := n.localTask(req.GetTask()); !ok {
+			return fmt.Errorf("task %s does not run on this node: %w", req.GetTask(), errdefs.ErrNotFound)
+		}
+		if !req.GetFollow() {
+			return nil
+		}
+		for os.IsNotExist(err) && ctx.Err() == nil {
+			time.Sleep(200 * time.Millisecond)
+			f, err = os.Open(n.logPath(req.GetTask()))
+		}
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if tail := req.GetTail(); tail > 0 {
+		if err := seekTail(f, int(tail)); err != nil {
+			return err
+		}
+	}
+	buf := make([]byte, 64<<10)
+	for {
+		k, err := f.Read(buf)
+		if k > 0 {
+			if err := send(&schedv1.LogChunk{Data: append([]byte(nil), buf[:k]...), Task: req.GetTask()}); err != nil {
+				return err
+			}
+			continue
+		}
+		if err != nil && err != io.EOF {
+			return err
+		}
+		if !req.GetFollow() {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// seekTail positions f at the start of its last n lines.
+func seekTail(f *os.File, n int) error {
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	size := st.Size()
+	pos, lines := size, 0
+	buf := make([]byte, 8<<10)
+	for pos > 0 {
+		step := min(int64(len(buf)), pos)
+		pos -= step
+		if _, err := f.ReadAt(buf[:step], pos); err != nil && err != io.EOF {
+			return err
+		}
+		for i := step - 1; i >= 0; i-- {
+			if buf[i] == '\n' && pos+i != size-1 {
+				lines++
+				if lines == n {
+					_, err := f.Seek(pos+i+1, io.SeekStart)
+					return err
+				}
+			}
+		}
+	}
+	_, err = f.Seek(0, io.SeekStart)
+	return err
+}
+
+func (n *node) localTask(id string) (*localTask, bool) {
+	n.amu.Lock()
+	defer n.amu.Unlock()
+	lt, ok := n.local[id]
+	return lt, ok
+}
+
+// execStream is what both the local API and the peer API give exec.
+type execStream interface {
+	Send(*schedv1.ExecOutput) error
+	Recv() (*schedv1.ExecInput, error)
+	Context() context.Context
+}
+
+func (s *api) TaskExec(stream schedv1.Scheduler_TaskExecServer) error {
+	if err := s.ready(); err != nil {
+		return err
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	t, _, err := s.n.task(first.GetTask())
+	if err != nil {
+		return err
+	}
+	first.Task = t.ID
+	if t.Node == s.n.id {
+		return s.n.execWith(stream, first)
+	}
+	api, err := s.n.peers.client(stream.Context(), t.Node)
+	if err != nil {
+		return err
+	}
+	remote, err := api.TaskExec(stream.Context())
+	if err != nil {
+		return err
+	}
+	if err := remote.Send(first); err != nil {
+		return err
+	}
+	go func() {
+		for {
+			in, err := stream.Recv()
+			if err != nil {
+				remote.CloseSend()
+				return
+			}
+			if remote.Send(in) != nil {
+				return
+			}
+		}
+	}()
+	for {
+		out, err := remote.Recv()
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
+}
+
+func (n *node) localExec(stream schedv1.SchedPeer_TaskExecServer) error {
+	first, err := stream.Recv()
+	if err != nil {
+		return err
+	}
+	return n.execWith(stream, first)
+}
+
+// execWith runs a command in a local task, streaming its I/O.
+func (n *node) execWith(stream execStream, first *schedv1.ExecInput) error {
+	if _, ok := n.localTask(first.GetTask()); !ok {
+		return fmt.Errorf("task %s does not run on this node: %w", first.GetTask(), errdefs.ErrNotFound)
+	}
+	if len(first.GetArgs()) == 0 {
+		return fmt.Errorf("no command given: %w", errdefs.ErrInvalidArgument)
+	}
+	var stdin io.Reader
+	if !first.GetStdinClosed() {
+		pr, pw := io.Pipe()
+		stdin = pr
+		go func() {
+			if len(first.GetStdin()) > 0 {
+				pw.Write(first.GetStdin())
+			}
+			for {
+				in, err := stream.Recv()
+				if err != nil {
+					pw.CloseWithError(err)
+					return
+				}
+				if len(in.GetStdin()) > 0 {
+					if _, err := pw.Write(in.GetStdin()); err != nil {
+						return
+					}
+				}
+				if in.GetStdinClosed() {
+					pw.Close()
+					return
+				}
+			}
+		}()
+	}
+	out := &execWriter{send: stream.Send}
+	code, err := n.rt.Exec(stream.Context(), first.GetTask(), first.GetArgs(), stdin, out.stdout(), out.stderr(), first.GetTty())
+	if err != nil {
+		return err
+	}
+	out.mu.Lock()
+	defer out.mu.Unlock()
+	return stream.Send(&schedv1.ExecOutput{Exited: true, ExitCode: int32(code)})
+}
+
+// execWriter turns writes on stdout and stderr into stream messages; a
+// gRPC stream takes one sender at a time.
+type execWriter struct {
+	mu   sync.Mutex
+	send func(*schedv1.ExecOutput) error
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(b []byte) (int, error) { return f(b) }
+
+func (w *execWriter) stdout() io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(b), w.send(&schedv1.ExecOutput{Stdout: append([]byte(nil), b...)})
+	})
+}
+
+func (w *execWriter) stderr() io.Writer {
+	return writerFunc(func(b []byte) (int, error) {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		return len(b), w.send(&schedv1.ExecOutput{Stderr: append([]byte(nil), b...)})
+	})
+}
+
+func (s *api) LoadImage(stream schedv1.Scheduler_LoadImageServer) error {
+	imgs, err := s.n.loadImage(stream.Context(), func() ([]byte, error) {
+		chunk, err := stream.Recv()
+		if err != nil {
+			return nil, err
+		}
+		return chunk.GetData(), nil
+	})
+	if err != nil {
+		return err
+	}
+	resp := &schedv1.LoadImageResponse{}
+	for _, img := range imgs {
+		resp.Images = append(resp.Images, &schedv1.Image{Name: familiar(img.Name), Digest: img.Digest.String(), Size: img.Size})
+	}
+	return stream.SendAndClose(resp)
+}
+
+func (s *api) ListImages(ctx context.Context, _ *schedv1.ListImagesRequest) (*schedv1.ListImagesResponse, error) {
+	imgs, err := s.n.rt.Images(ctx)
+	if err != nil {
+		return nil, err
+	}
+	resp := &schedv1.ListImagesResponse{}
+	seen := map[string]bool{}
+	for _, img := range imgs {
+		out := &schedv1.Image{Name: familiar(img.Name), Digest: img.Digest.String(), Size: img.Size}
+		if s.n.isReady() {
+			_, out.Nodes = s.n.imageHolders(img.Digest.String())
+			slices.Sort(out.Nodes)
+		}
+		seen[out.Digest] = true
+		resp.Images = append(resp.Images, out)
+	}
+	if s.n.isReady() {
+		for _, d := range s.n.mirror.List(imagesPrefix) {
+			dg := strings.TrimPrefix(d.GetKey(), imagesPrefix)
+			if seen[dg] {
+				continue
+			}
+			_, holders := s.n.imageHolders(dg)
+			slices.Sort(holders)
+			resp.Images = append(resp.Images, &schedv1.Image{Name: d.GetFields()["name"].GetStringValue(), Digest: dg, Size: d.GetFields()["size"].GetIntValue(), Nodes: holders})
+		}
+	}
+	return resp, nil
+}
+
+func (s *api) SetNodeAvailability(ctx context.Context, req *schedv1.SetNodeAvailabilityRequest) (*schedv1.SetNodeAvailabilityResponse, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	a := sched.Availability(req.GetAvailability())
+	if a != sched.Active && a != sched.Drain {
+		return nil, fmt.Errorf("availability %q: want active or drain: %w", a, errdefs.ErrInvalidArgument)
+	}
+	if s.n.mirror.Get(sched.NodeKey(req.GetNode())) == nil {
+		return nil, fmt.Errorf("node %s not found: %w", req.GetNode(), errdefs.ErrNotFound)
+	}
+	if err := s.n.put(ctx, sched.NodeKey(req.GetNode()), map[string]crdtValue{"availability": stringValue(string(a))}); err != nil {
+		return nil, err
+	}
+	s.n.wake()
+	if a != sched.Drain || !req.GetWait() {
+		return &schedv1.SetNodeAvailabilityResponse{}, nil
+	}
+	// Wait until no task runs on the node any more.
+	running := func() int {
+		left := 0
+		for _, t := range s.n.readWorld().allTasks {
+			if t.Node == req.GetNode() && !t.State.Terminal() {
+				left++
+			}
+		}
+		return left
+	}
+	moved := running()
+	for {
+		left := running()
+		if left == 0 {
+			return &schedv1.SetNodeAvailabilityResponse{Moved: uint32(moved)}, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("%d tasks still on node %s: %w", left, req.GetNode(), errors.Join(ctx.Err(), errdefs.ErrUnavailable))
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,269 @@
+package schedd
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/opencontainers/go-digest"
+	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
+
+	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+)
+
+// imagesPrefix holds one document per image digest, with a field per node
+// that holds the image: whom a node lacking it can fetch it from.
+const imagesPrefix = "/images/"
+
+func imageKey(d digest.Digest) string { return imagesPrefix + d.String() }
+
+// familiar normalises an image reference the way names are shown: a
+// missing tag means :latest.
+func familiar(ref string) string {
+	ref = strings.TrimPrefix(ref, "docker.io/")
+	ref = strings.TrimPrefix(ref, "library/")
+	if strings.Contains(ref, "@") || strings.HasPrefix(ref, "sha256:") {
+		return ref
+	}
+	if i := strings.LastIndex(ref, "/"); !strings.Contains(ref[i+1:], ":") {
+		ref += ":latest"
+	}
+	return ref
+}
+
+// publishImage records that this node holds img.
+func (n *node) publishImage(ctx context.Context, img shoalrt.Image) error {
+	return n.put(ctx, imageKey(img.Digest), map[string]crdtValue{
+		"name":         stringValue(familiar(img.Name)),
+		"size":         intValue(img.Size),
+		"node." + n.id: stringValue(time.Now().UTC().Format(time.RFC3339)),
+	})
+}
+
+// publishImages records every image this node holds, at start.
+func (n *node) publishImages(ctx context.Context) {
+	imgs, err := n.rt.Images(ctx)
+	if err != nil {
+		n.log.Warn("list images", "err", err)
+		return
+	}
+	for _, img := range imgs {
+		if d := n.mirror.Get(imageKey(img.Digest)); d != nil && d.GetFields()["node."+n.id] != nil {
+			continue
+		}
+		if err := n.publishImage(ctx, img); err != nil {
+			n.log.Warn("publish image", "image", img.Name, "err", err)
+		}
+	}
+}
+
+// imageHolders returns the digest of an image known to the cluster by
+// reference (name or digest) and the nodes that hold it.
+func (n *node) imageHolders(ref string) (digest.Digest, []string) {
+	want := familiar(ref)
+	for _, d := range n.mirror.List(imagesPrefix) {
+		dg := digest.Digest(strings.TrimPrefix(d.GetKey(), imagesPrefix))
+		name := d.GetFields()["name"].GetStringValue()
+		if name != want && dg.String() != ref && !strings.HasSuffix(ref, "@"+dg.String()) {
+			continue
+		}
+		var holders []string
+		for f := range d.GetFields() {
+			if id, ok := strings.CutPrefix(f, "node."); ok {
+				holders = append(holders, id)
+			}
+		}
+		return dg, holders
+	}
+	return "", nil
+}
+
+// imageKnown reports whether the cluster (or this node) has an image.
+func (n *node) imageKnown(ctx context.Context, ref string) bool {
+	if _, err := n.rt.Image(ctx, ref); err == nil {
+		return true
+	}
+	_, holders := n.imageHolders(ref)
+	return len(holders) > 0
+}
+
+// ensureImage makes ref available locally, fetching it from a node that
+// holds it when this node does not.
+func (n *node) ensureImage(ctx context.Context, ref string) error {
+	_, err := n.rt.Image(ctx, ref)
+	if err == nil || !errdefs.IsNotFound(err) {
+		return err
+	}
+	_, holders := n.imageHolders(ref)
+	alive := map[string]bool{}
+	for _, id := range n.aliveNodes() {
+		alive[id] = true
+	}
+	var errs []string
+	for _, h := range holders {
+		if h == n.id || !alive[h] {
+			continue
+		}
+		start := time.Now()
+		img, err := n.fetchImage(ctx, h, ref)
+		if err == nil {
+			n.log.Info("image fetched from peer", "image", img.Name, "digest", img.Digest, "peer", h, "duration", time.Since(start).Round(time.Millisecond))
+			if err := n.publishImage(ctx, img); err != nil {
+				n.log.Warn("publish image", "err", err)
+			}
+			return nil
+		}
+		errs = append(errs, fmt.Sprintf("%s: %v", h, err))
+		n.log.Warn("image fetch failed", "image", ref, "peer", h, "err", err)
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("image %s: every node holding it failed: %s", ref, strings.Join(errs, "; "))
+	}
+	return fmt.Errorf("image %s is on no reachable node (load it with `shoalctl image load`): %w", ref, errdefs.ErrNotFound)
+}
+
+// fetchImage copies an image from a peer, blob by blob, each verified by
+// digest as it is written.
+func (n *node) fetchImage(ctx context.Context, peerID, ref string) (shoalrt.Image, error) {
+	api, err := n.peers.client(ctx, peerID)
+	if err != nil {
+		return shoalrt.Image{}, err
+	}
+	resp, err := api.ImageBlobs(ctx, &schedv1.ImageBlobsRequest{Ref: ref})
+	if err != nil {
+		return shoalrt.Image{}, err
+	}
+	if len(resp.GetBlobs()) == 0 {
+		return shoalrt.Image{}, fmt.Errorf("peer listed no blobs: %w", errdefs.ErrDataLoss)
+	}
+	descs := make([]ocispec.Descriptor, len(resp.GetBlobs()))
+	for i, b := range resp.GetBlobs() {
+		d, err := digest.Parse(b.GetDigest())
+		if err != nil {
+			return shoalrt.Image{}, fmt.Errorf("peer sent a bad digest: %v: %w", err, errdefs.ErrDataLoss)
+		}
+		descs[i] = ocispec.Descriptor{MediaType: b.GetMediaType(), Digest: d, Size: b.GetSize(), Annotations: b.GetAnnotations()}
+	}
+	for _, desc := range descs {
+		stream, err := api.GetBlob(ctx, &schedv1.GetBlobRequest{Digest: desc.Digest.String()})
+		if err != nil {
+			return shoalrt.Image{}, err
+		}
+		pr, pw := io.Pipe()
+		go func() {
+			for {
+				chunk, err := stream.Recv()
+				if err == io.EOF {
+					pw.Close()
+					return
+				}
+				if err != nil {
+					pw.CloseWithError(err)
+					return
+				}
+				if _, err := pw.Write(chunk.GetData()); err != nil {
+					return
+				}
+			}
+		}()
+		err = n.rt.WriteBlob(ctx, desc, pr)
+		pr.Close()
+		if err != nil {
+			return shoalrt.Image{}, fmt.Errorf("blob %s: %w", desc.Digest, err)
+		}
+	}
+	return n.rt.CreateImage(ctx, resp.GetName(), descs[0])
+}
+
+// imageBlobs lists what a peer must fetch to hold ref.
+func (n *node) imageBlobs(ctx context.Context, ref string) (*schedv1.ImageBlobsResponse, error) {
+	img, err := n.rt.Image(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	descs, err := n.rt.ImageBlobs(ctx, ref)
+	if err != nil {
+		return nil, err
+	}
+	resp := &schedv1.ImageBlobsResponse{Name: img.Name}
+	for _, d := range descs {
+		resp.Blobs = append(resp.Blobs, &schedv1.Descriptor{MediaType: d.MediaType, Digest: d.Digest.String(), Size: d.Size, Annotations: d.Annotations})
+	}
+	return resp, nil
+}
+
+// sendBlob streams a blob in chunks.
+func (n *node) sendBlob(ctx context.Context, dgst string, stream schedv1.SchedPeer_GetBlobServer) error {
+	d, err := digest.Parse(dgst)
+	if err != nil {
+		return fmt.Errorf("digest %q: %v: %w", dgst, err, errdefs.ErrInvalidArgument)
+	}
+	r, size, err := n.rt.ReadBlob(ctx, d)
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	buf := make([]byte, 1<<20)
+	first := true
+	for {
+		k, err := r.Read(buf)
+		if k > 0 {
+			chunk := &schedv1.BlobChunk{Data: buf[:k]}
+			if first {
+				chunk.Size, first = size, false
+			}
+			if err := stream.Send(chunk); err != nil {
+				return err
+			}
+		}
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// loadImage imports an archive received from a client.
+func (n *node) loadImage(ctx context.Context, recv func() ([]byte, error)) ([]shoalrt.Image, error) {
+	f, err := os.CreateTemp(filepath.Join(n.cfg.StateDir, "images"), "load-*.tar")
+	if err != nil {
+		return nil, err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	for {
+		data, err := recv()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
+		if _, err := f.Write(data); err != nil {
+			return nil, err
+		}
+	}
+	if _, err := f.Seek(0, 0); err != nil {
+		return nil, err
+	}
+	imgs, err := n.rt.Import(ctx, f)
+	if err != nil {
+		return nil, err
+	}
+	if n.isReady() {
+		for _, img := range imgs {
+			if err := n.publishImage(ctx, img); err != nil {
+				n.log.Warn("publish image", "image", img.Name, "err", err)
+			}
+		}
+	}
+	return imgs, nil
+}

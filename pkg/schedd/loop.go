@@ -1,0 +1,245 @@
+package schedd
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/pki"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/statepb"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+var errUnavailable = errdefs.ErrUnavailable
+
+// run waits until the node is in a cluster, sets up what needs the
+// cluster identity, then runs the scheduling loop until ctx ends.
+func (n *node) run(ctx context.Context) error {
+	idr, err := n.waitIdentity(ctx)
+	if err != nil {
+		return nil // ctx ended
+	}
+	n.id = idr.GetNodeId()
+	n.log = n.log.With("node", n.id)
+	n.mirror = client.NewMirror(n.statd, n.log.With("component", "mirror"),
+		sched.ServicesPrefix, sched.SlotsPrefix, sched.TasksPrefix, sched.NodesPrefix, imagesPrefix)
+	changes := n.mirror.Changes()
+	go n.mirror.Run(ctx)
+	go n.identityLoop(ctx)
+	go n.aliveLoop(ctx)
+	n.peers = newPeerPool(n)
+	if err := n.servePeers(ctx, idr.GetAdvertiseIp()); err != nil {
+		return err
+	}
+	for !n.mirror.Ready() {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changes:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err := n.adopt(ctx); err != nil {
+		return fmt.Errorf("re-adopt tasks: %w", err)
+	}
+	if err := n.publishNode(ctx); err != nil {
+		n.log.Warn("publish node capacity", "err", err)
+	}
+	go n.publishImages(ctx)
+	close(n.ready)
+	n.log.Info("scheduler ready", "capacity", n.capacity.String(), "tasks", len(n.local))
+
+	tick := time.NewTicker(time.Duration(n.cfg.Tick))
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-changes:
+		case <-n.kick:
+		}
+		now := time.Now()
+		n.agentRounds(ctx, now)
+		n.ownerRound(ctx, now)
+	}
+}
+
+// waitIdentity polls statd until the node is in a cluster.
+func (n *node) waitIdentity(ctx context.Context) (*clusterv1.IdentityResponse, error) {
+	logged := false
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
+		cancel()
+		if err == nil {
+			if err := n.setIdentity(resp); err == nil {
+				return resp, nil
+			}
+		} else if !logged {
+			n.log.Info("waiting for this node to be in a cluster", "reason", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (n *node) setIdentity(resp *clusterv1.IdentityResponse) error {
+	id, err := pki.LoadIdentity(resp.GetNodeCertPem(), resp.GetNodeKeyPem())
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(resp.GetCaCertPem()) {
+		return fmt.Errorf("bad CA certificate from statd")
+	}
+	n.identity.Store(id)
+	n.ca.Store(pool)
+	return nil
+}
+
+// identityLoop picks up certificates statd renews.
+func (n *node) identityLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(30 * time.Second):
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
+		cancel()
+		if err == nil && !resp.GetNotAfter().AsTime().Equal(n.identity.Load().NotAfter) {
+			if err := n.setIdentity(resp); err == nil {
+				n.log.Info("node certificate reloaded")
+			}
+		}
+	}
+}
+
+// aliveLoop follows statd's membership view: the nodes it reports alive.
+func (n *node) aliveLoop(ctx context.Context) {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := n.statd.Cluster.Status(cctx, &clusterv1.StatusRequest{})
+		cancel()
+		if err == nil {
+			var alive []string
+			for _, m := range st.GetMembers() {
+				if m.GetState() == "alive" {
+					alive = append(alive, m.GetId())
+				}
+			}
+			if prev := n.alive.Load(); prev == nil || strings.Join(*prev, ",") != strings.Join(alive, ",") {
+				n.alive.Store(&alive)
+				n.wake()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// aliveNodes returns the IDs statd last reported alive (this node always).
+func (n *node) aliveNodes() []string {
+	if p := n.alive.Load(); p != nil && len(*p) > 0 {
+		return *p
+	}
+	return []string{n.id}
+}
+
+// publishNode writes this node's capacity and (if unset) availability.
+func (n *node) publishNode(ctx context.Context) error {
+	avail := sched.Active
+	if d := n.mirror.Get(sched.NodeKey(n.id)); d != nil {
+		avail = sched.NodeFromDoc(n.id, statepb.FromDocument(d), true).Availability
+	}
+	fields := sched.NodeFields(n.capacity, avail)
+	fields["schedd_port"] = intValue(int64(n.cfg.PeerPort))
+	return n.put(ctx, sched.NodeKey(n.id), fields)
+}
+
+// nodes returns every node that has not left, with this node's liveness
+// view.
+func (n *node) nodes() []sched.Node {
+	up := map[string]bool{}
+	for _, id := range n.aliveNodes() {
+		up[id] = true
+	}
+	var out []sched.Node
+	for _, d := range n.mirror.List(sched.NodesPrefix) {
+		id := strings.TrimPrefix(d.GetKey(), sched.NodesPrefix)
+		if d.GetFields()["left"].GetBoolValue() {
+			continue
+		}
+		out = append(out, sched.NodeFromDoc(id, statepb.FromDocument(d), up[id]))
+	}
+	return out
+}
+
+// nodeAddr returns host:port of a node's scheduler peer API.
+func (n *node) nodeAddr(id string) (string, error) {
+	d := n.mirror.Get(sched.NodeKey(id))
+	if d == nil {
+		return "", fmt.Errorf("unknown node %s: %w", id, errdefs.ErrNotFound)
+	}
+	addr := d.GetFields()["addr"].GetStringValue()
+	port := d.GetFields()["schedd_port"].GetIntValue()
+	if port == 0 {
+		port = int64(n.cfg.PeerPort)
+	}
+	if addr == "" {
+		return "", fmt.Errorf("node %s has no address: %w", id, errdefs.ErrUnavailable)
+	}
+	return net.JoinHostPort(addr, strconv.FormatInt(port, 10)), nil
+}
+
+// put writes fields of a document through statd.
+func (n *node) put(ctx context.Context, key string, fields map[string]crdtValue) error {
+	pf := make(map[string]*statev1.Value, len(fields))
+	for k, v := range fields {
+		pf[k] = statepb.ToValue(v)
+	}
+	_, err := n.statd.Put(ctx, &statev1.PutRequest{Key: key, Fields: pf})
+	return err
+}
+
+// getMeta reads a document with its stamps, straight from statd.
+func (n *node) getMeta(ctx context.Context, key string) (*statev1.Document, error) {
+	resp, err := n.statd.Get(ctx, &statev1.GetRequest{Key: key, WithMeta: true})
+	if err != nil {
+		return nil, err
+	}
+	return resp.GetDocument(), nil
+}
+
+func memTotal() int64 {
+	data, err := os.ReadFile("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
+			kb, _ := strconv.ParseInt(f[1], 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}

@@ -1,0 +1,145 @@
+package schedd
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+
+	"github.com/shoal-dev/shoal/pkg/pki"
+	"github.com/shoal-dev/shoal/pkg/rpc"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+)
+
+// servePeers starts the mutual-TLS scheduler peer API. Every call needs a
+// verified cluster certificate.
+func (n *node) servePeers(ctx context.Context, ip string) error {
+	lis, err := net.Listen("tcp", net.JoinHostPort(ip, fmt.Sprint(n.cfg.PeerPort)))
+	if err != nil {
+		return fmt.Errorf("scheduler peer listener: %w", err)
+	}
+	unary, stream := rpc.ServerInterceptors(n.log.With("component", "peer"))
+	srv := grpc.NewServer(
+		grpc.Creds(credentials.NewTLS(pki.ServerConfig(n.identity.Load, n.ca.Load))),
+		grpc.ChainUnaryInterceptor(unary, requirePeerUnary),
+		grpc.ChainStreamInterceptor(stream, requirePeerStream),
+		grpc.MaxRecvMsgSize(16<<20),
+	)
+	schedv1.RegisterSchedPeerServer(srv, &peerServer{n: n})
+	go srv.Serve(lis)
+	go func() { <-ctx.Done(); srv.Stop() }()
+	return nil
+}
+
+func peerID(ctx context.Context) (string, error) {
+	if p, ok := peer.FromContext(ctx); ok {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
+			if id, ok := pki.PeerNodeID(ti.State); ok {
+				return id, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("a cluster certificate is required: %w", errdefs.ErrUnauthenticated)
+}
+
+func requirePeerUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if _, err := peerID(ctx); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func requirePeerStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if _, err := peerID(ss.Context()); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}
+
+// peerServer serves shoal.sched.v1.SchedPeer.
+type peerServer struct {
+	schedv1.UnimplementedSchedPeerServer
+	n *node
+}
+
+func (s *peerServer) Reserve(ctx context.Context, req *schedv1.ReserveRequest) (*schedv1.ReserveResponse, error) {
+	var a sched.Reserve
+	if err := json.Unmarshal(req.GetReserve(), &a); err != nil {
+		return nil, fmt.Errorf("reserve: %v: %w", err, errdefs.ErrInvalidArgument)
+	}
+	if a.TaskID == "" || a.Service == "" || a.Slot == "" {
+		return nil, fmt.Errorf("reserve without task, service or slot: %w", errdefs.ErrInvalidArgument)
+	}
+	ok, free, why, err := s.n.acceptReserve(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	resp := &schedv1.ReserveResponse{Accepted: ok, FreeCpuMillis: free.CPUMillis, FreeMemoryBytes: free.MemoryBytes}
+	if !ok {
+		resp.Reject, _ = json.Marshal(why)
+	}
+	return resp, nil
+}
+
+func (s *peerServer) ImageBlobs(ctx context.Context, req *schedv1.ImageBlobsRequest) (*schedv1.ImageBlobsResponse, error) {
+	return s.n.imageBlobs(ctx, req.GetRef())
+}
+
+func (s *peerServer) GetBlob(req *schedv1.GetBlobRequest, stream schedv1.SchedPeer_GetBlobServer) error {
+	return s.n.sendBlob(stream.Context(), req.GetDigest(), stream)
+}
+
+func (s *peerServer) TaskLogs(req *schedv1.TaskLogsRequest, stream schedv1.SchedPeer_TaskLogsServer) error {
+	return s.n.localLogs(stream.Context(), req, stream.Send)
+}
+
+func (s *peerServer) TaskExec(stream schedv1.SchedPeer_TaskExecServer) error {
+	return s.n.localExec(stream)
+}
+
+// peerPool keeps one connection per node's scheduler peer API.
+type peerPool struct {
+	n     *node
+	mu    sync.Mutex
+	conns map[string]*peerConn
+}
+
+type peerConn struct {
+	addr string
+	conn *grpc.ClientConn
+	api  schedv1.SchedPeerClient
+}
+
+func newPeerPool(n *node) *peerPool { return &peerPool{n: n, conns: map[string]*peerConn{}} }
+
+// client returns the peer API of node id.
+func (p *peerPool) client(_ context.Context, id string) (schedv1.SchedPeerClient, error) {
+	addr, err := p.n.nodeAddr(id)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pc := p.conns[id]; pc != nil && pc.addr == addr {
+		return pc.api, nil
+	} else if pc != nil {
+		pc.conn.Close()
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr,
+		grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientConfig(p.n.identity.Load, p.n.ca.Load, id))),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
+	)
+	if err != nil {
+		return nil, err
+	}
+	pc := &peerConn{addr: addr, conn: conn, api: schedv1.NewSchedPeerClient(conn)}
+	p.conns[id] = pc
+	return pc.api, nil
+}
