@@ -171,4 +171,3 @@ func (m *Mirror) notify() {
 		}
 	}
 }
-
