@@ -693,21 +693,20 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 			}
 			last = line
 		}
+		done := func() {
+			if tty {
+				fmt.Fprintln(a.errOut)
+			}
+		}
 		switch {
 		case s.GetState() == "paused":
-			if tty {
-				fmt.Fprintln(a.errOut)
-			}
+			done()
 			return fmt.Errorf("update of %s failed and is paused (see `shoalctl service ps %s`; fix and update again, or `shoalctl service rollback %s`)", name, name, name)
-		case s.GetVersion() > version && s.GetState() == "active" && version > 0 && s.GetRunning() == s.GetDesired():
-			if tty {
-				fmt.Fprintln(a.errOut)
-			}
-			return fmt.Errorf("update of %s failed and was rolled back to version %d's spec", name, version-1)
-		case s.GetState() == "active" && s.GetRunning() == s.GetDesired() && converged(ctx, c, name, s.GetVersion()):
-			if tty {
-				fmt.Fprintln(a.errOut)
-			}
+		case version > 0 && s.GetVersion() > version && (s.GetState() == "rolling-back" || s.GetConverged() >= s.GetVersion()):
+			done()
+			return fmt.Errorf("update of %s to version %d failed and was rolled back (now version %d, the previous spec)", name, version, s.GetVersion())
+		case s.GetState() == "active" && s.GetConverged() >= s.GetVersion() && s.GetRunning() == s.GetDesired():
+			done()
 			fmt.Fprintf(a.errOut, "%s converged: %d/%d running\n", name, s.GetRunning(), s.GetDesired())
 			return nil
 		}
@@ -720,24 +719,6 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
-}
-
-// converged reports whether every current task of a service runs the
-// service's current version and no superseded task still runs.
-func converged(ctx context.Context, c *client.Schedd, name string, version uint64) bool {
-	resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: name})
-	if err != nil {
-		return false
-	}
-	for _, t := range resp.GetTasks() {
-		if !t.GetCurrent() && (t.GetState() == "running" || t.GetState() == "starting") {
-			return false
-		}
-		if t.GetCurrent() && t.GetVersion() != version {
-			return false
-		}
-	}
-	return true
 }
 
 // waitGone waits until removed services have no tasks left running.

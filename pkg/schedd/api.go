@@ -259,6 +259,7 @@ func (s *api) describe(svc *sched.Service) *schedv1.Service {
 	out := &schedv1.Service{
 		Name: svc.Name, Spec: spec, Version: uint64(svc.Version), State: string(svc.State),
 		Owner: sched.Owner(svc.Name, n.aliveNodes()), Updated: timestamppb.New(svc.Updated), HasPrevious: svc.PrevSpec != nil,
+		Converged: uint64(svc.Converged),
 	}
 	if svc.State == "" {
 		out.State = string(sched.ServiceActive)

@@ -83,8 +83,9 @@ func (n *node) ownerRound(ctx context.Context, now time.Time) {
 	}
 	usage = usage.WithObservations(w.nodes, n.observed, now, observationAge)
 	n.omu.Unlock()
+	ownAll := n.ownsAll()
 	for svc := range names {
-		if sched.Owner(svc, alive) != n.id {
+		if !ownAll && sched.Owner(svc, alive) != n.id {
 			continue
 		}
 		snap := sched.Snapshot{

@@ -21,6 +21,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -167,6 +168,8 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	n.capacity = cfg.capacity()
 	n.ledger = sched.NewLedger(n.capacity, time.Duration(cfg.ReservationTTL))
 	schedv1.RegisterSchedulerServer(rt.GRPC, &api{n: n})
+	rt.Details = n.details
+	rt.Metrics.MustRegister(newCollector(n))
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -216,3 +219,28 @@ func (n *node) isReady() bool {
 }
 
 var errNotReady = fmt.Errorf("this node's scheduler is not ready: is it in a cluster (`shoalctl cluster status`)? %w", errUnavailable)
+
+// details are the node's figures for `shoalctl daemon status` (and tests
+// that watch the ledger): capacity, what is reserved, tasks.
+func (n *node) details() map[string]string {
+	used, capa := n.ledger.Usage(), n.ledger.Capacity()
+	n.amu.Lock()
+	tasks := len(n.local)
+	n.amu.Unlock()
+	return map[string]string{
+		"node_id":         n.id,
+		"tasks":           strconv.Itoa(tasks),
+		"reserved_cpu":    strconv.FormatInt(used.CPUMillis, 10),
+		"reserved_memory": strconv.FormatInt(used.MemoryBytes, 10),
+		"capacity_cpu":    strconv.FormatInt(capa.CPUMillis, 10),
+		"capacity_memory": strconv.FormatInt(capa.MemoryBytes, 10),
+	}
+}
+
+// ownsAll is a fault-injection hook for tests: while the file
+// <state-dir>/debug-own-all exists, this node reconciles every service as
+// if it owned it, so owners disagree on purpose.
+func (n *node) ownsAll() bool {
+	_, err := os.Stat(filepath.Join(n.cfg.StateDir, "debug-own-all"))
+	return err == nil
+}

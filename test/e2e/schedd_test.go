@@ -1,0 +1,454 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/devcluster"
+	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
+	"github.com/shoal-dev/shoal/pkg/testimage"
+	daemonv1 "github.com/shoal-dev/shoal/proto/shoal/daemon/v1"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+)
+
+// schedCluster is a 3-node cluster running statd and schedd, each node
+// with its own containerd, and the test image loaded on node 1 only.
+type schedCluster struct {
+	*devcluster.Cluster
+	t     *testing.T
+	ids   []string // node IDs, index 0 is node 1
+	image string   // path of the test image archive
+	v2    []testimage.Built
+}
+
+func newSchedCluster(t *testing.T) *schedCluster {
+	t.Helper()
+	name := fmt.Sprintf("s%d", rand.IntN(1_000_000))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := devcluster.Up(ctx, devcluster.Spec{
+		Name:      name,
+		Nodes:     3,
+		Subnet:    devcluster.AutoSubnet,
+		BinDir:    binDir,
+		Daemons:   []string{"statd", "schedd"},
+		Extra:     []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
+		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": devcluster.ScheddArgs()},
+		Bootstrap: true,
+	})
+	if err != nil {
+		t.Fatalf("dev cluster up: %v", err)
+	}
+	sc := &schedCluster{Cluster: c, t: t}
+	t.Cleanup(func() {
+		if t.Failed() || os.Getenv("SHOAL_E2E_LOGS") != "" {
+			for i := 1; i <= 3; i++ {
+				for _, d := range []string{"schedd"} {
+					if b, err := os.ReadFile(c.LogPath(i, d)); err == nil {
+						lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+						t.Logf("node %d %s log:\n%s", i, d, strings.Join(lines[max(0, len(lines)-logTail):], "\n"))
+					}
+				}
+			}
+		}
+		if err := c.Down(context.Background()); err != nil {
+			t.Errorf("dev cluster down: %v", err)
+		}
+	})
+	for i := 1; i <= 3; i++ {
+		sc.ids = append(sc.ids, clusterStatus(t, nodeClient(t, c, i)).GetNodeId())
+	}
+	dir := t.TempDir()
+	sc.image = filepath.Join(dir, "busybox.tar")
+	if _, err := testimage.WriteFile(sc.image, "oci", testimage.Default()); err != nil {
+		t.Fatal(err)
+	}
+	sc.mustCtl(1, "image", "load", sc.image)
+	return sc
+}
+
+func (c *schedCluster) ctl(i int, args ...string) (string, string, int) {
+	c.t.Helper()
+	out, errOut, code, err := c.Ctl(context.Background(), i, args...)
+	if err != nil {
+		c.t.Fatalf("shoalctl %v: %v", args, err)
+	}
+	return out, errOut, code
+}
+
+func (c *schedCluster) mustCtl(i int, args ...string) string {
+	c.t.Helper()
+	out, errOut, code := c.ctl(i, args...)
+	if code != 0 {
+		c.t.Fatalf("node %d: shoalctl %s: exit %d\n%s%s", i, strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+func (c *schedCluster) schedd(i int) *client.Schedd {
+	c.t.Helper()
+	s, err := client.NewSchedd(c.RunDir(i), client.Retry{Attempts: 3})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// runtime opens a client of node i's containerd, in its namespace.
+func (c *schedCluster) runtime(i int) *shoalrt.Containerd {
+	c.t.Helper()
+	l := c.Containerd(i)
+	rt, err := shoalrt.NewContainerd(shoalrt.Config{Address: l.Address, Namespace: l.Namespace, RuncRoot: l.RuncRoot, CgroupParent: l.CgroupParent, StateDir: c.t.TempDir()})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { rt.Close() })
+	return rt
+}
+
+// containers returns the running Shoal containers of each node, by node
+// index (1-based), as task ID -> pid. A node whose containerd is down
+// (killed with the node) runs none.
+func (c *schedCluster) containers(service string) map[int]map[string]uint32 {
+	c.t.Helper()
+	out := map[int]map[string]uint32{}
+	for i := 1; i <= 3; i++ {
+		out[i] = map[string]uint32{}
+		if _, err := os.Stat(c.Containerd(i).Address); err != nil {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		infos, err := c.runtime(i).List(ctx)
+		cancel()
+		if err != nil {
+			if strings.Contains(err.Error(), "connection refused") {
+				continue
+			}
+			c.t.Fatalf("node %d containers: %v", i, err)
+		}
+		for _, ti := range infos {
+			if ti.Status == shoalrt.StatusRunning && (service == "" || ti.Labels["io.shoal/service"] == service) {
+				out[i][ti.ID] = ti.Pid
+			}
+		}
+	}
+	return out
+}
+
+func (c *schedCluster) tasks(service string) []*schedv1.Task {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	resp, err := c.schedd(1).ListTasks(ctx, &schedv1.ListTasksRequest{Service: service})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return resp.GetTasks()
+}
+
+// perNode counts the current running tasks of a service per node index.
+func (c *schedCluster) perNode(service string) [3]int {
+	var out [3]int
+	for _, t := range c.tasks(service) {
+		if t.GetCurrent() && t.GetState() == "running" {
+			for i, id := range c.ids {
+				if t.GetNode() == id {
+					out[i]++
+				}
+			}
+		}
+	}
+	return out
+}
+
+func TestScheduler(t *testing.T) {
+	c := newSchedCluster(t)
+	ctx := context.Background()
+
+	t.Run("SpreadScaleRemove", func(t *testing.T) {
+		c.mustCtl(2, "service", "create", "spread", "--image", "local/busybox:latest", "--replicas", "6", "--", "sleep", "1000000")
+		if got := c.perNode("spread"); got != [3]int{2, 2, 2} {
+			t.Fatalf("6 replicas spread as %v, want 2/2/2", got)
+		}
+		// The image was loaded on node 1 only; nodes 2 and 3 fetched it.
+		for i := 2; i <= 3; i++ {
+			if _, err := c.runtime(i).Image(ctx, "local/busybox:latest"); err != nil {
+				t.Fatalf("node %d lacks the image: %v", i, err)
+			}
+		}
+		c.mustCtl(3, "service", "scale", "spread=9")
+		if got := c.perNode("spread"); got != [3]int{3, 3, 3} {
+			t.Fatalf("9 replicas spread as %v, want 3/3/3", got)
+		}
+		c.mustCtl(1, "service", "scale", "spread=3")
+		waitFor(t, 30*time.Second, "3 containers left", func() bool {
+			n := 0
+			for _, m := range c.containers("spread") {
+				n += len(m)
+			}
+			return n == 3
+		})
+		if got := c.perNode("spread"); got != [3]int{1, 1, 1} {
+			t.Fatalf("3 replicas spread as %v, want 1/1/1", got)
+		}
+		c.mustCtl(2, "service", "rm", "spread")
+		for i, m := range c.containers("spread") {
+			if len(m) != 0 {
+				t.Fatalf("node %d still runs %v after rm", i, m)
+			}
+		}
+	})
+
+	t.Run("BadInput", func(t *testing.T) {
+		cases := []struct {
+			args []string
+			msg  string
+		}{
+			{[]string{"service", "create", "ghost", "--image", "local/nope:1"}, "not on any node"},
+			{[]string{"service", "create", "huge", "--image", "local/busybox:latest", "--memory", "100TiB"}, "more than any node offers"},
+			{[]string{"service", "create", "Bad_Name", "--image", "local/busybox:latest"}, "name"},
+			{[]string{"service", "create", "neg", "--image", "local/busybox:latest", "--replicas", "-1"}, "replicas"},
+			{[]string{"service", "create", "badc", "--image", "local/busybox:latest", "--constraint", "node.labels.zone~eu"}, "constraint"},
+		}
+		for _, tc := range cases {
+			_, errOut, code := c.ctl(1, tc.args...)
+			if code != 2 || !strings.Contains(errOut, tc.msg) {
+				t.Errorf("shoalctl %v: exit %d %q, want exit 2 and %q", tc.args, code, errOut, tc.msg)
+			}
+		}
+		bad := filepath.Join(c.NodeDir(1), "bad.yaml")
+		os.WriteFile(bad, []byte("name: web\nimage: local/busybox:latest\nreplicaz: 3\n"), 0o644)
+		if _, errOut, code := c.ctl(1, "service", "deploy", "-f", bad); code != 2 || !strings.Contains(errOut, "replicaz") {
+			t.Errorf("malformed spec file: exit %d %q", code, errOut)
+		}
+		c.mustCtl(1, "service", "create", "dup", "--image", "local/busybox:latest", "--replicas", "1", "--", "sleep", "1000000")
+		if _, errOut, code := c.ctl(2, "service", "create", "dup", "--image", "local/busybox:latest"); code == 0 || !strings.Contains(errOut, "already exists") {
+			t.Errorf("duplicate service: exit %d %q", code, errOut)
+		}
+		// An impossible constraint is accepted but reported unschedulable,
+		// with the reason.
+		c.mustCtl(1, "service", "create", "nowhere", "--image", "local/busybox:latest", "--constraint", "node.labels.zone==mars", "--detach", "--", "sleep", "1000000")
+		waitFor(t, 15*time.Second, "unschedulable reason", func() bool {
+			out, _, _ := c.ctl(3, "service", "inspect", "nowhere", "-o", "json")
+			return strings.Contains(out, "node.labels.zone==mars")
+		})
+		for _, s := range []string{"ghost", "huge", "Bad_Name", "neg", "badc"} {
+			if _, _, code := c.ctl(1, "service", "inspect", s); code != 3 {
+				t.Errorf("rejected service %s exists (exit %d)", s, code)
+			}
+		}
+		c.mustCtl(1, "service", "rm", "dup", "nowhere")
+	})
+
+	t.Run("ScheddKill9KeepsContainers", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "steady", "--image", "local/busybox:latest", "--replicas", "3", "--", "sleep", "1000000")
+		before := c.containers("steady")
+		for k := range 10 {
+			i := 1 + k%3
+			if err := c.Kill(ctx, i, "schedd"); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Start(ctx, i, "schedd"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		c.mustCtl(2, "service", "scale", "steady=3") // waits for convergence
+		after := c.containers("steady")
+		for i := 1; i <= 3; i++ {
+			if fmt.Sprint(before[i]) != fmt.Sprint(after[i]) {
+				t.Fatalf("node %d containers changed across 10 schedd kills: %v -> %v", i, before[i], after[i])
+			}
+		}
+		for _, tk := range c.tasks("steady") {
+			if tk.GetRestarts() != 0 {
+				t.Fatalf("task %s restarted %d times", tk.GetId(), tk.GetRestarts())
+			}
+		}
+		c.mustCtl(1, "service", "rm", "steady")
+	})
+
+	t.Run("CrashLoopBacksOff", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "crash", "--image", "local/busybox:latest", "--replicas", "1", "--detach", "--", "sh", "-c", "exit 3")
+		time.Sleep(8 * time.Second)
+		var restarts uint32
+		for _, tk := range c.tasks("crash") {
+			restarts = max(restarts, tk.GetRestarts())
+		}
+		// Backoff 1s, 2s, 4s: about 3 restarts in 8s; without backoff a
+		// task that exits at once would restart dozens of times.
+		if restarts < 1 || restarts > 5 {
+			t.Fatalf("crash-looping task restarted %d times in 8s", restarts)
+		}
+		c.mustCtl(1, "service", "rm", "crash")
+	})
+
+	t.Run("UnhealthyTaskReplaced", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "health", "--image", "local/busybox:latest", "--replicas", "1",
+			"--health-cmd", "test -f /tmp/ok", "--health-interval", "500ms", "--health-retries", "2",
+			"--", "sh", "-c", "touch /tmp/ok; exec sleep 1000000")
+		var first *schedv1.Task
+		for _, tk := range c.tasks("health") {
+			if tk.GetCurrent() {
+				first = tk
+			}
+		}
+		if first == nil || first.GetHealth() != "healthy" {
+			t.Fatalf("task not healthy: %v", first)
+		}
+		c.mustCtl(2, "task", "exec", first.GetId(), "--", "rm", "/tmp/ok")
+		waitFor(t, 30*time.Second, "unhealthy task replaced", func() bool {
+			for _, tk := range c.tasks("health") {
+				if tk.GetCurrent() && tk.GetId() != first.GetId() && tk.GetState() == "running" {
+					return true
+				}
+			}
+			return false
+		})
+		c.mustCtl(1, "service", "rm", "health")
+	})
+
+	t.Run("BadUpdateRollsBack", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "roll", "--image", "local/busybox:latest", "--replicas", "2", "--", "sleep", "1000000")
+		_, errOut, code := c.ctl(2, "service", "update", "roll", "--update-failure-action", "rollback", "--update-monitor", "3s",
+			"--restart-max-attempts", "1", "--", "sh", "-c", "exit 7")
+		if code == 0 || !strings.Contains(errOut, "rolled back") {
+			t.Fatalf("bad update: exit %d %q", code, errOut)
+		}
+		out := c.mustCtl(3, "service", "inspect", "roll", "-o", "json")
+		if !strings.Contains(out, `"sleep"`) || strings.Contains(out, "exit 7") {
+			t.Fatalf("spec after rollback:\n%s", out)
+		}
+		waitFor(t, 30*time.Second, "2 running after rollback", func() bool {
+			n := 0
+			for _, m := range c.containers("roll") {
+				n += len(m)
+			}
+			return n == 2
+		})
+		c.mustCtl(1, "service", "rm", "roll")
+	})
+
+	t.Run("NeverOvercommitWithTwoOwners", func(t *testing.T) {
+		// Nodes 1 and 2 both reconcile every service: owners disagree.
+		for _, i := range []int{1, 2} {
+			os.WriteFile(filepath.Join(c.StateDir(i, "schedd"), "debug-own-all"), nil, 0o644)
+			defer os.Remove(filepath.Join(c.StateDir(i, "schedd"), "debug-own-all"))
+		}
+		info := func(i int) map[string]string {
+			ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			defer cancel()
+			resp, err := daemonv1.NewDaemonClient(c.schedd(i).Conn).Info(ictx, &daemonv1.InfoRequest{})
+			if err != nil {
+				return nil
+			}
+			return resp.GetDetails()
+		}
+		capMem, _ := strconv.ParseInt(info(1)["capacity_memory"], 10, 64)
+		per := capMem/2 - 1<<20 // two tasks fit a node, three do not
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		var violation string
+		var samples int
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				for i := 1; i <= 3; i++ {
+					d := info(i)
+					used, _ := strconv.ParseInt(d["reserved_memory"], 10, 64)
+					capa, _ := strconv.ParseInt(d["capacity_memory"], 10, 64)
+					if d != nil {
+						samples++
+					}
+					if used > capa {
+						violation = fmt.Sprintf("node %d reserved %d of %d bytes", i, used, capa)
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}()
+		c.mustCtl(3, "service", "create", "big", "--image", "local/busybox:latest", "--replicas", "6", "--memory", strconv.FormatInt(per, 10), "--", "sleep", "1000000")
+		waitFor(t, 30*time.Second, "6 containers, 2 per node", func() bool {
+			cs := c.containers("big")
+			return len(cs[1]) == 2 && len(cs[2]) == 2 && len(cs[3]) == 2
+		})
+		time.Sleep(2 * time.Second)
+		close(stop)
+		wg.Wait()
+		if violation != "" {
+			t.Fatalf("overcommit observed: %s", violation)
+		}
+		if samples < 50 {
+			t.Fatalf("only %d ledger samples", samples)
+		}
+		c.mustCtl(1, "service", "rm", "big")
+	})
+
+	t.Run("CorruptBlobRejected", func(t *testing.T) {
+		v2 := filepath.Join(t.TempDir(), "v2.tar")
+		built, err := testimage.WriteFile(v2, "oci", testimage.V2())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mustCtl(1, "image", "load", v2)
+		// Flip a byte of the image's own layer in node 1's content store.
+		layer := built[0].Layers[len(built[0].Layers)-1].Digest
+		blob := filepath.Join(c.Containerd(1).Root, "io.containerd.content.v1.content", "blobs", "sha256", layer.Encoded())
+		data, err := os.ReadFile(blob)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data[len(data)/2] ^= 0xff
+		if err := os.WriteFile(blob, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c.mustCtl(1, "service", "create", "corrupt", "--image", "local/busybox:v2", "--constraint", "node.name==n2", "--detach", "--", "sleep", "1000000")
+		waitFor(t, 30*time.Second, "digest error reported", func() bool {
+			for _, tk := range c.tasks("corrupt") {
+				if strings.Contains(tk.GetError(), "digest") || strings.Contains(tk.GetError(), "data loss") {
+					return true
+				}
+			}
+			return false
+		})
+		if _, err := c.runtime(2).Image(ctx, "local/busybox:v2"); err == nil {
+			t.Fatal("node 2 has the image built from a corrupted blob")
+		}
+		c.mustCtl(1, "service", "rm", "corrupt")
+	})
+
+	t.Run("NodeDeathAndReturn", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "survive", "--image", "local/busybox:latest", "--replicas", "3", "--", "sleep", "1000000")
+		if err := c.Kill(ctx, 3, ""); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 40*time.Second, "3 replicas on nodes 1 and 2", func() bool {
+			cs := c.containers("survive")
+			return len(cs[1])+len(cs[2]) == 3
+		})
+		if err := c.Start(ctx, 3, ""); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(5 * time.Second)
+		waitFor(t, 40*time.Second, "no duplicates after node 3 returns", func() bool {
+			cs := c.containers("survive")
+			return len(cs[1])+len(cs[2])+len(cs[3]) == 3
+		})
+		c.mustCtl(2, "service", "rm", "survive")
+	})
+}
