@@ -11,7 +11,9 @@ type collector struct {
 }
 
 func newCollector(n *node) *collector {
-	d := func(name, help string) *prometheus.Desc { return prometheus.NewDesc("shoal_schedd_"+name, help, nil, nil) }
+	d := func(name, help string) *prometheus.Desc {
+		return prometheus.NewDesc("shoal_schedd_"+name, help, nil, nil)
+	}
 	return &collector{
 		n:      n,
 		capCPU: d("capacity_cpu_millis", "CPU this node offers to tasks."),
