@@ -13,9 +13,9 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 FUZZTIME ?= 10s
 # Packages needed by the tests and the demo on a fresh Debian machine.
-APT_PACKAGES := protobuf-compiler systemd iproute2 nftables busybox-static
+APT_PACKAGES := protobuf-compiler systemd iproute2 nftables busybox-static containerd runc
 
-.PHONY: help build test unit e2e fuzz check proto deps install demo bench clean
+.PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image
 
 help:
 	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold} and bin/shoalctl"
@@ -45,6 +45,8 @@ deps:
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v nft >/dev/null || missing="$$missing nftables"; \
 	[ -x /bin/busybox ] || missing="$$missing busybox-static"; \
+	command -v containerd >/dev/null || missing="$$missing containerd"; \
+	command -v runc >/dev/null || missing="$$missing runc"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
@@ -87,7 +89,12 @@ e2e: build
 bench: build
 	./bench/run.sh
 
-demo: build
+# test-image writes bin/busybox.tar: an OCI archive of local/busybox:latest
+# built from Debian's static busybox, for `shoalctl image load`.
+test-image: deps
+	$(GO) run ./pkg/testimage/cmd/mkimage -o bin/busybox.tar
+
+demo: build test-image
 	./scripts/demo.sh
 
 install: build

@@ -1,63 +1,78 @@
 #!/usr/bin/env bash
 # make demo: a 3-node Shoal cluster on this machine, one network namespace
-# per node, and state converging across it. Needs root (namespaces).
+# per node (each with its own containerd), running a replicated service:
+# state converging, placement without a master, failover. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ctl=bin/shoalctl
 nodes=${NODES:-3}
+x() { $ctl dev exec "$@"; }
 
 if [ "$(id -u)" != 0 ]; then
   echo "make demo needs root (it creates network namespaces)" >&2
   exit 1
 fi
-command -v ip >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends iproute2 nftables; }
 
 if $ctl dev status >/dev/null 2>&1; then
   echo "== a dev cluster exists already; removing it"
   $ctl dev down
 fi
 
-echo "== starting $nodes nodes"
+echo "== starting $nodes nodes (statd, schedd, netd, vold and a containerd each)"
 $ctl dev up --nodes "$nodes"
 
 echo
-echo "== write on node 1"
-$ctl dev exec 1 -- shoalctl state put /demo/greeting text="hello from node 1" count:int=1
-
-echo
-echo "== read it on every node"
+echo "== state: write on node 1, read on every node"
+x 1 -- shoalctl state put /demo/greeting text="hello from node 1"
 for i in $(seq 1 "$nodes"); do
   for _ in $(seq 1 50); do
-    if out=$($ctl dev exec "$i" -- shoalctl state get /demo/greeting -o json 2>/dev/null); then break; fi
+    if out=$(x "$i" -- shoalctl state get /demo/greeting -o json 2>/dev/null); then break; fi
     sleep 0.1
   done
-  echo "node $i: $(echo "$out" | tr -d '\n' | sed 's/  */ /g')"
+  echo "node $i: $(echo "$out" | grep '"text"' | tr -s ' ')"
 done
 
 echo
-echo "== concurrent writes to different fields on nodes 2 and $nodes merge"
-$ctl dev exec 2 -- shoalctl state put /demo/greeting from2=yes
-$ctl dev exec "$nodes" -- shoalctl state put /demo/greeting "from$nodes=yes"
-sleep 1
-$ctl dev exec 1 -- shoalctl state get /demo/greeting
+echo "== load an image on node 1 only (built from Debian's static busybox)"
+x 1 -- shoalctl image load "$PWD/bin/busybox.tar"
 
 echo
-echo "== every node's Merkle root"
-for i in $(seq 1 "$nodes"); do
-  echo "node $i: $($ctl dev exec "$i" -- shoalctl cluster status -o json | grep -m1 '"root_hash"')"
+echo "== create a 3-replica service from node 2: placed without a master"
+x 2 -- shoalctl service create hello --image local/busybox:latest --replicas 3 --stop-grace 2s -- \
+  sh -c 'echo "hello from $HOSTNAME"; exec sleep 1000000'
+x 3 -- shoalctl service ps hello
+echo
+echo "(nodes 2 and 3 fetched the image from node 1, by digest)"
+x 3 -- shoalctl image ls
+
+echo
+echo "== logs of every task, read from node 3"
+x 3 -- shoalctl service logs hello
+
+echo
+echo "== kill node $nodes (its daemons and containers); its replica moves"
+$ctl dev kill "$nodes"
+for _ in $(seq 1 60); do
+  running=$(x 1 -- shoalctl service ls -o json | grep -m1 '"running"' | tr -dc 0-9)
+  [ "$running" = 3 ] && ! x 1 -- shoalctl service ps hello | grep -q "$(x 1 -- shoalctl node ls | awk -v n="n$nodes" '$2==n{print $1}')" && break
+  sleep 0.5
 done
+x 1 -- shoalctl service ps hello
+x 1 -- shoalctl cluster status
 
 echo
-echo "== membership as node $nodes sees it"
-$ctl dev exec "$nodes" -- shoalctl cluster status
+echo "== bring node $nodes back: it rejoins, no duplicate survives"
+$ctl dev start "$nodes"
+sleep 5
+x 1 -- shoalctl service ps hello
 
 cat <<MSG
 
 The cluster keeps running. Try:
-  $ctl dev exec 2 -- shoalctl node ls
-  $ctl dev kill 3            # SIGKILL node 3's daemons; watch it turn dead:
-  $ctl dev exec 1 -- shoalctl cluster status
-  $ctl dev start 3           # it comes back alive and catches up
+  $ctl dev exec 1 -- shoalctl service scale hello=6
+  $ctl dev exec 2 -- shoalctl task ls
+  $ctl dev exec 3 -- shoalctl task exec <task-id> -- hostname
+  $ctl dev exec 1 -- shoalctl node ls
   $ctl dev partition 1 2,3   # cut node 1 off; $ctl dev heal to restore
   $ctl dev down              # remove everything
 MSG

@@ -1,6 +1,7 @@
 package schedd
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -175,10 +176,32 @@ func (s *api) DeployService(ctx context.Context, req *schedv1.UpdateServiceReque
 	if err != nil {
 		return nil, err
 	}
-	if _, err := s.service(ctx, spec.Name); errdefs.IsNotFound(err) {
+	cur, err := s.service(ctx, spec.Name)
+	if errdefs.IsNotFound(err) {
 		return s.CreateService(ctx, &schedv1.CreateServiceRequest{Spec: req.GetSpec()})
 	}
+	if err != nil {
+		return nil, err
+	}
+	// Deploy is declarative: a file that asks for what the service
+	// already is changes nothing. Without this, every re-deploy bumped
+	// the version and overwrote prev_spec with the current spec, so a
+	// later rollback went nowhere. Only an active service is left alone;
+	// a paused or rolling-back one gets a new version as before, which
+	// resumes the rollout.
+	if cur.State == sched.ServiceActive && sameSpec(cur.Spec, spec) {
+		return s.describe(cur), nil
+	}
 	return s.update(ctx, spec)
+}
+
+// sameSpec reports whether two specs are the same once defaults are
+// applied (replicas and update config included: they are part of what a
+// deploy asks for, though not of the task digest).
+func sameSpec(a, b sched.ServiceSpec) bool {
+	ja, err1 := json.Marshal(a.WithDefaults())
+	jb, err2 := json.Marshal(b.WithDefaults())
+	return err1 == nil && err2 == nil && bytes.Equal(ja, jb)
 }
 
 func (s *api) ScaleService(ctx context.Context, req *schedv1.ScaleServiceRequest) (*schedv1.Service, error) {
@@ -343,6 +366,10 @@ func (s *api) ListTasks(ctx context.Context, req *schedv1.ListTasksRequest) (*sc
 			}
 		}
 	}
+	up := map[string]bool{}
+	for _, id := range s.n.aliveNodes() {
+		up[id] = true
+	}
 	resp := &schedv1.ListTasksResponse{}
 	for svc, tasks := range w.tasks {
 		if req.GetService() != "" && svc != req.GetService() {
@@ -356,7 +383,11 @@ func (s *api) ListTasks(ctx context.Context, req *schedv1.ListTasksRequest) (*sc
 			if !req.GetAll() && t.State.Terminal() && !current[t.ID] {
 				continue
 			}
-			resp.Tasks = append(resp.Tasks, taskProto(t, current[t.ID]))
+			tp := taskProto(t, current[t.ID])
+			if !up[t.Node] && tp.Error == "" {
+				tp.Error = "node is down: state as last reported"
+			}
+			resp.Tasks = append(resp.Tasks, tp)
 		}
 	}
 	return resp, nil

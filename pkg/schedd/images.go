@@ -258,7 +258,18 @@ func (n *node) loadImage(ctx context.Context, recv func() ([]byte, error)) ([]sh
 	if err != nil {
 		return nil, err
 	}
-	if n.isReady() {
+	// A load right after start may come before the node has joined its
+	// cluster: record the images as soon as it has, or no other node
+	// would know where to fetch them.
+	select {
+	case <-n.ready:
+	case <-ctx.Done():
+		return imgs, nil
+	case <-time.After(30 * time.Second):
+		n.log.Warn("images loaded before the node joined a cluster; recorded at the next start")
+		return imgs, nil
+	}
+	{
 		for _, img := range imgs {
 			if err := n.publishImage(ctx, img); err != nil {
 				n.log.Warn("publish image", "image", img.Name, "err", err)

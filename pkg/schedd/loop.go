@@ -49,6 +49,7 @@ func (n *node) run(ctx context.Context) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+	n.waitStatdSynced(ctx)
 	if err := n.adopt(ctx); err != nil {
 		return fmt.Errorf("re-adopt tasks: %w", err)
 	}
@@ -73,6 +74,71 @@ func (n *node) run(ctx context.Context) error {
 		n.agentRounds(ctx, now)
 		n.ownerRound(ctx, now)
 	}
+}
+
+// waitStatdSynced waits (a few seconds at most) until statd has completed
+// an anti-entropy round since schedd started, so that the agent's first
+// decisions see what changed while this node was away: a node returning
+// from the dead must stop tasks others replaced, not restart them.
+func (n *node) waitStatdSynced(ctx context.Context) {
+	start := time.Now()
+	deadline := start.Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := n.statd.Cluster.Status(cctx, &clusterv1.StatusRequest{})
+		cancel()
+		if err == nil {
+			others := 0
+			for _, m := range st.GetMembers() {
+				if m.GetSelf() {
+					continue
+				}
+				others++
+				if ls := m.GetSync().GetLastSync(); ls != nil && ls.AsTime().After(start) {
+					if err := n.mirrorCatchUp(ctx); err == nil {
+						return
+					}
+				}
+			}
+			if others == 0 {
+				return // alone in the cluster: nothing to catch up with
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	n.log.Warn("statd has not synced with a peer yet; going on")
+}
+
+// mirrorCatchUp waits until the mirror reflects statd's current revision:
+// a round that completed may still be on its way through the watch.
+func (n *node) mirrorCatchUp(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	// A marker write under a mirrored prefix, then wait to see it: the
+	// watch delivers in revision order, so everything before it is in.
+	key := sched.NodeKey(n.id)
+	if err := n.put(ctx, key, map[string]crdtValue{"schedd_started": stringValue(time.Now().UTC().Format(time.RFC3339Nano))}); err != nil {
+		return err
+	}
+	want := ""
+	if d, err := n.getMeta(ctx, key); err == nil {
+		want = d.GetFields()["schedd_started"].GetStringValue()
+	}
+	for ctx.Err() == nil {
+		if d := n.mirror.Get(key); d != nil && d.GetFields()["schedd_started"].GetStringValue() == want {
+			return nil
+		}
+		select {
+		case <-cctx.Done():
+			return cctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	return ctx.Err()
 }
 
 // waitIdentity polls statd until the node is in a cluster.

@@ -176,7 +176,7 @@ func TestScheduler(t *testing.T) {
 	ctx := context.Background()
 
 	t.Run("SpreadScaleRemove", func(t *testing.T) {
-		c.mustCtl(2, "service", "create", "spread", "--image", "local/busybox:latest", "--replicas", "6", "--", "sleep", "1000000")
+		c.mustCtl(2, "service", "create", "spread", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "6", "--", "sleep", "1000000")
 		if got := c.perNode("spread"); got != [3]int{2, 2, 2} {
 			t.Fatalf("6 replicas spread as %v, want 2/2/2", got)
 		}
@@ -251,7 +251,7 @@ func TestScheduler(t *testing.T) {
 	})
 
 	t.Run("ScheddKill9KeepsContainers", func(t *testing.T) {
-		c.mustCtl(1, "service", "create", "steady", "--image", "local/busybox:latest", "--replicas", "3", "--", "sleep", "1000000")
+		c.mustCtl(1, "service", "create", "steady", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--", "sleep", "1000000")
 		before := c.containers("steady")
 		for k := range 10 {
 			i := 1 + k%3
@@ -278,7 +278,7 @@ func TestScheduler(t *testing.T) {
 	})
 
 	t.Run("CrashLoopBacksOff", func(t *testing.T) {
-		c.mustCtl(1, "service", "create", "crash", "--image", "local/busybox:latest", "--replicas", "1", "--detach", "--", "sh", "-c", "exit 3")
+		c.mustCtl(1, "service", "create", "crash", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "1", "--detach", "--", "sh", "-c", "exit 3")
 		time.Sleep(8 * time.Second)
 		var restarts uint32
 		for _, tk := range c.tasks("crash") {
@@ -293,7 +293,7 @@ func TestScheduler(t *testing.T) {
 	})
 
 	t.Run("UnhealthyTaskReplaced", func(t *testing.T) {
-		c.mustCtl(1, "service", "create", "health", "--image", "local/busybox:latest", "--replicas", "1",
+		c.mustCtl(1, "service", "create", "health", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "1",
 			"--health-cmd", "test -f /tmp/ok", "--health-interval", "500ms", "--health-retries", "2",
 			"--", "sh", "-c", "touch /tmp/ok; exec sleep 1000000")
 		var first *schedv1.Task
@@ -318,7 +318,7 @@ func TestScheduler(t *testing.T) {
 	})
 
 	t.Run("BadUpdateRollsBack", func(t *testing.T) {
-		c.mustCtl(1, "service", "create", "roll", "--image", "local/busybox:latest", "--replicas", "2", "--", "sleep", "1000000")
+		c.mustCtl(1, "service", "create", "roll", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "2", "--", "sleep", "1000000")
 		_, errOut, code := c.ctl(2, "service", "update", "roll", "--update-failure-action", "rollback", "--update-monitor", "3s",
 			"--restart-max-attempts", "1", "--", "sh", "-c", "exit 7")
 		if code == 0 || !strings.Contains(errOut, "rolled back") {
@@ -382,7 +382,7 @@ func TestScheduler(t *testing.T) {
 				time.Sleep(20 * time.Millisecond)
 			}
 		}()
-		c.mustCtl(3, "service", "create", "big", "--image", "local/busybox:latest", "--replicas", "6", "--memory", strconv.FormatInt(per, 10), "--", "sleep", "1000000")
+		c.mustCtl(3, "service", "create", "big", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "6", "--memory", strconv.FormatInt(per, 10), "--", "sleep", "1000000")
 		waitFor(t, 30*time.Second, "6 containers, 2 per node", func() bool {
 			cs := c.containers("big")
 			return len(cs[1]) == 2 && len(cs[2]) == 2 && len(cs[3]) == 2
@@ -417,7 +417,7 @@ func TestScheduler(t *testing.T) {
 		if err := os.WriteFile(blob, data, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		c.mustCtl(1, "service", "create", "corrupt", "--image", "local/busybox:v2", "--constraint", "node.name==n2", "--detach", "--", "sleep", "1000000")
+		c.mustCtl(1, "service", "create", "corrupt", "--image", "local/busybox:v2", "--stop-grace", "1s", "--constraint", "node.name==n2", "--detach", "--", "sleep", "1000000")
 		waitFor(t, 30*time.Second, "digest error reported", func() bool {
 			for _, tk := range c.tasks("corrupt") {
 				if strings.Contains(tk.GetError(), "digest") || strings.Contains(tk.GetError(), "data loss") {
@@ -433,7 +433,7 @@ func TestScheduler(t *testing.T) {
 	})
 
 	t.Run("NodeDeathAndReturn", func(t *testing.T) {
-		c.mustCtl(1, "service", "create", "survive", "--image", "local/busybox:latest", "--replicas", "3", "--", "sleep", "1000000")
+		c.mustCtl(1, "service", "create", "survive", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--", "sleep", "1000000")
 		if err := c.Kill(ctx, 3, ""); err != nil {
 			t.Fatal(err)
 		}
