@@ -26,12 +26,15 @@ type Mirror struct {
 	mu     sync.RWMutex
 	docs   map[string]*statev1.Document
 	listed map[string]bool // prefixes listed at least once
+	// deleted holds keys this mirror saw deleted by a watch event (not
+	// those already gone at its first listing).
+	deleted map[string]bool
 	subs   []chan struct{}
 }
 
 // NewMirror returns a mirror of prefixes; Run fills it.
 func NewMirror(c *Statd, log *slog.Logger, prefixes ...string) *Mirror {
-	return &Mirror{c: c, prefixes: prefixes, log: log, docs: map[string]*statev1.Document{}, listed: map[string]bool{}}
+	return &Mirror{c: c, prefixes: prefixes, log: log, docs: map[string]*statev1.Document{}, listed: map[string]bool{}, deleted: map[string]bool{}}
 }
 
 // Run keeps the mirror current until ctx ends.
@@ -60,8 +63,10 @@ func (m *Mirror) follow(ctx context.Context, prefix string) {
 					key := e.GetDocument().GetKey()
 					if e.GetType() == statev1.Event_TYPE_DELETE {
 						delete(m.docs, key)
+						m.deleted[key] = true
 					} else {
 						m.docs[key] = e.GetDocument()
+						delete(m.deleted, key)
 					}
 				}
 				m.mu.Unlock()
@@ -129,6 +134,14 @@ func (m *Mirror) Ready() bool {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
 	return len(m.listed) == len(m.prefixes)
+}
+
+// Deleted reports whether the mirror saw key deleted (and not written
+// again since).
+func (m *Mirror) Deleted(key string) bool {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	return m.deleted[key]
 }
 
 // Get returns the document at key, nil if absent.

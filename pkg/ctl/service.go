@@ -252,7 +252,7 @@ func (a *app) serviceCreate() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.errOut, "service %s created (version %d)\n", svc.GetName(), svc.GetVersion())
-			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w)
+			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w, false)
 		},
 	}
 	f.bind(cmd.Flags(), true)
@@ -315,7 +315,7 @@ func (a *app) serviceDeploy() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.errOut, "service %s deployed (version %d)\n", svc.GetName(), svc.GetVersion())
-			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w)
+			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w, svc.GetVersion() > 1)
 		},
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "service spec file (- for stdin)")
@@ -356,7 +356,7 @@ func (a *app) serviceUpdate() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.errOut, "service %s updated (version %d)\n", svc.GetName(), svc.GetVersion())
-			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w)
+			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w, true)
 		},
 	}
 	f.bind(cmd.Flags(), false)
@@ -395,7 +395,7 @@ func (a *app) serviceScale() *cobra.Command {
 					return err
 				}
 				fmt.Fprintf(a.errOut, "service %s scaled to %d\n", t.name, t.n)
-				if err := a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w); err != nil {
+				if err := a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w, false); err != nil {
 					return err
 				}
 			}
@@ -423,7 +423,7 @@ func (a *app) serviceRollback() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.errOut, "service %s rolled back (version %d)\n", svc.GetName(), svc.GetVersion())
-			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w)
+			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w, true)
 		},
 	}
 	w.bind(cmd.Flags())
@@ -668,7 +668,11 @@ func (w *waitFlags) bind(fs *pflag.FlagSet) {
 // waitService polls a service until its tasks of version (or later) all
 // run, showing progress, and fails if the update was paused or rolled
 // back, or the wait times out.
-func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, version uint64, w waitFlags) error {
+//
+// A rollout (update, rollback) is done when the owner records the version
+// converged: every new task ran through the update monitor period. A
+// create or scale is done when the tasks run.
+func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, version uint64, w waitFlags, rollout bool) error {
 	if w.detach {
 		return nil
 	}
@@ -705,7 +709,7 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 		case version > 0 && s.GetVersion() > version && (s.GetState() == "rolling-back" || s.GetConverged() >= s.GetVersion()):
 			done()
 			return fmt.Errorf("update of %s to version %d failed and was rolled back (now version %d, the previous spec)", name, version, s.GetVersion())
-		case s.GetState() == "active" && s.GetConverged() >= s.GetVersion() && s.GetRunning() == s.GetDesired():
+		case s.GetState() == "active" && (s.GetConverged() >= s.GetVersion() || !rollout) && s.GetRunning() == s.GetDesired():
 			done()
 			fmt.Fprintf(a.errOut, "%s converged: %d/%d running\n", name, s.GetRunning(), s.GetDesired())
 			return nil

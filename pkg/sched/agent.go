@@ -25,6 +25,10 @@ type NodeView struct {
 	Slots map[string]Slot
 	// Reservations is the ledger's content (Ledger.Reservations).
 	Reservations []Reservation
+	// Removed holds services this node saw deleted: their tasks stop at
+	// once, without waiting out the TTL that covers a slot document not
+	// written yet.
+	Removed map[string]bool
 	// TTL is the reservation TTL (DefaultTTL when zero); Retention how
 	// long superseded finished tasks are kept (DefaultRetention when
 	// zero).
@@ -228,6 +232,9 @@ func (d *agent) wanted(t *LocalTask) (bool, string) {
 			return false, "slot vacated"
 		}
 		return false, "superseded by " + sl.Task
+	}
+	if !ok && d.v.Removed[t.Service] {
+		return false, "service removed"
 	}
 	if exp := t.CreatedAt().Add(d.ttl); d.now.Before(exp) {
 		d.wakeAt(exp, "unconfirmed task")

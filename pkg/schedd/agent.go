@@ -99,11 +99,14 @@ func (n *node) acceptReserve(ctx context.Context, a sched.Reserve) (bool, sched.
 
 // view is what the agent decides from.
 func (n *node) view() sched.NodeView {
-	v := sched.NodeView{Node: n.id, Slots: map[string]sched.Slot{}, Reservations: n.ledger.Reservations(), TTL: time.Duration(n.cfg.ReservationTTL)}
+	v := sched.NodeView{Node: n.id, Slots: map[string]sched.Slot{}, Removed: map[string]bool{}, Reservations: n.ledger.Reservations(), TTL: time.Duration(n.cfg.ReservationTTL)}
 	n.amu.Lock()
 	defer n.amu.Unlock()
 	for _, lt := range n.local {
 		v.Tasks = append(v.Tasks, lt.LocalTask)
+		if n.mirror.Deleted(sched.ServiceKey(lt.Service)) {
+			v.Removed[lt.Service] = true
+		}
 		k := sched.SlotKey(lt.Service, lt.Slot)
 		if _, seen := v.Slots[k]; seen {
 			continue

@@ -297,8 +297,13 @@ func (s *api) describe(svc *sched.Service) *schedv1.Service {
 		out.Desired = uint32(svc.Spec.Replicas)
 	}
 	current := currentTasks(w.slots[svc.Name])
+	up := map[string]bool{}
+	for _, id := range n.aliveNodes() {
+		up[id] = true
+	}
 	for _, t := range w.tasks[svc.Name] {
-		if current[t.ID] && t.State == sched.TaskRunning && t.SpecDigest == svc.Spec.Digest() {
+		// A dead node's tasks are not running, whatever they last said.
+		if current[t.ID] && up[t.Node] && t.State == sched.TaskRunning && t.SpecDigest == svc.Spec.Digest() {
 			out.Running++
 		}
 	}

@@ -204,9 +204,11 @@ func (n *node) aliveLoop(ctx context.Context) {
 		st, err := n.statd.Cluster.Status(cctx, &clusterv1.StatusRequest{})
 		cancel()
 		if err == nil {
+			// A suspect is alive until declared dead (DESIGN.md 4): a node
+			// that is only slow must not have its tasks duplicated.
 			var alive []string
 			for _, m := range st.GetMembers() {
-				if m.GetState() == "alive" {
+				if s := m.GetState(); s == "alive" || s == "suspect" {
 					alive = append(alive, m.GetId())
 				}
 			}
