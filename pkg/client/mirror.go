@@ -29,7 +29,7 @@ type Mirror struct {
 	// deleted holds keys this mirror saw deleted by a watch event (not
 	// those already gone at its first listing).
 	deleted map[string]bool
-	subs   []chan struct{}
+	subs    []chan struct{}
 }
 
 // NewMirror returns a mirror of prefixes; Run fills it.
