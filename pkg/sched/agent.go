@@ -222,6 +222,17 @@ func (d *agent) wakeAt(t time.Time, why string) {
 }
 
 // wanted says whether t should run, and if not, why.
+// confirmed reports whether the ledger holds id's reservation confirmed:
+// its slot document named it at some point.
+func (d *agent) confirmed(id string) bool {
+	for _, r := range d.v.Reservations {
+		if r.TaskID == id {
+			return r.Confirmed
+		}
+	}
+	return false
+}
+
 func (d *agent) wanted(t *LocalTask) (bool, string) {
 	sl, ok := d.v.Slots[SlotKey(t.Service, t.Slot)]
 	if ok && sl.Names(t.ID) {
@@ -235,6 +246,11 @@ func (d *agent) wanted(t *LocalTask) (bool, string) {
 	}
 	if !ok && d.v.Removed[t.Service] {
 		return false, "service removed"
+	}
+	if !ok && d.confirmed(t.ID) {
+		// The slot once named the task, so a missing document is a
+		// deleted one (scale-down, drain), not one not written yet.
+		return false, "slot deleted"
 	}
 	if exp := t.CreatedAt().Add(d.ttl); d.now.Before(exp) {
 		d.wakeAt(exp, "unconfirmed task")

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/shoal-dev/shoal/pkg/sched"
-	"github.com/shoal-dev/shoal/pkg/statepb"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
@@ -102,7 +101,7 @@ func (s *api) service(ctx context.Context, name string) (*sched.Service, error) 
 		}
 		return nil, err
 	}
-	svc, err := sched.ServiceFromDoc(name, statepb.FromDocument(d))
+	svc, err := serviceFromDoc(name, d)
 	if err != nil {
 		return nil, err
 	}
@@ -135,6 +134,14 @@ func (s *api) CreateService(ctx context.Context, req *schedv1.CreateServiceReque
 func (s *api) write(ctx context.Context, svc sched.Service) (*schedv1.Service, error) {
 	fields := sched.ServiceFields(svc)
 	fields[fieldUnschedulable] = stringValue("")
+	if svc.PrevSpec == nil {
+		// A create (updates always keep a previous spec): reset the
+		// rollout record a leftover of a removed service of the same
+		// name may hold (see serviceFromDoc), or the new service would
+		// count as converged up to the old version and its updates
+		// would not be watched for failure.
+		fields[fieldConverged] = intValue(0)
+	}
 	if err := s.n.put(ctx, sched.ServiceKey(svc.Name), fields); err != nil {
 		return nil, err
 	}

@@ -34,7 +34,7 @@ func (n *node) readWorld() world {
 	w := world{services: map[string]*sched.Service{}, slots: map[string][]sched.Slot{}, tasks: map[string][]sched.Task{}}
 	for _, d := range n.mirror.List(sched.ServicesPrefix) {
 		name := strings.TrimPrefix(d.GetKey(), sched.ServicesPrefix)
-		s, err := sched.ServiceFromDoc(name, statepb.FromDocument(d))
+		s, err := serviceFromDoc(name, d)
 		if err != nil {
 			n.log.Warn("unreadable service document", "service", name, "err", err)
 			continue
@@ -62,6 +62,31 @@ func (n *node) readWorld() world {
 	w.nodes = n.nodes()
 	return w
 }
+
+// serviceFromDoc decodes a service document; nil (no error) when there is
+// no service.
+//
+// NB: statd has no conditional writes. An owner whose view has not seen a
+// removal yet may write its own fields (state, converged, unschedulable)
+// into the service document just after the delete; being later, they
+// outlive it and leave a document without a spec. That leftover is no
+// service: without this, every node logged it as unreadable every round,
+// `service inspect` failed instead of saying not found, and the name could
+// never be created again. A create overwrites the leftover fields.
+func serviceFromDoc(name string, d *statev1.Document) (*sched.Service, error) {
+	doc := statepb.FromDocument(d)
+	if spec, _ := doc.Live()[fieldSpec].AsString(); spec == "" {
+		return nil, nil
+	}
+	return sched.ServiceFromDoc(name, doc)
+}
+
+// fieldSpec and fieldConverged are fields of the service document (see
+// sched.ServiceFields).
+const (
+	fieldSpec      = "spec"
+	fieldConverged = "converged"
+)
 
 // ownerRound reconciles every service this node owns.
 func (n *node) ownerRound(ctx context.Context, now time.Time) {

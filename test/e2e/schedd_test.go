@@ -67,12 +67,35 @@ func newSchedCluster(t *testing.T) *schedCluster {
 	for i := 1; i <= 3; i++ {
 		sc.ids = append(sc.ids, clusterStatus(t, nodeClient(t, c, i)).GetNodeId())
 	}
+	// The daemons serve before schedd is in the cluster (it waits for
+	// statd's identity) and before every node's capacity reached every
+	// node: wait for both, or the first placements see fewer nodes.
+	waitFor(t, 30*time.Second, "schedd ready and every node published on every node", func() bool {
+		for i := 1; i <= 3; i++ {
+			if _, _, code := sc.ctl(i, "service", "ls"); code != 0 {
+				return false
+			}
+			out, _, code := sc.ctl(i, "state", "ls", "/nodes/", "-o", "json")
+			if code != 0 || strings.Count(out, `"schedd_port"`) != 3 {
+				return false
+			}
+		}
+		return true
+	})
 	dir := t.TempDir()
 	sc.image = filepath.Join(dir, "busybox.tar")
 	if _, err := testimage.WriteFile(sc.image, "oci", testimage.Default()); err != nil {
 		t.Fatal(err)
 	}
 	sc.mustCtl(1, "image", "load", sc.image)
+	waitFor(t, 15*time.Second, "the image recorded on every node", func() bool {
+		for i := 1; i <= 3; i++ {
+			if out, _, _ := sc.ctl(i, "image", "ls", "-o", "json"); !strings.Contains(out, sc.ids[0]) {
+				return false
+			}
+		}
+		return true
+	})
 	return sc
 }
 

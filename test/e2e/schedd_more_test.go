@@ -1,0 +1,746 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// moreCluster is a schedCluster with one containerd client per node, made
+// once, so that samplers can poll every 100 ms without a connection per
+// poll and without calling t.Fatal off the test goroutine.
+type moreCluster struct {
+	*schedCluster
+	rts [3]*shoalrt.Containerd
+}
+
+func newMoreCluster(t *testing.T) *moreCluster {
+	c := &moreCluster{schedCluster: newSchedCluster(t)}
+	for i := 1; i <= 3; i++ {
+		c.rts[i-1] = c.runtime(i)
+	}
+	// newSchedCluster returns once the daemons serve, not once schedd is
+	// in the cluster (it polls statd for its identity every second) and
+	// every node's capacity has reached every node: wait for both, or the
+	// first placements see fewer nodes.
+	statds := [3]*client.Statd{nodeClient(t, c.Cluster, 1), nodeClient(t, c.Cluster, 2), nodeClient(t, c.Cluster, 3)}
+	waitFor(t, 30*time.Second, "schedd ready and every node published on every node", func() bool {
+		for i := 1; i <= 3; i++ {
+			if _, _, code := c.ctl(i, "service", "ls"); code != 0 {
+				return false
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			resp, err := statds[i-1].List(ctx, &statev1.ListRequest{Prefix: "/nodes/"})
+			cancel()
+			if err != nil {
+				return false
+			}
+			published := 0
+			for _, d := range resp.GetDocuments() {
+				if d.GetFields()["schedd_port"] != nil && d.GetFields()["availability"] != nil {
+					published++
+				}
+			}
+			if published != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	return c
+}
+
+// ctlWithin is ctl bounded by a timeout, for commands that wait (a drain
+// that never finishes fails the test instead of hanging it).
+func (c *moreCluster) ctlWithin(d time.Duration, i int, args ...string) (string, string, int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	out, errOut, code, err := c.Ctl(ctx, i, args...)
+	if err != nil {
+		c.t.Fatalf("node %d: shoalctl %s: %v\n%s%s", i, strings.Join(args, " "), err, out, errOut)
+	}
+	return out, errOut, code
+}
+
+func (c *moreCluster) mustCtlWithin(d time.Duration, i int, args ...string) string {
+	c.t.Helper()
+	out, errOut, code := c.ctlWithin(d, i, args...)
+	if code != 0 {
+		c.t.Fatalf("node %d: shoalctl %s: exit %d\n%s%s", i, strings.Join(args, " "), code, out, errOut)
+	}
+	return out
+}
+
+// running lists the running containers of a service on every node, by
+// node index (1-based): container ID -> pid. It does not touch t, so
+// samplers may call it from any goroutine.
+func (c *moreCluster) running(service string) (map[int]map[string]uint32, error) {
+	out := map[int]map[string]uint32{}
+	for i := 1; i <= 3; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		infos, err := c.rts[i-1].List(ctx)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("node %d: list containers: %w", i, err)
+		}
+		out[i] = map[string]uint32{}
+		for _, ti := range infos {
+			if ti.Status == shoalrt.StatusRunning && ti.Labels["io.shoal/service"] == service {
+				out[i][ti.ID] = ti.Pid
+			}
+		}
+	}
+	return out, nil
+}
+
+func (c *moreCluster) mustRunning(service string) map[int]map[string]uint32 {
+	c.t.Helper()
+	m, err := c.running(service)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return m
+}
+
+func total(m map[int]map[string]uint32) int {
+	n := 0
+	for _, s := range m {
+		n += len(s)
+	}
+	return n
+}
+
+func ids(m map[int]map[string]uint32) map[string]bool {
+	out := map[string]bool{}
+	for _, s := range m {
+		for id := range s {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// sampler counts a service's running containers (over all nodes) at a
+// fixed interval until stopped, keeping the lowest and highest count.
+type sampler struct {
+	stop chan struct{}
+	done chan struct{}
+
+	mu       sync.Mutex
+	min, max int
+	samples  int
+	errs     []string
+	low      string // the containers when the minimum was seen
+}
+
+func (c *moreCluster) sample(service string, every time.Duration) *sampler {
+	s := &sampler{stop: make(chan struct{}), done: make(chan struct{}), min: 1 << 30, max: -1}
+	go func() {
+		defer close(s.done)
+		tick := time.NewTicker(every)
+		defer tick.Stop()
+		for {
+			m, err := c.running(service)
+			s.mu.Lock()
+			if err != nil {
+				s.errs = append(s.errs, err.Error())
+			} else {
+				n := total(m)
+				s.samples++
+				if n < s.min {
+					s.min, s.low = n, fmt.Sprint(m)
+				}
+				s.max = max(s.max, n)
+			}
+			s.mu.Unlock()
+			select {
+			case <-s.stop:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return s
+}
+
+// finish stops the sampler and fails the test when it could not sample.
+func (s *sampler) finish(t *testing.T, minSamples int) (lo, hi int) {
+	t.Helper()
+	close(s.stop)
+	<-s.done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.errs) > 0 {
+		t.Fatalf("sampling failed %d times, first: %s", len(s.errs), s.errs[0])
+	}
+	if s.samples < minSamples {
+		t.Fatalf("only %d samples, want at least %d", s.samples, minSamples)
+	}
+	t.Logf("%d samples: running containers between %d and %d", s.samples, s.min, s.max)
+	return s.min, s.max
+}
+
+// currentTasks returns the current (slot-named) tasks of a service.
+func (c *moreCluster) currentTasks(service string) []*schedv1.Task {
+	var out []*schedv1.Task
+	for _, tk := range c.tasks(service) {
+		if tk.GetCurrent() {
+			out = append(out, tk)
+		}
+	}
+	return out
+}
+
+// nodeIndex returns the 1-based index of a node ID.
+func (c *moreCluster) nodeIndex(id string) int {
+	for i, n := range c.ids {
+		if n == id {
+			return i + 1
+		}
+	}
+	c.t.Fatalf("unknown node %s", id)
+	return 0
+}
+
+// serviceJSON is the part of `service inspect -o json` the tests read.
+type serviceJSON struct {
+	Name    string `json:"name"`
+	Version uint64 `json:"version"`
+	State   string `json:"state"`
+	Running uint32 `json:"running"`
+	Desired uint32 `json:"desired"`
+	Spec    struct {
+		Image string   `json:"image"`
+		Env   []string `json:"env"`
+	} `json:"spec"`
+}
+
+func (c *moreCluster) inspect(i int, name string) serviceJSON {
+	c.t.Helper()
+	out := c.mustCtl(i, "service", "inspect", name, "-o", "json")
+	var v serviceJSON
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		c.t.Fatalf("service inspect %s -o json: %v\n%s", name, err, out)
+	}
+	return v
+}
+
+// termSleep runs forever and exits at once on SIGTERM (a bare sleep as
+// PID 1 ignores it and lives until the grace period's SIGKILL): a gap
+// between an old task stopping and its replacement running shows up in
+// the running containers instead of being hidden by the grace period.
+var termSleep = []string{"sh", "-c", "trap 'exit 0' TERM; sleep 1000000 & wait"}
+
+func TestSchedulerMore(t *testing.T) {
+	c := newMoreCluster(t)
+	const img = "local/busybox:latest"
+
+	t.Run("JSONOutput", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "js", "--image", img, "--replicas", "2", "--stop-grace", "1s", "--", "sleep", "1000000")
+		var task string
+		for _, tk := range c.currentTasks("js") {
+			task = tk.GetId()
+		}
+		if task == "" {
+			t.Fatal("no current task of js")
+		}
+		// Each read command, mostly on nodes other than the one the
+		// service was created on, decoded and checked for what it must
+		// contain.
+		var svcs []serviceJSON
+		decode(t, c.mustCtl(2, "service", "ls", "-o", "json"), &svcs)
+		if len(svcs) != 1 || svcs[0].Name != "js" || svcs[0].Running != 2 || svcs[0].Desired != 2 || svcs[0].Spec.Image != img {
+			t.Errorf("service ls -o json: %+v", svcs)
+		}
+		var svc serviceJSON
+		decode(t, c.mustCtl(3, "service", "inspect", "js", "-o", "json"), &svc)
+		if svc.Name != "js" || svc.Version != 1 || svc.State != "active" {
+			t.Errorf("service inspect -o json: %+v", svc)
+		}
+		type taskJSON struct {
+			ID, Service, Slot, Node, State string
+			Current                        bool
+		}
+		var ps []taskJSON
+		decode(t, c.mustCtl(3, "service", "ps", "js", "-o", "json"), &ps)
+		if len(ps) != 2 || ps[0].Service != "js" || ps[0].State != "running" || !ps[0].Current || ps[0].Slot != "0" || ps[1].Slot != "1" {
+			t.Errorf("service ps -o json: %+v", ps)
+		}
+		var tl []taskJSON
+		decode(t, c.mustCtl(2, "task", "ls", "-o", "json"), &tl)
+		if !slices.ContainsFunc(tl, func(x taskJSON) bool { return x.ID == task }) {
+			t.Errorf("task ls -o json lacks %s: %+v", task, tl)
+		}
+		var tl3 []taskJSON
+		decode(t, c.mustCtl(1, "task", "ls", "--node", "n3", "-o", "json"), &tl3)
+		on3 := 0
+		for _, x := range tl {
+			if x.Node == c.ids[2] {
+				on3++
+			}
+		}
+		if len(tl3) != on3 || slices.ContainsFunc(tl3, func(x taskJSON) bool { return x.Node != c.ids[2] }) {
+			t.Errorf("task ls --node n3 -o json: %+v; task ls has %d tasks on n3", tl3, on3)
+		}
+		var ti taskJSON
+		decode(t, c.mustCtl(1, "task", "inspect", task, "-o", "json"), &ti)
+		if ti.ID != task || ti.Service != "js" || ti.State != "running" {
+			t.Errorf("task inspect -o json: %+v", ti)
+		}
+		type imageJSON struct {
+			Name, Digest string
+			Size         int64
+			Nodes        []string
+		}
+		var imgs []imageJSON
+		decode(t, c.mustCtl(3, "image", "ls", "-o", "json"), &imgs)
+		i := slices.IndexFunc(imgs, func(x imageJSON) bool { return x.Name == img })
+		if i < 0 || !strings.HasPrefix(imgs[i].Digest, "sha256:") || imgs[i].Size <= 0 || !slices.Contains(imgs[i].Nodes, c.ids[0]) {
+			t.Errorf("image ls -o json: %+v", imgs)
+		}
+		type nodeJSON struct {
+			ID, Name, Addr, State string
+			CPUs                  int64
+		}
+		var nodes []nodeJSON
+		decode(t, c.mustCtl(2, "node", "ls", "-o", "json"), &nodes)
+		var names []string
+		for _, n := range nodes {
+			names = append(names, n.Name)
+			if n.State != "alive" || n.CPUs <= 0 || n.Addr == "" || !slices.Contains(c.ids, n.ID) {
+				t.Errorf("node ls -o json: node %+v", n)
+			}
+		}
+		if fmt.Sprint(names) != "[n1 n2 n3]" {
+			t.Errorf("node ls -o json names %v", names)
+		}
+		var n2 nodeJSON
+		decode(t, c.mustCtl(1, "node", "inspect", "n2", "-o", "json"), &n2)
+		if n2.ID != c.ids[1] || n2.Name != "n2" {
+			t.Errorf("node inspect -o json: %+v", n2)
+		}
+		c.mustCtl(1, "service", "rm", "js")
+	})
+
+	t.Run("GlobalService", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "g", "--image", img, "--global", "--stop-grace", "1s", "--", "sleep", "1000000")
+		if got := c.perNode("g"); got != [3]int{1, 1, 1} {
+			t.Fatalf("global service runs %v tasks per node, want 1/1/1", got)
+		}
+		before := c.mustRunning("g")
+		for i := 1; i <= 3; i++ {
+			if len(before[i]) != 1 {
+				t.Fatalf("node %d runs %d containers of g, want 1: %v", i, len(before[i]), before)
+			}
+		}
+		// Slots of a global service are node IDs.
+		for _, tk := range c.currentTasks("g") {
+			if tk.GetSlot() != tk.GetNode() {
+				t.Errorf("global task %s has slot %s on node %s", tk.GetId(), tk.GetSlot(), tk.GetNode())
+			}
+		}
+
+		out := c.mustCtlWithin(time.Minute, 3, "node", "drain", "n2")
+		if !strings.Contains(out, "drained (1 tasks moved)") {
+			t.Errorf("drain output %q, want 1 task moved", out)
+		}
+		after := c.mustRunning("g")
+		if len(after[2]) != 0 || fmt.Sprint(after[1]) != fmt.Sprint(before[1]) || fmt.Sprint(after[3]) != fmt.Sprint(before[3]) {
+			t.Fatalf("after draining n2: containers %v, before %v; want n2 empty, n1 and n3 untouched", after, before)
+		}
+		if got := c.perNode("g"); got != [3]int{1, 0, 1} {
+			t.Fatalf("after draining n2: %v tasks per node, want 1/0/1", got)
+		}
+		// Every node's view follows (the drain was asked on node 3).
+		waitFor(t, 10*time.Second, "node 1 shows g at 2/2 running", func() bool {
+			s := c.inspect(1, "g")
+			return s.Desired == 2 && s.Running == 2
+		})
+		// Nothing comes back while n2 stays drained.
+		time.Sleep(2 * time.Second)
+		if m := c.mustRunning("g"); len(m[2]) != 0 {
+			t.Fatalf("drained n2 runs %v", m[2])
+		}
+
+		c.mustCtl(1, "node", "activate", "n2")
+		waitFor(t, 30*time.Second, "a task of g on n2 again", func() bool { return c.perNode("g") == [3]int{1, 1, 1} })
+		back := c.mustRunning("g")
+		if len(back[2]) != 1 || ids(back)[firstKey(before[2])] {
+			t.Fatalf("after activate n2: containers %v, want one new container on n2 (old %v)", back, before[2])
+		}
+		waitFor(t, 10*time.Second, "node 2 shows g at 3/3 running", func() bool {
+			s := c.inspect(2, "g")
+			return s.Desired == 3 && s.Running == 3
+		})
+
+		// A constraint narrows the nodes a global service runs on.
+		c.mustCtl(2, "service", "create", "gone", "--image", img, "--global", "--constraint", "node.name==n1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		if got := c.perNode("gone"); got != [3]int{1, 0, 0} {
+			t.Fatalf("global service constrained to n1 runs %v tasks per node, want 1/0/0", got)
+		}
+		time.Sleep(time.Second)
+		if m := c.mustRunning("gone"); len(m[1]) != 1 || len(m[2])+len(m[3]) != 0 {
+			t.Fatalf("global service constrained to n1: containers %v", m)
+		}
+		if s := c.inspect(3, "gone"); s.Desired != 1 {
+			t.Errorf("global service constrained to n1: desired %d, want 1", s.Desired)
+		}
+		c.mustCtl(1, "service", "rm", "g", "gone")
+		if m := c.mustRunning("g"); total(m) != 0 {
+			t.Fatalf("g still runs %v after rm", m)
+		}
+	})
+
+	t.Run("DrainReplicated", func(t *testing.T) {
+		c.mustCtl(1, append([]string{"service", "create", "dr", "--image", img, "--replicas", "3", "--stop-grace", "1s", "--"}, termSleep...)...)
+		if got := c.perNode("dr"); got != [3]int{1, 1, 1} {
+			t.Fatalf("3 replicas spread as %v, want 1/1/1", got)
+		}
+		before := c.mustRunning("dr")
+		s := c.sample("dr", 100*time.Millisecond)
+		out := c.mustCtlWithin(90*time.Second, 2, "node", "drain", "n3")
+		time.Sleep(time.Second) // keep sampling a little after the drain returned
+		lo, hi := s.finish(t, 5)
+		if !strings.Contains(out, "drained (1 tasks moved)") {
+			t.Errorf("drain output %q, want 1 task moved", out)
+		}
+		if lo < 3 {
+			t.Errorf("running replicas dropped to %d during the drain (at %s)", lo, s.low)
+		}
+		if hi > 4 {
+			t.Errorf("%d replicas ran at once during the drain; one replacement at a time means at most 4", hi)
+		}
+		after := c.mustRunning("dr")
+		if len(after[3]) != 0 || total(after) != 3 {
+			t.Fatalf("after draining n3: containers %v, want 3 on n1 and n2", after)
+		}
+		// The replicas on n1 and n2 were not touched.
+		for i := 1; i <= 2; i++ {
+			for id, pid := range before[i] {
+				if after[i][id] != pid {
+					t.Errorf("node %d: container %s (pid %d) was replaced or restarted by the drain: %v", i, id, pid, after[i])
+				}
+			}
+		}
+		if got := c.perNode("dr"); got[2] != 0 || got[0]+got[1] != 3 {
+			t.Fatalf("after draining n3: %v tasks per node", got)
+		}
+		if ts := c.tasks("dr"); slices.ContainsFunc(ts, func(tk *schedv1.Task) bool {
+			return tk.GetNode() == c.ids[2] && tk.GetState() == "running"
+		}) {
+			t.Errorf("a task still runs on drained n3")
+		}
+		// While drained, new placements avoid n3.
+		c.mustCtl(1, "service", "scale", "dr=4")
+		if got := c.perNode("dr"); got[2] != 0 {
+			t.Fatalf("scaled while n3 drained: %v tasks per node", got)
+		}
+
+		c.mustCtl(3, "node", "activate", "n3")
+		c.mustCtl(1, "service", "scale", "dr=6")
+		got := c.perNode("dr")
+		if got[2] == 0 || got[0]+got[1]+got[2] != 6 {
+			t.Fatalf("scaled to 6 after activating n3: %v tasks per node, want some on n3", got)
+		}
+		if m := c.mustRunning("dr"); len(m[3]) != got[2] || total(m) != 6 {
+			t.Fatalf("containers %v disagree with tasks per node %v", m, got)
+		}
+		c.mustCtl(1, "service", "rm", "dr")
+	})
+
+	t.Run("LogsAndExecFromAnyNode", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "lx", "--image", img, "--replicas", "2", "--stop-grace", "1s", "--",
+			"sh", "-c", "echo hello-$HOSTNAME; exec sleep 1000000")
+		cur := c.currentTasks("lx")
+		if len(cur) != 2 {
+			t.Fatalf("%d current tasks, want 2", len(cur))
+		}
+		for _, tk := range cur {
+			home := c.nodeIndex(tk.GetNode())
+			host := "lx-" + tk.GetSlot()
+			marker := "hello-" + host + "\n"
+			for i := 1; i <= 3; i++ {
+				if i == home {
+					continue
+				}
+				var out string
+				waitFor(t, 10*time.Second, "marker in task logs from node "+fmt.Sprint(i), func() bool {
+					out = c.mustCtl(i, "task", "logs", tk.GetId())
+					return strings.Contains(out, marker)
+				})
+				if out != marker {
+					t.Errorf("task logs %s from node %d: %q, want exactly %q", tk.GetId(), i, out, marker)
+				}
+				out = c.mustCtl(i, "task", "exec", tk.GetId(), "--", "cat", "/etc/hostname")
+				if strings.TrimSpace(out) != host {
+					t.Errorf("task exec cat /etc/hostname from node %d: %q, want %q", i, out, host)
+				}
+			}
+			other := home%3 + 1
+			out, errOut, code := c.ctl(other, "task", "exec", tk.GetId(), "--", "sh", "-c", "echo out; echo err >&2; exit 5")
+			if code != 5 || out != "out\n" || !strings.Contains(errOut, "err\n") {
+				t.Errorf("task exec exit 5 from node %d: exit %d, stdout %q, stderr %q", other, code, out, errOut)
+			}
+			if _, _, code := c.ctl(other, "task", "exec", tk.GetId(), "--", "sh", "-c", "exit 0"); code != 0 {
+				t.Errorf("task exec exit 0: exit %d", code)
+			}
+		}
+		// service logs: every current task's lines, each prefixed with
+		// its own task (service.slot@node).
+		for i := 1; i <= 3; i++ {
+			out := c.mustCtl(i, "service", "logs", "lx")
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			var want []string
+			for _, tk := range cur {
+				want = append(want, fmt.Sprintf("lx.%s@%s | hello-lx-%s", tk.GetSlot(), tk.GetNode(), tk.GetSlot()))
+			}
+			slices.Sort(lines)
+			slices.Sort(want)
+			if !slices.Equal(lines, want) {
+				t.Errorf("service logs lx on node %d:\n%s\nwant lines %q", i, out, want)
+			}
+		}
+		// A task that does not exist is reported as such.
+		if _, errOut, code := c.ctl(2, "task", "logs", "lx.nope"); code != 3 {
+			t.Errorf("task logs of a missing task: exit %d %q, want 3", code, errOut)
+		}
+		c.mustCtl(1, "service", "rm", "lx")
+	})
+
+	t.Run("DeclarativeDeploy", func(t *testing.T) {
+		file := filepath.Join(c.NodeDir(2), "web.yaml")
+		spec := func(color string) {
+			data := fmt.Sprintf(`name: web
+image: %s
+replicas: 2
+args: ["sh", "-c", "trap 'exit 0' TERM; sleep 1000000 & wait"]
+env:
+  - COLOR=%s
+stop_grace: 1s
+update:
+  monitor: 1s
+`, img, color)
+			if err := os.WriteFile(file, []byte(data), 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		envOf := func(task string) string {
+			return c.mustCtl(1, "task", "exec", task, "--", "env")
+		}
+		spec("blue")
+		_, errOut, code := c.ctlWithin(2*time.Minute, 2, "service", "deploy", "-f", file)
+		if code != 0 || !strings.Contains(errOut, "web deployed (version 1)") {
+			t.Fatalf("first deploy: exit %d %q", code, errOut)
+		}
+		v1 := c.currentTasks("web")
+		if len(v1) != 2 {
+			t.Fatalf("%d current tasks after the first deploy, want 2", len(v1))
+		}
+		for _, tk := range v1 {
+			if env := envOf(tk.GetId()); !strings.Contains(env, "COLOR=blue\n") {
+				t.Fatalf("task %s env:\n%s", tk.GetId(), env)
+			}
+		}
+
+		spec("green")
+		s := c.sample("web", 100*time.Millisecond)
+		_, errOut, code = c.ctlWithin(2*time.Minute, 3, "service", "deploy", "-f", file)
+		lo, hi := s.finish(t, 10)
+		if code != 0 || !strings.Contains(errOut, "web deployed (version 2)") {
+			t.Fatalf("second deploy: exit %d %q", code, errOut)
+		}
+		// Rolling (stop-first, one at a time): one replica down at most.
+		if lo < 1 || hi > 2 {
+			t.Errorf("running replicas between %d and %d during the update, want 1..2", lo, hi)
+		}
+		if v := c.inspect(1, "web"); v.Version != 2 || !slices.Equal(v.Spec.Env, []string{"COLOR=green"}) {
+			t.Fatalf("after the second deploy: %+v", v)
+		}
+		v2 := c.currentTasks("web")
+		if len(v2) != 2 {
+			t.Fatalf("%d current tasks after the second deploy, want 2", len(v2))
+		}
+		for _, tk := range v2 {
+			if slices.ContainsFunc(v1, func(o *schedv1.Task) bool { return o.GetId() == tk.GetId() }) {
+				t.Errorf("task %s of version 1 was not replaced", tk.GetId())
+			}
+			if tk.GetVersion() != 2 {
+				t.Errorf("task %s runs version %d, want 2", tk.GetId(), tk.GetVersion())
+			}
+			if env := envOf(tk.GetId()); !strings.Contains(env, "COLOR=green\n") || strings.Contains(env, "COLOR=blue") {
+				t.Errorf("task %s env after the update:\n%s", tk.GetId(), env)
+			}
+		}
+		if m := c.mustRunning("web"); total(m) != 2 || !maps.Equal(ids(m), taskSet(v2)) {
+			t.Errorf("containers %v, want exactly the tasks %v", m, taskSet(v2))
+		}
+
+		// The same file again: nothing to do.
+		before := c.mustRunning("web")
+		_, errOut, code = c.ctlWithin(time.Minute, 1, "service", "deploy", "-f", file)
+		if code != 0 {
+			t.Fatalf("third deploy: exit %d %q", code, errOut)
+		}
+		time.Sleep(3 * time.Second)
+		if v := c.inspect(3, "web"); v.Version != 2 || v.State != "active" {
+			t.Errorf("deploying an unchanged spec: version %d state %s, want version 2 active", v.Version, v.State)
+		}
+		if after := c.mustRunning("web"); fmt.Sprint(after) != fmt.Sprint(before) {
+			t.Errorf("deploying an unchanged spec changed the containers: %v -> %v", before, after)
+		}
+		if v3 := c.currentTasks("web"); !maps.Equal(taskSet(v3), taskSet(v2)) {
+			t.Errorf("deploying an unchanged spec changed the tasks: %v -> %v", taskSet(v2), taskSet(v3))
+		}
+		// Rollback still returns to the blue spec: an unchanged deploy
+		// did not overwrite the previous spec.
+		c.mustCtlWithin(2*time.Minute, 2, "service", "rollback", "web")
+		if v := c.inspect(1, "web"); !slices.Equal(v.Spec.Env, []string{"COLOR=blue"}) {
+			t.Errorf("rollback after an unchanged deploy: env %v, want COLOR=blue", v.Spec.Env)
+		}
+		c.mustCtl(1, "service", "rm", "web")
+	})
+
+	t.Run("LeftoverOfRemovedService", func(t *testing.T) {
+		// statd has no conditional writes: an owner whose view has not
+		// seen a removal yet may write its state fields (state,
+		// converged, unschedulable) into the service document just
+		// after the delete, and being later they outlive it. Write
+		// exactly such a leftover.
+		c.mustCtl(1, "service", "create", "zombie", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		c.mustCtl(1, "service", "rm", "zombie")
+		statds := []*client.Statd{nodeClient(t, c.Cluster, 1), nodeClient(t, c.Cluster, 2), nodeClient(t, c.Cluster, 3)}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := statds[1].Put(ctx, &statev1.PutRequest{Key: "/services/zombie", Fields: map[string]*statev1.Value{
+			"state":     {Kind: &statev1.Value_StringValue{StringValue: "active"}},
+			"converged": {Kind: &statev1.Value_IntValue{IntValue: 99}},
+		}}); err != nil {
+			t.Fatal(err)
+		}
+		// It is no service, on any node.
+		waitFor(t, 10*time.Second, "the leftover on every node", func() bool {
+			for _, st := range statds {
+				if _, ok := getField(st, "/services/zombie", "converged"); !ok {
+					return false
+				}
+			}
+			return true
+		})
+		for i := 1; i <= 3; i++ {
+			var svcs []serviceJSON
+			decode(t, c.mustCtl(i, "service", "ls", "-o", "json"), &svcs)
+			if len(svcs) != 0 {
+				t.Errorf("node %d lists %+v", i, svcs)
+			}
+			if _, errOut, code := c.ctl(i, "service", "inspect", "zombie"); code != 3 {
+				t.Errorf("node %d: inspect of the removed service: exit %d %q, want 3 (not found)", i, code, errOut)
+			}
+		}
+		// The name can be used again, and the new service's updates are
+		// watched from version 1 on: a bad update rolls back.
+		c.mustCtl(3, "service", "create", "zombie", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		_, errOut, code := c.ctlWithin(time.Minute, 2, "service", "update", "zombie", "--update-failure-action", "rollback", "--update-monitor", "3s",
+			"--restart-max-attempts", "1", "--wait-timeout", "30s", "--", "sh", "-c", "exit 7")
+		if code == 0 || !strings.Contains(errOut, "rolled back") {
+			t.Errorf("bad update of the re-created service: exit %d %q, want it rolled back", code, errOut)
+		}
+		c.mustCtl(1, "service", "rm", "zombie")
+	})
+
+	t.Run("RollingUpdateOrder", func(t *testing.T) {
+		// A bare sleep ignores SIGTERM: a replaced task runs on for the
+		// 1s grace period, so tasks started together overlap and too
+		// many at once would show. The default monitor period (5s)
+		// between batches outlasts the grace.
+		c.mustCtl(1, "service", "create", "ru", "--image", img, "--replicas", "4", "--stop-grace", "1s",
+			"--update-parallelism", "2", "--update-order", "start-first", "--", "sleep", "1000000")
+		v1 := ids(c.mustRunning("ru"))
+		if len(v1) != 4 {
+			t.Fatalf("%d containers, want 4", len(v1))
+		}
+
+		// start-first, 2 at a time: never fewer than 4, never more than
+		// 4+2.
+		s := c.sample("ru", 100*time.Millisecond)
+		c.mustCtlWithin(2*time.Minute, 2, "service", "update", "ru", "--env", "V=2")
+		time.Sleep(1500 * time.Millisecond) // the last old tasks stop
+		lo, hi := s.finish(t, 20)
+		if lo < 4 {
+			t.Errorf("start-first update: running replicas dropped to %d (at %s)", lo, s.low)
+		}
+		if hi > 6 {
+			t.Errorf("start-first update with parallelism 2: %d replicas at once, want at most 6", hi)
+		}
+		v2 := ids(c.mustRunning("ru"))
+		if len(v2) != 4 || len(intersect(v1, v2)) != 0 {
+			t.Fatalf("after the start-first update: containers %v, before %v; want 4, all new", v2, v1)
+		}
+
+		// stop-first, 1 at a time: never fewer than 3, never more than 4.
+		s = c.sample("ru", 100*time.Millisecond)
+		c.mustCtlWithin(2*time.Minute, 3, "service", "update", "ru", "--update-order", "stop-first", "--update-parallelism", "1", "--env", "V=3")
+		lo, hi = s.finish(t, 20)
+		if lo < 3 {
+			t.Errorf("stop-first update with parallelism 1: running replicas dropped to %d (at %s)", lo, s.low)
+		}
+		if hi > 4 {
+			t.Errorf("stop-first update: %d replicas at once, want at most 4", hi)
+		}
+		v3 := ids(c.mustRunning("ru"))
+		if len(v3) != 4 || len(intersect(v2, v3)) != 0 {
+			t.Fatalf("after the stop-first update: containers %v, before %v; want 4, all new", v3, v2)
+		}
+		for _, tk := range c.currentTasks("ru") {
+			if env := c.mustCtl(1, "task", "exec", tk.GetId(), "--", "env"); !strings.Contains(env, "V=3\n") {
+				t.Errorf("task %s env after the update:\n%s", tk.GetId(), env)
+			}
+		}
+		c.mustCtl(1, "service", "rm", "ru")
+	})
+}
+
+func decode(t *testing.T, out string, v any) {
+	t.Helper()
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		t.Fatalf("not JSON (%v):\n%s", err, out)
+	}
+}
+
+func firstKey[V any](m map[string]V) string {
+	for k := range m {
+		return k
+	}
+	return ""
+}
+
+func taskSet(ts []*schedv1.Task) map[string]bool {
+	out := map[string]bool{}
+	for _, tk := range ts {
+		out[tk.GetId()] = true
+	}
+	return out
+}
+
+func intersect(a, b map[string]bool) []string {
+	var out []string
+	for k := range a {
+		if b[k] {
+			out = append(out, k)
+		}
+	}
+	return out
+}
