@@ -13,7 +13,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 FUZZTIME ?= 10s
 # Packages needed by the tests and the demo on a fresh Debian machine.
-APT_PACKAGES := protobuf-compiler systemd iproute2 nftables busybox-static containerd runc
+APT_PACKAGES := protobuf-compiler systemd iproute2 nftables busybox-static containerd runc iperf3 tcpdump
 
 .PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image
 
@@ -47,6 +47,8 @@ deps:
 	[ -x /bin/busybox ] || missing="$$missing busybox-static"; \
 	command -v containerd >/dev/null || missing="$$missing containerd"; \
 	command -v runc >/dev/null || missing="$$missing runc"; \
+	command -v iperf3 >/dev/null || missing="$$missing iperf3"; \
+	command -v tcpdump >/dev/null || missing="$$missing tcpdump"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
@@ -74,7 +76,7 @@ unit:
 	$(GO) test -count=1 -timeout 15m ./pkg/... ./test/units/...
 
 # Each fuzz target runs briefly: go test allows one target per run.
-FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/pki:FuzzParseToken
+FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/pki:FuzzParseToken pkg/overlay:FuzzIPAMUnmarshal
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \

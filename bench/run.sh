@@ -6,7 +6,7 @@
 # Environment:
 #   BENCH_QUICK=1        scaled-down run (about a minute) to check the setup;
 #                        it is also passed on to the programs
-#   BENCHES="mst statd gossip cluster"  the programs under bench/ to run, in order
+#   BENCHES="mst statd gossip cluster sched schedd wg"  the programs under bench/ to run, in order
 #   BENCH_DIR=DIR        where the databases go (default: a new dir in $TMPDIR
 #                        or /tmp); its filesystem is the one measured
 #   BENCH_<NAME>_FLAGS=  extra flags for go run ./bench/<name>, e.g.
@@ -92,7 +92,7 @@ mode="full"
 if [[ "$quick" == 1 ]]; then
 	mode="quick (BENCH_QUICK=1: fewer keys and repetitions; not for comparison)"
 fi
-read -r -a benches <<<"${BENCHES:-mst statd gossip cluster sched schedd}"
+read -r -a benches <<<"${BENCHES:-mst statd gossip cluster sched schedd wg}"
 for name in "${benches[@]}"; do
 	if [[ ! -d "bench/$name" ]]; then
 		echo "bench/run.sh: no benchmark bench/$name" >&2
