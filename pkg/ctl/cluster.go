@@ -18,7 +18,7 @@ func (a *app) clusterCommand() *cobra.Command {
 }
 
 func (a *app) clusterInit() *cobra.Command {
-	var name, advertise string
+	var name, advertise, overlayCIDR string
 	cmd := &cobra.Command{
 		Use:   "init",
 		Short: "Create a new cluster with this node as its first member",
@@ -29,7 +29,7 @@ func (a *app) clusterInit() *cobra.Command {
 				return err
 			}
 			defer done()
-			resp, err := c.Cluster.Init(ctx, &clusterv1.InitRequest{ClusterName: name, AdvertiseAddr: advertise})
+			resp, err := c.Cluster.Init(ctx, &clusterv1.InitRequest{ClusterName: name, AdvertiseAddr: advertise, OverlayCidr: overlayCIDR})
 			if err != nil {
 				return err
 			}
@@ -40,6 +40,7 @@ func (a *app) clusterInit() *cobra.Command {
 	}
 	cmd.Flags().StringVar(&name, "cluster-name", "shoal", "name of the new cluster")
 	cmd.Flags().StringVar(&advertise, "advertise", "", "IP address other nodes reach this node at (default: detected)")
+	cmd.Flags().StringVar(&overlayCIDR, "overlay-cidr", "10.42.0.0/16", "the task network; every node claims a /24 of it")
 	return cmd
 }
 

@@ -46,7 +46,7 @@ type specFlags struct {
 	replicas                                               int
 	global                                                 bool
 	env, constraints, labels, publish, volumes             []string
-	healthCmd                                              string
+	healthCmd, network                                     string
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts                int
 	updateDelay, monitor, stopGrace                        time.Duration
@@ -80,6 +80,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.labels, "label", nil, "service label KEY=VALUE (repeatable)")
 	fs.StringArrayVarP(&f.publish, "publish", "p", nil, "publish a port HOST:CONTAINER[/tcp|udp] (repeatable)")
 	fs.StringArrayVar(&f.volumes, "volume", nil, "volume NAME:/path (repeatable)")
+	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
 	}
@@ -193,6 +194,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("volume") {
 		spec.Volumes = f.volumes
+	}
+	if fs.Changed("network") {
+		spec.Network = f.network
 	}
 	if len(args) > 0 {
 		spec.Args = args

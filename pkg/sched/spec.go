@@ -51,12 +51,18 @@ type ServiceSpec struct {
 	// Volumes are passed to vold as they are; the scheduler does not
 	// interpret them yet.
 	Volumes []string `json:"volumes,omitempty"`
+	// Network is "" (the overlay: a namespace per task from netd) or
+	// "host" (the node's own namespace).
+	Network string `json:"network,omitempty"`
 
 	// ForceUpdate changes the spec (and so its digest) without changing
 	// anything else: `service update --force` increments it to replace
 	// every task.
 	ForceUpdate uint64 `json:"force_update,omitempty"`
 }
+
+// NetworkHost keeps a service's tasks in their node's network namespace.
+const NetworkHost = "host"
 
 // Strategy is a placement scoring strategy.
 type Strategy string
@@ -301,6 +307,9 @@ func (s ServiceSpec) Validate() error {
 	}
 	if strings.TrimSpace(d.Image) == "" {
 		add("image is empty")
+	}
+	if d.Network != "" && d.Network != NetworkHost {
+		add("network %q: want empty (the overlay) or host", d.Network)
 	}
 	for _, e := range d.Env {
 		k, _, ok := strings.Cut(e, "=")

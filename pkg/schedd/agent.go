@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
+	netv1 "github.com/shoal-dev/shoal/proto/shoal/net/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
@@ -178,6 +180,11 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 		if err := n.rt.Remove(ctx, a.TaskID); err != nil {
 			n.log.Warn("remove container", "task", a.TaskID, "err", err)
 		}
+		if lt != nil && n.usesNetd(lt.Spec) {
+			if _, err := n.netd.Detach(ctx, &netv1.DetachRequest{Task: a.TaskID}); err != nil {
+				n.log.Warn("release task network", "task", a.TaskID, "err", err)
+			}
+		}
 		n.statd.Delete(ctx, &statev1.DeleteRequest{Key: sched.TaskKey(a.TaskID)})
 		os.Remove(n.recordPath(a.TaskID))
 		os.Remove(n.logPath(a.TaskID))
@@ -202,12 +209,16 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 		if err == nil && restart {
 			err = n.rt.Remove(ctx, id)
 		}
+		ts := n.taskSpec(task, spec)
 		if err == nil {
-			err = n.rt.Run(ctx, n.taskSpec(task, spec))
+			err = n.attach(ctx, task, spec, &ts)
+		}
+		if err == nil {
+			err = n.rt.Run(ctx, ts)
 			if errdefs.IsAlreadyExists(err) {
 				// Left over from an attempt that failed half-way.
 				if err = n.rt.Remove(ctx, id); err == nil {
-					err = n.rt.Run(ctx, n.taskSpec(task, spec))
+					err = n.rt.Run(ctx, ts)
 				}
 			}
 		}
@@ -235,6 +246,26 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 		n.log.Info("task started", "task", id, "service", task.Service, "slot", task.Slot)
 		n.wake()
 	}()
+}
+
+// usesNetd reports whether a task gets its network namespace from netd.
+func (n *node) usesNetd(spec sched.ServiceSpec) bool {
+	return n.cfg.TaskNetwork == "netd" && spec.Network != sched.NetworkHost
+}
+
+// attach asks netd for the task's network namespace (the same one again
+// on a restart) and records the task's address in its document.
+func (n *node) attach(ctx context.Context, t sched.Task, spec sched.ServiceSpec, ts *shoalrt.TaskSpec) error {
+	if !n.usesNetd(spec) {
+		return nil
+	}
+	resp, err := n.netd.Attach(ctx, &netv1.AttachRequest{Task: t.ID, Service: t.Service})
+	if err != nil {
+		return fmt.Errorf("task network from shoal-netd: %w", err)
+	}
+	ts.NetNSPath = resp.GetNetns()
+	ts.Mounts = append(ts.Mounts, shoalrt.Mount{Source: resp.GetResolvConf(), Target: "/etc/resolv.conf", ReadOnly: true})
+	return n.put(ctx, sched.TaskKey(t.ID), map[string]crdtValue{"ip": stringValue(resp.GetIp())})
 }
 
 // taskSpec is the container spec of a task.

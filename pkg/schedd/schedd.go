@@ -56,6 +56,9 @@ type Config struct {
 	Tick daemon.Duration `toml:"tick"`
 	// ReservationTTL is how long a reservation waits for its slot.
 	ReservationTTL daemon.Duration `toml:"reservation_ttl"`
+	// TaskNetwork is netd (a namespace per task from shoal-netd) or host
+	// (every task in the node's namespace, for nodes without netd).
+	TaskNetwork string `toml:"task_network"`
 }
 
 // DefaultPeerPort is the scheduler peer API's default port.
@@ -80,6 +83,7 @@ and runs the task on containerd. It serves the shoal.sched.v1 API on
 				PeerPort:       DefaultPeerPort,
 				Tick:           daemon.Duration(250 * time.Millisecond),
 				ReservationTTL: daemon.Duration(sched.DefaultTTL),
+				TaskNetwork:    "netd",
 			}
 		},
 		Flags: func(fs *pflag.FlagSet, cfg any) {
@@ -93,6 +97,7 @@ and runs the task on containerd. It serves the shoal.sched.v1 API on
 			fs.Int64Var(&c.MemoryBytes, "memory-bytes", c.MemoryBytes, "memory offered to tasks in bytes (default: 90% of RAM)")
 			fs.Var(&c.Tick, "tick", "reconcile interval")
 			fs.Var(&c.ReservationTTL, "reservation-ttl", "how long a reservation waits for its slot document")
+			fs.StringVar(&c.TaskNetwork, "task-network", c.TaskNetwork, "netd: a network namespace per task from shoal-netd; host: tasks share the node's")
 		},
 		Start: start,
 	}
@@ -107,6 +112,7 @@ type node struct {
 	log   *slog.Logger
 	rt    shoalrt.Runtime
 	statd *client.Statd
+	netd  *client.Netd
 
 	// Set once the node is in a cluster (identity from statd).
 	id       string
@@ -151,13 +157,22 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	if err != nil {
 		return nil, err
 	}
+	if cfg.TaskNetwork != "netd" && cfg.TaskNetwork != "host" {
+		cr.Close()
+		return nil, fmt.Errorf("task_network %q: want netd or host", cfg.TaskNetwork)
+	}
 	st, err := client.NewStatd(cfg.RunDir, client.Retry{})
 	if err != nil {
 		cr.Close()
 		return nil, err
 	}
+	nd, err := client.NewNetd(cfg.RunDir, client.Retry{Attempts: 2})
+	if err != nil {
+		cr.Close()
+		return nil, err
+	}
 	n := &node{
-		cfg: cfg, log: rt.Log, rt: cr, statd: st,
+		cfg: cfg, log: rt.Log, rt: cr, statd: st, netd: nd,
 		ready: make(chan struct{}), kick: make(chan struct{}, 1),
 		inflight: map[string]map[string]sched.InFlight{},
 		accepted: map[string]string{},
@@ -183,6 +198,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		cancel()
 		wg.Wait()
 		st.Close()
+		nd.Close()
 		return cr.Close()
 	}, nil
 }

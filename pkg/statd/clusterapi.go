@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/overlay"
 	"github.com/shoal-dev/shoal/pkg/pki"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	peerv1 "github.com/shoal-dev/shoal/proto/shoal/peer/v1"
@@ -41,6 +43,20 @@ func (s *clusterServer) Init(ctx context.Context, req *clusterv1.InitRequest) (*
 	adv, err := advertiseAddr(req.GetAdvertiseAddr(), "")
 	if err != nil {
 		return nil, err
+	}
+	cidr := req.GetOverlayCidr()
+	if cidr == "" {
+		cidr = defaultOverlay
+	}
+	prefix, err := netip.ParsePrefix(cidr)
+	if err == nil {
+		err = overlay.ValidateOverlay(prefix)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("overlay CIDR %q: %v: %w", cidr, err, errdefs.ErrInvalidArgument)
+	}
+	if prefix.Masked() != prefix {
+		return nil, fmt.Errorf("overlay CIDR %q has host bits set (did you mean %s?): %w", cidr, prefix.Masked(), errdefs.ErrInvalidArgument)
 	}
 	now := time.Now()
 	ca, err := pki.NewCA(name, caValidity, now)
@@ -72,6 +88,7 @@ func (s *clusterServer) Init(ctx context.Context, req *clusterv1.InitRequest) (*
 		"ca_fingerprint": crdt.String(ca.Fingerprint()),
 		"ca_cert":        crdt.String(string(ca.CertPEM())),
 		"created":        crdt.String(now.UTC().Format(time.RFC3339)),
+		"overlay_cidr":   crdt.String(prefix.String()),
 	}); err != nil {
 		return nil, err
 	}
@@ -149,6 +166,9 @@ func (s *clusterServer) Token(ctx context.Context, req *clusterv1.TokenRequest) 
 	}
 	return nil, fmt.Errorf("the current join token was made on node %s and only its hash is replicated; run `shoalctl cluster token` there, or `shoalctl cluster token --rotate` here: %w", by, errdefs.ErrFailedPrecondition)
 }
+
+// defaultOverlay is the overlay network when init names none.
+const defaultOverlay = "10.42.0.0/16"
 
 var errNotMember = fmt.Errorf("this node is not in a cluster; run `shoalctl cluster init` or `shoalctl cluster join`: %w", errdefs.ErrFailedPrecondition)
 

@@ -148,8 +148,20 @@ func (s *peerServer) PullFrom(ctx context.Context, req *peerv1.PullFromRequest) 
 		return nil, fmt.Errorf("root has %d bytes: %w", len(req.GetRoot()), errdefs.ErrInvalidArgument)
 	}
 	copy(root[:], req.GetRoot())
-	n, err := s.c.gossip.HandlePullFrom(ctx, from, root)
-	return &peerv1.PullFromResponse{Entries: uint32(n)}, err
+	n, after, err := s.c.gossip.HandlePullFrom(ctx, from, root, req.GetAfter())
+	return &peerv1.PullFromResponse{Entries: uint32(n), Root: after[:]}, err
+}
+
+func (s *peerServer) Tail(ctx context.Context, req *peerv1.TailRequest) (*peerv1.TailResponse, error) {
+	entries, truncated, err := s.c.gossip.HandleTail(req.GetAfter(), int(req.GetLimit()))
+	if err != nil {
+		return nil, err
+	}
+	resp := &peerv1.TailResponse{Truncated: truncated, Entries: make([]*peerv1.Entry, len(entries))}
+	for i, e := range entries {
+		resp.Entries[i] = &peerv1.Entry{Key: e.Key, Value: e.Value}
+	}
+	return resp, nil
 }
 
 // peerPool holds one lazily dialled mTLS connection per member and
@@ -334,14 +346,30 @@ func (g *grpcPeer) GetDocs(ctx context.Context, keys []string) ([]gossip.WireDoc
 	return out, nil
 }
 
-func (g *grpcPeer) PullFrom(ctx context.Context, root mst.Hash) (int, error) {
-	req := &peerv1.PullFromRequest{Root: root[:]}
+func (g *grpcPeer) PullFrom(ctx context.Context, root mst.Hash, after []byte) (int, mst.Hash, error) {
+	req := &peerv1.PullFromRequest{Root: root[:], After: after}
 	resp, err := g.api.PullFrom(ctx, req)
 	if err != nil {
-		return 0, err
+		return 0, mst.Hash{}, err
 	}
 	g.count(req, resp)
-	return int(resp.GetEntries()), nil
+	var theirs mst.Hash
+	copy(theirs[:], resp.GetRoot())
+	return int(resp.GetEntries()), theirs, nil
+}
+
+func (g *grpcPeer) Tail(ctx context.Context, after []byte, limit int) ([]mst.Entry, bool, error) {
+	req := &peerv1.TailRequest{After: after, Limit: uint32(limit)}
+	resp, err := g.api.Tail(ctx, req)
+	if err != nil {
+		return nil, false, err
+	}
+	g.count(req, resp)
+	out := make([]mst.Entry, len(resp.GetEntries()))
+	for i, e := range resp.GetEntries() {
+		out[i] = mst.Entry{Key: e.GetKey(), Value: e.GetValue()}
+	}
+	return out, resp.GetTruncated(), nil
 }
 
 func toWire(us []member.Update) []*peerv1.Member {

@@ -334,3 +334,25 @@ func linkAttrs(name string, mtu int) netlink.LinkAttrs {
 func prefixIPNet(p netip.Prefix) *net.IPNet {
 	return &net.IPNet{IP: net.IP(p.Addr().AsSlice()), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
 }
+
+// AddrMTU returns the MTU of the link that holds addr: the underlay a node
+// advertises, whose MTU bounds the tunnel's. (A route to one's own address
+// goes through lo, whose MTU says nothing about the wire.)
+func (n *Netlink) AddrMTU(addr netip.Addr) (int, error) {
+	links, err := n.h.LinkList()
+	if err != nil {
+		return 0, fmt.Errorf("wg: list links: %w", err)
+	}
+	for _, l := range links {
+		addrs, err := n.h.AddrList(l, netlink.FAMILY_ALL)
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap() == addr.Unmap() {
+				return l.Attrs().MTU, nil
+			}
+		}
+	}
+	return 0, fmt.Errorf("wg: no link holds %v", addr)
+}

@@ -42,7 +42,7 @@ func newSchedCluster(t *testing.T) *schedCluster {
 		BinDir:    binDir,
 		Daemons:   []string{"statd", "schedd"},
 		Extra:     []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
-		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": devcluster.ScheddArgs()},
+		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": append(devcluster.ScheddArgs(), "--task-network", "host")},
 		Bootstrap: true,
 	})
 	if err != nil {

@@ -162,6 +162,9 @@ type InitRequest struct {
 	// advertise_addr is the IP peers reach this node at; empty picks the
 	// address of the default route's interface.
 	AdvertiseAddr string `protobuf:"bytes,2,opt,name=advertise_addr,json=advertiseAddr,proto3" json:"advertise_addr,omitempty"`
+	// overlay_cidr is the cluster's overlay network (default 10.42.0.0/16):
+	// every node claims a /24 of it.
+	OverlayCidr   string `protobuf:"bytes,3,opt,name=overlay_cidr,json=overlayCidr,proto3" json:"overlay_cidr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -206,6 +209,13 @@ func (x *InitRequest) GetClusterName() string {
 func (x *InitRequest) GetAdvertiseAddr() string {
 	if x != nil {
 		return x.AdvertiseAddr
+	}
+	return ""
+}
+
+func (x *InitRequest) GetOverlayCidr() string {
+	if x != nil {
+		return x.OverlayCidr
 	}
 	return ""
 }
@@ -919,10 +929,11 @@ const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\rnode_cert_pem\x18\x05 \x01(\fR\vnodeCertPem\x12 \n" +
 	"\fnode_key_pem\x18\x06 \x01(\fR\n" +
 	"nodeKeyPem\x127\n" +
-	"\tnot_after\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"W\n" +
+	"\tnot_after\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\bnotAfter\"z\n" +
 	"\vInitRequest\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12%\n" +
-	"\x0eadvertise_addr\x18\x02 \x01(\tR\radvertiseAddr\"~\n" +
+	"\x0eadvertise_addr\x18\x02 \x01(\tR\radvertiseAddr\x12!\n" +
+	"\foverlay_cidr\x18\x03 \x01(\tR\voverlayCidr\"~\n" +
 	"\fInitResponse\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x17\n" +
 	"\anode_id\x18\x02 \x01(\tR\x06nodeId\x12\x1c\n" +

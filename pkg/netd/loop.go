@@ -1,0 +1,400 @@
+package netd
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/dns"
+	"github.com/shoal-dev/shoal/pkg/overlay"
+	"github.com/shoal-dev/shoal/pkg/portproxy"
+	"github.com/shoal-dev/shoal/pkg/statepb"
+	"github.com/shoal-dev/shoal/pkg/wg"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+var errUnavailable = errdefs.ErrUnavailable
+
+// State prefixes netd reads.
+const (
+	prefixNodes    = "/nodes/"
+	prefixSubnets  = "/network/subnets/"
+	prefixTasks    = "/tasks/"
+	prefixSlots    = "/slots/"
+	prefixServices = "/services/"
+	keyCluster     = "/cluster/config"
+)
+
+// run waits until the node is in a cluster, brings the overlay up, and then
+// keeps peers, DNS and published ports in step with the cluster's state.
+func (n *node) run(ctx context.Context) error {
+	if err := n.waitIdentity(ctx); err != nil {
+		return nil
+	}
+	n.log = n.log.With("node", n.id)
+	n.mirror = client.NewMirror(n.statd, n.log.With("component", "mirror"),
+		prefixNodes, prefixSubnets, prefixTasks, prefixSlots, prefixServices, "/cluster/")
+	changes := n.mirror.Changes()
+	go n.mirror.Run(ctx)
+	for !n.mirror.Ready() {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if err := n.setup(ctx); err != nil {
+		return err
+	}
+	close(n.ready)
+	n.log.Info("overlay ready", "interface", n.iface, "mode", n.mode, "subnet", n.subnet.Load().String(), "mtu", n.mtu)
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		n.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-changes:
+		case <-n.kick:
+		}
+	}
+}
+
+func (n *node) waitIdentity(ctx context.Context) error {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
+		cancel()
+		if err == nil {
+			ip, perr := netip.ParseAddr(resp.GetAdvertiseIp())
+			if perr == nil {
+				n.id, n.advertise = resp.GetNodeId(), ip
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// setup brings up (or re-adopts) the node's overlay: key, subnet,
+// WireGuard device, bridge, routes, DNS and the port proxy.
+func (n *node) setup(ctx context.Context) error {
+	var err error
+	if n.key, err = wg.LoadOrCreateKey(filepath.Join(n.cfg.StateDir, "wg.key")); err != nil {
+		return err
+	}
+	n.overlay = netip.MustParsePrefix(DefaultOverlay)
+	if d := n.mirror.Get(keyCluster); d != nil {
+		if s := d.GetFields()["overlay_cidr"].GetStringValue(); s != "" {
+			p, err := netip.ParsePrefix(s)
+			if err != nil {
+				return fmt.Errorf("cluster overlay %q: %w", s, err)
+			}
+			n.overlay = p
+		}
+	}
+	if err := n.claimSubnet(ctx); err != nil {
+		return err
+	}
+	if n.nl, err = wg.OpenNetlink(""); err != nil {
+		return err
+	}
+	underlay := 1500
+	if m, err := n.nl.AddrMTU(n.advertise); err == nil && m > 0 {
+		underlay = m
+	}
+	n.mtu = overlay.MTU(underlay)
+	n.iface = "shwg" + n.id[:min(8, len(n.id))]
+	if err := n.device(); err != nil {
+		return err
+	}
+	if err := n.loadIPAM(); err != nil {
+		return err
+	}
+	if err := n.network(); err != nil {
+		return err
+	}
+	if err := n.publish(ctx); err != nil {
+		return err
+	}
+	gw := n.ipam.Gateway()
+	n.dns, err = dns.New(dns.Config{
+		Listen:    []string{netip.AddrPortFrom(gw, uint16(n.cfg.DNSPort)).String()},
+		Upstreams: n.upstreams(),
+		Logger:    n.log.With("component", "dns"),
+	})
+	if err != nil {
+		return err
+	}
+	if err := n.dns.Start(ctx); err != nil {
+		return fmt.Errorf("service DNS on %s: %w", gw, err)
+	}
+	n.proxy = portproxy.New(portproxy.Config{Logger: n.log.With("component", "ports")})
+	if err := n.proxy.Listen(n.advertise); err != nil {
+		return err
+	}
+	return nil
+}
+
+// device starts the WireGuard device, or re-adopts the one a previous
+// netd left: kernel WireGuard when the kernel has it, else a userspace
+// holder process.
+func (n *node) device() error {
+	if wg.KernelAvailable() {
+		n.mode = "kernel"
+		if ok, _ := n.nl.LinkExists(n.iface); !ok {
+			if err := n.nl.AddKernelWireGuard(n.iface, n.mtu); err != nil {
+				return err
+			}
+		}
+	} else {
+		n.mode = "userspace"
+		if !wg.HolderAlive(n.iface) {
+			pid, err := wg.StartHolderWith(n.cfg.HolderExe, []string{"wg-holder", "--iface", n.iface, "--mtu", strconv.Itoa(n.mtu)}, n.iface,
+				wg.HolderOptions{Log: filepath.Join(n.cfg.StateDir, "wg-holder.log")})
+			if err != nil && !errors.Is(err, wg.ErrHolderRunning) {
+				return fmt.Errorf("start WireGuard holder: %w", err)
+			}
+			n.log.Info("WireGuard holder started", "interface", n.iface, "pid", pid)
+		} else {
+			n.log.Info("WireGuard holder re-adopted", "interface", n.iface)
+		}
+	}
+	dev, err := wg.Open(n.iface)
+	if err != nil {
+		return err
+	}
+	n.dev = dev
+	if err := dev.SetPrivateKey(n.key); err != nil {
+		return err
+	}
+	return dev.SetListenPort(n.cfg.WGPort)
+}
+
+// network configures the bridge, the WireGuard link and the routes.
+func (n *node) network() error {
+	sub := *n.subnet.Load()
+	gw := n.ipam.Gateway()
+	if err := n.nl.EnsureBridge(n.cfg.Bridge, netip.PrefixFrom(gw, sub.Bits()), n.mtu); err != nil {
+		return fmt.Errorf("bridge: %w", err)
+	}
+	if err := n.nl.SetLinkUp(n.iface, n.mtu); err != nil {
+		return fmt.Errorf("wireguard link: %w", err)
+	}
+	if err := wg.EnableIPv4Forwarding(); err != nil {
+		return err
+	}
+	// The overlay goes through WireGuard; the node's own subnet stays on
+	// the bridge (a more specific route, added with the bridge address).
+	if err := n.nl.ReplaceRoute(n.overlay, n.iface, gw); err != nil {
+		return fmt.Errorf("overlay route: %w", err)
+	}
+	return nil
+}
+
+// publish writes this node's WireGuard identity into its node document.
+func (n *node) publish(ctx context.Context) error {
+	fields := map[string]crdt.Value{
+		"wg_pubkey": crdt.String(n.key.PublicKey().String()),
+		"wg_port":   crdt.Int(int64(n.cfg.WGPort)),
+		"subnet":    crdt.String(n.subnet.Load().String()),
+	}
+	if d := n.mirror.Get(prefixNodes + n.id); d != nil {
+		same := true
+		for k, v := range fields {
+			if cur := d.GetFields()[k]; cur == nil || statepb.ToValue(v).String() != cur.String() {
+				same = false
+			}
+		}
+		if same {
+			return nil
+		}
+	}
+	return n.put(ctx, prefixNodes+n.id, fields)
+}
+
+func (n *node) put(ctx context.Context, key string, fields map[string]crdt.Value) error {
+	pf := make(map[string]*statev1.Value, len(fields))
+	for k, v := range fields {
+		pf[k] = statepb.ToValue(v)
+	}
+	_, err := n.statd.Put(ctx, &statev1.PutRequest{Key: key, Fields: pf})
+	return err
+}
+
+// claimSubnet keeps this node's claim on a /24: the one it held (from
+// disk), or a new one; a claim lost to another node is replaced.
+func (n *node) claimSubnet(ctx context.Context) error {
+	path := filepath.Join(n.cfg.StateDir, "subnet")
+	var current netip.Prefix
+	if b, err := os.ReadFile(path); err == nil {
+		current, _ = netip.ParsePrefix(strings.TrimSpace(string(b)))
+	}
+	if p := n.subnet.Load(); p != nil {
+		current = *p
+	}
+	claims := overlay.Claims{}
+	for _, d := range n.mirror.List(prefixSubnets) {
+		p, err := overlay.ParseSubnetKey(strings.TrimPrefix(d.GetKey(), prefixSubnets))
+		if err == nil {
+			claims[p] = d.GetFields()["node"].GetStringValue()
+		}
+	}
+	dec, err := overlay.ClaimSubnet(n.overlay, n.id, current, claims)
+	if err != nil {
+		return err
+	}
+	if dec.Write {
+		if err := n.put(ctx, prefixSubnets+overlay.SubnetKey(dec.Subnet), map[string]crdt.Value{"node": crdt.String(n.id)}); err != nil {
+			return err
+		}
+	}
+	for _, r := range dec.Release {
+		n.statd.Delete(ctx, &statev1.DeleteRequest{Key: prefixSubnets + overlay.SubnetKey(r)})
+	}
+	if current.IsValid() && dec.Subnet != current {
+		n.log.Warn("subnet claim lost; claimed another", "lost", current, "subnet", dec.Subnet)
+	}
+	if err := os.WriteFile(path, []byte(dec.Subnet.String()+"\n"), 0o600); err != nil {
+		return err
+	}
+	sub := dec.Subnet
+	n.subnet.Store(&sub)
+	return nil
+}
+
+// loadIPAM reads the task address allocations of the node's subnet.
+func (n *node) loadIPAM() error {
+	sub := *n.subnet.Load()
+	ipam, err := overlay.NewIPAM(sub)
+	if err != nil {
+		return err
+	}
+	if b, err := os.ReadFile(n.ipamPath()); err == nil {
+		var saved overlay.IPAM
+		if err := json.Unmarshal(b, &saved); err == nil && saved.Subnet() == sub {
+			ipam = &saved
+		}
+	}
+	n.mu.Lock()
+	n.ipam = ipam
+	n.mu.Unlock()
+	return nil
+}
+
+func (n *node) ipamPath() string { return filepath.Join(n.cfg.StateDir, "ipam.json") }
+
+// saveIPAM persists the allocations; callers hold mu.
+func (n *node) saveIPAM() error {
+	b, err := json.Marshal(n.ipam)
+	if err != nil {
+		return err
+	}
+	tmp := n.ipamPath() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return err
+	}
+	return os.Rename(tmp, n.ipamPath())
+}
+
+// upstreams are the configured resolvers, or those of /etc/resolv.conf.
+func (n *node) upstreams() []string {
+	if len(n.cfg.Upstreams) > 0 {
+		return n.cfg.Upstreams
+	}
+	f, err := os.Open("/etc/resolv.conf")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fs := strings.Fields(sc.Text())
+		if len(fs) >= 2 && fs[0] == "nameserver" {
+			if a, err := netip.ParseAddr(fs[1]); err == nil && !a.IsLoopback() {
+				out = append(out, fs[1])
+			}
+		}
+	}
+	return out
+}
+
+// reconcile brings peers, the subnet claim, DNS and published ports in
+// line with the mirrored state.
+func (n *node) reconcile(ctx context.Context) {
+	before := *n.subnet.Load()
+	if err := n.claimSubnet(ctx); err != nil {
+		n.log.Warn("subnet claim", "err", err)
+	} else if after := *n.subnet.Load(); after != before {
+		n.renumber(ctx, before, after)
+	}
+	if _, err := n.dev.ApplyPeers(n.desiredPeers()); err != nil {
+		n.log.Warn("apply peers", "err", err)
+	}
+	n.dns.Update(n.records())
+	n.applyPorts()
+}
+
+// renumber moves the node to a new subnet after losing a claim: a new
+// bridge address and IPAM; tasks keep running on their old addresses
+// until they are replaced.
+func (n *node) renumber(ctx context.Context, from, to netip.Prefix) {
+	if err := n.loadIPAM(); err != nil {
+		n.log.Error("renumber", "err", err)
+		return
+	}
+	n.mu.Lock()
+	n.saveIPAM()
+	n.mu.Unlock()
+	if err := n.network(); err != nil {
+		n.log.Error("renumber", "err", err)
+	}
+	if err := n.publish(ctx); err != nil {
+		n.log.Error("renumber", "err", err)
+	}
+	n.log.Warn("node renumbered", "from", from, "to", to)
+}
+
+// desiredPeers are the other nodes with a WireGuard key.
+func (n *node) desiredPeers() []overlay.Peer {
+	var out []overlay.Peer
+	for _, d := range n.mirror.List(prefixNodes) {
+		id := strings.TrimPrefix(d.GetKey(), prefixNodes)
+		f := d.GetFields()
+		if id == n.id || f["left"].GetBoolValue() {
+			continue
+		}
+		key, err := parseKey(f["wg_pubkey"].GetStringValue())
+		if err != nil {
+			continue
+		}
+		addr, err1 := netip.ParseAddr(f["addr"].GetStringValue())
+		sub, err2 := netip.ParsePrefix(f["subnet"].GetStringValue())
+		port := f["wg_port"].GetIntValue()
+		if err1 != nil || err2 != nil || port <= 0 || port > 65535 {
+			continue
+		}
+		out = append(out, overlay.Peer{PublicKey: key, Endpoint: netip.AddrPortFrom(addr, uint16(port)), AllowedIPs: []netip.Prefix{sub}})
+	}
+	return out
+}
