@@ -92,7 +92,7 @@ mode="full"
 if [[ "$quick" == 1 ]]; then
 	mode="quick (BENCH_QUICK=1: fewer keys and repetitions; not for comparison)"
 fi
-read -r -a benches <<<"${BENCHES:-mst statd gossip cluster sched schedd wg}"
+read -r -a benches <<<"${BENCHES:-mst statd gossip cluster sched schedd wg netd}"
 for name in "${benches[@]}"; do
 	if [[ ! -d "bench/$name" ]]; then
 		echo "bench/run.sh: no benchmark bench/$name" >&2

@@ -377,6 +377,11 @@ func (c *Cluster) Down(ctx context.Context) error {
 			errs = append(errs, fmt.Errorf("%s: %w", p, err))
 		}
 	}
+	for i := 1; i <= c.spec.Nodes; i++ {
+		if err := c.netdLeftovers(ctx, i); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if err := unmountUnder(c.clusterStateDir(), c.clusterRunDir()); err != nil {
 		errs = append(errs, err)
 	}

@@ -25,8 +25,16 @@ type Peer interface {
 	Root(ctx context.Context, mine mst.Hash, lastSync time.Time) (mst.Hash, time.Time, error)
 	GetNodes(ctx context.Context, hs []mst.Hash) ([][]byte, error)
 	GetDocs(ctx context.Context, keys []string) ([]WireDoc, error)
-	PullFrom(ctx context.Context, root mst.Hash) (int, error)
+	// Tail returns the peer's index entries after a key (see View.Tail).
+	Tail(ctx context.Context, after []byte, limit int) ([]mst.Entry, bool, error)
+	// PullFrom asks the peer to pull from this node (the second half of a
+	// round), trying the tail after `after` first when it is set; it
+	// returns the entries the peer fetched and its root afterwards.
+	PullFrom(ctx context.Context, root mst.Hash, after []byte) (int, mst.Hash, error)
 }
+
+// tailLimit bounds a tail exchange: past it, walking the tree is cheaper.
+const tailLimit = 1024
 
 // Peers tells the gossip layer whom it can talk to.
 type Peers interface {
@@ -98,6 +106,10 @@ type Gossip struct {
 	// too long can drop what it may hold stale first (see statd).
 	PeerLastSync func(ctx context.Context, peer string, last time.Time)
 
+	// watermarks holds, per peer, the greatest index key the two held the
+	// last time their trees were equal (guarded by mu).
+	watermarks map[string][]byte
+
 	// from is the revision the change watch starts after: the store's
 	// revision when the Gossip was made, so no change between New and Run
 	// goes unpushed.
@@ -157,7 +169,8 @@ func New(cfg Config, st *store.Store, peers Peers, counters *Counters, log *slog
 	return &Gossip{
 		cfg: cfg, st: st, peers: peers, log: log, Counters: counters,
 		hot: map[string]int{}, pushing: map[string]bool{}, kick: make(chan struct{}, 1), from: st.Revision(),
-		rnd: rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
+		watermarks: map[string][]byte{},
+		rnd:        rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())),
 	}
 }
 
@@ -324,12 +337,20 @@ func (g *Gossip) antiEntropyLoop(ctx context.Context) error {
 // RoundResult describes one anti-entropy round.
 type RoundResult struct {
 	Equal    bool
-	Pulled   int // entries this node fetched
-	Pushed   int // entries the peer fetched from us
+	Pulled   int  // entries this node fetched
+	Pushed   int  // entries the peer fetched from us
+	Tail     bool // the tails since the peers were last equal sufficed
 	Duration time.Duration
 }
 
 // SyncWith runs one two-way anti-entropy round with a peer.
+//
+// Roots are compared first; equal roots end the round. Otherwise, if the
+// two were equal before, each side fetches the other's index tail since
+// then: the index is ordered by write time, so that is exactly what either
+// missed, unless a write with an older timestamp arrived late. If the
+// roots are equal after that, the round cost little more than the payload.
+// If not, each side walks the other's tree under the differing subtrees.
 func (g *Gossip) SyncWith(ctx context.Context, id string) (RoundResult, error) {
 	start := time.Now()
 	p, err := g.peers.Peer(id)
@@ -351,8 +372,24 @@ func (g *Gossip) SyncWith(ctx context.Context, id string) (RoundResult, error) {
 		root = g.st.Root()
 	}
 	if theirs == root {
+		g.markEqual(id)
 		g.Counters.synced(id)
 		return RoundResult{Equal: true, Duration: time.Since(start)}, nil
+	}
+	var res RoundResult
+	if w := g.watermark(id); w != nil {
+		n, complete, err := g.pullTail(ctx, p, w)
+		res.Pulled += n
+		if err == nil && complete {
+			pushed, after, err := p.PullFrom(ctx, g.st.Root(), w)
+			res.Pushed += pushed
+			if err == nil && after == g.st.Root() {
+				g.markEqual(id)
+				g.Counters.synced(id)
+				res.Tail, res.Duration = true, time.Since(start)
+				return res, nil
+			}
+		}
 	}
 	// The peer's tree may change under a long walk (a node it names is
 	// gone by the time it is fetched): start again from its new root.
@@ -369,20 +406,86 @@ func (g *Gossip) SyncWith(ctx context.Context, id string) (RoundResult, error) {
 			break
 		}
 	}
+	res.Pulled += pulled
 	if err != nil {
 		g.Counters.fail(id, err)
-		return RoundResult{}, err
+		return res, err
 	}
 	// This node now holds everything the peer held: that is what "in sync"
 	// means for the last-sync time, whether or not the peer's half below
 	// succeeds.
 	g.Counters.synced(id)
-	pushed, err := p.PullFrom(ctx, g.st.Root())
+	pushed, after, err := p.PullFrom(ctx, g.st.Root(), nil)
+	res.Pushed += pushed
+	res.Duration = time.Since(start)
 	if err != nil {
 		g.Counters.fail(id, err)
-		return RoundResult{Pulled: pulled, Duration: time.Since(start)}, fmt.Errorf("peer's half of the round: %w", err)
+		return res, fmt.Errorf("peer's half of the round: %w", err)
 	}
-	return RoundResult{Pulled: pulled, Pushed: pushed, Duration: time.Since(start)}, nil
+	if after == g.st.Root() {
+		g.markEqual(id)
+	}
+	return res, nil
+}
+
+// watermark returns the index key this node and peer shared when last
+// equal, nil if unknown.
+func (g *Gossip) watermark(peer string) []byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.watermarks[peer]
+}
+
+// markEqual records that this node's tree equals peer's right now.
+func (g *Gossip) markEqual(peer string) {
+	view, err := g.st.View()
+	if err != nil {
+		return
+	}
+	defer view.Close()
+	last, err := view.Last()
+	if err != nil || last == nil {
+		return
+	}
+	g.mu.Lock()
+	g.watermarks[peer] = last
+	g.mu.Unlock()
+}
+
+// pullTail fetches the peer's index tail after `after`, then the documents
+// behind the entries this node lacks. complete is false when the tail was
+// too long to take whole.
+func (g *Gossip) pullTail(ctx context.Context, p Peer, after []byte) (n int, complete bool, err error) {
+	entries, truncated, err := p.Tail(ctx, after, tailLimit)
+	if err != nil || truncated {
+		return 0, false, err
+	}
+	n, err = g.fetchMissing(ctx, p, entries)
+	return n, err == nil, err
+}
+
+// fetchMissing fetches and merges the documents behind index entries this
+// node lacks.
+func (g *Gossip) fetchMissing(ctx context.Context, p Peer, entries []mst.Entry) (int, error) {
+	view, err := g.st.View()
+	if err != nil {
+		return 0, err
+	}
+	var keys []string
+	seen := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		if have, err := view.HasEntry(e.Key, e.Value); err != nil || have {
+			continue
+		}
+		k, err := store.DocKeyOfIndex(e.Key)
+		if err != nil || seen[k] {
+			continue
+		}
+		seen[k] = true
+		keys = append(keys, k)
+	}
+	view.Close()
+	return g.fetchDocs(ctx, p, keys)
 }
 
 // pull fetches and merges what the peer's tree at root has and ours lacks.
@@ -409,6 +512,11 @@ func (g *Gossip) pull(ctx context.Context, p Peer, root mst.Hash) (int, error) {
 		seen[k] = true
 		keys = append(keys, k)
 	}
+	return g.fetchDocs(ctx, p, keys)
+}
+
+// fetchDocs fetches documents from a peer in batches and merges them.
+func (g *Gossip) fetchDocs(ctx context.Context, p Peer, keys []string) (int, error) {
 	total := 0
 	for start := 0; start < len(keys); start += g.cfg.MaxPushDocs {
 		batch := keys[start:min(start+g.cfg.MaxPushDocs, len(keys))]
@@ -470,6 +578,19 @@ func (g *Gossip) HandleRoot(ctx context.Context, from string, theirSync time.Tim
 	return g.st.Root(), g.LastSync()
 }
 
+// HandleTail serves a peer's tail request.
+func (g *Gossip) HandleTail(after []byte, limit int) ([]mst.Entry, bool, error) {
+	if limit <= 0 || limit > tailLimit {
+		limit = tailLimit
+	}
+	view, err := g.st.View()
+	if err != nil {
+		return nil, false, err
+	}
+	defer view.Close()
+	return view.Tail(after, limit)
+}
+
 // HandleGetNodes serves tree nodes to a pulling peer.
 func (g *Gossip) HandleGetNodes(hs []mst.Hash) ([][]byte, error) {
 	view, err := g.st.View()
@@ -497,14 +618,31 @@ func (g *Gossip) HandleGetDocs(from string, keys []string) ([]WireDoc, error) {
 	return out, nil
 }
 
-// HandlePullFrom runs the second half of a peer's round: pull from it.
-func (g *Gossip) HandlePullFrom(ctx context.Context, from string, root mst.Hash) (int, error) {
+// HandlePullFrom runs the second half of a peer's round: pull from it,
+// by the tail after `after` when given and enough, else by walking its
+// tree. It returns the entries fetched and this node's root afterwards.
+func (g *Gossip) HandlePullFrom(ctx context.Context, from string, root mst.Hash, after []byte) (int, mst.Hash, error) {
 	if root == g.st.Root() {
-		return 0, nil
+		g.markEqual(from)
+		return 0, root, nil
 	}
 	p, err := g.peers.Peer(from)
 	if err != nil {
-		return 0, err
+		return 0, g.st.Root(), err
 	}
-	return g.pull(ctx, p, root)
+	n := 0
+	if after != nil {
+		m, complete, err := g.pullTail(ctx, p, after)
+		n += m
+		if err == nil && complete && g.st.Root() == root {
+			g.markEqual(from)
+			return n, root, nil
+		}
+	}
+	m, err := g.pull(ctx, p, root)
+	n += m
+	if err == nil && g.st.Root() == root {
+		g.markEqual(from)
+	}
+	return n, g.st.Root(), err
 }

@@ -170,11 +170,27 @@ func (p memPeer) GetDocs(_ context.Context, keys []string) ([]WireDoc, error) {
 	return docs, err
 }
 
-func (p memPeer) PullFrom(ctx context.Context, root mst.Hash) (int, error) {
+func (p memPeer) PullFrom(ctx context.Context, root mst.Hash, after []byte) (int, mst.Hash, error) {
 	g, err := p.n.reach(p.from, p.to)
 	if err != nil {
-		return 0, err
+		return 0, mst.Hash{}, err
 	}
-	p.account(len(root)+2, 3)
-	return g.HandlePullFrom(ctx, p.from, root)
+	n, theirs, err := g.HandlePullFrom(ctx, p.from, root, after)
+	p.account(len(root)+2+protowire.SizeBytes(len(after))+1, 3+len(theirs)+2)
+	return n, theirs, err
+}
+
+func (p memPeer) Tail(_ context.Context, after []byte, limit int) ([]mst.Entry, bool, error) {
+	g, err := p.n.reach(p.from, p.to)
+	if err != nil {
+		return nil, false, err
+	}
+	entries, truncated, err := g.HandleTail(after, limit)
+	recv := 2
+	for _, e := range entries {
+		m := protowire.SizeBytes(len(e.Key)) + protowire.SizeBytes(len(e.Value)) + 2
+		recv += protowire.SizeBytes(m) + 1
+	}
+	p.account(protowire.SizeBytes(len(after))+1+3, recv)
+	return entries, truncated, err
 }

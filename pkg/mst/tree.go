@@ -503,3 +503,20 @@ func (t *Tree) ascend(r ref, start []byte, fn func(key, value []byte) bool) (boo
 	}
 	return true, nil
 }
+
+// Last returns the greatest key in the tree and its value; ok is false for
+// an empty tree. statd orders its index by time, so this is the latest
+// write: the watermark two peers share after a round that left them equal.
+func (t *Tree) Last() (key, value []byte, ok bool, err error) {
+	r := t.root
+	for {
+		n, err := t.load(r)
+		if err != nil || n == nil {
+			return key, value, ok, err
+		}
+		if len(n.keys) > 0 {
+			key, value, ok = n.keys[len(n.keys)-1], n.vals[len(n.vals)-1], true
+		}
+		r = n.kids[len(n.kids)-1]
+	}
+}

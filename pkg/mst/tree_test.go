@@ -362,3 +362,25 @@ func TestDepth(t *testing.T) {
 		}
 	}
 }
+
+func TestLast(t *testing.T) {
+	st := NewMemStore()
+	tr := Open(st, Hash{}, Options{})
+	if _, _, ok, err := tr.Last(); ok || err != nil {
+		t.Fatalf("empty tree: ok=%v err=%v", ok, err)
+	}
+	max := ""
+	for i := range 500 {
+		k := fmt.Sprintf("k%05d", (i*7919)%500)
+		if k > max {
+			max = k
+		}
+		if err := tr.Put([]byte(k), []byte("v"+k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	k, v, ok, err := tr.Last()
+	if !ok || err != nil || string(k) != max || string(v) != "v"+max {
+		t.Fatalf("Last = %q %q %v %v, want %q", k, v, ok, err, max)
+	}
+}

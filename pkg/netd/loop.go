@@ -124,6 +124,8 @@ func (n *node) setup(ctx context.Context) error {
 	}
 	n.mtu = overlay.MTU(underlay)
 	n.iface = "shwg" + n.id[:min(8, len(n.id))]
+	// Recorded for tooling that cleans up after a node (dev clusters).
+	os.WriteFile(filepath.Join(n.cfg.StateDir, "iface"), []byte(n.iface+"\n"), 0o600)
 	if err := n.device(); err != nil {
 		return err
 	}

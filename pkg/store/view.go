@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -129,4 +130,34 @@ func (s *Store) MergeBatch(ctx context.Context, docs []KeyedDoc) []WriteResult {
 		}
 	}
 	return results
+}
+
+// Tail returns the index entries after key after (exclusive), in order, at
+// most limit of them; truncated reports that more follow. Because the index
+// is ordered by write time, these are the writes since after.
+func (v *View) Tail(after []byte, limit int) (entries []mst.Entry, truncated bool, err error) {
+	err = v.Tree().Ascend(after, func(key, value []byte) bool {
+		if after != nil && bytes.Equal(key, after) {
+			return true
+		}
+		if len(entries) == limit {
+			truncated = true
+			return false
+		}
+		entries = append(entries, mst.Entry{Key: bytes.Clone(key), Value: bytes.Clone(value)})
+		return true
+	})
+	return entries, truncated, err
+}
+
+// Last returns the view's greatest index key: its latest write.
+func (v *View) Last() ([]byte, error) {
+	k, _, _, err := v.Tree().Last()
+	return bytes.Clone(k), err
+}
+
+// HasEntry reports whether the view's index holds key with value.
+func (v *View) HasEntry(key, value []byte) (bool, error) {
+	got, ok, err := v.Tree().Get(key)
+	return ok && bytes.Equal(got, value), err
 }
