@@ -38,8 +38,8 @@ x 1 -- shoalctl image load "$PWD/bin/busybox.tar"
 
 echo
 echo "== create a 3-replica service from node 2: placed without a master"
-x 2 -- shoalctl service create hello --image local/busybox:latest --replicas 3 --stop-grace 2s -- \
-  sh -c 'echo "hello from $HOSTNAME"; exec sleep 1000000'
+x 2 -- shoalctl service create hello --image local/busybox:latest --replicas 3 --stop-grace 2s --publish 8080:80 -- \
+  sh -c 'echo "hello from $HOSTNAME" | tee /www/index.html; exec httpd -f -p 80 -h /www'
 x 3 -- shoalctl service ps hello
 echo
 echo "(nodes 2 and 3 fetched the image from node 1, by digest)"
@@ -48,6 +48,19 @@ x 3 -- shoalctl image ls
 echo
 echo "== logs of every task, read from node 3"
 x 3 -- shoalctl service logs hello
+
+echo
+echo "== port 8080 answers on every node's address, whichever node runs a replica"
+for i in $(seq 1 "$nodes"); do
+  addr=$($ctl dev status -o json | grep '"addr"' | sed -n "${i}p" | cut -d'"' -f4)
+  [ -n "$addr" ] && echo "http://$addr:8080/ -> $(wget -qO- -T 3 "http://$addr:8080/" || echo unreachable)"
+done
+
+echo
+echo "== every task finds the others by name over the WireGuard overlay"
+task=$(x 1 -- shoalctl task ls --service hello -o json | grep -m1 '"id"' | cut -d'"' -f4)
+x 1 -- shoalctl task exec "$task" -- nslookup hello.shoal | grep -A1 'Name:' || true
+x 1 -- shoalctl network inspect
 
 echo
 echo "== kill node $nodes (its daemons and containers); its replica moves"
