@@ -136,11 +136,11 @@ func main() {
 // pebbleOptions are the options store.Open gives Pebble (pkg/store/store.go).
 // putTable checks that the OPTIONS files both databases write are
 // identical, so a change in the store's options shows up here.
+// pebbleOptions are the store's own Pebble options, so the baseline is
+// like for like. NB: the cache reference is never released: each bench
+// database lives to the end of the run.
 func pebbleOptions() *pebble.Options {
-	return &pebble.Options{
-		Logger:             quietLogger{},
-		FormatMajorVersion: pebble.FormatNewest,
-	}
+	return store.PebbleOptions(quietLogger{})
 }
 
 type quietLogger struct{}

@@ -315,7 +315,9 @@ func (g *Gossip) pick(n int) []string {
 func (g *Gossip) antiEntropyLoop(ctx context.Context) error {
 	for {
 		// Jitter keeps nodes from syncing in lockstep.
+		g.mu.Lock()
 		d := g.cfg.AntiEntropyInterval/2 + time.Duration(g.rnd.Int64N(int64(g.cfg.AntiEntropyInterval)))
+		g.mu.Unlock()
 		select {
 		case <-ctx.Done():
 			return nil

@@ -14,6 +14,11 @@ type counters struct {
 	skewRejected atomic.Uint64
 	corruptNodes atomic.Uint64
 	repairs      atomic.Uint64
+	// The indexer's tree commits, and documents it could not index.
+	indexBatches  atomic.Uint64
+	indexRejected atomic.Uint64
+	// Local writes stamped again by the committer (see writeReq.stamp).
+	restamped atomic.Uint64
 }
 
 func (c *counters) observeCommit(d time.Duration, changes int) {
@@ -31,5 +36,8 @@ func (c *counters) snapshot(clockRejected uint64) map[string]uint64 {
 		"clock_rejected":    clockRejected,
 		"mst_corrupt_nodes": c.corruptNodes.Load(),
 		"mst_repairs":       c.repairs.Load(),
+		"index_batches":     c.indexBatches.Load(),
+		"index_rejected":    c.indexRejected.Load(),
+		"writes_restamped":  c.restamped.Load(),
 	}
 }

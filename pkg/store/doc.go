@@ -7,21 +7,28 @@
 //
 //	d<key>          document record: uvarint revision | crdt encoding
 //	c<rev:8>        change log: the record of <key> right after revision rev
+//	i<seq:8>        index op log: how op seq moves a document's MST entry
 //	m<hash:32>      MST node, content-addressed (exactly the current tree)
-//	s<name>         scalars: root hash, revision, oldest revision, HLC
-//	                high-water mark, counters, node ID
+//	s<name>         scalars: commit state (revision, last op, live and
+//	                deleted counts, HLC high-water mark), index root and
+//	                applied op, oldest revision, counters, node ID
 //
 // # Writes
 //
 // Every write (a local Put or Delete, or a document merged from a peer) is
-// a delta merged into the current document. One committer goroutine applies
-// writes in groups: it merges each delta, assigns the next local revision,
-// moves the document's MST entry, appends the change log, and commits the
-// whole group (documents, log, added and removed MST nodes, root and
-// revision) as one synced Pebble batch. Waiting writers are acknowledged
-// after the fsync, so a write is durable when acknowledged, concurrent
-// writers share one fsync, and the MST on disk always matches the
-// documents.
+// a delta merged into the current document. The writer's goroutine does
+// the work: it stamps a local write, reads the document (or knows from an
+// in-memory Bloom filter of the stored keys that there is none), merges,
+// encodes and hashes. One committer goroutine then sequences writes in
+// groups: it uses each prepared write if no write to its key was applied
+// since the read (else it prepares it again), assigns revisions and index
+// op numbers, and applies the group (documents, change log, index ops,
+// scalars) as one synced Pebble batch, moving on to the next group while a
+// syncer goroutine waits for the WAL sync. Waiting writers are
+// acknowledged after the fsync, so a write is durable when acknowledged
+// and concurrent writers share one fsync. A local write's stamp exceeds
+// every stamp committed before it (the committer stamps it again if a
+// later-stamped write overtook it).
 //
 // # The index
 //
@@ -34,6 +41,17 @@
 // instead of scattered paths (FIELD-NOTES: clustered differences cost ≈1.5×
 // the payload, scattered 35–65×).
 //
+// The tree is kept off the write path. Each write's batch carries an index
+// op (old entry, new entry and digest); an indexer goroutine applies the
+// durable ops to the tree in batches of up to thousands, so that the path
+// copies and hashes they share are paid once, and persists the nodes
+// added and removed, the root and the last op applied (sindexed) in one
+// unsynced batch, trimming the ops it applied. A crash loses at most the
+// indexer's progress: Open replays the op log from sindexed, reaching the
+// root the lost batches had. Root, Status and View wait until the index
+// covers every write acknowledged before the call, so a caller never sees
+// a root older than its own writes, and the root reported before a crash
+// is the one the replay reproduces.
 // # Watching
 //
 // The change log gives every change a revision. A watcher replays the log
@@ -44,8 +62,9 @@
 // # Damage
 //
 // MST nodes are verified against their hash whenever they are loaded. A
-// corrupt or missing node is reported, counted and repaired by rebuilding
-// the tree from the documents, which are the source of truth; a scrub after
-// start-up walks the whole tree so damage is found without waiting for a
-// write to trip over it.
+// corrupt or missing node (or index op) is reported, counted and repaired
+// by rebuilding the tree from the documents, which are the source of
+// truth, while the committer holds writes back; a scrub after start-up
+// walks the whole tree so damage is found without waiting for the indexer
+// to trip over it.
 package store

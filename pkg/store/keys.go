@@ -2,10 +2,13 @@ package store
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"math/bits"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/cockroachdb/pebble/v2"
 	"github.com/containerd/errdefs"
 
 	"github.com/shoal-dev/shoal/pkg/crdt"
@@ -17,25 +20,32 @@ const MaxKeyLen = 512
 
 // Pebble key prefixes; see the package doc.
 const (
-	prefixDoc    = 'd'
-	prefixChange = 'c'
-	prefixNode   = 'm'
-	prefixScalar = 's'
+	prefixDoc     = 'd'
+	prefixChange  = 'c'
+	prefixIndexOp = 'i'
+	prefixNode    = 'm'
+	prefixScalar  = 's'
 )
 
 var (
-	keyRoot       = []byte("sroot")
-	keyRev        = []byte("srev")
-	keyOldest     = []byte("soldest")
-	keyHLC        = []byte("shlc")
-	keyLive       = []byte("slive")
-	keyTombstones = []byte("stombs")
-	keyNodeID     = []byte("snode-id")
-	keyFormat     = []byte("sformat")
+	keyRoot    = []byte("sroot")
+	keyIndexed = []byte("sindexed")
+	keyCommit  = []byte("scommit")
+	keyOldest  = []byte("soldest")
+	keyNodeID  = []byte("snode-id")
+	keyFormat  = []byte("sformat")
+
+	// Format 1 kept the committer's scalars under separate keys.
+	keyRevV1        = []byte("srev")
+	keyHLCV1        = []byte("shlc")
+	keyLiveV1       = []byte("slive")
+	keyTombstonesV1 = []byte("stombs")
 )
 
-// formatVersion is the on-disk layout version; Open refuses others.
-const formatVersion = 1
+// formatVersion is the on-disk layout version; Open refuses others, but
+// upgrades format 1 (which had no index op log: its tree always matched
+// its documents, so it is format 2 with nothing left to index).
+const formatVersion = 2
 
 // ValidateKey checks a document key: an absolute, slash-separated path of
 // non-empty segments of printable UTF-8, at most MaxKeyLen bytes, e.g.
@@ -106,6 +116,10 @@ func changeKey(rev uint64) []byte {
 
 func nodeKey(h [32]byte) []byte { return append([]byte{prefixNode}, h[:]...) }
 
+func indexOpKey(seq uint64) []byte {
+	return binary.BigEndian.AppendUint64([]byte{prefixIndexOp}, seq)
+}
+
 // IndexKey is a document's MST key: the HLC timestamp of its latest write,
 // then its key. See the package doc for why time comes first.
 func IndexKey(d crdt.Doc, key string) []byte {
@@ -133,6 +147,27 @@ type Record struct {
 func encodeRecord(rev uint64, doc []byte) []byte {
 	b := binary.AppendUvarint(make([]byte, 0, 10+len(doc)), rev)
 	return append(b, doc...)
+}
+
+// setRecord adds d<key> = encodeRecord(rev, doc) to b, encoding in place.
+func setRecord(b *pebble.Batch, key string, rev uint64, doc []byte) {
+	op := b.SetDeferred(1+len(key), uvarintLen(rev)+len(doc))
+	op.Key[0] = prefixDoc
+	copy(op.Key[1:], key)
+	n := binary.PutUvarint(op.Value, rev)
+	copy(op.Value[n:], doc)
+	op.Finish()
+}
+
+// setChange adds c<rev> = encodeChange(key, doc) to b, encoding in place.
+func setChange(b *pebble.Batch, rev uint64, key string, doc []byte) {
+	op := b.SetDeferred(9, uvarintLen(uint64(len(key)))+len(key)+len(doc))
+	op.Key[0] = prefixChange
+	binary.BigEndian.PutUint64(op.Key[1:], rev)
+	n := binary.PutUvarint(op.Value, uint64(len(key)))
+	n += copy(op.Value[n:], key)
+	copy(op.Value[n:], doc)
+	op.Finish()
 }
 
 // DecodeRecord decodes a d<key> value.
@@ -166,4 +201,140 @@ func DecodeChange(b []byte) (key string, d crdt.Doc, err error) {
 
 // uvarintLen is the length of the minimal encoding of v; decoders insist on
 // it so that every stored value has exactly one encoding.
-func uvarintLen(v uint64) int { return len(binary.AppendUvarint(nil, v)) }
+func uvarintLen(v uint64) int { return max(1, (bits.Len64(v)+6)/7) }
+
+// commitScalars are what every commit updates besides documents and logs,
+// kept under one key (scommit) so that a commit writes one scalar.
+type commitScalars struct {
+	rev        uint64 // latest revision
+	opSeq      uint64 // latest index op
+	live       uint64 // live documents
+	tombstones uint64 // deleted documents still stored
+	hlc        hlc.Timestamp
+}
+
+const commitScalarsLen = 4*8 + hlc.EncodedLen
+
+// encode returns rev:8 | opSeq:8 | live:8 | tombstones:8 | hlc:12.
+func (c commitScalars) encode() []byte {
+	b := make([]byte, 0, commitScalarsLen)
+	b = binary.BigEndian.AppendUint64(b, c.rev)
+	b = binary.BigEndian.AppendUint64(b, c.opSeq)
+	b = binary.BigEndian.AppendUint64(b, c.live)
+	b = binary.BigEndian.AppendUint64(b, c.tombstones)
+	return c.hlc.AppendBinary(b)
+}
+
+// readCommitScalars reads scommit; a store that never committed has zero
+// scalars.
+func readCommitScalars(r pebble.Reader) (commitScalars, error) {
+	v, c, err := r.Get(keyCommit)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return commitScalars{}, nil
+	}
+	if err != nil {
+		return commitScalars{}, fmt.Errorf("read %s: %w", keyCommit, err)
+	}
+	defer c.Close()
+	if len(v) != commitScalarsLen {
+		return commitScalars{}, fmt.Errorf("scalar %s has %d bytes: %w", keyCommit, len(v), errdefs.ErrDataLoss)
+	}
+	ts, _ := hlc.Decode(v[32:])
+	return commitScalars{
+		rev:        binary.BigEndian.Uint64(v),
+		opSeq:      binary.BigEndian.Uint64(v[8:]),
+		live:       binary.BigEndian.Uint64(v[16:]),
+		tombstones: binary.BigEndian.Uint64(v[24:]),
+		hlc:        ts,
+	}, nil
+}
+
+// indexOp is one entry of the index op log (i<seq>): what a committed write
+// does to the MST. A change moves a document's entry from its previous
+// index key (if it had one) to its new one; a purge only removes it.
+type indexOp struct {
+	key    string
+	prev   []byte // HLC timestamp (hlc.EncodedLen bytes) of the old entry, nil if none
+	next   []byte // HLC timestamp of the new entry, nil for a purge
+	digest []byte // digest of the new document (len 32) when next is set
+}
+
+const (
+	opHasPrev = 1 << iota
+	opHasNext
+)
+
+// encodeIndexOp encodes an i<seq> value: flags:1 | [prev:12] |
+// [next:12 digest:32] | key.
+func encodeIndexOp(key string, prev, next hlc.Timestamp, hasPrev, hasNext bool, digest *crdt.Digest) []byte {
+	b := make([]byte, 1, 1+2*hlc.EncodedLen+len(digest)+len(key))
+	if hasPrev {
+		b[0] |= opHasPrev
+		b = prev.AppendBinary(b)
+	}
+	if hasNext {
+		b[0] |= opHasNext
+		b = next.AppendBinary(b)
+		b = append(b, digest[:]...)
+	}
+	return append(b, key...)
+}
+
+// setIndexOp adds i<seq> = encodeIndexOp(...) for a change to b, encoding
+// in place.
+func setIndexOp(b *pebble.Batch, seq uint64, key string, prev, next hlc.Timestamp, hasPrev bool, digest *crdt.Digest) {
+	n := 1 + hlc.EncodedLen + len(digest) + len(key)
+	if hasPrev {
+		n += hlc.EncodedLen
+	}
+	op := b.SetDeferred(9, n)
+	op.Key[0] = prefixIndexOp
+	binary.BigEndian.PutUint64(op.Key[1:], seq)
+	v := op.Value[:1]
+	v[0] = opHasNext
+	if hasPrev {
+		v[0] |= opHasPrev
+		v = prev.AppendBinary(v)
+	}
+	v = next.AppendBinary(v)
+	v = append(v, digest[:]...)
+	v = append(v, key...)
+	_ = v // written in place: op.Value has exactly this capacity
+	op.Finish()
+}
+
+// decodeIndexOp decodes an i<seq> value. The slices in the result alias b.
+func decodeIndexOp(b []byte) (indexOp, error) {
+	var op indexOp
+	bad := func(what string) (indexOp, error) {
+		return indexOp{}, fmt.Errorf("%w: index op: %s", crdt.ErrCorrupt, what)
+	}
+	if len(b) == 0 || b[0]&^(opHasPrev|opHasNext) != 0 || b[0] == 0 {
+		return bad("bad flags")
+	}
+	flags, rest := b[0], b[1:]
+	if flags&opHasPrev != 0 {
+		if len(rest) < hlc.EncodedLen {
+			return bad("short")
+		}
+		op.prev, rest = rest[:hlc.EncodedLen], rest[hlc.EncodedLen:]
+	}
+	if flags&opHasNext != 0 {
+		n := hlc.EncodedLen + len(crdt.Digest{})
+		if len(rest) < n {
+			return bad("short")
+		}
+		op.next, op.digest, rest = rest[:hlc.EncodedLen], rest[hlc.EncodedLen:n], rest[n:]
+	}
+	if len(rest) == 0 || len(rest) > MaxKeyLen {
+		return bad("bad key length")
+	}
+	op.key = string(rest)
+	return op, nil
+}
+
+// indexKeyOf returns the MST key of a document whose latest write has the
+// encoded timestamp ts: ts | key (see IndexKey).
+func indexKeyOf(dst, ts []byte, key string) []byte {
+	return append(append(dst[:0], ts...), key...)
+}

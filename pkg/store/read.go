@@ -27,10 +27,11 @@ func (s *Store) Get(key string) (Record, uint64, error) {
 	}
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
-	rev, err := readUint(snap, keyRev)
+	cs, err := readCommitScalars(snap)
 	if err != nil {
 		return Record{}, 0, err
 	}
+	rev := cs.rev
 	rec, err := readRecord(snap, key)
 	if err != nil {
 		if errors.Is(err, crdt.ErrCorrupt) {
@@ -78,9 +79,11 @@ func (s *Store) List(opts ListOptions) (recs []Record, rev uint64, more bool, er
 	}
 	snap := s.db.NewSnapshot()
 	defer snap.Close()
-	if rev, err = readUint(snap, keyRev); err != nil {
+	cs, err := readCommitScalars(snap)
+	if err != nil {
 		return nil, 0, false, err
 	}
+	rev = cs.rev
 	lower := docKey(opts.Prefix)
 	if opts.After != "" {
 		if !strings.HasPrefix(opts.After, opts.Prefix) {
@@ -250,14 +253,16 @@ type Status struct {
 	Counters   map[string]uint64
 }
 
-// Status returns the store's status.
+// Status returns the store's status. Like Root, it waits for the index to
+// cover the writes acknowledged before the call.
 func (s *Store) Status() Status {
+	s.waitIndexed()
 	st := s.state.Load()
 	return Status{
 		NodeID:     s.nodeID,
 		Live:       st.live,
 		Tombstones: st.tombstones,
-		Root:       st.root,
+		Root:       s.index.Load().root,
 		Revision:   s.rev.Load(),
 		Oldest:     s.oldest.Load(),
 		Counters:   s.stats.snapshot(s.clock.Rejected()),

@@ -49,6 +49,27 @@ type Options struct {
 	InMemory bool
 }
 
+// PebbleOptions are the Pebble options of every store (benchmarks compare
+// raw Pebble with the same). The caller owns a reference to the cache:
+// Unref it once the database is open.
+func PebbleOptions(log pebble.Logger) *pebble.Options {
+	popts := &pebble.Options{
+		Logger:             log,
+		FormatMajorVersion: pebble.FormatNewest,
+		// NB: Pebble reserves memtable memory out of the block cache; the
+		// default 8 MB cache is all memtable and caches nothing, and every
+		// write reads the document it merges into.
+		Cache:        pebble.NewCache(cacheBytes),
+		MemTableSize: 16 << 20,
+	}
+	// Bloom filters spare a read of a document that does not exist yet
+	// (every create) a search through every level.
+	for i := range popts.Levels {
+		popts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
+	}
+	return popts
+}
+
 // cacheBytes sizes Pebble's block cache (memtables included).
 const cacheBytes = 96 << 20
 
@@ -73,11 +94,18 @@ type Store struct {
 	closing chan struct{}
 	done    chan struct{}
 	closeMu sync.Once
+	// aheadMu: writers read-lock it around their reads ahead, so that
+	// Close does not close the database under them.
+	aheadMu sync.RWMutex
 
-	// Committed state, published by the committer after each commit.
-	rev    atomic.Uint64
-	oldest atomic.Uint64
-	state  atomic.Pointer[committed]
+	// Committed state, published by the syncer after each durable commit.
+	rev   atomic.Uint64
+	opSeq atomic.Uint64 // sequence number of the last durable index op
+	// applied is the last index op applied to Pebble (visible to reads,
+	// durable or not): see writeReq.pre.
+	applied atomic.Uint64
+	oldest  atomic.Uint64
+	state   atomic.Pointer[committed]
 
 	notifyMu sync.Mutex
 	notify   chan struct{} // closed and replaced at every commit
@@ -85,17 +113,39 @@ type Store struct {
 	stats counters
 
 	// Owned by the committer goroutine.
-	tree *mst.Tree
-	next pending
+	next      pending
+	recent    recentWrites
+	lastStamp hlc.Timestamp // the greatest stamp committed so far
+	writes    groupWrites
+	fbuilding *keyFilter // being built (filter.go)
+	// filter, if set, holds every key that has a document record.
+	filter atomic.Pointer[keyFilter]
+	// bg tracks background goroutines the committer starts.
+	bg sync.WaitGroup
 	// syncq hands applied groups from the committer to the syncer.
 	syncq chan *inflight
 	// broken is set when a WAL sync failed; no write is accepted after.
 	broken atomic.Pointer[error]
+
+	// The index, maintained by the indexer goroutine (index.go).
+	index       atomic.Pointer[indexState]
+	indexWake   chan struct{} // new durable index ops
+	indexKick   chan struct{} // a reader waits for the index
+	indexReqs   chan chan rebuildResult
+	indexStop   chan struct{}
+	indexDone   chan struct{}
+	indexMu     sync.Mutex
+	indexNotify chan struct{} // closed and replaced at every index commit
+	// Owned by the indexer goroutine.
+	tree    *mst.Tree
+	trimmed uint64 // index ops up to here are deleted from the log
+	damaged bool   // the tree is damaged; wait for a rebuild
+	// testHoldIndex, set by tests, stops the indexer while true.
+	testHoldIndex atomic.Bool
 }
 
-// committed is the part of the state published as one unit.
+// committed is the part of the committer's state published as one unit.
 type committed struct {
-	root       mst.Hash
 	live       uint64
 	tombstones uint64
 }
@@ -117,21 +167,8 @@ func Open(opts Options) (*Store, error) {
 	if opts.MSTLevelBits == 0 {
 		opts.MSTLevelBits = 4
 	}
-	popts := &pebble.Options{
-		Logger:             pebbleLogger{opts.Logger.With("component", "pebble")},
-		FormatMajorVersion: pebble.FormatNewest,
-		// NB: Pebble reserves memtable memory out of the block cache; the
-		// default 8 MB cache is all memtable and caches nothing, and every
-		// write reads the document it merges into.
-		Cache:        pebble.NewCache(cacheBytes),
-		MemTableSize: 16 << 20,
-	}
+	popts := PebbleOptions(pebbleLogger{opts.Logger.With("component", "pebble")})
 	defer popts.Cache.Unref()
-	// Bloom filters spare the committer's read of a document that does not
-	// exist yet (every create) a search through every level.
-	for i := range popts.Levels {
-		popts.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
-	}
 	if opts.InMemory {
 		popts.FS = vfs.NewMem()
 	}
@@ -149,12 +186,20 @@ func Open(opts Options) (*Store, error) {
 		closing: make(chan struct{}),
 		done:    make(chan struct{}),
 		notify:  make(chan struct{}),
-		syncq:   make(chan *inflight, 4),
+		syncq:   make(chan *inflight, 1),
+
+		indexWake:   make(chan struct{}, 1),
+		indexKick:   make(chan struct{}, 1),
+		indexReqs:   make(chan chan rebuildResult),
+		indexStop:   make(chan struct{}),
+		indexDone:   make(chan struct{}),
+		indexNotify: make(chan struct{}),
 	}
 	if err := s.load(); err != nil {
 		db.Close()
 		return nil, err
 	}
+	go s.indexer()
 	go s.run()
 	return s, nil
 }
@@ -167,7 +212,7 @@ func (s *Store) load() error {
 		return err
 	}
 	isNew := format == 0
-	if !isNew && format != formatVersion {
+	if !isNew && format != formatVersion && format != 1 {
 		return fmt.Errorf("store format %d, this binary reads %d", format, formatVersion)
 	}
 	stored, err := s.getBytes(keyNodeID)
@@ -187,17 +232,28 @@ func (s *Store) load() error {
 	if len(s.nodeID) > crdt.MaxNodeID {
 		return fmt.Errorf("node ID longer than %d bytes", crdt.MaxNodeID)
 	}
-	if isNew {
+	cs, err := readCommitScalars(s.db)
+	if err != nil {
+		return err
+	}
+	if format == 1 {
+		if cs, err = s.loadV1Scalars(); err != nil {
+			return err
+		}
+	}
+	if format != formatVersion {
 		b := s.db.NewBatch()
 		b.Set(keyFormat, binary.BigEndian.AppendUint64(nil, formatVersion), nil)
 		b.Set(keyNodeID, []byte(s.nodeID), nil)
+		if format == 1 {
+			b.Set(keyCommit, cs.encode(), nil)
+			for _, k := range [][]byte{keyRevV1, keyHLCV1, keyLiveV1, keyTombstonesV1} {
+				b.Delete(k, nil)
+			}
+		}
 		if err := b.Commit(pebble.Sync); err != nil {
 			return fmt.Errorf("initialise store: %w", err)
 		}
-	}
-	rev, err := s.getUint(keyRev)
-	if err != nil {
-		return err
 	}
 	oldest, err := s.getUint(keyOldest)
 	if err != nil {
@@ -206,33 +262,59 @@ func (s *Store) load() error {
 	if oldest == 0 {
 		oldest = 1
 	}
-	s.rev.Store(rev)
+	s.rev.Store(cs.rev)
 	s.oldest.Store(oldest)
-	if b, err := s.getBytes(keyHLC); err != nil {
-		return err
-	} else if b != nil {
-		ts, err := hlc.Decode(b)
-		if err != nil {
-			return fmt.Errorf("stored clock: %w", err)
-		}
-		s.clock.Restore(ts)
-	}
-	var st committed
+	s.clock.Restore(cs.hlc)
+	var root mst.Hash
 	if b, err := s.getBytes(keyRoot); err != nil {
 		return err
-	} else if len(b) == len(st.root) {
-		copy(st.root[:], b)
+	} else if len(b) == len(root) {
+		copy(root[:], b)
 	}
-	if st.live, err = s.getUint(keyLive); err != nil {
+	indexed, err := s.getUint(keyIndexed)
+	if err != nil {
 		return err
 	}
-	if st.tombstones, err = s.getUint(keyTombstones); err != nil {
-		return err
+	if indexed > cs.opSeq {
+		return fmt.Errorf("index at op %d is ahead of the op log (%d): %w", indexed, cs.opSeq, errdefs.ErrDataLoss)
 	}
+	st := committed{live: cs.live, tombstones: cs.tombstones}
 	s.state.Store(&st)
-	s.tree = s.openTree(st.root)
-	s.next = pending{rev: rev, st: st, oldest: oldest}
+	s.opSeq.Store(cs.opSeq)
+	s.applied.Store(cs.opSeq)
+	s.next = pending{rev: cs.rev, opSeq: cs.opSeq, st: st, oldest: oldest}
+	s.recent = newRecentWrites(cs.opSeq)
+	s.lastStamp = cs.hlc
+	// The index may lag the documents by the ops it had not applied when
+	// the store last stopped; the indexer replays them from the op log.
+	s.index.Store(&indexState{root: root, seq: indexed})
+	s.trimmed = indexed
+	s.tree = s.openTree(root)
 	return nil
+}
+
+// loadV1Scalars reads the scalars of a format 1 store. Its index always
+// matched its documents, and it had no index op log: op 0 is its state.
+func (s *Store) loadV1Scalars() (commitScalars, error) {
+	var cs commitScalars
+	var err error
+	if cs.rev, err = s.getUint(keyRevV1); err != nil {
+		return cs, err
+	}
+	if cs.live, err = s.getUint(keyLiveV1); err != nil {
+		return cs, err
+	}
+	if cs.tombstones, err = s.getUint(keyTombstonesV1); err != nil {
+		return cs, err
+	}
+	if b, err := s.getBytes(keyHLCV1); err != nil {
+		return cs, err
+	} else if b != nil {
+		if cs.hlc, err = hlc.Decode(b); err != nil {
+			return cs, fmt.Errorf("stored clock: %w", err)
+		}
+	}
+	return cs, nil
 }
 
 func (s *Store) openTree(root mst.Hash) *mst.Tree {
@@ -250,7 +332,10 @@ func (s *Store) Close() error {
 	s.closeMu.Do(func() {
 		close(s.closing)
 		<-s.done
+		// Writers' reads ahead (prepareAhead) may still be running.
+		s.aheadMu.Lock()
 		err = s.db.Close()
+		s.aheadMu.Unlock()
 	})
 	return err
 }
@@ -264,8 +349,12 @@ func (s *Store) Clock() *hlc.Clock { return s.clock }
 // Revision returns the latest committed revision.
 func (s *Store) Revision() uint64 { return s.rev.Load() }
 
-// Root returns the committed MST root.
-func (s *Store) Root() mst.Hash { return s.state.Load().root }
+// Root returns the MST root of the index once it covers every write
+// acknowledged before the call (see waitIndexed).
+func (s *Store) Root() mst.Hash {
+	s.waitIndexed()
+	return s.index.Load().root
+}
 
 // NewNodeID returns a random 12-hex-digit node ID.
 func NewNodeID() string {

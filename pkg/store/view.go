@@ -22,11 +22,14 @@ type View struct {
 	opts mst.Options
 }
 
-// View opens a view of the latest commit.
+// View opens a view of the latest index commit, once the index covers the
+// writes acknowledged before the call. The view's documents may be newer
+// than its tree (writes go on while the indexer works), never older.
 func (s *Store) View() (*View, error) {
 	if s.isClosed() {
 		return nil, ErrClosed
 	}
+	s.waitIndexed()
 	snap := s.db.NewSnapshot()
 	b, err := readBytes(snap, keyRoot)
 	if err != nil {
@@ -110,6 +113,7 @@ func (s *Store) MergeBatch(ctx context.Context, docs []KeyedDoc) []WriteResult {
 			continue
 		}
 		r := &writeReq{op: opMerge, key: d.Key, remote: d.Doc, res: make(chan WriteResult, 1)}
+		s.prepareAhead(r)
 		select {
 		case s.reqs <- r:
 			reqs[i] = r
@@ -123,10 +127,9 @@ func (s *Store) MergeBatch(ctx context.Context, docs []KeyedDoc) []WriteResult {
 		if r == nil {
 			continue
 		}
-		select {
-		case results[i] = <-r.res:
-		case <-ctx.Done():
-			results[i].Err = ctx.Err()
+		var err error
+		if results[i], err = s.await(ctx, r); err != nil && results[i].Err == nil {
+			results[i].Err = err
 		}
 	}
 	return results

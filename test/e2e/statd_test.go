@@ -391,10 +391,10 @@ func TestDaemonsServeHealthStatusAndStopCleanly(t *testing.T) {
 			t.Fatalf("%s left its socket behind", d)
 		}
 	}
-	// --help of the placeholder daemons says what they do not do yet.
-	help, _ := exec.Command(bin("shoal-netd"), "--help").CombinedOutput()
+	// --help of the placeholder daemon says what it does not do yet.
+	help, _ := exec.Command(bin("shoal-vold"), "--help").CombinedOutput()
 	if !strings.Contains(string(help), "only starts, serves health") {
-		t.Fatalf("netd --help:\n%s", help)
+		t.Fatalf("vold --help:\n%s", help)
 	}
 }
 
