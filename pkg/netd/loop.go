@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -87,10 +88,14 @@ func (n *node) waitIdentity(ctx context.Context) error {
 				return nil
 			}
 		}
+		// Poll often: a node that just joined is unreachable until netd
+		// has seen it join, and the goal is reachable within 2 s of the
+		// join (a 1 s poll alone cost about 1 s of that). The call is to
+		// the local statd socket.
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(time.Second):
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
 }
@@ -134,6 +139,14 @@ func (n *node) setup(ctx context.Context) error {
 	}
 	if err := n.network(); err != nil {
 		return err
+	}
+	// Peers before the node document: once the others read this node's
+	// key they add it and send it a handshake at once (see peerKeepalive),
+	// which this device drops unless it knows them already; a new node's
+	// first handshakes with some peers then waited for WireGuard's 5 s
+	// retry.
+	if _, err := n.dev.ApplyPeers(n.desiredPeers()); err != nil {
+		n.log.Warn("apply peers", "err", err)
 	}
 	if err := n.publish(ctx); err != nil {
 		return err
@@ -198,6 +211,16 @@ func (n *node) network() error {
 	gw := n.ipam.Gateway()
 	if err := n.nl.EnsureBridge(n.cfg.Bridge, netip.PrefixFrom(gw, sub.Bits()), n.mtu); err != nil {
 		return fmt.Errorf("bridge: %w", err)
+	}
+	// A subnet this node held before (lost to another node, or left at a
+	// restart with another claim) must go from the bridge: its connected
+	// route would keep that subnet, now routed to its new owner over
+	// WireGuard, on the local bridge. Tasks still on such an address are
+	// cut off until replaced; other nodes route it elsewhere anyway.
+	if removed, err := n.nl.PruneAddrs(n.cfg.Bridge, netip.PrefixFrom(gw, sub.Bits()), n.overlay); err != nil {
+		return fmt.Errorf("bridge: %w", err)
+	} else if len(removed) > 0 {
+		n.log.Warn("removed addresses of subnets this node no longer holds from the bridge", "bridge", n.cfg.Bridge, "addrs", removed)
 	}
 	if err := n.nl.SetLinkUp(n.iface, n.mtu); err != nil {
 		return fmt.Errorf("wireguard link: %w", err)
@@ -371,11 +394,54 @@ func (n *node) renumber(ctx context.Context, from, to netip.Prefix) {
 	if err := n.network(); err != nil {
 		n.log.Error("renumber", "err", err)
 	}
+	// The service DNS listens on the bridge address, which has just
+	// changed, and new tasks' resolv.conf names the new one: move the
+	// server there (sharing the record table), as a restart of netd would.
+	// Without this, tasks attached after a renumbering had no DNS.
+	if err := n.moveDNS(ctx); err != nil {
+		n.log.Error("renumber: service DNS", "err", err)
+	}
 	if err := n.publish(ctx); err != nil {
 		n.log.Error("renumber", "err", err)
 	}
 	n.log.Warn("node renumbered", "from", from, "to", to)
 }
+
+// moveDNS rebinds the service DNS to the current bridge address: a new
+// server on the same record table replaces the old one, which is closed
+// first so that the port is free. Called from the run loop only (which is
+// the only user of n.dns besides close, after the loop has ended).
+func (n *node) moveDNS(ctx context.Context) error {
+	n.mu.Lock()
+	gw := n.ipam.Gateway()
+	n.mu.Unlock()
+	addr := netip.AddrPortFrom(gw, uint16(n.cfg.DNSPort)).String()
+	if slices.Equal(n.dns.Addrs(), []string{addr}) {
+		return nil
+	}
+	srv, err := dns.New(dns.Config{
+		Listen:    []string{addr},
+		Upstreams: n.upstreams(),
+		Records:   n.dns.Records(),
+		Logger:    n.log.With("component", "dns"),
+	})
+	if err != nil {
+		return err
+	}
+	n.dns.Close()
+	n.dns = srv
+	return srv.Start(ctx)
+}
+
+// peerKeepalive is every peer's persistent keepalive. Besides keeping
+// sessions warm, it makes a fresh WireGuard device (a node restarted with
+// its holder, or a new node) send a keepalive, and so a handshake, to each
+// peer as soon as the peer is configured. Without it, a peer that still
+// holds a session with the device's previous incarnation keeps sending on
+// it into the void until WireGuard gives up on it (keepalive + rekey
+// timeout, about 15 s): a restarted node's tasks stayed unreachable from
+// the other nodes for that long.
+const peerKeepalive = 25 * time.Second
 
 // desiredPeers are the other nodes with a WireGuard key.
 func (n *node) desiredPeers() []overlay.Peer {
@@ -396,7 +462,8 @@ func (n *node) desiredPeers() []overlay.Peer {
 		if err1 != nil || err2 != nil || port <= 0 || port > 65535 {
 			continue
 		}
-		out = append(out, overlay.Peer{PublicKey: key, Endpoint: netip.AddrPortFrom(addr, uint16(port)), AllowedIPs: []netip.Prefix{sub}})
+		out = append(out, overlay.Peer{PublicKey: key, Endpoint: netip.AddrPortFrom(addr, uint16(port)), AllowedIPs: []netip.Prefix{sub},
+			PersistentKeepalive: peerKeepalive})
 	}
 	return out
 }

@@ -165,6 +165,14 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 		if err := n.put(ctx, sched.TaskKey(a.TaskID), a.Fields()); err != nil {
 			n.log.Warn("update task document", "task", a.TaskID, "err", err)
 		}
+		// A task that will not run again gives its address back now, not
+		// when its document is removed (an hour later): a node's /24 must
+		// not fill up with the namespaces of stopped tasks.
+		if a.State.Terminal() && n.usesNetd(lt.Spec) {
+			if _, err := n.netd.Detach(ctx, &netv1.DetachRequest{Task: a.TaskID}); err != nil {
+				n.log.Warn("release task network", "task", a.TaskID, "err", err)
+			}
+		}
 	case sched.ConfirmReservation:
 		n.ledger.Confirm(a.TaskID)
 	case sched.ReleaseReservation:

@@ -114,6 +114,39 @@ func (n *Netlink) ReplaceAddr(name string, addr netip.Prefix) error {
 	return nil
 }
 
+// PruneAddrs removes the IPv4 addresses of link name that lie in within,
+// except keep, and returns those it removed. (Added for netd: a node that
+// moved to another subnet must drop its old bridge address, whose
+// connected route would otherwise keep the old subnet, now another
+// node's, on the local bridge.)
+func (n *Netlink) PruneAddrs(name string, keep, within netip.Prefix) ([]netip.Prefix, error) {
+	l, err := n.link(name)
+	if err != nil {
+		return nil, err
+	}
+	addrs, err := n.h.AddrList(l, netlink.FAMILY_V4)
+	if err != nil {
+		return nil, fmt.Errorf("wg: addresses of %s: %w", name, err)
+	}
+	var removed []netip.Prefix
+	for _, a := range addrs {
+		ip, ok := netip.AddrFromSlice(a.IP)
+		if !ok {
+			continue
+		}
+		ones, _ := a.Mask.Size()
+		p := netip.PrefixFrom(ip.Unmap(), ones)
+		if p == keep || !within.Contains(p.Addr()) {
+			continue
+		}
+		if err := n.h.AddrDel(l, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
+			return removed, fmt.Errorf("wg: delete address %v from %s: %w", p, name, err)
+		}
+		removed = append(removed, p)
+	}
+	return removed, nil
+}
+
 // ReplaceRoute routes dst directly through link name (scope link, no
 // gateway) with the preferred source src (the zero Addr for none),
 // replacing any route to dst in the main table. src must already be an
