@@ -545,7 +545,7 @@ func TestNetwork(t *testing.T) {
 		c.create("dst", 3, nil, "sh", "-c", "httpd -p 80 -h /www; sleep 1000000 | nc -l -p 9000 > /tmp/recv")
 		c.create("src", 1, nil, "sleep", "1000000")
 		dst, src := c.taskOn("dst", 3), c.taskOn("src", 1)
-		c.reach(t, 15*time.Second, 1, src, "dst")
+		c.reach(t, 45*time.Second, 1, src, "dst")
 		before := peerOf(c.status(1), c.ids[2])
 		if before == nil {
 			t.Fatalf("node 1 has no peer for node 3: %v", c.status(1).GetPeers())
