@@ -269,7 +269,7 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 		BinDir:    c.bin,
 		Daemons:   []string{"statd", "schedd"},
 		Extra:     []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
-		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": devcluster.ScheddArgs()},
+		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": append(devcluster.ScheddArgs(), "--task-network", "host")},
 		Bootstrap: true,
 	}
 	if c.verbose {
