@@ -37,8 +37,9 @@ cleanup() {
 	trap - EXIT INT TERM HUP
 	if [[ -n "$job" ]] && kill -0 "$job" 2>/dev/null; then
 		kill -TERM -- "-$job" 2>/dev/null || true
-		# The benchmark cleans up after itself on SIGTERM; give it a moment.
-		for _ in $(seq 50); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
+		# The benchmark cleans up after itself on SIGTERM (a cluster's
+		# teardown can take several seconds); give it up to a minute.
+		for _ in $(seq 600); do kill -0 "$job" 2>/dev/null || break; sleep 0.1; done
 		kill -KILL -- "-$job" 2>/dev/null || true
 	fi
 	rm -rf "$work"
