@@ -1,0 +1,151 @@
+// Package raftgroup runs many Raft groups in one process: the multi-Raft
+// host under vold's replicated volumes and its replicated state-machine
+// and lock API. It is built on go.etcd.io/raft/v3's RawNode; this comment
+// explains what the host adds around it and why.
+//
+// # Shape
+//
+// A Host is one node (one vold). It holds a replica of any number of
+// groups (one per volume, or per state machine), all stored in one Pebble
+// database and all driven by one loop: Run ticks a logical clock every
+// TickInterval and runs a round whenever work arrives. There is no
+// goroutine per group: an idle group costs a few hundred bytes and no CPU.
+//
+//	    Deliver(batch)            Submit / ReadIndex / ChangeMembership
+//	         │                                   │
+//	         ▼                                   ▼
+//	  ┌──────────────────────── inbox ─────────────────────────┐
+//	  │ round: step messages, start requests, tick,            │
+//	  │        Readies of every group with work:               │
+//	  │          persist all (one synced Pebble batch)         │
+//	  │          → queue messages per node → apply → Advance   │
+//	  │        flush: one Batch per destination node           │
+//	  └────────────────────────────────────────────────────────┘
+//	         │                                   │
+//	         ▼                                   ▼
+//	Transport.Send(node, batch)        futures resolved on apply
+//
+// Groups are identified by GroupID, hosts by NodeID, and a group's members
+// by ReplicaID. A replica ID is never reused within a group (raft requires
+// that an ID names one member for all time): a node that leaves a group and
+// comes back gets a new replica ID, the group refuses to re-admit an old
+// one (ErrReplicaIDReused), and a destroyed replica leaves a tombstone.
+// Replica-to-node routing is part of the replicated state (it rides in the
+// configuration change that adds a replica), so every member can reach
+// every other; a new replica learns its leader's node from its first
+// message.
+//
+// # The Ready contract
+//
+// RawNode hands out work as a Ready; the host handles the Readies of all
+// groups of a round together, in the order raft requires:
+//
+//  1. Persist every Ready's snapshot, log entries (discarding any
+//     overwritten tail) and hard state — all groups in one Pebble batch,
+//     committed with Sync if any Ready says MustSync. One fsync covers every
+//     group of the round: that is what makes a thousand groups per disk
+//     affordable (FIELD-NOTES: Pebble group-commits concurrent syncs too).
+//  2. Send: queue every message by destination node. Nothing leaves before
+//     step 1 committed.
+//  3. Apply: restore a received snapshot (state machine and the host's own
+//     replicated metadata), apply committed entries in order — normal
+//     entries in runs through StateMachine.Apply, configuration changes one
+//     at a time through ApplyConfChange — and serve read states.
+//  4. Advance. A leader's own acknowledgement often commits more at once,
+//     so the round repeats steps 1–4 (up to a few times) before flushing.
+//
+// After sending, a MsgSnap is always followed by ReportSnapshot (finished or
+// failed), and a batch the transport refuses makes the host report every
+// replica in it unreachable. Raft's storage reads (Entries, Term, ...) only
+// ever see durable state: the cached log bounds move when the batch has
+// committed.
+//
+// # Batching and coalescing
+//
+// A round produces at most one Batch per destination node, carrying the
+// messages of every group (snapshots travel in batches of their own, so a
+// transport can stream them and they never delay heartbeats). Heartbeats
+// without a read context are coalesced: each is a small struct (group,
+// replicas, term, commit) in the batch rather than a full message, and all
+// groups are ticked in the same round, so the heartbeats of a tick between
+// two nodes travel together — with 100 active groups on three nodes, a tick
+// is six batches of heartbeats and six of responses, not 400 messages.
+// They are expanded back into MsgHeartbeat(Resp) on receipt.
+//
+// # Quiescence
+//
+// An idle group should cost nothing. A leader whose group has had no
+// request for QuiesceAfterTicks ticks, with everything committed and
+// applied, every live follower replicating and caught up, and no
+// configuration or leadership change under way, stops ticking and sends
+// its followers a final heartbeat marked Quiesce (with the commit index);
+// a follower that agrees (same leader and term, fully caught up, nothing
+// pending) stops ticking too. A quiesced group sends nothing. Any message
+// but a heartbeat response or a quiesce heartbeat, any local request, or a
+// campaign wakes it.
+//
+// Quiesced followers cannot notice a dead leader by missing heartbeats, so
+// the host keeps node liveness instead: every batch counts as a sign of
+// life, and a host that has sent nothing to a peer for a heartbeat
+// interval sends an empty batch — one ping per node pair, whatever the
+// number of groups. When a peer is silent for an election timeout, every
+// quiesced group with a replica there wakes, and the usual election (with
+// PreVote and CheckQuorum) takes over. A restarted replica wakes its group
+// by campaigning (PreVote), which reaches the leader too.
+//
+// # Requests
+//
+// Proposals and ReadIndex requests can be dropped silently by raft (no
+// leader yet, a forward lost, a leader change). The host keeps every
+// request of a local caller until it resolves, and proposes it again every
+// RetryTicks, or at once when the replica learns of a new leader.
+// Proposals carry a key, recorded in the replicated state with the result
+// for a while (five minutes of group time, at most 100,000 keys): a retry
+// of an applied proposal is not applied again, and its caller gets the
+// first result. Callers that retry across restarts pass their own Key.
+//
+// Every normal entry carries its proposer's wall time. The group clock —
+// the greatest such time applied so far — is the same on every replica and
+// never goes backwards; state machines read it as Entry.Time and decide
+// time-dependent things (lease expiry, key expiry above) with it, never
+// with their local clock.
+//
+// ReadIndex returns once the local replica applied everything committed
+// before the call (raft's ReadOnlySafe: the leader confirms its leadership
+// with a quorum first). Reading the state machine after that is
+// linearizable, on followers too. Reads that arrive in the same round
+// share one ReadIndex.
+//
+// Membership changes use ConfChangeV2: one change is simple, several (see
+// Replace) go through a joint configuration that the group leaves
+// automatically, and ChangeMembership returns once it has. Changes are
+// checked when they apply, identically on every replica, so a refused
+// change never reaches ApplyConfChange (which would panic). A replica
+// being added catches up from a snapshot; snapshots are taken by the state
+// machine every SnapshotEntries entries (the log keeps CompactionMargin
+// entries before it) and on demand when the stored one predates the
+// configuration the new replica is in.
+//
+// # State machines
+//
+// StateMachine is the raw interface (Apply a run of entries, Snapshot,
+// Restore); the volume filesystem implements it. Typed is a StateMachine
+// in the style of the seed design: messages are registered Go values
+// (protobuf or JSON), Set proposes one and returns once a quorum of voters
+// has applied it (replicas acknowledge applied indexes to the proposer),
+// and appliers added with Use see every message. Typed also keeps locks:
+// a lease's fencing token is the index of the entry that granted it, so
+// tokens of successive holders strictly increase, and a lease expires TTL
+// after the group time of its last grant or renewal; SetFenced applies a
+// message only while the caller's lease is still the current one.
+//
+// # Testing
+//
+// Package raftgrouptest runs hosts deterministically — an in-memory
+// network whose loss, delay and partitions the test controls, manual
+// clocks and ticks, crashes that keep exactly what was synced — and the
+// tests here check elections, replication, catch-up by log and by
+// snapshot, partitions, leader loss mid-stream, membership changes,
+// quiescence, coalescing, locks, and (with porcupine) the linearizability
+// of a compare-and-swap store under all of those faults at once.
+package raftgroup

@@ -1,0 +1,813 @@
+package raftgroup
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/confchange"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
+	"google.golang.org/protobuf/proto"
+)
+
+// Bootstrap position of a new group: every initial member starts from the
+// same snapshot at (bootIndex, bootTerm) holding the initial membership,
+// so that replicas added later always catch up by snapshot.
+const (
+	bootIndex = 1
+	bootTerm  = 1
+)
+
+// group is one replica of a Raft group on this host. Owned by the loop.
+type group struct {
+	h       *Host
+	id      GroupID
+	replica ReplicaID
+	rn      *raft.RawNode
+	st      *groupStorage
+	fsm     StateMachine
+
+	// Replicated state the host owns, as of applied.
+	meta      *groupMeta
+	confState *pb.ConfState
+	applied   uint64
+	// lastConfIndex is the index of the last configuration applied (a
+	// snapshot must cover it to be of use to a replica it added).
+	lastConfIndex uint64
+
+	// learned routes replicas not (yet) in meta.members: a new replica
+	// learns its leader's node from the leader's first message.
+	learned          map[ReplicaID]NodeID
+	leader           ReplicaID
+	removed          bool
+	broken           error
+	quiesced         bool
+	idleTicks        int
+	quiesceHint      *Heartbeat
+	retryNow         bool
+	appliedPersisted uint64
+
+	// Pending requests of local callers.
+	proposals   map[string]*pendingProposal
+	readQueue   []*Future[uint64] // reads waiting for the next ReadIndex
+	readsSent   map[uint64]*readBatch
+	confs       map[string]*pendingConf
+	joint       []*pendingConf // applied, waiting for the joint config to be left
+	quorum      []*quorumWaiter
+	peerApplied map[ReplicaID]uint64
+}
+
+// CreateGroup bootstraps a replica of a new group whose initial members
+// are members (local must be one of them, placed on this node). Every
+// initial member must be created with the same members.
+func (h *Host) CreateGroup(id GroupID, local ReplicaID, members []Member) error {
+	seen := map[ReplicaID]bool{}
+	found := false
+	var maxID ReplicaID
+	for _, m := range members {
+		if m.Replica == 0 || m.Node == 0 || seen[m.Replica] {
+			return fmt.Errorf("raftgroup: bad member %+v: %w", m, ErrInvalidChange)
+		}
+		seen[m.Replica] = true
+		maxID = max(maxID, m.Replica)
+		if m.Replica == local {
+			if m.Node != h.cfg.NodeID {
+				return fmt.Errorf("raftgroup: replica %d is placed on node %d, not this node %d: %w", local, m.Node, h.cfg.NodeID, ErrInvalidChange)
+			}
+			found = true
+		}
+	}
+	if !found {
+		return fmt.Errorf("raftgroup: replica %d is not among the members: %w", local, ErrInvalidChange)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.checkNew(id, local); err != nil {
+		return err
+	}
+	meta := newGroupMeta()
+	cs := &pb.ConfState{}
+	for _, m := range members {
+		meta.members[m.Replica] = m.Node
+		cs.Voters = append(cs.Voters, uint64(m.Replica))
+	}
+	slices.Sort(cs.Voters)
+	meta.maxReplica = maxID
+	sd := snapshotData{meta: meta}
+	snap := &pb.Snapshot{
+		Data:     sd.encode(),
+		Metadata: &pb.SnapshotMetadata{Index: new(uint64(bootIndex)), Term: new(uint64(bootTerm)), ConfState: pb.EnsureConfState(cs)},
+	}
+	snapBytes, err := proto.Marshal(snap)
+	if err != nil {
+		return err
+	}
+	hs, err := proto.Marshal(&pb.HardState{Term: new(uint64(bootTerm)), Vote: new(uint64(0)), Commit: new(uint64(bootIndex))})
+	if err != nil {
+		return err
+	}
+	b := h.db.NewBatch()
+	defer b.Close()
+	_ = b.Set(h.ks.groupKey(id, sufMeta), replicaRecord{replica: local}.encode(), nil)
+	_ = b.Set(h.ks.groupKey(id, sufSnapshot), snapBytes, nil)
+	_ = b.Set(h.ks.groupKey(id, sufTruncated), truncState{bootIndex, bootTerm}.encode(), nil)
+	_ = b.Set(h.ks.groupKey(id, sufHardState), hs, nil)
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("raftgroup: create group %d: %w", id, err)
+	}
+	_, err = h.openGroup(id, local)
+	return err
+}
+
+// JoinGroup creates an empty replica of an existing group. It stays idle
+// until the group adds it (ChangeMembership on a member, with this node)
+// and its leader sends it a snapshot.
+func (h *Host) JoinGroup(id GroupID, local ReplicaID) error {
+	if local == 0 {
+		return fmt.Errorf("raftgroup: replica ID 0: %w", ErrInvalidChange)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if err := h.checkNew(id, local); err != nil {
+		return err
+	}
+	if err := h.db.Set(h.ks.groupKey(id, sufMeta), replicaRecord{replica: local}.encode(), pebble.Sync); err != nil {
+		return fmt.Errorf("raftgroup: join group %d: %w", id, err)
+	}
+	_, err := h.openGroup(id, local)
+	return err
+}
+
+// DestroyGroup deletes this host's replica of a group (after it was
+// removed from the group, or the group was retired) and leaves a
+// tombstone so that its replica ID cannot come back here.
+func (h *Host) DestroyGroup(id GroupID) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.stopped {
+		return ErrClosed
+	}
+	g := h.groups[id]
+	if g == nil {
+		return ErrGroupNotFound
+	}
+	g.failPending(ErrRemoved)
+	b := h.db.NewBatch()
+	defer b.Close()
+	_ = b.DeleteRange(h.ks.groupPrefix(id), h.ks.groupEnd(id), nil)
+	_ = b.Set(h.ks.tombstoneKey(id), binary.AppendUvarint(nil, uint64(g.replica)), nil)
+	if err := b.Commit(pebble.Sync); err != nil {
+		return fmt.Errorf("raftgroup: destroy group %d: %w", id, err)
+	}
+	delete(h.groups, id)
+	delete(h.awake, id)
+	delete(h.dirty, id)
+	delete(h.busy, id)
+	delete(h.appliedSome, id)
+	delete(h.attention, id)
+	h.peersStale = true
+	return nil
+}
+
+// checkNew refuses to create a replica that exists or was destroyed.
+func (h *Host) checkNew(id GroupID, local ReplicaID) error {
+	if h.stopped {
+		return ErrClosed
+	}
+	if h.err != nil {
+		return h.err
+	}
+	if _, ok := h.groups[id]; ok {
+		return ErrGroupExists
+	}
+	v, err := get(h.db, h.ks.tombstoneKey(id))
+	if err != nil {
+		return err
+	}
+	if v != nil {
+		dead, _ := binary.Uvarint(v)
+		if uint64(local) <= dead {
+			return fmt.Errorf("raftgroup: group %d had replica %d here: %w", id, dead, ErrReplicaIDReused)
+		}
+	}
+	return nil
+}
+
+// openGroup loads a group's replica from storage and starts its RawNode.
+func (h *Host) openGroup(id GroupID, local ReplicaID) (*group, error) {
+	st, err := loadStorage(h.db, h.ks, id)
+	if err != nil {
+		return nil, err
+	}
+	g := &group{
+		h:           h,
+		id:          id,
+		replica:     local,
+		st:          st,
+		fsm:         h.cfg.NewStateMachine(id),
+		meta:        newGroupMeta(),
+		confState:   pb.EnsureConfState(nil),
+		learned:     map[ReplicaID]NodeID{},
+		proposals:   map[string]*pendingProposal{},
+		readsSent:   map[uint64]*readBatch{},
+		confs:       map[string]*pendingConf{},
+		peerApplied: map[ReplicaID]uint64{},
+	}
+	if st.snap != nil {
+		snap, err := st.loadSnapshot()
+		if err != nil {
+			return nil, err
+		}
+		if err := g.restoreState(snap); err != nil {
+			return nil, err
+		}
+	}
+	if v, err := get(h.db, h.ks.groupKey(id, sufApplied)); err != nil {
+		return nil, err
+	} else if v != nil {
+		g.appliedPersisted, _ = binary.Uvarint(v)
+	}
+	st.snapshotFor = g.snapshotForSend
+	rn, err := raft.NewRawNode(h.raftConfig(local, st, g.applied))
+	if err != nil {
+		return nil, err
+	}
+	g.rn = rn
+	h.groups[id] = g
+	h.awake[id] = g
+	h.dirty[id] = g
+	h.peersStale = true
+	return g, nil
+}
+
+// initialized reports whether the replica has state (a bootstrap or a
+// received snapshot); a joining replica is not initialized before its
+// first snapshot.
+func (g *group) initialized() bool { return g.st.snap != nil }
+
+// nodeOf routes a replica of the group.
+func (g *group) nodeOf(r ReplicaID) (NodeID, bool) {
+	if n, ok := g.meta.members[r]; ok {
+		return n, true
+	}
+	n, ok := g.learned[r]
+	return n, ok
+}
+
+// isRemovedReplica reports whether r was a member and is not any more:
+// replica IDs only grow, so any ID up to the greatest admitted that is not
+// in the configuration was removed.
+func (g *group) isRemovedReplica(r ReplicaID) bool {
+	if !g.initialized() || r > g.meta.maxReplica {
+		return false
+	}
+	_, ok := g.meta.members[r]
+	return !ok
+}
+
+func (g *group) hasPending() bool {
+	return len(g.proposals) > 0 || len(g.readQueue) > 0 || len(g.readsSent) > 0 ||
+		len(g.confs) > 0 || len(g.joint) > 0 || len(g.quorum) > 0
+}
+
+// failPending resolves every pending request of local callers with err.
+func (g *group) failPending(err error) {
+	for _, k := range sortedKeys(g.proposals) {
+		for _, f := range g.proposals[k].futs {
+			f.resolve(Result{}, err)
+		}
+	}
+	clear(g.proposals)
+	for _, f := range g.readQueue {
+		f.resolve(0, err)
+	}
+	g.readQueue = nil
+	for _, id := range sortedKeys(g.readsSent) {
+		for _, f := range g.readsSent[id].futs {
+			f.resolve(0, err)
+		}
+	}
+	clear(g.readsSent)
+	for _, k := range sortedKeys(g.confs) {
+		g.confs[k].resolve(Membership{}, err)
+	}
+	clear(g.confs)
+	for _, p := range g.joint {
+		p.resolve(Membership{}, err)
+	}
+	g.joint = nil
+	for _, q := range g.quorum {
+		q.fut.resolve(Result{}, err)
+	}
+	g.quorum = nil
+	delete(g.h.busy, g.id)
+}
+
+// markRemoved retires the replica after the group removed it: it stops
+// ticking and answering; the application destroys it (DestroyGroup).
+func (g *group) markRemoved() {
+	g.removed = true
+	delete(g.h.awake, g.id)
+	g.failPending(ErrRemoved)
+	g.h.peersStale = true
+}
+
+// breakWith stops a group whose state machine failed.
+func (g *group) breakWith(err error) {
+	if g.broken != nil {
+		return
+	}
+	g.broken = fmt.Errorf("%w: group %d: %v", ErrGroupBroken, g.id, err)
+	g.h.log.Error("raftgroup state machine failed", "group", uint64(g.id), "err", err)
+	delete(g.h.awake, g.id)
+	g.failPending(g.broken)
+}
+
+// restoreState installs a snapshot: the host's meta and the state
+// machine's data.
+func (g *group) restoreState(snap *pb.Snapshot) error {
+	sd, err := decodeSnapshotData(snap.GetData())
+	if err != nil {
+		return err
+	}
+	var data []byte
+	if sd.hasFSM {
+		data = sd.fsm
+	}
+	if err := g.fsm.Restore(data); err != nil {
+		return fmt.Errorf("restore state machine: %w", err)
+	}
+	g.meta = sd.meta
+	md := snap.GetMetadata()
+	g.applied = md.GetIndex()
+	g.confState = proto.Clone(pb.EnsureConfState(md.GetConfState())).(*pb.ConfState)
+	g.lastConfIndex = md.GetIndex()
+	g.h.peersStale = true
+	return nil
+}
+
+// apply is step 4 of the Ready contract for one group.
+func (g *group) apply(rd *raft.Ready) {
+	h := g.h
+	if rd.SoftState != nil {
+		if lead := ReplicaID(rd.SoftState.Lead); lead != g.leader {
+			g.leader = lead
+			if lead != 0 && g.hasPending() {
+				// A new leader: re-propose now rather than at the next retry.
+				g.retryNow = true
+				h.attention[g.id] = g
+			}
+		}
+	}
+	if g.broken != nil {
+		return
+	}
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		if err := g.restoreState(rd.Snapshot); err != nil {
+			g.breakWith(err)
+			return
+		}
+		h.appliedSome[g.id] = g
+		g.resolveJoint()
+	}
+	for _, rs := range rd.ReadStates {
+		if len(rs.RequestCtx) != 8 {
+			continue
+		}
+		if rb := g.readsSent[binary.BigEndian.Uint64(rs.RequestCtx)]; rb != nil && !rb.known {
+			rb.index, rb.known = rs.Index, true
+		}
+	}
+	if len(rd.CommittedEntries) > 0 {
+		g.applyEntries(rd.CommittedEntries)
+		h.appliedSome[g.id] = g
+	}
+	g.resolveReads()
+}
+
+// applyItem is a normal entry on its way through the state machine.
+type applyItem struct {
+	index uint64
+	env   envelope
+	d     *dedupEntry // the (first) application of the key
+	fresh bool        // false: a duplicate, not applied again
+}
+
+// applyEntries applies committed entries: normal entries in runs through
+// the state machine (deduplicated by key), configuration changes one by
+// one through ApplyConfChange.
+func (g *group) applyEntries(ents []*pb.Entry) {
+	var (
+		run   []Entry
+		items []applyItem
+		upTo  uint64 // last index handled, applied once the run is
+	)
+	flush := func() bool {
+		var results [][]byte
+		if len(run) > 0 {
+			var err error
+			results, err = g.fsm.Apply(run)
+			if err == nil && len(results) != len(run) {
+				err = fmt.Errorf("state machine returned %d results for %d entries", len(results), len(run))
+			}
+			if err != nil {
+				g.breakWith(err)
+				return false
+			}
+		}
+		i := 0
+		for _, it := range items {
+			if it.fresh {
+				it.d.result = results[i]
+				i++
+			}
+		}
+		g.applied = max(g.applied, upTo)
+		for _, it := range items {
+			g.resolveProposal(it)
+		}
+		run, items = run[:0], items[:0]
+		return true
+	}
+	for _, e := range ents {
+		idx := e.GetIndex()
+		if idx <= g.applied {
+			continue
+		}
+		switch e.GetType() {
+		case pb.EntryNormal:
+			if len(e.GetData()) == 0 {
+				break // a new leader's empty entry, or a refused conf change
+			}
+			env, err := decodeEnvelope(e.GetData())
+			if err != nil {
+				g.breakWith(fmt.Errorf("entry %d: %w", idx, err))
+				return
+			}
+			g.meta.clock = max(g.meta.clock, env.time)
+			// NB: prune before every lookup, at this entry's group time, so
+			// that every replica forgets keys at the same entry.
+			g.meta.dedup.prune(g.meta.clock)
+			if d, dup := g.meta.dedup.get(env.key); dup && env.key != "" {
+				items = append(items, applyItem{index: idx, env: env, d: d})
+				break
+			}
+			d := &dedupEntry{key: env.key, index: idx, time: g.meta.clock}
+			if env.key != "" {
+				g.meta.dedup.add(env.key, idx, g.meta.clock, nil)
+				d, _ = g.meta.dedup.get(env.key)
+			}
+			run = append(run, Entry{Index: idx, Term: e.GetTerm(), Time: time.Unix(0, g.meta.clock).UTC(), Data: env.payload})
+			items = append(items, applyItem{index: idx, env: env, d: d, fresh: true})
+		case pb.EntryConfChange, pb.EntryConfChangeV2:
+			if !flush() {
+				return
+			}
+			g.applied = max(g.applied, upTo)
+			g.applyConfChange(e)
+			if g.broken != nil {
+				return
+			}
+		}
+		upTo = idx
+	}
+	flush()
+}
+
+// resolveProposal hands an applied (or deduplicated) entry's result to
+// the local caller that proposed it, and acknowledges it to a remote
+// proposer that waits for a quorum.
+func (g *group) resolveProposal(it applyItem) {
+	h := g.h
+	if it.env.quorum && it.env.proposer != h.cfg.NodeID {
+		h.queueAck(it.env.proposer, g)
+	}
+	p := g.proposals[it.env.key]
+	if p == nil {
+		return
+	}
+	delete(g.proposals, it.env.key)
+	res := Result{Index: it.d.index, Data: it.d.result}
+	if !p.quorum {
+		for _, f := range p.futs {
+			f.resolve(res, nil)
+		}
+		return
+	}
+	for _, f := range p.futs {
+		g.quorum = append(g.quorum, &quorumWaiter{fut: f, res: res, lastQuery: h.tick})
+	}
+	g.checkQuorum()
+}
+
+// applyConfChange applies (or refuses, identically on every replica) a
+// configuration change entry.
+func (g *group) applyConfChange(e *pb.Entry) {
+	var cc *pb.ConfChangeV2
+	switch e.GetType() {
+	case pb.EntryConfChange:
+		v1 := &pb.ConfChange{}
+		if err := proto.Unmarshal(e.GetData(), v1); err != nil {
+			g.breakWith(fmt.Errorf("conf change %d: %w", e.GetIndex(), err))
+			return
+		}
+		cc = v1.AsV2()
+	default:
+		cc = &pb.ConfChangeV2{}
+		if err := proto.Unmarshal(e.GetData(), cc); err != nil {
+			g.breakWith(fmt.Errorf("conf change %d: %w", e.GetIndex(), err))
+			return
+		}
+	}
+	ctx, err := decodeConfContext(cc.GetContext())
+	if err != nil {
+		g.breakWith(fmt.Errorf("conf change %d: %w", e.GetIndex(), err))
+		return
+	}
+	g.meta.dedup.prune(g.meta.clock)
+	if _, dup := g.meta.dedup.get(ctx.key); dup && ctx.key != "" {
+		// A retry of a change already applied: refuse it (no
+		// ApplyConfChange call). Its first application resolved the caller.
+		g.applied = e.GetIndex()
+		return
+	}
+	if refuse := g.checkConfChange(cc, ctx); refuse != nil {
+		g.applied = e.GetIndex()
+		if p := g.confs[ctx.key]; p != nil {
+			delete(g.confs, ctx.key)
+			p.resolve(Membership{}, refuse)
+		}
+		g.h.log.Info("configuration change refused", "group", uint64(g.id), "index", e.GetIndex(), "err", refuse)
+		return
+	}
+	cs := g.rn.ApplyConfChange(cc)
+	added := map[ReplicaID]NodeID{}
+	for _, m := range ctx.nodes {
+		added[m.Replica] = m.Node
+	}
+	members := map[ReplicaID]NodeID{}
+	for _, id := range confIDs(cs) {
+		r := ReplicaID(id)
+		if n, ok := g.meta.members[r]; ok {
+			members[r] = n
+		} else {
+			members[r] = added[r]
+		}
+		g.meta.maxReplica = max(g.meta.maxReplica, r)
+	}
+	g.meta.members = members
+	for r := range g.learned {
+		if _, ok := members[r]; ok {
+			delete(g.learned, r)
+		}
+	}
+	if ctx.key != "" {
+		g.meta.dedup.add(ctx.key, e.GetIndex(), g.meta.clock, nil)
+	}
+	g.confState = cs
+	g.lastConfIndex = e.GetIndex()
+	g.applied = e.GetIndex()
+	g.h.peersStale = true
+	g.h.log.Info("configuration changed", "group", uint64(g.id), "index", e.GetIndex(), "conf", raft.DescribeConfState(cs))
+	if p := g.confs[ctx.key]; p != nil {
+		delete(g.confs, ctx.key)
+		g.joint = append(g.joint, p)
+	}
+	g.resolveJoint()
+	if _, ok := members[g.replica]; !ok {
+		g.markRemoved()
+	}
+}
+
+// checkConfChange decides deterministically whether a committed change
+// may be applied: replica IDs are never reused, added replicas have a
+// node, and Raft's own rules hold (checked on a scratch tracker, since
+// ApplyConfChange panics on a change it refuses).
+func (g *group) checkConfChange(cc *pb.ConfChangeV2, ctx confContext) error {
+	nodes := map[ReplicaID]bool{}
+	for _, m := range ctx.nodes {
+		if m.Node != 0 {
+			nodes[m.Replica] = true
+		}
+	}
+	for _, c := range cc.GetChanges() {
+		r := ReplicaID(c.GetNodeId())
+		switch c.GetType() {
+		case pb.ConfChangeAddNode, pb.ConfChangeAddLearnerNode:
+			if _, member := g.meta.members[r]; member {
+				continue
+			}
+			if r <= g.meta.maxReplica {
+				return fmt.Errorf("%w: replica %d", ErrReplicaIDReused, r)
+			}
+			if !nodes[r] {
+				return fmt.Errorf("%w: no node for replica %d", ErrInvalidChange, r)
+			}
+		}
+	}
+	if err := validateConfChange(g.confState, cc); err != nil {
+		return fmt.Errorf("%w: %v", ErrInvalidChange, err)
+	}
+	return nil
+}
+
+// validateConfChange runs cc against cs on a scratch tracker.
+func validateConfChange(cs *pb.ConfState, cc *pb.ConfChangeV2) error {
+	chg := confchange.Changer{Tracker: tracker.MakeProgressTracker(1, 0), LastIndex: 1}
+	cfg, prs, err := confchange.Restore(chg, cs)
+	if err != nil {
+		return err
+	}
+	chg.Tracker.Config, chg.Tracker.Progress = cfg, prs
+	if cc.LeaveJoint() {
+		_, _, err = chg.LeaveJoint()
+	} else if autoLeave, ok := cc.EnterJoint(); ok {
+		_, _, err = chg.EnterJoint(autoLeave, cc.GetChanges()...)
+	} else {
+		_, _, err = chg.Simple(cc.GetChanges()...)
+	}
+	return err
+}
+
+// confIDs lists every replica of a configuration.
+func confIDs(cs *pb.ConfState) []uint64 {
+	var ids []uint64
+	for _, set := range [][]uint64{cs.GetVoters(), cs.GetLearners(), cs.GetVotersOutgoing(), cs.GetLearnersNext()} {
+		for _, id := range set {
+			if !slices.Contains(ids, id) {
+				ids = append(ids, id)
+			}
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func isJoint(cs *pb.ConfState) bool { return len(cs.GetVotersOutgoing()) > 0 }
+
+// resolveJoint resolves membership changes that were applied once the
+// group is out of any joint configuration.
+func (g *group) resolveJoint() {
+	if isJoint(g.confState) || len(g.joint) == 0 {
+		return
+	}
+	m := g.membership()
+	for _, p := range g.joint {
+		p.resolve(m, nil)
+	}
+	g.joint = nil
+}
+
+// membership describes the current configuration.
+func (g *group) membership() Membership {
+	m := Membership{Index: g.lastConfIndex}
+	for _, id := range g.confState.GetVoters() {
+		m.Voters = append(m.Voters, Member{Replica: ReplicaID(id), Node: g.meta.members[ReplicaID(id)]})
+	}
+	for _, id := range g.confState.GetLearners() {
+		m.Learners = append(m.Learners, Member{Replica: ReplicaID(id), Node: g.meta.members[ReplicaID(id)]})
+	}
+	return m
+}
+
+// snapshotForSend is raft.Storage.Snapshot: the stored snapshot if it
+// covers the current configuration (a replica being added must find
+// itself in it), else a fresh one of the state machine.
+func (g *group) snapshotForSend() (*pb.Snapshot, error) {
+	if s := g.st.snap; s != nil && s.GetIndex() >= g.lastConfIndex && s.GetIndex() >= g.st.trunc.index {
+		snap, err := g.st.loadSnapshot()
+		if err == nil && snap != nil {
+			return snap, nil
+		}
+	}
+	snap, err := g.takeSnapshot()
+	if err != nil {
+		g.h.log.Warn("snapshot for a follower failed", "group", uint64(g.id), "err", err)
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	return snap, nil
+}
+
+// takeSnapshot snapshots the state machine at the applied index and
+// stores it as the group's latest snapshot.
+func (g *group) takeSnapshot() (*pb.Snapshot, error) {
+	if g.broken != nil {
+		return nil, g.broken
+	}
+	if g.applied == 0 {
+		return nil, errors.New("nothing applied")
+	}
+	if s := g.st.snap; s != nil && s.GetIndex() >= g.applied {
+		return g.st.loadSnapshot()
+	}
+	data, err := g.fsm.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	term, err := g.st.Term(g.applied)
+	if err != nil {
+		return nil, err
+	}
+	sd := snapshotData{meta: g.meta, hasFSM: true, fsm: data}
+	snap := &pb.Snapshot{
+		Data: sd.encode(),
+		Metadata: &pb.SnapshotMetadata{
+			Index:     new(g.applied),
+			Term:      new(term),
+			ConfState: proto.Clone(g.confState).(*pb.ConfState),
+		},
+	}
+	b := g.h.db.NewBatch()
+	defer b.Close()
+	commit, err := g.st.stageSnapshot(b, snap)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return nil, err
+	}
+	commit()
+	g.h.stats.SnapshotsTaken++
+	return snap, nil
+}
+
+// maybeCompact snapshots and truncates the log once enough entries were
+// applied since the last snapshot.
+func (g *group) maybeCompact() error {
+	var since uint64
+	if s := g.st.snap; s != nil {
+		since = s.GetIndex()
+	}
+	if g.applied < since+g.h.cfg.SnapshotEntries {
+		return nil
+	}
+	if _, err := g.takeSnapshot(); err != nil {
+		return err
+	}
+	idx := g.st.snap.GetIndex()
+	if idx <= g.h.cfg.CompactionMargin {
+		return nil
+	}
+	to := idx - g.h.cfg.CompactionMargin
+	if to <= g.st.trunc.index {
+		return nil
+	}
+	b := g.h.db.NewBatch()
+	defer b.Close()
+	commit, err := g.st.stageCompact(b, to)
+	if err != nil {
+		return err
+	}
+	if err := b.Commit(pebble.NoSync); err != nil {
+		return err
+	}
+	commit()
+	return nil
+}
+
+// recordAck notes a replica's applied index (reported for quorum waits).
+func (g *group) recordAck(r ReplicaID, applied uint64) {
+	if applied > g.peerApplied[r] {
+		g.peerApplied[r] = applied
+	}
+	g.checkQuorum()
+}
+
+// checkQuorum resolves the proposals a quorum of voters has applied.
+func (g *group) checkQuorum() {
+	if len(g.quorum) == 0 {
+		return
+	}
+	keep := g.quorum[:0]
+	for _, q := range g.quorum {
+		if g.quorumApplied(q.res.Index) {
+			q.fut.resolve(q.res, nil)
+			continue
+		}
+		keep = append(keep, q)
+	}
+	clear(g.quorum[len(keep):])
+	g.quorum = keep
+}
+
+func (g *group) quorumApplied(index uint64) bool {
+	ok := func(ids []uint64) bool {
+		if len(ids) == 0 {
+			return true
+		}
+		n := 0
+		for _, id := range ids {
+			r := ReplicaID(id)
+			if (r == g.replica && g.applied >= index) || (r != g.replica && g.peerApplied[r] >= index) {
+				n++
+			}
+		}
+		return n > len(ids)/2
+	}
+	return ok(g.confState.GetVoters()) && ok(g.confState.GetVotersOutgoing())
+}

@@ -1,0 +1,348 @@
+package raftgroup_test
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
+)
+
+func put(k, v string) []byte { return rgt.KVOp{Op: "put", Key: k, Value: v}.Encode() }
+
+func kvOf(c *rgt.Cluster, n raftgroup.NodeID, g raftgroup.GroupID) *rgt.KV {
+	return c.SM(n, g).(*rgt.KV)
+}
+
+func TestElectAndReplicate(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 1})
+	c.CreateGroup(1, 1, 2, 3)
+	leader := c.WaitLeader(1, 100)
+	t.Logf("leader on node %d", leader)
+	for i := range 10 {
+		f := c.Host(leader).Submit(1, raftgroup.Proposal{Data: put(fmt.Sprint("k", i), "v")})
+		res, err := rgt.Await(c, f, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Index == 0 {
+			t.Fatal("no index")
+		}
+	}
+	c.RunTicks(5)
+	for _, n := range c.Up() {
+		d, _ := kvOf(c, n, 1).Dump()
+		if len(d) != 10 {
+			t.Fatalf("node %d has %d keys\n%s", n, len(d), c.String(1))
+		}
+	}
+	t.Log(c.String(1))
+}
+
+// write proposes put(k, v) on node n and waits for it.
+func write(t *testing.T, c *rgt.Cluster, n raftgroup.NodeID, g raftgroup.GroupID, k, v string) raftgroup.Result {
+	t.Helper()
+	res, err := rgt.Await(c, c.Host(n).Submit(g, raftgroup.Proposal{Data: put(k, v)}), 200)
+	if err != nil {
+		t.Fatalf("write %s=%s on node %d: %v\n%s", k, v, n, err, c.String(g))
+	}
+	return res
+}
+
+// converge ticks until every live replica of g applied the same index and
+// holds the same data, and returns that data.
+func converge(t *testing.T, c *rgt.Cluster, g raftgroup.GroupID, nodes ...raftgroup.NodeID) map[string]string {
+	t.Helper()
+	var data map[string]string
+	ok := c.RunUntil(300, func() bool {
+		data = nil
+		var applied uint64
+		for i, n := range nodes {
+			if c.Host(n) == nil {
+				return false
+			}
+			d, a := kvOf(c, n, g).Dump()
+			if i == 0 {
+				data, applied = d, a
+				continue
+			}
+			if a != applied || len(d) != len(data) {
+				return false
+			}
+			for k, v := range data {
+				if d[k] != v {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	if !ok {
+		t.Fatalf("group %d did not converge on %v\n%s", g, nodes, c.String(g))
+	}
+	return data
+}
+
+func TestManyGroups(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 2})
+	const groups = 20
+	for g := raftgroup.GroupID(1); g <= groups; g++ {
+		c.CreateGroup(g, 1, 2, 3)
+	}
+	for g := raftgroup.GroupID(1); g <= groups; g++ {
+		l := c.WaitLeader(g, 100)
+		write(t, c, l, g, "k", fmt.Sprint("g", g))
+	}
+	for g := raftgroup.GroupID(1); g <= groups; g++ {
+		d := converge(t, c, g, 1, 2, 3)
+		if d["k"] != fmt.Sprint("g", g) {
+			t.Fatalf("group %d: %v", g, d)
+		}
+	}
+	// Persisting is batched across groups: far fewer synced commits than
+	// groups × writes × replicas.
+	for _, n := range c.Up() {
+		t.Logf("node %d: %+v", n, c.Host(n).Stats())
+	}
+}
+
+func TestProposeOnFollower(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 3})
+	c.CreateGroup(7, 1, 2, 3)
+	l := c.WaitLeader(7, 100)
+	f := raftgroup.NodeID(1)
+	if f == l {
+		f = 2
+	}
+	res := write(t, c, f, 7, "a", "1")
+	if r, _ := rgt.DecodeKVResult(res.Data); !r.OK {
+		t.Fatalf("result %+v", r)
+	}
+	if got := kvOf(c, f, 7).Get("a"); got != "1" {
+		t.Fatalf("follower read %q after its own write applied", got)
+	}
+}
+
+func TestCrashRestartCatchesUp(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 4})
+	c.CreateGroup(1, 1, 2, 3)
+	l := c.WaitLeader(1, 100)
+	write(t, c, l, 1, "before", "x")
+	victim := raftgroup.NodeID(1)
+	if victim == l {
+		victim = 3
+	}
+	c.Crash(victim)
+	for i := range 20 {
+		write(t, c, l, 1, fmt.Sprint("k", i), "v")
+	}
+	c.Restart(victim)
+	d := converge(t, c, 1, 1, 2, 3)
+	if len(d) != 21 {
+		t.Fatalf("%d keys", len(d))
+	}
+}
+
+func TestCatchUpBySnapshot(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 5, Configure: func(cfg *raftgroup.Config) {
+		cfg.SnapshotEntries = 10
+		cfg.CompactionMargin = 2
+	}})
+	// Sends to the crashed node fail: the leader reports it unreachable
+	// (and its snapshots as failed) instead of losing batches silently.
+	c.Net.SendErrors = true
+	c.CreateGroup(1, 1, 2, 3)
+	l := c.WaitLeader(1, 100)
+	victim := raftgroup.NodeID(1)
+	if victim == l {
+		victim = 2
+	}
+	c.Crash(victim)
+	for i := range 50 {
+		write(t, c, l, 1, fmt.Sprint("k", i), fmt.Sprint(i))
+	}
+	st, _ := c.Host(l).Status(1)
+	if st.FirstIndex <= 5 {
+		t.Fatalf("log not compacted: %+v", st)
+	}
+	before := c.Host(l).Stats().SnapshotsSent
+	c.Restart(victim)
+	d := converge(t, c, 1, 1, 2, 3)
+	if len(d) != 50 {
+		t.Fatalf("%d keys", len(d))
+	}
+	if c.Host(l).Stats().SnapshotsSent == before {
+		// Leadership may have moved; count on every node.
+		sent := uint64(0)
+		for _, n := range c.Up() {
+			sent += c.Host(n).Stats().SnapshotsSent
+		}
+		if sent == 0 {
+			t.Fatal("the restarted node caught up without a snapshot")
+		}
+	}
+	// And it keeps working: a write after the catch-up reaches everyone.
+	l = c.WaitLeader(1, 100)
+	write(t, c, l, 1, "after", "y")
+	converge(t, c, 1, 1, 2, 3)
+}
+
+func TestPartitionedMinorityCannotCommit(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 5, Seed: 6})
+	c.CreateGroup(1, 1, 2, 3, 4, 5)
+	old := c.WaitLeader(1, 100)
+	write(t, c, old, 1, "a", "0")
+	var minority, majority []raftgroup.NodeID
+	minority = append(minority, old)
+	for _, n := range c.NodeIDs() {
+		if n != old && len(minority) < 2 {
+			minority = append(minority, n)
+		} else if n != old {
+			majority = append(majority, n)
+		}
+	}
+	c.Net.Partition(minority, majority)
+	// The old leader accepts the proposal but cannot commit it.
+	stuck := c.Host(old).Submit(1, raftgroup.Proposal{Data: put("minority", "x")})
+	c.RunTicks(40)
+	select {
+	case <-stuck.Done():
+		r, err := stuck.Result()
+		t.Fatalf("minority proposal resolved: %+v %v", r, err)
+	default:
+	}
+	for _, n := range c.NodeIDs() {
+		if got := kvOf(c, n, 1).Get("minority"); got != "" {
+			t.Fatalf("node %d applied a minority write", n)
+		}
+	}
+	// The majority elects a leader and commits.
+	var newLeader raftgroup.NodeID
+	c.RunUntil(100, func() bool {
+		for _, n := range majority {
+			if st, _ := c.Host(n).Status(1); st.Role == "leader" {
+				newLeader = n
+				return true
+			}
+		}
+		return false
+	})
+	c.Require(newLeader != 0, "majority elected no leader\n%s", c.String(1))
+	write(t, c, newLeader, 1, "majority", "y")
+	// CheckQuorum: the isolated old leader stepped down.
+	if st, _ := c.Host(old).Status(1); st.Role == "leader" {
+		t.Fatalf("old leader still leads in the minority\n%s", c.String(1))
+	}
+	c.Net.Heal()
+	// The stuck proposal is retried by its host and lands exactly once.
+	if _, err := rgt.Await(c, stuck, 200); err != nil {
+		t.Fatal(err)
+	}
+	d := converge(t, c, 1, c.NodeIDs()...)
+	if d["majority"] != "y" || d["minority"] != "x" {
+		t.Fatalf("data %v", d)
+	}
+}
+
+func TestLeaderKilledMidStream(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 7})
+	c.CreateGroup(1, 1, 2, 3)
+	leader := c.WaitLeader(1, 100)
+	acked := map[string]string{}
+	var pending []*raftgroup.Future[raftgroup.Result]
+	var pendingKeys []string
+	proposer := raftgroup.NodeID(1)
+	if proposer == leader {
+		proposer = 2
+	}
+	killed := false
+	for i := range 60 {
+		k := fmt.Sprint("k", i)
+		pending = append(pending, c.Host(proposer).Submit(1, raftgroup.Proposal{Data: put(k, "v")}))
+		pendingKeys = append(pendingKeys, k)
+		c.Tick()
+		if i == 20 {
+			c.Crash(leader)
+			killed = true
+		}
+		for j := 0; j < len(pending); j++ {
+			select {
+			case <-pending[j].Done():
+				if _, err := pending[j].Result(); err == nil {
+					acked[pendingKeys[j]] = "v"
+				}
+				pending = append(pending[:j], pending[j+1:]...)
+				pendingKeys = append(pendingKeys[:j], pendingKeys[j+1:]...)
+				j--
+			default:
+			}
+		}
+	}
+	c.Require(killed, "not killed")
+	for _, f := range pending {
+		if _, err := rgt.Await(c, f, 200); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range pendingKeys {
+		acked[k] = "v"
+	}
+	c.Restart(leader)
+	d := converge(t, c, 1, 1, 2, 3)
+	for k := range acked {
+		if d[k] != "v" {
+			t.Fatalf("acknowledged write %s lost", k)
+		}
+	}
+	if len(acked) != 60 {
+		t.Fatalf("%d of 60 acknowledged", len(acked))
+	}
+	if n := kvOf(c, 1, 1).Applies; n > 61 {
+		t.Logf("applies on node 1 (incarnation): %d", n)
+	}
+}
+
+// TestIdempotentKey checks that a proposal retried by a client with the
+// same key (here: on another host, as after a reconnect) is applied once
+// and the retry gets the first result.
+func TestIdempotentKey(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 8})
+	c.CreateGroup(1, 1, 2, 3)
+	l := c.WaitLeader(1, 100)
+	cas := rgt.KVOp{Op: "cas", Key: "x", Old: "", Value: "first"}.Encode()
+	r1, err := rgt.Await(c, c.Host(l).Submit(1, raftgroup.Proposal{Data: cas, Key: "client-7/req-1"}), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := raftgroup.NodeID(l%3 + 1)
+	r2, err := rgt.Await(c, c.Host(other).Submit(1, raftgroup.Proposal{Data: cas, Key: "client-7/req-1"}), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r2.Index != r1.Index || string(r2.Data) != string(r1.Data) {
+		t.Fatalf("retry got %+v, first %+v", r2, r1)
+	}
+	if res, _ := rgt.DecodeKVResult(r2.Data); !res.OK {
+		t.Fatalf("the retry's result is not the first's: %+v", res)
+	}
+	converge(t, c, 1, 1, 2, 3)
+	for _, n := range c.Up() {
+		if a := kvOf(c, n, 1).Applies; a != 1 {
+			t.Fatalf("node %d applied the command %d times", n, a)
+		}
+	}
+}
+
+func TestTransferLeadership(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 9})
+	c.CreateGroup(1, 1, 2, 3)
+	l := c.WaitLeader(1, 100)
+	write(t, c, l, 1, "a", "1")
+	to := raftgroup.NodeID(l%3 + 1)
+	c.Host(l).TransferLeadership(1, raftgroup.ReplicaID(to))
+	if !c.RunUntil(50, func() bool { n, _, ok := c.Leader(1); return ok && n == to }) {
+		t.Fatalf("leadership not transferred to %d\n%s", to, c.String(1))
+	}
+	write(t, c, to, 1, "b", "2")
+	converge(t, c, 1, 1, 2, 3)
+}

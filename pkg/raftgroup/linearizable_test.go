@@ -1,0 +1,370 @@
+package raftgroup_test
+
+import (
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
+)
+
+// kvInput and kvOutput are the porcupine history of the KV state machine.
+type kvInput struct {
+	group raftgroup.GroupID
+	op    string // get, put, cas
+	key   string
+	value string
+	old   string
+}
+
+type kvOutput struct {
+	ok      bool
+	value   string // get: the value read; put/cas: the value before
+	unknown bool   // the client never learned the outcome
+}
+
+// kvModel is a register per (group, key) with put and compare-and-swap.
+// A write whose outcome is unknown may take effect at any point after its
+// call (its return is at infinity).
+var kvModel = porcupine.Model{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		var keys []string
+		for _, op := range history {
+			in := op.Input.(kvInput)
+			k := fmt.Sprint(in.group, "/", in.key)
+			if _, ok := by[k]; !ok {
+				keys = append(keys, k)
+			}
+			by[k] = append(by[k], op)
+		}
+		out := make([][]porcupine.Operation, 0, len(keys))
+		for _, k := range keys {
+			out = append(out, by[k])
+		}
+		return out
+	},
+	Init: func() any { return "" },
+	Step: func(state, input, output any) (bool, any) {
+		s, in, out := state.(string), input.(kvInput), output.(kvOutput)
+		switch in.op {
+		case "get":
+			return out.value == s, s
+		case "put":
+			if out.unknown {
+				return true, in.value
+			}
+			return out.ok && out.value == s, in.value
+		case "cas":
+			if out.unknown {
+				if s == in.old {
+					return true, in.value
+				}
+				return true, s
+			}
+			if out.ok {
+				return s == in.old && out.value == s, in.value
+			}
+			return s != in.old && out.value == s, s
+		}
+		return false, s
+	},
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(kvInput), output.(kvOutput)
+		return fmt.Sprintf("%s(%s %q %q) -> %v %q unknown=%v", in.op, in.key, in.value, in.old, out.ok, out.value, out.unknown)
+	},
+}
+
+// client is a logical client with at most one operation in flight.
+type client struct {
+	id      int
+	node    raftgroup.NodeID
+	in      kvInput
+	call    int64
+	started int
+	write   *raftgroup.Future[raftgroup.Result]
+	read    *raftgroup.Future[uint64]
+	busy    bool
+	seq     int
+}
+
+func seedFromEnv(def uint64) uint64 {
+	if s := os.Getenv("RAFTGROUP_SEED"); s != "" {
+		if v, err := strconv.ParseUint(s, 10, 64); err == nil {
+			return v
+		}
+	}
+	return def
+}
+
+// TestLinearizableKV runs concurrent clients doing reads (ReadIndex, then
+// a local read on whichever host they talk to), puts and compare-and-swaps
+// on two groups of five nodes, under message loss, delay and reordering,
+// random partitions and leader kills (crashes that lose unsynced data),
+// and checks the history with porcupine. Then it heals everything and
+// checks that every replica holds the same data and that no acknowledged
+// write was lost (final reads are part of the history).
+func TestLinearizableKV(t *testing.T) {
+	seed := seedFromEnv(31)
+	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
+	c := rgt.New(t, rgt.Options{Nodes: 5, Seed: seed, CrashKeepsUnsynced: 50, Configure: func(cfg *raftgroup.Config) {
+		cfg.SnapshotEntries = 20
+		cfg.CompactionMargin = 2
+	}})
+	c.Net.DropRate = 0.03
+	c.Net.MaxDelay = 2
+	groups := []raftgroup.GroupID{1, 2}
+	for _, g := range groups {
+		c.CreateGroup(g, 1, 2, 3, 4, 5)
+		c.WaitLeader(g, 100)
+	}
+	rng := c.Rand
+	keys := []string{"a", "b", "c"}
+	var (
+		history []porcupine.Operation
+		now     int64
+		clients []*client
+		acked   int
+	)
+	for i := range 8 {
+		clients = append(clients, &client{id: i})
+	}
+	// The index of the last acknowledged successful write of each key, and
+	// the index each acknowledged value was written at.
+	type gkey struct {
+		g raftgroup.GroupID
+		k string
+	}
+	lastAcked := map[gkey]uint64{}
+	ackedAt := map[string]uint64{}
+	record := func(cl *client, out kvOutput, ret int64) {
+		history = append(history, porcupine.Operation{ClientId: cl.id, Input: cl.in, Call: cl.call, Output: out, Return: ret})
+		cl.busy = false
+	}
+	const opTimeout = 40 // ticks
+	poll := func() {
+		for _, cl := range clients {
+			if !cl.busy {
+				continue
+			}
+			switch {
+			case cl.write != nil:
+				select {
+				case <-cl.write.Done():
+					res, err := cl.write.Result()
+					cl.write = nil
+					if err != nil {
+						record(cl, kvOutput{unknown: true}, math.MaxInt64)
+						continue
+					}
+					r, derr := rgt.DecodeKVResult(res.Data)
+					if derr != nil {
+						t.Fatal(derr)
+					}
+					acked++
+					if r.OK {
+						k := gkey{cl.in.group, cl.in.key}
+						lastAcked[k] = max(lastAcked[k], res.Index)
+						ackedAt[cl.in.value] = res.Index
+					}
+					record(cl, kvOutput{ok: r.OK, value: r.Value}, now)
+				default:
+					if c.Ticks-cl.started > opTimeout {
+						cl.write.Cancel()
+						cl.write = nil
+						record(cl, kvOutput{unknown: true}, math.MaxInt64)
+					}
+				}
+			case cl.read != nil:
+				select {
+				case <-cl.read.Done():
+					_, err := cl.read.Result()
+					cl.read = nil
+					if err != nil || c.Host(cl.node) == nil {
+						cl.busy = false // a failed read has no effect: drop it
+						continue
+					}
+					v := kvOf(c, cl.node, cl.in.group).Get(cl.in.key)
+					record(cl, kvOutput{ok: true, value: v}, now)
+				default:
+					if c.Ticks-cl.started > opTimeout {
+						cl.read.Cancel()
+						cl.read = nil
+						cl.busy = false
+					}
+				}
+			}
+		}
+	}
+	start := func(cl *client) {
+		up := c.Up()
+		cl.node = up[rng.IntN(len(up))]
+		cl.seq++
+		in := kvInput{group: groups[rng.IntN(len(groups))], key: keys[rng.IntN(len(keys))]}
+		h := c.Host(cl.node)
+		switch p := rng.IntN(10); {
+		case p < 4:
+			in.op = "get"
+			cl.read = h.ReadIndexAsync(in.group)
+		case p < 7:
+			in.op = "put"
+			in.value = fmt.Sprintf("c%d-%d", cl.id, cl.seq)
+			cl.write = h.Submit(in.group, raftgroup.Proposal{Data: rgt.KVOp{Op: "put", Key: in.key, Value: in.value}.Encode()})
+		default:
+			in.op = "cas"
+			in.value = fmt.Sprintf("c%d-%d", cl.id, cl.seq)
+			// Expect what this client's host has now (often current, sometimes
+			// stale): both outcomes get exercised.
+			in.old = kvOf(c, cl.node, in.group).Get(in.key)
+			cl.write = h.Submit(in.group, raftgroup.Proposal{Data: rgt.KVOp{Op: "cas", Key: in.key, Value: in.value, Old: in.old}.Encode()})
+		}
+		cl.in, cl.call, cl.started, cl.busy = in, now, c.Ticks, true
+	}
+
+	var quiesced, snaps, retries uint64
+	addStats := func(s raftgroup.Stats) {
+		quiesced += s.QuiesceEntered
+		snaps += s.SnapshotsSent
+		retries += s.ProposalRetries
+	}
+	var (
+		partitioned   = -1 // tick the partition started, -1: none
+		crashed       raftgroup.NodeID
+		crashedAt     int
+		crashes, cuts int
+	)
+	const chaosTicks = 800
+	for tick := range chaosTicks {
+		// Faults.
+		switch {
+		case partitioned < 0 && rng.Float64() < 0.03:
+			nodes := c.NodeIDs()
+			rng.Shuffle(len(nodes), func(i, j int) { nodes[i], nodes[j] = nodes[j], nodes[i] })
+			k := 1 + rng.IntN(2)
+			c.Net.Partition(nodes[:k], nodes[k:])
+			partitioned = tick
+			cuts++
+		case partitioned >= 0 && tick-partitioned > 10 && rng.Float64() < 0.1:
+			c.Net.Heal()
+			partitioned = -1
+		}
+		if crashed == 0 && rng.Float64() < 0.02 {
+			if l, _, ok := c.Leader(groups[rng.IntN(len(groups))]); ok {
+				addStats(c.Host(l).Stats())
+				c.Crash(l)
+				crashed, crashedAt = l, tick
+				crashes++
+			}
+		} else if crashed != 0 && tick-crashedAt > 15 && rng.Float64() < 0.1 {
+			c.Restart(crashed)
+			crashed = 0
+		}
+		// Clients, with idle stretches in which groups quiesce (and faults
+		// still happen).
+		if idle := tick%80 >= 60; !idle {
+			for _, cl := range clients {
+				if !cl.busy && rng.Float64() < 0.5 {
+					start(cl)
+				}
+			}
+		}
+		c.Clock.Advance(100 * time.Millisecond)
+		c.Ticks++
+		for _, n := range c.Up() {
+			c.Host(n).Tick()
+		}
+		for range 3 {
+			now++
+			c.Step()
+			now++
+			poll()
+		}
+	}
+	// Heal, restart, settle; finish the clients' operations.
+	c.Net.Heal()
+	c.Net.DropRate, c.Net.MaxDelay = 0, 0
+	if crashed != 0 {
+		c.Restart(crashed)
+	}
+	for _, g := range groups {
+		c.WaitLeader(g, 200)
+	}
+	for range 100 {
+		c.Tick()
+		now++
+		poll()
+	}
+	for _, cl := range clients {
+		if cl.busy {
+			if cl.write != nil {
+				cl.write.Cancel()
+				record(cl, kvOutput{unknown: true}, math.MaxInt64)
+			} else {
+				cl.read.Cancel()
+				cl.busy = false
+			}
+		}
+	}
+	// Final reads of every key on every node: an acknowledged write that
+	// was lost (or applied twice over a later one) shows up here.
+	for _, g := range groups {
+		for _, n := range c.NodeIDs() {
+			for _, k := range keys {
+				cl := &client{id: len(clients), node: n}
+				cl.in, cl.call = kvInput{group: g, op: "get", key: k}, now
+				if _, err := rgt.Await(c, c.Host(n).ReadIndexAsync(g), 200); err != nil {
+					t.Fatalf("final read on node %d: %v", n, err)
+				}
+				now++
+				record(cl, kvOutput{ok: true, value: kvOf(c, n, g).Get(k)}, now)
+			}
+		}
+		final := converge(t, c, g, c.NodeIDs()...)
+		// No acknowledged write lost: each key holds a value written no
+		// earlier than its last acknowledged write (values are unique; one
+		// whose outcome was unknown to its client is not in ackedAt, and
+		// porcupine placed it).
+		for _, k := range keys {
+			last, ok := lastAcked[gkey{g, k}]
+			if !ok {
+				continue
+			}
+			v := final[k]
+			if v == "" {
+				t.Fatalf("group %d key %s: empty after a write acknowledged at %d", g, k, last)
+			}
+			if at, known := ackedAt[v]; known && at < last {
+				t.Fatalf("group %d key %s: final value %q written at %d, before the write acknowledged at %d", g, k, v, at, last)
+			}
+		}
+	}
+	unknown := 0
+	for _, op := range history {
+		if op.Output.(kvOutput).unknown {
+			unknown++
+		}
+	}
+	for _, n := range c.Up() {
+		addStats(c.Host(n).Stats())
+	}
+	t.Logf("%d operations (%d acknowledged writes, %d unknown outcomes), %d partitions, %d leader kills; %d quiescences, %d snapshots sent, %d proposal retries",
+		len(history), acked, unknown, cuts, crashes, quiesced, snaps, retries)
+	if acked < 100 || crashes == 0 || cuts == 0 {
+		t.Fatalf("too little happened: %d acknowledged writes, %d crashes, %d partitions", acked, crashes, cuts)
+	}
+	res, info := porcupine.CheckOperationsVerbose(kvModel, history, 30*time.Second)
+	if res != porcupine.Ok {
+		path := t.TempDir() + "/history.html"
+		if f, err := os.Create(path); err == nil {
+			_ = porcupine.Visualize(kvModel, info, f)
+			f.Close()
+		}
+		t.Fatalf("history is not linearizable (%s); visualization in %s", res, path)
+	}
+}

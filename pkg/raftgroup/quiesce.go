@@ -1,0 +1,256 @@
+package raftgroup
+
+import (
+	"encoding/binary"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/tracker"
+)
+
+// tickOnce advances the host's logical clock: node liveness, one Raft tick
+// for every awake group (or quiescence for an idle leader), request
+// retries and liveness pings.
+func (h *Host) tickOnce() {
+	h.tick++
+	h.checkLiveness()
+	for _, id := range h.sortedGroups(h.awake) {
+		g := h.awake[id]
+		if g.removed || g.broken != nil {
+			delete(h.awake, id)
+			continue
+		}
+		if h.canQuiesce(g) {
+			h.quiesce(g)
+			continue
+		}
+		g.rn.Tick()
+		g.idleTicks++
+		h.stats.Ticked++
+		h.markDirty(g)
+	}
+	for _, id := range h.sortedGroups(h.busy) {
+		g := h.busy[id]
+		g.retry(false)
+		if !g.hasPending() {
+			delete(h.busy, id)
+		}
+	}
+	// Liveness pings: a peer that got nothing from us for a heartbeat
+	// interval gets an empty batch. One per node pair, whatever the number
+	// of groups, so quiesced followers can tell that their leader's node is
+	// alive.
+	for n, p := range h.peers {
+		if h.tick-p.lastSent >= uint64(h.cfg.HeartbeatTicks) {
+			h.outbox(n)
+		}
+	}
+}
+
+// checkLiveness marks peers we have not heard from for an election
+// timeout as dead, and wakes the quiesced groups that have a replica
+// there: their followers must be able to elect a new leader, and their
+// leader to notice it lost its quorum.
+func (h *Host) checkLiveness() {
+	if h.peersStale {
+		h.recomputePeers()
+	}
+	var died []NodeID
+	for n, p := range h.peers {
+		if !p.dead && h.tick-p.lastHeard > uint64(h.cfg.ElectionTicks) {
+			p.dead = true
+			died = append(died, n)
+		}
+	}
+	if len(died) == 0 {
+		return
+	}
+	for _, id := range h.sortedGroups(h.groups) {
+		g := h.groups[id]
+		if !g.quiesced {
+			continue
+		}
+		for _, n := range g.meta.members {
+			if containsNode(died, n) {
+				h.wakeGroup(g)
+				break
+			}
+		}
+	}
+}
+
+func containsNode(ns []NodeID, n NodeID) bool {
+	for _, m := range ns {
+		if m == n {
+			return true
+		}
+	}
+	return false
+}
+
+// recomputePeers derives the peer nodes from the groups' memberships.
+func (h *Host) recomputePeers() {
+	h.peersStale = false
+	want := map[NodeID]bool{}
+	for _, g := range h.groups {
+		if g.removed {
+			continue
+		}
+		for _, n := range g.meta.members {
+			if n != h.cfg.NodeID && n != 0 {
+				want[n] = true
+			}
+		}
+	}
+	for n := range want {
+		h.peer(n)
+	}
+	for n := range h.peers {
+		if !want[n] {
+			delete(h.peers, n)
+		}
+	}
+}
+
+// wakeGroup makes a quiesced group tick again and restarts its idle count.
+func (h *Host) wakeGroup(g *group) {
+	g.idleTicks = 0
+	if g.removed || g.broken != nil {
+		return
+	}
+	g.quiesced = false
+	h.awake[g.id] = g
+}
+
+// canQuiesce reports whether g is a leader with nothing to do: no local
+// request, everything committed and applied, every live follower
+// replicating and caught up, no configuration or leadership change under
+// way, and idle for QuiesceAfterTicks.
+func (h *Host) canQuiesce(g *group) bool {
+	if h.cfg.DisableQuiesce || g.idleTicks < h.cfg.QuiesceAfterTicks || g.hasPending() || g.rn.HasReady() {
+		return false
+	}
+	bs := g.rn.BasicStatus()
+	if bs.RaftState != raft.StateLeader || bs.LeadTransferee != 0 {
+		return false
+	}
+	last := g.st.last
+	if bs.GetCommit() != last || g.applied != last || isJoint(g.confState) {
+		return false
+	}
+	ok := true
+	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if ReplicaID(id) == g.replica || !ok {
+			return
+		}
+		if n, known := g.nodeOf(ReplicaID(id)); known {
+			if p := h.peers[n]; p != nil && p.dead {
+				return // a dead follower catches up when it is back
+			}
+		}
+		if pr.Match != last || pr.State != tracker.StateReplicate {
+			ok = false
+		}
+	})
+	return ok
+}
+
+// quiesce stops ticking a leader's group and tells its followers to stop
+// too (a heartbeat marked Quiesce, carrying the commit index).
+func (h *Host) quiesce(g *group) {
+	g.quiesced = true
+	delete(h.awake, g.id)
+	h.stats.QuiesceEntered++
+	bs := g.rn.BasicStatus()
+	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if ReplicaID(id) == g.replica {
+			return
+		}
+		n, ok := g.nodeOf(ReplicaID(id))
+		if !ok {
+			return
+		}
+		b := h.outbox(n)
+		b.Heartbeats = append(b.Heartbeats, Heartbeat{
+			Group:   g.id,
+			From:    g.replica,
+			To:      ReplicaID(id),
+			Term:    bs.GetTerm(),
+			Commit:  min(pr.Match, bs.GetCommit()),
+			Quiesce: true,
+		})
+	})
+}
+
+// maybeQuiesceFollower quiesces a follower that received a quiesce
+// heartbeat from its leader, if it is caught up with it.
+func (h *Host) maybeQuiesceFollower(g *group) {
+	hb := g.quiesceHint
+	g.quiesceHint = nil
+	if g.quiesced || g.removed || g.broken != nil || g.hasPending() || g.rn.HasReady() {
+		return
+	}
+	bs := g.rn.BasicStatus()
+	if bs.RaftState != raft.StateFollower || ReplicaID(bs.Lead) != hb.From || bs.GetTerm() != hb.Term {
+		return
+	}
+	if bs.GetCommit() != hb.Commit || g.st.last != hb.Commit || g.applied != hb.Commit {
+		return
+	}
+	g.quiesced = true
+	delete(h.awake, g.id)
+}
+
+// afterRound finishes a round: follower quiescence, re-proposals after a
+// leader change, and the per-group bookkeeping that need not be synced
+// (applied indexes, snapshots, log compaction).
+func (h *Host) afterRound() {
+	if h.err != nil {
+		return
+	}
+	for _, id := range h.sortedGroups(h.attention) {
+		g := h.attention[id]
+		if g.quiesceHint != nil {
+			h.maybeQuiesceFollower(g)
+		}
+		if g.retryNow {
+			g.retryNow = false
+			g.retry(true)
+		}
+	}
+	clear(h.attention)
+	if len(h.appliedSome) == 0 {
+		return
+	}
+	ids := h.sortedGroups(h.appliedSome)
+	clear(h.appliedSome)
+	b := h.db.NewBatch()
+	defer b.Close()
+	var done []*group
+	for _, id := range ids {
+		g := h.groups[id]
+		if g == nil || g.applied <= g.appliedPersisted {
+			continue
+		}
+		_ = b.Set(h.ks.groupKey(id, sufApplied), binary.AppendUvarint(nil, g.applied), nil)
+		done = append(done, g)
+	}
+	if !b.Empty() {
+		if err := b.Commit(pebble.NoSync); err != nil {
+			h.fail(err)
+			return
+		}
+		for _, g := range done {
+			g.appliedPersisted = g.applied
+		}
+	}
+	for _, id := range ids {
+		g := h.groups[id]
+		if g == nil || g.broken != nil || g.removed {
+			continue
+		}
+		if err := g.maybeCompact(); err != nil {
+			h.log.Warn("snapshot failed", "group", uint64(id), "err", err)
+		}
+	}
+}

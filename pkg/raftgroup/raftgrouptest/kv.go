@@ -1,0 +1,141 @@
+package raftgrouptest
+
+import (
+	"encoding/json"
+	"fmt"
+	"maps"
+	"slices"
+	"sync"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+)
+
+// KVOp is a command of the KV state machine.
+type KVOp struct {
+	// Op is "put", "cas" or "get" (a get through the log).
+	Op    string `json:"op"`
+	Key   string `json:"key"`
+	Value string `json:"value,omitempty"`
+	// Old is the value a cas expects.
+	Old string `json:"old,omitempty"`
+}
+
+// Encode encodes the op as a proposal payload.
+func (o KVOp) Encode() []byte {
+	b, err := json.Marshal(o)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// KVResult is a KV command's result.
+type KVResult struct {
+	OK    bool   `json:"ok"`
+	Value string `json:"value"` // the value before the command
+}
+
+// DecodeKVResult decodes a result.
+func DecodeKVResult(b []byte) (KVResult, error) {
+	var r KVResult
+	err := json.Unmarshal(b, &r)
+	return r, err
+}
+
+// KV is a key-value state machine with compare-and-swap, for tests. It is
+// safe to read (Get, Dump) while the host applies.
+type KV struct {
+	mu      sync.RWMutex
+	data    map[string]string
+	applied uint64
+	// Applies counts applied commands (a duplicate shows up here).
+	Applies int
+}
+
+// NewKV returns an empty KV.
+func NewKV() *KV { return &KV{data: map[string]string{}} }
+
+// Apply implements raftgroup.StateMachine.
+func (kv *KV) Apply(entries []raftgroup.Entry) ([][]byte, error) {
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	out := make([][]byte, len(entries))
+	for i, e := range entries {
+		if e.Index <= kv.applied {
+			return nil, fmt.Errorf("kv: entry %d applied after %d", e.Index, kv.applied)
+		}
+		kv.applied = e.Index
+		var op KVOp
+		if err := json.Unmarshal(e.Data, &op); err != nil {
+			return nil, fmt.Errorf("kv: entry %d: %w", e.Index, err)
+		}
+		kv.Applies++
+		old := kv.data[op.Key]
+		res := KVResult{Value: old}
+		switch op.Op {
+		case "put":
+			kv.data[op.Key] = op.Value
+			res.OK = true
+		case "cas":
+			if old == op.Old {
+				kv.data[op.Key] = op.Value
+				res.OK = true
+			}
+		case "get":
+			res.OK = true
+		}
+		b, _ := json.Marshal(res)
+		out[i] = b
+	}
+	return out, nil
+}
+
+// Snapshot implements raftgroup.StateMachine.
+func (kv *KV) Snapshot() ([]byte, error) {
+	kv.mu.RLock()
+	defer kv.mu.RUnlock()
+	return json.Marshal(kvSnap{Data: kv.data, Applied: kv.applied})
+}
+
+type kvSnap struct {
+	Data    map[string]string `json:"data"`
+	Applied uint64            `json:"applied"`
+}
+
+// Restore implements raftgroup.StateMachine.
+func (kv *KV) Restore(b []byte) error {
+	kv.mu.Lock()
+	defer kv.mu.Unlock()
+	s := kvSnap{Data: map[string]string{}}
+	if b != nil {
+		if err := json.Unmarshal(b, &s); err != nil {
+			return err
+		}
+	}
+	if s.Data == nil {
+		s.Data = map[string]string{}
+	}
+	kv.data, kv.applied = s.Data, s.Applied
+	return nil
+}
+
+// Get reads a key locally.
+func (kv *KV) Get(key string) string {
+	kv.mu.RLock()
+	defer kv.mu.RUnlock()
+	return kv.data[key]
+}
+
+// Dump returns a copy of the data and the applied index.
+func (kv *KV) Dump() (map[string]string, uint64) {
+	kv.mu.RLock()
+	defer kv.mu.RUnlock()
+	return maps.Clone(kv.data), kv.applied
+}
+
+// Keys lists the keys.
+func (kv *KV) Keys() []string {
+	kv.mu.RLock()
+	defer kv.mu.RUnlock()
+	return slices.Sorted(maps.Keys(kv.data))
+}

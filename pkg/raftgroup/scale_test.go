@@ -1,0 +1,189 @@
+package raftgroup_test
+
+import (
+	"testing"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
+)
+
+const scaleGroups = 100
+
+func startGroups(t *testing.T, c *rgt.Cluster, n int) {
+	t.Helper()
+	for g := raftgroup.GroupID(1); g <= raftgroup.GroupID(n); g++ {
+		c.CreateGroup(g, 1, 2, 3)
+		// Spread leadership: replica g%3+1 campaigns first.
+		c.Host(raftgroup.NodeID(int(g)%3 + 1)).Campaign(g)
+	}
+	for g := raftgroup.GroupID(1); g <= raftgroup.GroupID(n); g++ {
+		c.WaitLeader(g, 100)
+	}
+}
+
+// TestHeartbeatsCoalesced checks that with 100 active groups on 3 nodes a
+// host sends at most one batch per destination per round, and that the
+// heartbeats of all groups travel in those batches.
+func TestHeartbeatsCoalesced(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 11, Configure: func(cfg *raftgroup.Config) {
+		cfg.DisableQuiesce = true
+	}})
+	startGroups(t, c, scaleGroups)
+	c.RunTicks(5)
+	perStep := map[[2]raftgroup.NodeID]int{}
+	c.Net.Tap = func(from, to raftgroup.NodeID, b *raftgroup.Batch) { perStep[[2]raftgroup.NodeID{from, to}]++ }
+	c.Net.ResetStats()
+	const ticks = 10
+	for range ticks {
+		c.Clock.Advance(100e6)
+		for _, n := range c.Up() {
+			c.Host(n).Tick()
+		}
+		for range 3 {
+			clear(perStep)
+			c.Step()
+			for link, n := range perStep {
+				if n > 1 {
+					t.Fatalf("link %v: %d batches in one round", link, n)
+				}
+			}
+		}
+	}
+	totalHB, totalMsgs, totalBatches := 0, 0, 0
+	for _, link := range c.Net.Links() {
+		s := c.Net.Stats(link[0], link[1])
+		totalHB += s.Heartbeats
+		totalMsgs += s.Messages
+		totalBatches += s.Batches
+		t.Logf("link %v: %+v", link, s)
+	}
+	// Every group's leader heartbeats its 2 followers every tick, and each
+	// answers: 400 heartbeats per tick, in a handful of batches.
+	if want := scaleGroups * 2 * 2 * ticks; totalHB < want*9/10 {
+		t.Fatalf("%d heartbeats in %d ticks, want about %d", totalHB, ticks, want)
+	}
+	if totalMsgs-totalHB > 10 {
+		t.Fatalf("%d non-heartbeat messages while idle", totalMsgs-totalHB)
+	}
+	// 6 directed links, at most 3 rounds with traffic per tick.
+	if totalBatches > 6*3*ticks {
+		t.Fatalf("%d batches in %d ticks", totalBatches, ticks)
+	}
+	t.Logf("%d heartbeats in %d batches over %d ticks", totalHB, totalBatches, ticks)
+}
+
+// TestQuiescedGroupsSendNothing checks that idle groups stop ticking and
+// sending: only one liveness ping per node pair per tick remains,
+// whatever the number of groups.
+func TestQuiescedGroupsSendNothing(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 12})
+	startGroups(t, c, scaleGroups)
+	for g := raftgroup.GroupID(1); g <= scaleGroups; g++ {
+		l, _, _ := c.Leader(g)
+		write(t, c, l, g, "k", "v")
+	}
+	allQuiet := func() bool {
+		for _, n := range c.Up() {
+			for g := raftgroup.GroupID(1); g <= scaleGroups; g++ {
+				if st, _ := c.Host(n).Status(g); !st.Quiesced {
+					return false
+				}
+			}
+		}
+		return true
+	}
+	if !c.RunUntil(50, allQuiet) {
+		t.Fatalf("groups did not quiesce\n%s", c.String(1))
+	}
+	c.Net.ResetStats()
+	ticked := map[raftgroup.NodeID]uint64{}
+	for _, n := range c.Up() {
+		ticked[n] = c.Host(n).Stats().Ticked
+	}
+	const ticks = 50
+	c.RunTicks(ticks)
+	for _, link := range c.Net.Links() {
+		s := c.Net.Stats(link[0], link[1])
+		if s.Messages != 0 {
+			t.Fatalf("link %v sent %d messages while idle", link, s.Messages)
+		}
+		if s.Batches > ticks {
+			t.Fatalf("link %v: %d pings in %d ticks", link, s.Batches, ticks)
+		}
+	}
+	for _, n := range c.Up() {
+		if d := c.Host(n).Stats().Ticked - ticked[n]; d != 0 {
+			t.Fatalf("node %d ticked %d groups while idle", n, d)
+		}
+	}
+	// A proposal wakes its group, which commits and quiesces again.
+	l, _, _ := c.Leader(42)
+	write(t, c, l, 42, "k", "again")
+	converge(t, c, 42, 1, 2, 3)
+	if !c.RunUntil(50, allQuiet) {
+		t.Fatal("group 42 did not quiesce again")
+	}
+}
+
+// TestQuiescedFollowersNoticeDeadLeader checks that a quiesced group whose
+// leader's node dies elects a new leader (liveness pings stop).
+func TestQuiescedFollowersNoticeDeadLeader(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 13})
+	startGroups(t, c, 10)
+	for g := raftgroup.GroupID(1); g <= 10; g++ {
+		l, _, _ := c.Leader(g)
+		write(t, c, l, g, "k", "v")
+	}
+	c.RunTicks(20)
+	for g := raftgroup.GroupID(1); g <= 10; g++ {
+		if st, _ := c.Host(1).Status(g); !st.Quiesced {
+			t.Fatalf("group %d not quiesced", g)
+		}
+	}
+	c.Crash(1)
+	for g := raftgroup.GroupID(1); g <= 10; g++ {
+		l := c.WaitLeader(g, 100)
+		c.Require(l != 1, "dead leader")
+		write(t, c, l, g, "after", "crash")
+	}
+	c.Restart(1)
+	for g := raftgroup.GroupID(1); g <= 10; g++ {
+		converge(t, c, g, 1, 2, 3)
+	}
+}
+
+// TestOneSyncPerRound checks that the Readies of every group handled in a
+// round are persisted by one synced Pebble commit.
+func TestOneSyncPerRound(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 14})
+	const groups = 30
+	for g := raftgroup.GroupID(1); g <= groups; g++ {
+		c.CreateGroup(g, 1, 2, 3)
+		c.Host(1).Campaign(g)
+	}
+	for g := raftgroup.GroupID(1); g <= groups; g++ {
+		if l := c.WaitLeader(g, 100); l != 1 {
+			t.Skipf("group %d elected node %d", g, l)
+		}
+	}
+	c.RunTicks(3)
+	h := c.Host(1)
+	var futs []*raftgroup.Future[raftgroup.Result]
+	for g := raftgroup.GroupID(1); g <= groups; g++ {
+		futs = append(futs, h.Submit(g, raftgroup.Proposal{Data: put("k", "v")}))
+	}
+	before := h.Stats().Syncs
+	h.Round() // appends the 30 proposals: one synced commit
+	if d := h.Stats().Syncs - before; d != 1 {
+		t.Fatalf("%d synced commits for %d groups' appends", d, groups)
+	}
+	for _, f := range futs {
+		if _, err := rgt.Await(c, f, 50); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range c.Up() {
+		s := c.Host(n).Stats()
+		t.Logf("node %d: %d rounds, %d synced commits", n, s.Rounds, s.Syncs)
+	}
+}

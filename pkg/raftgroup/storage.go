@@ -1,0 +1,347 @@
+package raftgroup
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+// groupStorage is one group's raft.Storage over the node's shared Pebble.
+//
+// It reads only what is durable (committed to Pebble); the write side
+// stages a Ready into the round's shared batch (stage) and updates the
+// cached bounds once that batch committed (the returned closure). All
+// methods run on the host loop: no locking.
+type groupStorage struct {
+	db *pebble.DB
+	ks keyspace
+	g  GroupID
+
+	// Cached durable state.
+	hs       *pb.HardState
+	trunc    truncState // entries up to trunc.index are gone (in a snapshot)
+	last     uint64     // last durable log index (trunc.index if the log is empty)
+	lastTerm uint64
+	// snap is the metadata of the latest stored snapshot (nil: none).
+	snap *pb.SnapshotMetadata
+
+	// snapshotFor, set by the group, returns a snapshot for raft to send.
+	snapshotFor func() (*pb.Snapshot, error)
+}
+
+type truncState struct{ index, term uint64 }
+
+func (t truncState) encode() []byte {
+	b := binary.BigEndian.AppendUint64(nil, t.index)
+	return binary.BigEndian.AppendUint64(b, t.term)
+}
+
+func decodeTrunc(b []byte) (truncState, error) {
+	if len(b) != 16 {
+		return truncState{}, fmt.Errorf("truncated state: %d bytes", len(b))
+	}
+	return truncState{binary.BigEndian.Uint64(b), binary.BigEndian.Uint64(b[8:])}, nil
+}
+
+// get reads a key; nil if absent.
+func get(db pebble.Reader, key []byte) ([]byte, error) {
+	v, closer, err := db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	out := append([]byte(nil), v...)
+	return out, closer.Close()
+}
+
+// loadStorage reads a group's durable raft state.
+func loadStorage(db *pebble.DB, ks keyspace, g GroupID) (*groupStorage, error) {
+	s := &groupStorage{db: db, ks: ks, g: g}
+	v, err := get(db, ks.groupKey(g, sufHardState))
+	if err != nil {
+		return nil, err
+	}
+	if v != nil {
+		s.hs = &pb.HardState{}
+		if err := proto.Unmarshal(v, s.hs); err != nil {
+			return nil, fmt.Errorf("group %d: hard state: %w", g, err)
+		}
+	}
+	if v, err = get(db, ks.groupKey(g, sufTruncated)); err != nil {
+		return nil, err
+	} else if v != nil {
+		if s.trunc, err = decodeTrunc(v); err != nil {
+			return nil, fmt.Errorf("group %d: %w", g, err)
+		}
+	}
+	snap, err := s.loadSnapshot()
+	if err != nil {
+		return nil, err
+	}
+	if snap != nil {
+		s.snap = snap.GetMetadata()
+	}
+	s.last, s.lastTerm = s.trunc.index, s.trunc.term
+	it, err := db.NewIter(&pebble.IterOptions{LowerBound: ks.logKey(g, 0), UpperBound: ks.logEnd(g)})
+	if err != nil {
+		return nil, err
+	}
+	if it.Last() {
+		e := &pb.Entry{}
+		if err := proto.Unmarshal(it.Value(), e); err != nil {
+			it.Close()
+			return nil, fmt.Errorf("group %d: entry: %w", g, err)
+		}
+		if e.GetIndex() > s.last {
+			s.last, s.lastTerm = e.GetIndex(), e.GetTerm()
+		}
+	}
+	if err := it.Close(); err != nil {
+		return nil, err
+	}
+	// NB: a snapshot is committed by definition. The hard state is written
+	// before any snapshot that covers it and Pebble recovers a prefix of its
+	// WAL, so this only guards against hand-edited state.
+	if s.snap != nil && s.hs != nil && s.hs.GetCommit() < s.snap.GetIndex() {
+		s.hs.Commit = new(s.snap.GetIndex())
+	}
+	return s, nil
+}
+
+func (s *groupStorage) loadSnapshot() (*pb.Snapshot, error) {
+	v, err := get(s.db, s.ks.groupKey(s.g, sufSnapshot))
+	if err != nil || v == nil {
+		return nil, err
+	}
+	snap := &pb.Snapshot{}
+	if err := proto.Unmarshal(v, snap); err != nil {
+		return nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
+	}
+	return pb.EnsureSnapshot(snap), nil
+}
+
+// InitialState implements raft.Storage.
+func (s *groupStorage) InitialState() (*pb.HardState, *pb.ConfState, error) {
+	var hs *pb.HardState
+	if s.hs != nil {
+		hs = proto.Clone(s.hs).(*pb.HardState)
+	}
+	cs := &pb.ConfState{}
+	if s.snap != nil && s.snap.GetConfState() != nil {
+		cs = proto.Clone(s.snap.GetConfState()).(*pb.ConfState)
+	}
+	return hs, pb.EnsureConfState(cs), nil
+}
+
+// Entries implements raft.Storage.
+func (s *groupStorage) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
+	if lo <= s.trunc.index {
+		return nil, raft.ErrCompacted
+	}
+	if hi > s.last+1 {
+		return nil, fmt.Errorf("group %d: entries [%d,%d) beyond last index %d: %w", s.g, lo, hi, s.last, raft.ErrUnavailable)
+	}
+	if lo >= hi {
+		return nil, nil
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: s.ks.logKey(s.g, lo), UpperBound: s.ks.logKey(s.g, hi)})
+	if err != nil {
+		return nil, err
+	}
+	defer it.Close()
+	var (
+		out  []*pb.Entry
+		size uint64
+		next = lo
+	)
+	for valid := it.First(); valid; valid = it.Next() {
+		e := &pb.Entry{}
+		if err := proto.Unmarshal(it.Value(), e); err != nil {
+			return nil, fmt.Errorf("group %d: entry: %w", s.g, err)
+		}
+		if e.GetIndex() != next {
+			return nil, fmt.Errorf("group %d: log gap at %d (found %d): %w", s.g, next, e.GetIndex(), raft.ErrUnavailable)
+		}
+		size += uint64(proto.Size(e))
+		if len(out) > 0 && size > maxSize {
+			break
+		}
+		out = append(out, e)
+		next++
+	}
+	if err := it.Error(); err != nil {
+		return nil, err
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("group %d: entry %d missing: %w", s.g, lo, raft.ErrUnavailable)
+	}
+	return out, nil
+}
+
+// Term implements raft.Storage.
+func (s *groupStorage) Term(i uint64) (uint64, error) {
+	switch {
+	case i == s.trunc.index:
+		return s.trunc.term, nil
+	case i < s.trunc.index:
+		return 0, raft.ErrCompacted
+	case i > s.last:
+		return 0, raft.ErrUnavailable
+	case i == s.last:
+		return s.lastTerm, nil
+	}
+	v, err := get(s.db, s.ks.logKey(s.g, i))
+	if err != nil {
+		return 0, err
+	}
+	if v == nil {
+		return 0, raft.ErrUnavailable
+	}
+	e := &pb.Entry{}
+	if err := proto.Unmarshal(v, e); err != nil {
+		return 0, err
+	}
+	return e.GetTerm(), nil
+}
+
+// LastIndex implements raft.Storage.
+func (s *groupStorage) LastIndex() (uint64, error) { return s.last, nil }
+
+// FirstIndex implements raft.Storage.
+func (s *groupStorage) FirstIndex() (uint64, error) { return s.trunc.index + 1, nil }
+
+// Snapshot implements raft.Storage: raft asks for one to send to a
+// follower that needs entries the log no longer has.
+func (s *groupStorage) Snapshot() (*pb.Snapshot, error) {
+	if s.snapshotFor != nil {
+		return s.snapshotFor()
+	}
+	snap, err := s.loadSnapshot()
+	if err != nil {
+		return nil, err
+	}
+	if snap == nil {
+		return nil, raft.ErrSnapshotTemporarilyUnavailable
+	}
+	return snap, nil
+}
+
+// stage adds a Ready's durable parts (snapshot, entries, hard state) to
+// the round's batch and returns the cache update to run once the batch
+// committed.
+func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
+	trunc, last, lastTerm := s.trunc, s.last, s.lastTerm
+	var snapMeta *pb.SnapshotMetadata
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		// The snapshot replaces the whole log: raft only hands one over when
+		// the log does not match it.
+		m := rd.Snapshot.GetMetadata()
+		data, err := proto.Marshal(rd.Snapshot)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.Set(s.ks.groupKey(s.g, sufSnapshot), data, nil); err != nil {
+			return nil, err
+		}
+		if err := b.DeleteRange(s.ks.logKey(s.g, 0), s.ks.logEnd(s.g), nil); err != nil {
+			return nil, err
+		}
+		trunc = truncState{m.GetIndex(), m.GetTerm()}
+		if err := b.Set(s.ks.groupKey(s.g, sufTruncated), trunc.encode(), nil); err != nil {
+			return nil, err
+		}
+		last, lastTerm = trunc.index, trunc.term
+		snapMeta = proto.Clone(m).(*pb.SnapshotMetadata)
+	}
+	if n := len(rd.Entries); n > 0 {
+		first := rd.Entries[0].GetIndex()
+		if first > last+1 {
+			return nil, fmt.Errorf("group %d: appending at %d leaves a gap after %d", s.g, first, last)
+		}
+		for _, e := range rd.Entries {
+			if e.GetIndex() <= trunc.index {
+				continue
+			}
+			data, err := proto.Marshal(e)
+			if err != nil {
+				return nil, err
+			}
+			if err := b.Set(s.ks.logKey(s.g, e.GetIndex()), data, nil); err != nil {
+				return nil, err
+			}
+		}
+		newLast := rd.Entries[n-1].GetIndex()
+		if newLast < last {
+			// A new leader overwrote our tail: the rest of it is gone too.
+			if err := b.DeleteRange(s.ks.logKey(s.g, newLast+1), s.ks.logKey(s.g, last+1), nil); err != nil {
+				return nil, err
+			}
+		}
+		if newLast > trunc.index {
+			last, lastTerm = newLast, rd.Entries[n-1].GetTerm()
+		}
+	}
+	var hs *pb.HardState
+	if !raft.IsEmptyHardState(rd.HardState) {
+		hs = proto.Clone(rd.HardState).(*pb.HardState)
+		data, err := proto.Marshal(hs)
+		if err != nil {
+			return nil, err
+		}
+		if err := b.Set(s.ks.groupKey(s.g, sufHardState), data, nil); err != nil {
+			return nil, err
+		}
+	}
+	return func() {
+		s.trunc, s.last, s.lastTerm = trunc, last, lastTerm
+		if snapMeta != nil {
+			s.snap = snapMeta
+		}
+		if hs != nil {
+			s.hs = hs
+		}
+	}, nil
+}
+
+// stageSnapshot stores snap as the group's latest snapshot.
+func (s *groupStorage) stageSnapshot(b *pebble.Batch, snap *pb.Snapshot) (func(), error) {
+	data, err := proto.Marshal(snap)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.Set(s.ks.groupKey(s.g, sufSnapshot), data, nil); err != nil {
+		return nil, err
+	}
+	meta := proto.Clone(snap.GetMetadata()).(*pb.SnapshotMetadata)
+	return func() { s.snap = meta }, nil
+}
+
+// stageCompact drops the log up to and including index (which must be
+// covered by the stored snapshot).
+func (s *groupStorage) stageCompact(b *pebble.Batch, index uint64) (func(), error) {
+	if index <= s.trunc.index {
+		return func() {}, nil
+	}
+	if s.snap == nil || index > s.snap.GetIndex() || index > s.last {
+		return nil, fmt.Errorf("group %d: compacting to %d beyond the snapshot", s.g, index)
+	}
+	term, err := s.Term(index)
+	if err != nil {
+		return nil, err
+	}
+	if err := b.DeleteRange(s.ks.logKey(s.g, 0), s.ks.logKey(s.g, index+1), nil); err != nil {
+		return nil, err
+	}
+	t := truncState{index, term}
+	if err := b.Set(s.ks.groupKey(s.g, sufTruncated), t.encode(), nil); err != nil {
+		return nil, err
+	}
+	return func() { s.trunc = t }, nil
+}

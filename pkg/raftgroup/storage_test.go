@@ -1,0 +1,250 @@
+package raftgroup
+
+import (
+	"errors"
+	"log/slog"
+	"strconv"
+	"testing"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.etcd.io/raft/v3"
+	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
+)
+
+func memDB(t *testing.T) *pebble.DB {
+	t.Helper()
+	db, err := pebble.Open("/db", &pebble.Options{FS: vfs.NewMem(), Logger: pebbleLogger{slog.New(slog.DiscardHandler)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { db.Close() })
+	return db
+}
+
+func ents(term uint64, lo, hi uint64) []*pb.Entry {
+	var out []*pb.Entry
+	for i := lo; i <= hi; i++ {
+		out = append(out, &pb.Entry{Index: new(i), Term: new(term), Type: pb.EntryNormal.Enum(), Data: []byte{byte(i)}})
+	}
+	return out
+}
+
+func persist(t *testing.T, db *pebble.DB, s *groupStorage, rd raft.Ready) {
+	t.Helper()
+	b := db.NewBatch()
+	commit, err := s.stage(b, &rd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	commit()
+}
+
+func TestStorage(t *testing.T) {
+	db := memDB(t)
+	ks := keyspace{prefix: []byte("x")}
+	s, err := loadStorage(db, ks, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs, cs, _ := s.InitialState(); hs != nil || len(cs.GetVoters()) != 0 {
+		t.Fatalf("fresh state %v %v", hs, cs)
+	}
+	persist(t, db, s, raft.Ready{Entries: ents(1, 1, 10), HardState: &pb.HardState{Term: new(uint64(1)), Commit: new(uint64(7))}})
+	if last, _ := s.LastIndex(); last != 10 {
+		t.Fatalf("last %d", last)
+	}
+	got, err := s.Entries(3, 8, 1<<20)
+	if err != nil || len(got) != 5 || got[0].GetIndex() != 3 {
+		t.Fatalf("entries %v %v", got, err)
+	}
+	// The size limit returns at least one entry.
+	if got, _ := s.Entries(3, 8, 1); len(got) != 1 {
+		t.Fatalf("limited entries %d", len(got))
+	}
+	// A new leader overwrites the tail from 6: 8..10 are gone.
+	persist(t, db, s, raft.Ready{Entries: ents(2, 6, 7)})
+	if last, _ := s.LastIndex(); last != 7 {
+		t.Fatalf("last after overwrite %d", last)
+	}
+	if term, _ := s.Term(6); term != 2 {
+		t.Fatalf("term(6) %d", term)
+	}
+	if _, err := s.Term(8); !errors.Is(err, raft.ErrUnavailable) {
+		t.Fatalf("term(8): %v", err)
+	}
+	// Snapshot at 6 and compact to 4.
+	b := db.NewBatch()
+	snap := &pb.Snapshot{Data: []byte("state"), Metadata: &pb.SnapshotMetadata{Index: new(uint64(6)), Term: new(uint64(2)), ConfState: &pb.ConfState{Voters: []uint64{1, 2, 3}}}}
+	c1, err := s.stageSnapshot(b, snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	c1()
+	b = db.NewBatch()
+	c2, err := s.stageCompact(b, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Commit(pebble.Sync); err != nil {
+		t.Fatal(err)
+	}
+	c2()
+	if first, _ := s.FirstIndex(); first != 5 {
+		t.Fatalf("first %d", first)
+	}
+	if _, err := s.Entries(4, 6, 1<<20); !errors.Is(err, raft.ErrCompacted) {
+		t.Fatalf("compacted entries: %v", err)
+	}
+	if term, err := s.Term(4); err != nil || term != 1 {
+		t.Fatalf("term at the truncation point %d %v", term, err)
+	}
+	if _, err := s.Term(3); !errors.Is(err, raft.ErrCompacted) {
+		t.Fatalf("term(3): %v", err)
+	}
+	// Reload: the same durable state.
+	r, err := loadStorage(db, ks, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.last != 7 || r.trunc != s.trunc || r.snap.GetIndex() != 6 || r.hs.GetCommit() != 7 {
+		t.Fatalf("reloaded %+v", r)
+	}
+	_, cs, _ := r.InitialState()
+	if len(cs.GetVoters()) != 3 {
+		t.Fatalf("conf state %v", cs)
+	}
+	// A received snapshot replaces the whole log.
+	rs := &pb.Snapshot{Data: []byte("new"), Metadata: &pb.SnapshotMetadata{Index: new(uint64(20)), Term: new(uint64(3)), ConfState: &pb.ConfState{Voters: []uint64{1}}}}
+	persist(t, db, r, raft.Ready{Snapshot: rs, Entries: ents(3, 21, 22), HardState: &pb.HardState{Term: new(uint64(3)), Commit: new(uint64(20))}})
+	if first, _ := r.FirstIndex(); first != 21 {
+		t.Fatalf("first after snapshot %d", first)
+	}
+	if got, err := r.Entries(21, 23, 1<<20); err != nil || len(got) != 2 {
+		t.Fatalf("entries after snapshot %v %v", got, err)
+	}
+	it, _ := db.NewIter(&pebble.IterOptions{LowerBound: ks.logKey(7, 0), UpperBound: ks.logKey(7, 21)})
+	if it.First() {
+		t.Fatalf("stale entry %d left", ks.parseLogIndex(it.Key()))
+	}
+	it.Close()
+	loaded, _ := r.loadSnapshot()
+	if loaded.GetMetadata().GetIndex() != 20 || string(loaded.GetData()) != "new" || !proto.Equal(loaded.GetMetadata().GetConfState(), pb.EnsureConfState(rs.GetMetadata().GetConfState())) {
+		t.Fatalf("snapshot %v", loaded)
+	}
+}
+
+func TestBatchRoundTrip(t *testing.T) {
+	b := &Batch{
+		From: 3,
+		Messages: []GroupMessage{
+			{Group: 1, Msg: &pb.Message{Type: pb.MsgApp.Enum(), To: new(uint64(2)), From: new(uint64(1)), Term: new(uint64(4)), Entries: ents(4, 5, 6)}},
+			{Group: 1 << 40, Msg: &pb.Message{Type: pb.MsgSnap.Enum(), Snapshot: &pb.Snapshot{Data: []byte("s")}}},
+		},
+		Heartbeats:     []Heartbeat{{Group: 5, From: 1, To: 2, Term: 3, Commit: 9, Quiesce: true}, {Group: 6, From: 7, To: 8}},
+		HeartbeatResps: []Heartbeat{{Group: 5, From: 2, To: 1, Term: 3}},
+		Acks:           []ApplyAck{{Group: 9, Replica: 2, Applied: 100}},
+		AckQueries:     []GroupID{9, 10},
+		Removed:        []GroupReplica{{Group: 4, Replica: 3}},
+	}
+	data, err := b.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := UnmarshalBatch(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.From != b.From || len(got.Messages) != 2 || !proto.Equal(got.Messages[0].Msg, b.Messages[0].Msg) ||
+		got.Messages[1].Group != 1<<40 || !proto.Equal(got.Messages[1].Msg, b.Messages[1].Msg) {
+		t.Fatalf("messages %+v", got.Messages)
+	}
+	if len(got.Heartbeats) != 2 || got.Heartbeats[0] != b.Heartbeats[0] || got.Heartbeats[1] != b.Heartbeats[1] ||
+		len(got.HeartbeatResps) != 1 || got.HeartbeatResps[0] != b.HeartbeatResps[0] {
+		t.Fatalf("heartbeats %+v %+v", got.Heartbeats, got.HeartbeatResps)
+	}
+	if len(got.Acks) != 1 || got.Acks[0] != b.Acks[0] || len(got.AckQueries) != 2 || got.AckQueries[1] != 10 ||
+		len(got.Removed) != 1 || got.Removed[0] != b.Removed[0] {
+		t.Fatalf("host messages %+v", got)
+	}
+	empty, _ := (&Batch{From: 1}).Marshal()
+	if e, err := UnmarshalBatch(empty); err != nil || !e.Empty() || e.From != 1 {
+		t.Fatalf("ping %+v %v", e, err)
+	}
+}
+
+func FuzzUnmarshalBatch(f *testing.F) {
+	b := &Batch{From: 1, Heartbeats: []Heartbeat{{Group: 1, From: 1, To: 2, Term: 1}}, Messages: []GroupMessage{{Group: 2, Msg: &pb.Message{Type: pb.MsgVote.Enum()}}}}
+	data, _ := b.Marshal()
+	f.Add(data)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		b, err := UnmarshalBatch(data)
+		if err != nil {
+			return
+		}
+		again, err := b.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := UnmarshalBatch(again); err != nil {
+			t.Fatalf("re-encoded batch does not decode: %v", err)
+		}
+	})
+}
+
+func FuzzDecodeEnvelope(f *testing.F) {
+	f.Add((&envelope{key: "k", time: 5, proposer: 2, quorum: true, payload: []byte("p")}).encode())
+	f.Fuzz(func(t *testing.T, data []byte) {
+		e, err := decodeEnvelope(data)
+		if err != nil {
+			return
+		}
+		d, err := decodeEnvelope(e.encode())
+		if err != nil || d.key != e.key || d.time != e.time || d.proposer != e.proposer || d.quorum != e.quorum || string(d.payload) != string(e.payload) {
+			t.Fatalf("round trip %+v -> %+v %v", e, d, err)
+		}
+	})
+}
+
+func TestDedupTable(t *testing.T) {
+	d := newDedupTable()
+	d.add("a", 1, 0, []byte("ra"))
+	d.add("b", 2, int64(dedupWindow)/2, nil)
+	d.prune(int64(dedupWindow))
+	if _, ok := d.get("a"); !ok {
+		t.Fatal("a pruned inside the window")
+	}
+	d.prune(int64(dedupWindow) + 1)
+	if _, ok := d.get("a"); ok {
+		t.Fatal("a kept past the window")
+	}
+	if _, ok := d.get("b"); !ok {
+		t.Fatal("b pruned early")
+	}
+	// Meta (and its table) survives encoding, in order.
+	m := newGroupMeta()
+	m.members[1], m.members[5] = 10, 50
+	m.maxReplica, m.clock = 5, 99
+	m.dedup = d
+	got, err := decodeGroupMeta(m.encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.maxReplica != 5 || got.clock != 99 || got.members[5] != 50 || len(got.dedup.live()) != 1 {
+		t.Fatalf("meta %+v", got)
+	}
+	for i := range dedupMax + 10 {
+		got.dedup.add(strconv.Itoa(i), uint64(i), 100, nil)
+		got.dedup.prune(100)
+	}
+	if n := len(got.dedup.live()); n != dedupMax {
+		t.Fatalf("%d keys kept, bound %d", n, dedupMax)
+	}
+}
