@@ -119,7 +119,9 @@ func (c *schedCluster) mustCtl(i int, args ...string) string {
 
 func (c *schedCluster) schedd(i int) *client.Schedd {
 	c.t.Helper()
-	s, err := client.NewSchedd(c.RunDir(i), client.Retry{Attempts: 3})
+	// A schedd that was just restarted answers UNAVAILABLE until it has
+	// found its cluster again (about a second): retry through that.
+	s, err := client.NewSchedd(c.RunDir(i), client.Retry{Attempts: 40, Max: 500 * time.Millisecond})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -170,7 +172,7 @@ func (c *schedCluster) containers(service string) map[int]map[string]uint32 {
 
 func (c *schedCluster) tasks(service string) []*schedv1.Task {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	resp, err := c.schedd(1).ListTasks(ctx, &schedv1.ListTasksRequest{Service: service})
 	if err != nil {
