@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -48,8 +49,9 @@ type ServiceSpec struct {
 
 	Labels map[string]string `json:"labels,omitempty"`
 	Ports  []Port            `json:"ports,omitempty"`
-	// Volumes are passed to vold as they are; the scheduler does not
-	// interpret them yet.
+	// Volumes are replicated volumes to mount, as "NAME:/path[:ro]" (see
+	// ParseVolume): the task's node asks shoal-vold to mount each one and
+	// bind-mounts it into the container.
 	Volumes []string `json:"volumes,omitempty"`
 	// Network is "" (the overlay: a namespace per task from netd) or
 	// "host" (the node's own namespace).
@@ -152,6 +154,43 @@ const (
 	ActionPause    FailureAction = "pause"
 	ActionRollback FailureAction = "rollback"
 )
+
+// VolumeMount is a parsed volume entry of a service.
+type VolumeMount struct {
+	// Name is the replicated volume (shoalctl volume create).
+	Name string
+	// Target is the absolute path inside the container.
+	Target   string
+	ReadOnly bool
+}
+
+// ParseVolume parses "NAME:/path" or "NAME:/path:ro" (or ":rw").
+func ParseVolume(s string) (VolumeMount, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return VolumeMount{}, fmt.Errorf("volume %q: want NAME:/path[:ro]", s)
+	}
+	m := VolumeMount{Name: parts[0], Target: parts[1]}
+	if !volumeName.MatchString(m.Name) {
+		return VolumeMount{}, fmt.Errorf("volume %q: name %q must be 1-63 lowercase letters, digits or '-', starting with a letter or digit", s, m.Name)
+	}
+	if !path.IsAbs(m.Target) || path.Clean(m.Target) == "/" {
+		return VolumeMount{}, fmt.Errorf("volume %q: mount path %q must be absolute and not /", s, m.Target)
+	}
+	m.Target = path.Clean(m.Target)
+	if len(parts) == 3 {
+		switch parts[2] {
+		case "ro":
+			m.ReadOnly = true
+		case "rw":
+		default:
+			return VolumeMount{}, fmt.Errorf("volume %q: option %q is unknown: use ro or rw", s, parts[2])
+		}
+	}
+	return m, nil
+}
+
+var volumeName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
 
 // Port publishes a container port.
 type Port struct {
@@ -406,10 +445,17 @@ func (s ServiceSpec) Validate() error {
 		}
 		seen[k] = true
 	}
+	targets := map[string]bool{}
 	for _, v := range d.Volumes {
-		if strings.TrimSpace(v) == "" {
-			add("a volume entry is empty")
+		m, err := ParseVolume(v)
+		if err != nil {
+			add("%v", err)
+			continue
 		}
+		if targets[m.Target] {
+			add("two volumes are mounted at %s", m.Target)
+		}
+		targets[m.Target] = true
 	}
 	return errors.Join(errs...)
 }

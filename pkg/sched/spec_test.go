@@ -64,7 +64,12 @@ func TestValidate(t *testing.T) {
 		}, "port 80/tcp is published twice"},
 		{"bad protocol", func(s *sched.ServiceSpec) { s.Ports = []sched.Port{{Host: 80, Container: 80, Protocol: "sctp"}} }, `protocol "sctp"`},
 		{"bad mode", func(s *sched.ServiceSpec) { s.Ports = []sched.Port{{Host: 80, Container: 80, Mode: "vip"}} }, `mode "vip"`},
-		{"empty volume", func(s *sched.ServiceSpec) { s.Volumes = []string{""} }, "a volume entry is empty"},
+		{"empty volume", func(s *sched.ServiceSpec) { s.Volumes = []string{""} }, "want NAME:/path[:ro]"},
+		{"volume bad name", func(s *sched.ServiceSpec) { s.Volumes = []string{"Data_1:/data"} }, `name "Data_1" must be`},
+		{"volume relative path", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:data"} }, "must be absolute"},
+		{"volume on root", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:/"} }, "must be absolute and not /"},
+		{"volume bad option", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:/data:rx"} }, `option "rx" is unknown`},
+		{"volumes on one path", func(s *sched.ServiceSpec) { s.Volumes = []string{"a:/data", "b:/data/"} }, "two volumes are mounted at /data"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := validSpec()
@@ -222,6 +227,20 @@ func TestFormat(t *testing.T) {
 	} {
 		if c.got != c.want {
 			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}
+
+func TestParseVolume(t *testing.T) {
+	for in, want := range map[string]sched.VolumeMount{
+		"data:/data":       {Name: "data", Target: "/data"},
+		"db-1:/var/lib/x/": {Name: "db-1", Target: "/var/lib/x"},
+		"logs:/logs:ro":    {Name: "logs", Target: "/logs", ReadOnly: true},
+		"logs:/logs:rw":    {Name: "logs", Target: "/logs"},
+	} {
+		got, err := sched.ParseVolume(in)
+		if err != nil || got != want {
+			t.Errorf("ParseVolume(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
 }

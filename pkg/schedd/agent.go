@@ -173,6 +173,9 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 				n.log.Warn("release task network", "task", a.TaskID, "err", err)
 			}
 		}
+		if a.State.Terminal() {
+			n.unmountVolumes(ctx, a.TaskID, lt.Spec)
+		}
 	case sched.ConfirmReservation:
 		n.ledger.Confirm(a.TaskID)
 	case sched.ReleaseReservation:
@@ -192,6 +195,9 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 			if _, err := n.netd.Detach(ctx, &netv1.DetachRequest{Task: a.TaskID}); err != nil {
 				n.log.Warn("release task network", "task", a.TaskID, "err", err)
 			}
+		}
+		if lt != nil {
+			n.unmountVolumes(ctx, a.TaskID, lt.Spec)
 		}
 		n.statd.Delete(ctx, &statev1.DeleteRequest{Key: sched.TaskKey(a.TaskID)})
 		os.Remove(n.recordPath(a.TaskID))
@@ -220,6 +226,9 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 		ts := n.taskSpec(task, spec)
 		if err == nil {
 			err = n.attach(ctx, task, spec, &ts)
+		}
+		if err == nil {
+			err = n.mountVolumes(ctx, task, spec, &ts)
 		}
 		if err == nil {
 			err = n.rt.Run(ctx, ts)

@@ -34,6 +34,7 @@ import (
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
 // Config is shoal-schedd's configuration (/etc/shoal/schedd.toml).
@@ -113,6 +114,7 @@ type node struct {
 	rt    shoalrt.Runtime
 	statd *client.Statd
 	netd  *client.Netd
+	vold  volv1.VolumesClient
 
 	// Set once the node is in a cluster (identity from statd).
 	id       string
@@ -171,8 +173,15 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		cr.Close()
 		return nil, err
 	}
+	// Volumes are mounted by shoal-vold; a task that names one waits (and
+	// retries) while vold is away, like a task waiting for its network.
+	vc, err := client.Dial(cfg.RunDir, "vold", client.Retry{Attempts: 3})
+	if err != nil {
+		cr.Close()
+		return nil, err
+	}
 	n := &node{
-		cfg: cfg, log: rt.Log, rt: cr, statd: st, netd: nd,
+		cfg: cfg, log: rt.Log, rt: cr, statd: st, netd: nd, vold: volv1.NewVolumesClient(vc),
 		ready: make(chan struct{}), kick: make(chan struct{}, 1),
 		inflight: map[string]map[string]sched.InFlight{},
 		accepted: map[string]string{},
@@ -199,6 +208,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		wg.Wait()
 		st.Close()
 		nd.Close()
+		vc.Close()
 		return cr.Close()
 	}, nil
 }
