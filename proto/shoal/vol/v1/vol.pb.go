@@ -1320,8 +1320,11 @@ func (x *ListLocksResponse) GetLeases() []*Lease {
 
 type RaftBatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// batch is raftgroup.Batch.Marshal's encoding.
+	// batch is raftgroup.Batch.Marshal's encoding, or a chunk of it: a
+	// large batch (a snapshot) travels in several messages, every one but
+	// the last with more set, and the receiver joins them.
 	Batch         []byte `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
+	More          bool   `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1361,6 +1364,13 @@ func (x *RaftBatch) GetBatch() []byte {
 		return x.Batch
 	}
 	return nil
+}
+
+func (x *RaftBatch) GetMore() bool {
+	if x != nil {
+		return x.More
+	}
+	return false
 }
 
 type RaftAck struct {
@@ -1404,8 +1414,12 @@ type ForwardRequest struct {
 	Group uint64                 `protobuf:"varint,1,opt,name=group,proto3" json:"group,omitempty"`
 	// kind says what payload is: "fs.mutate", "fs.query", "kv.put",
 	// "kv.get", "lock.acquire", ... (the receiver rejects unknown kinds).
-	Kind          string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
-	Payload       []byte `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	Kind    string `protobuf:"bytes,2,opt,name=kind,proto3" json:"kind,omitempty"`
+	Payload []byte `protobuf:"bytes,3,opt,name=payload,proto3" json:"payload,omitempty"`
+	// key makes a forwarded mutation idempotent: the receiver proposes it
+	// with this key, so a caller that retries on another member after a
+	// lost answer does not apply it twice.
+	Key           string `protobuf:"bytes,4,opt,name=key,proto3" json:"key,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1459,6 +1473,13 @@ func (x *ForwardRequest) GetPayload() []byte {
 		return x.Payload
 	}
 	return nil
+}
+
+func (x *ForwardRequest) GetKey() string {
+	if x != nil {
+		return x.Key
+	}
+	return ""
 }
 
 type ForwardResponse struct {
@@ -1595,14 +1616,16 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\x13ReleaseLockResponse\"\x12\n" +
 	"\x10ListLocksRequest\"@\n" +
 	"\x11ListLocksResponse\x12+\n" +
-	"\x06leases\x18\x01 \x03(\v2\x13.shoal.vol.v1.LeaseR\x06leases\"!\n" +
+	"\x06leases\x18\x01 \x03(\v2\x13.shoal.vol.v1.LeaseR\x06leases\"5\n" +
 	"\tRaftBatch\x12\x14\n" +
-	"\x05batch\x18\x01 \x01(\fR\x05batch\"\t\n" +
-	"\aRaftAck\"T\n" +
+	"\x05batch\x18\x01 \x01(\fR\x05batch\x12\x12\n" +
+	"\x04more\x18\x02 \x01(\bR\x04more\"\t\n" +
+	"\aRaftAck\"f\n" +
 	"\x0eForwardRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\x04R\x05group\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
-	"\apayload\x18\x03 \x01(\fR\apayload\"+\n" +
+	"\apayload\x18\x03 \x01(\fR\apayload\x12\x10\n" +
+	"\x03key\x18\x04 \x01(\tR\x03key\"+\n" +
 	"\x0fForwardResponse\x12\x18\n" +
 	"\apayload\x18\x01 \x01(\fR\apayload2\xd2\x03\n" +
 	"\aVolumes\x12G\n" +
