@@ -334,6 +334,9 @@ func (n *node) watchTask(ctx context.Context, lt *localTask) {
 	if h := lt.Spec.WithDefaults().Health; h.Enabled() {
 		go n.probe(wctx, id, h, lt.Runtime.StartedAt)
 	}
+	if len(lt.Spec.Volumes) > 0 {
+		go n.watchVolumes(wctx, id, lt.Spec)
+	}
 }
 
 func (n *node) exited(id string, exit shoalrt.Exit) {

@@ -2,7 +2,13 @@ package schedd
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
 
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
@@ -41,4 +47,60 @@ func (n *node) unmountVolumes(ctx context.Context, taskID string, spec sched.Ser
 			n.log.Warn("release volume", "task", taskID, "volume", m.Name, "err", err)
 		}
 	}
+}
+
+// watchVolumes restarts a task whose volume mount died. A FUSE mount
+// lives as long as the vold process serving it: when vold is killed (or
+// crashes) the container's bind mount of it answers ENOTCONN forever,
+// even after the new vold has mounted the volume again on the host. The
+// only clean way back is a new container, so the task is stopped and its
+// restart policy brings it back with a fresh bind mount.
+func (n *node) watchVolumes(ctx context.Context, id string, spec sched.ServiceSpec) {
+	var targets []string
+	for _, v := range spec.Volumes {
+		if m, err := sched.ParseVolume(v); err == nil {
+			targets = append(targets, m.Target)
+		}
+	}
+	if len(targets) == 0 {
+		return
+	}
+	var pid uint32
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+		if pid == 0 {
+			if pid = n.taskPid(ctx, id); pid == 0 {
+				continue
+			}
+		}
+		for _, t := range targets {
+			// Seen through the task's own root: the container's mount.
+			_, err := os.Stat(filepath.Join("/proc", strconv.Itoa(int(pid)), "root", t))
+			if errors.Is(err, syscall.ENOTCONN) || errors.Is(err, syscall.ECONNABORTED) {
+				n.log.Warn("task's volume mount is gone (vold restarted): restarting the task", "task", id, "target", t)
+				if _, err := n.rt.Stop(ctx, id, spec.WithDefaults().StopGrace.D()); err != nil {
+					n.log.Warn("stop task with a dead volume", "task", id, "err", err)
+				}
+				return
+			}
+		}
+	}
+}
+
+// taskPid returns the pid of a task's running process (0 if unknown).
+func (n *node) taskPid(ctx context.Context, id string) uint32 {
+	infos, err := n.rt.List(ctx)
+	if err != nil {
+		return 0
+	}
+	for _, ti := range infos {
+		if ti.ID == id && ti.Status == shoalrt.StatusRunning {
+			return ti.Pid
+		}
+	}
+	return 0
 }
