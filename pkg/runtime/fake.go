@@ -718,3 +718,12 @@ func (f *Fake) Exec(ctx context.Context, id string, args []string, stdin io.Read
 	}
 	return run(spec, args, stdin, stdout, stderr), nil
 }
+
+// Pull implements Runtime. The fake reaches no registry: a pullable ref
+// fails with Unavailable, as with a registry that cannot be reached.
+func (f *Fake) Pull(ctx context.Context, ref string, _ PullOptions) (Image, error) {
+	if _, err := PullableRef(ref); err != nil {
+		return Image{}, err
+	}
+	return Image{}, fmt.Errorf("pull image %s: the fake runtime reaches no registry: %w", ref, errdefs.ErrUnavailable)
+}

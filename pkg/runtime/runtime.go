@@ -47,6 +47,12 @@ type Runtime interface {
 	// them) are written, and unpacks it. A missing blob is NotFound. A name
 	// already in use is repointed.
 	CreateImage(ctx context.Context, name string, target ocispec.Descriptor) (Image, error)
+	// Pull fetches ref from its registry and unpacks it. ref must name the
+	// registry host explicitly ("registry.example:5000/app:1",
+	// "docker.io/library/busybox:1.36"): a bare "busybox" is a local image
+	// name here, never a silent trip to Docker Hub. Registries in
+	// opts.PlainHTTP are spoken to over http.
+	Pull(ctx context.Context, ref string, opts PullOptions) (Image, error)
 
 	// Run creates task spec.ID (a container and its task) and starts it.
 	// An ID in use is AlreadyExists; a missing image NotFound.
@@ -199,3 +205,11 @@ const (
 	labelPrefix          = "io.shoal.runtime/"
 	containerdLabelsFrom = "io.containerd."
 )
+
+// PullOptions tune Runtime.Pull.
+type PullOptions struct {
+	// PlainHTTP lists registries reached over http rather than https (a
+	// registry on a private network): hosts with or without a port, or
+	// CIDRs holding their addresses, as Docker's insecure-registries.
+	PlainHTTP []string
+}

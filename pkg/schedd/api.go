@@ -16,6 +16,7 @@ import (
 	"github.com/containerd/errdefs"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
@@ -52,8 +53,10 @@ func decodeSpec(data []byte) (sched.ServiceSpec, error) {
 // node offers, a host port another service already publishes.
 func (s *api) checkPlaceable(ctx context.Context, spec sched.ServiceSpec) error {
 	n := s.n
-	if !n.imageKnown(ctx, spec.Image) {
-		return fmt.Errorf("image %q is not on any node: load it with `shoalctl image load FILE`: %w", spec.Image, errdefs.ErrInvalidArgument)
+	// An image that names its registry is pulled by the first node that
+	// needs it; any other must already be in the cluster.
+	if _, perr := shoalrt.PullableRef(spec.Image); perr != nil && !n.imageKnown(ctx, spec.Image) {
+		return fmt.Errorf("image %q is not on any node: load it with `shoalctl image load FILE`, or name its registry (host[:port]/path:tag) to pull it: %w", spec.Image, errdefs.ErrInvalidArgument)
 	}
 	var most sched.Resources
 	for _, nd := range n.nodes() {

@@ -122,10 +122,25 @@ func (n *node) ensureImage(ctx context.Context, ref string) error {
 		errs = append(errs, fmt.Sprintf("%s: %v", h, err))
 		n.log.Warn("image fetch failed", "image", ref, "peer", h, "err", err)
 	}
-	if len(errs) > 0 {
-		return fmt.Errorf("image %s: every node holding it failed: %s", ref, strings.Join(errs, "; "))
+	// No peer could give it: its registry, if the ref names one. Once
+	// pulled, the node publishes it, so the rest of the cluster fetches it
+	// from here rather than from the registry.
+	if _, perr := shoalrt.PullableRef(ref); perr == nil {
+		start := time.Now()
+		img, err := n.rt.Pull(ctx, ref, shoalrt.PullOptions{PlainHTTP: n.cfg.InsecureRegistries})
+		if err == nil {
+			n.log.Info("image pulled from registry", "image", img.Name, "digest", img.Digest, "duration", time.Since(start).Round(time.Millisecond))
+			if err := n.publishImage(ctx, img); err != nil {
+				n.log.Warn("publish image", "err", err)
+			}
+			return nil
+		}
+		errs = append(errs, fmt.Sprintf("registry: %v", err))
 	}
-	return fmt.Errorf("image %s is on no reachable node (load it with `shoalctl image load`): %w", ref, errdefs.ErrNotFound)
+	if len(errs) > 0 {
+		return fmt.Errorf("image %s: no node holding it and no registry could give it: %s", ref, strings.Join(errs, "; "))
+	}
+	return fmt.Errorf("image %s is on no reachable node (load it with `shoalctl image load`, or name its registry to pull it): %w", ref, errdefs.ErrNotFound)
 }
 
 // fetchImage copies an image from a peer, blob by blob, each verified by

@@ -49,6 +49,9 @@ type Config struct {
 	// PeerPort is the TCP port of the mutual-TLS scheduler peer API; it
 	// must be the same on every node.
 	PeerPort uint32 `toml:"peer_port"`
+	// InsecureRegistries are registries pulled from over plain http (a
+	// registry on a private network without TLS): host[:port] or a CIDR.
+	InsecureRegistries []string `toml:"insecure_registries"`
 	// CPUMillis and MemoryBytes are the capacity offered to tasks (default:
 	// the machine's CPUs and memory less a reserve for the system).
 	CPUMillis   int64 `toml:"cpu_millis"`
@@ -94,6 +97,7 @@ and runs the task on containerd. It serves the shoal.sched.v1 API on
 			fs.StringVar(&c.RuncRoot, "runc-root", c.RuncRoot, "runc state directory (distinct per node when nodes share a machine)")
 			fs.StringVar(&c.CgroupParent, "cgroup-parent", c.CgroupParent, "cgroup parent of the containers (default /<namespace>)")
 			fs.Uint32Var(&c.PeerPort, "peer-port", c.PeerPort, "TCP port of the scheduler peer API")
+			fs.StringSliceVar(&c.InsecureRegistries, "insecure-registry", c.InsecureRegistries, "registry host[:port] or CIDR to pull images from over plain http (repeatable)")
 			fs.Int64Var(&c.CPUMillis, "cpu-millis", c.CPUMillis, "CPU offered to tasks in millicores (default: all CPUs)")
 			fs.Int64Var(&c.MemoryBytes, "memory-bytes", c.MemoryBytes, "memory offered to tasks in bytes (default: 90% of RAM)")
 			fs.Var(&c.Tick, "tick", "reconcile interval")

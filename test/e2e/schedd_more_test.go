@@ -1,20 +1,30 @@
 package e2e
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"log"
 	"maps"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/google/go-containerregistry/pkg/registry"
+
 	"github.com/shoal-dev/shoal/pkg/client"
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
+	"github.com/shoal-dev/shoal/pkg/testimage"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
@@ -405,6 +415,37 @@ func TestSchedulerMore(t *testing.T) {
 		}
 	})
 
+	t.Run("RegistryPull", func(t *testing.T) {
+		// A registry of our own (go-containerregistry's, in memory) on the
+		// bridge: the nodes reach it over the underlay, nothing else does.
+		lis, err := net.Listen("tcp", net.JoinHostPort(c.BridgeAddr(), "0"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var pulls atomic.Int32
+		reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/manifests/") {
+				pulls.Add(1)
+			}
+			reg.ServeHTTP(w, r)
+		})}
+		go srv.Serve(lis)
+		defer srv.Close()
+		ref := lis.Addr().String() + "/shoal/busybox:reg"
+		pushTestImage(t, lis.Addr().String(), "shoal/busybox", "reg")
+		// Not loaded anywhere: the first node pulls it from the registry and
+		// the others from the registry or from that node.
+		c.mustCtl(2, "service", "create", "pulled", "--image", ref, "--replicas", "3", "--stop-grace", "1s", "--", "sleep", "1000000")
+		if got := c.perNode("pulled"); got != [3]int{1, 1, 1} {
+			t.Fatalf("pulled image service runs %v per node, want 1/1/1", got)
+		}
+		if pulls.Load() == 0 {
+			t.Fatal("the registry served no manifest")
+		}
+		c.mustCtl(1, "service", "rm", "pulled")
+	})
+
 	t.Run("DrainReplicated", func(t *testing.T) {
 		c.mustCtl(1, append([]string{"service", "create", "dr", "--image", img, "--replicas", "3", "--stop-grace", "1s", "--"}, termSleep...)...)
 		if got := c.perNode("dr"); got != [3]int{1, 1, 1} {
@@ -743,4 +784,69 @@ func intersect(a, b map[string]bool) []string {
 		}
 	}
 	return out
+}
+
+// pushTestImage pushes the default test image to the registry at host as
+// repo:tag over plain http, by the distribution API: each blob of its OCI
+// layout (a POST opens an upload, a PUT with the digest completes it), then
+// the manifest under the tag.
+func pushTestImage(t *testing.T, host, repo, tag string) {
+	t.Helper()
+	data, built, err := testimage.OCI(testimage.Default())
+	if err != nil {
+		t.Fatal(err)
+	}
+	blobs := map[string][]byte{}
+	tr := tar.NewReader(bytes.NewReader(data))
+	for {
+		h, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if hex, ok := strings.CutPrefix(h.Name, "blobs/sha256/"); ok && hex != "" {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			blobs["sha256:"+hex] = b
+		}
+	}
+	base := "http://" + host + "/v2/" + repo
+	do := func(method, url, contentType string, body []byte, want int) *http.Response {
+		req, err := http.NewRequest(method, url, bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if contentType != "" {
+			req.Header.Set("Content-Type", contentType)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Fatalf("%s %s: %s", method, url, resp.Status)
+		}
+		return resp
+	}
+	manifest := built[0].Manifest.Digest.String()
+	for d, b := range blobs {
+		if d == manifest {
+			continue
+		}
+		loc := do(http.MethodPost, base+"/blobs/uploads/", "", nil, http.StatusAccepted).Header.Get("Location")
+		if !strings.HasPrefix(loc, "http") {
+			loc = "http://" + host + loc
+		}
+		sep := "?"
+		if strings.Contains(loc, "?") {
+			sep = "&"
+		}
+		do(http.MethodPut, loc+sep+"digest="+d, "application/octet-stream", b, http.StatusCreated)
+	}
+	do(http.MethodPut, base+"/manifests/"+tag, built[0].Manifest.MediaType, blobs[manifest], http.StatusCreated)
 }

@@ -36,13 +36,15 @@ func newSchedCluster(t *testing.T) *schedCluster {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := devcluster.Up(ctx, devcluster.Spec{
-		Name:      name,
-		Nodes:     3,
-		Subnet:    devcluster.AutoSubnet,
-		BinDir:    binDir,
-		Daemons:   []string{"statd", "schedd"},
-		Extra:     []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
-		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": append(devcluster.ScheddArgs(), "--task-network", "host")},
+		Name:    name,
+		Nodes:   3,
+		Subnet:  devcluster.AutoSubnet,
+		BinDir:  binDir,
+		Daemons: []string{"statd", "schedd"},
+		Extra:   []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
+		Args: map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": append(devcluster.ScheddArgs(), "--task-network", "host",
+			// The registry of RegistryPull listens on the bridge, over http.
+			"--insecure-registry", "10.99.0.0/16")},
 		Bootstrap: true,
 	})
 	if err != nil {
