@@ -1,0 +1,55 @@
+// Package volfuse serves a shoal volume (a volfs.Client) as a FUSE
+// filesystem with hanwen/go-fuse, so that tasks see a replicated volume
+// as an ordinary directory.
+//
+// # Design
+//
+// The adapter keeps no file system state of its own. Every kernel request
+// becomes one Client call: lookups, stats and reads are linearizable
+// queries (a ReadIndex, then a read of a local replica), and every change
+// is a Raft proposal acknowledged once committed and applied. So that a
+// write acknowledged on one node is visible to a read on any other right
+// after, the kernel is told to cache nothing:
+//
+//   - entry, attribute and negative-lookup timeouts are zero, so the kernel
+//     asks again for every path walk and stat;
+//   - files are opened with direct I/O (FOPEN_DIRECT_IO): reads and writes
+//     bypass the page cache, so even an already open file sees another
+//     node's writes. Options.CachedIO trades this for the page cache while
+//     a file is open (it is dropped at every open), which shared writable
+//     mmap needs;
+//   - O_APPEND writes are appended by the state machine at the file's size
+//     as the entry applies, not at the kernel's (possibly stale) idea of
+//     it, so appends from several nodes never overwrite each other;
+//   - READDIRPLUS is off: it would look up every entry of a listing.
+//
+// This costs round trips, and correctness across nodes matters more here.
+//
+// Inode numbers are the volume's own (volfs never reuses one), with a
+// constant generation, so they are stable across mounts, nodes and
+// restarts. Writes larger than volfs.MaxWriteChunk (1 MiB, also the FUSE
+// max_write) are split into several ops by the Client.
+//
+// The mount uses default_permissions (the kernel checks mode bits and
+// ownership against the caller) and allow_other (processes of any user,
+// root in a container included, may use it); it is made with mount(2)
+// directly, as vold runs as root, falling back to fusermount. Flush and
+// fsync return at once: every acknowledged write is already durable on a
+// quorum of replicas.
+//
+// # Lifecycle
+//
+// Mount serves until Unmount; a busy mount (open files, a working
+// directory inside) is detached lazily rather than left in place, and the
+// server keeps serving its open files until they close (Wait). A process
+// killed while serving leaves a dead mount whose every access fails with
+// ENOTCONN; CleanStale detaches it so that a restarted vold can mount at
+// the same path.
+//
+// # Not supported
+//
+// File locks are not replicated (the kernel keeps them per node), nor are
+// extended attributes, device nodes, FIFOs or sockets; unlinked files that
+// are still open are freed at once (see volfs); atime is not updated by
+// reads.
+package volfuse
