@@ -1,0 +1,432 @@
+package ctl
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+)
+
+// volumeView is a volume as shoalctl prints it (JSON and YAML too).
+type volumeView struct {
+	Name      string        `json:"name"`
+	Group     uint64        `json:"group"`
+	Replicas  int32         `json:"replicas"`
+	SizeBytes int64         `json:"size_bytes"`
+	UsedBytes int64         `json:"used_bytes"`
+	Health    string        `json:"health"`
+	Leader    string        `json:"leader"`
+	Commit    uint64        `json:"commit"`
+	Created   string        `json:"created"`
+	Members   []replicaView `json:"members"`
+	MountedOn []string      `json:"mounted_on,omitempty"`
+	UsedBy    []string      `json:"used_by,omitempty"`
+}
+
+type replicaView struct {
+	Node    string `json:"node"`
+	Replica uint64 `json:"replica"`
+	Role    string `json:"role"`
+	Applied uint64 `json:"applied"`
+	Lag     uint64 `json:"lag"`
+	Alive   bool   `json:"alive"`
+	Digest  string `json:"digest"`
+}
+
+func viewVolume(v *volv1.Volume) volumeView {
+	out := volumeView{
+		Name: v.GetName(), Group: v.GetGroup(), Replicas: v.GetReplicas(), SizeBytes: v.GetSizeBytes(),
+		UsedBytes: v.GetUsedBytes(), Health: v.GetHealth(), Leader: v.GetLeader(), Commit: v.GetCommit(),
+		MountedOn: v.GetMountedOn(), UsedBy: v.GetUsedBy(), Members: []replicaView{},
+	}
+	if v.GetCreated() != nil {
+		out.Created = v.GetCreated().AsTime().UTC().Format(time.RFC3339)
+	}
+	for _, m := range v.GetMembers() {
+		out.Members = append(out.Members, replicaView{
+			Node: m.GetNode(), Replica: m.GetReplica(), Role: m.GetRole(), Applied: m.GetApplied(),
+			Lag: m.GetLag(), Alive: m.GetAlive(), Digest: m.GetDigest(),
+		})
+	}
+	return out
+}
+
+// voldCall returns a vold client and a context bounded by --timeout; done
+// releases both.
+func (a *app) voldCall(cmd *cobra.Command) (*client.Vold, context.Context, func(), error) {
+	c, err := client.NewVold(a.runDir, client.Retry{})
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := a.ctx(cmd)
+	return c, ctx, func() { cancel(); c.Close() }, nil
+}
+
+func (a *app) volumeCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "volume", Short: "Replicated volumes (one Raft group each)"}
+
+	var (
+		replicas int32
+		size     string
+		cformat  string
+	)
+	create := &cobra.Command{
+		Use:   "create NAME",
+		Short: "Create a volume and wait until its replicas have elected a leader",
+		Long: `Create a replicated volume. Its R replicas (default 3, at most the live
+nodes) go on the live nodes that hold the fewest replicas. Two replicas
+survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(cformat); err != nil {
+				return err
+			}
+			var sizeBytes int64
+			if size != "" {
+				b, err := parseBytes(size)
+				if err != nil {
+					return usageError{fmt.Errorf("--size: %w", err)}
+				}
+				sizeBytes = b
+			}
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			v, err := c.Volumes.CreateVolume(ctx, &volv1.CreateVolumeRequest{Name: args[0], Replicas: replicas, SizeBytes: sizeBytes})
+			if err != nil {
+				return err
+			}
+			return a.renderVolume(cformat, v)
+		},
+	}
+	create.Flags().Int32Var(&replicas, "replicas", 0, "number of replicas (default 3, capped by the live nodes)")
+	create.Flags().StringVar(&size, "size", "", "size limit, e.g. 64Mi or 1G (default 1GiB)")
+	outputFlag(create, &cformat)
+
+	var lformat string
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "List volumes with their health and leader",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(lformat); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.Volumes.ListVolumes(ctx, &volv1.ListVolumesRequest{})
+			if err != nil {
+				return err
+			}
+			views := []volumeView{}
+			for _, v := range resp.GetVolumes() {
+				views = append(views, viewVolume(v))
+			}
+			return render(a.out, lformat, views, func(tw *tabwriter.Writer) {
+				fmt.Fprintln(tw, "NAME\tREPLICAS\tSIZE\tUSED\tHEALTH\tLEADER\tMEMBERS")
+				for _, v := range views {
+					var nodes []string
+					for _, m := range v.Members {
+						nodes = append(nodes, m.Node)
+					}
+					fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", v.Name, v.Replicas, bytesText(uint64(v.SizeBytes)), bytesText(uint64(v.UsedBytes)), v.Health, dash(v.Leader), strings.Join(nodes, ","))
+				}
+			})
+		},
+	}
+	outputFlag(ls, &lformat)
+
+	var iformat string
+	inspect := &cobra.Command{
+		Use:   "inspect NAME",
+		Short: "A volume with the live status of every replica",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(iformat); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			v, err := c.Volumes.InspectVolume(ctx, &volv1.InspectVolumeRequest{Name: args[0]})
+			if err != nil {
+				return err
+			}
+			return a.renderVolume(iformat, v)
+		},
+	}
+	outputFlag(inspect, &iformat)
+
+	rm := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "Remove a volume and its data (refused while a task uses it)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			if _, err := c.Volumes.RemoveVolume(ctx, &volv1.RemoveVolumeRequest{Name: args[0]}); err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out, args[0])
+			return nil
+		},
+	}
+	cmd.AddCommand(create, ls, inspect, rm)
+	return cmd
+}
+
+func (a *app) renderVolume(format string, v *volv1.Volume) error {
+	view := viewVolume(v)
+	return render(a.out, format, view, func(tw *tabwriter.Writer) {
+		fmt.Fprintf(tw, "NAME\t%s\nGROUP\t%d\nREPLICAS\t%d\nSIZE\t%s\nUSED\t%s\nHEALTH\t%s\nLEADER\t%s\nCOMMIT\t%d\nCREATED\t%s\n",
+			view.Name, view.Group, view.Replicas, bytesText(uint64(view.SizeBytes)), bytesText(uint64(view.UsedBytes)),
+			dash(view.Health), dash(view.Leader), view.Commit, view.Created)
+		if len(view.UsedBy) > 0 {
+			fmt.Fprintf(tw, "MOUNTED ON\t%s\nUSED BY\t%s\n", strings.Join(view.MountedOn, ", "), strings.Join(view.UsedBy, ", "))
+		}
+		fmt.Fprintln(tw, "\nNODE\tREPLICA\tROLE\tAPPLIED\tLAG\tALIVE\tDIGEST")
+		for _, m := range view.Members {
+			d := m.Digest
+			if len(d) > 16 {
+				d = d[:16]
+			}
+			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%v\t%s\n", m.Node, m.Replica, dash(m.Role), m.Applied, m.Lag, m.Alive, dash(d))
+		}
+	})
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// leaseView is a lease as shoalctl prints it.
+type leaseView struct {
+	Name    string `json:"name"`
+	Holder  string `json:"holder"`
+	Token   uint64 `json:"token"`
+	Expires string `json:"expires"`
+}
+
+func viewLease(l *volv1.Lease) leaseView {
+	v := leaseView{Name: l.GetName(), Holder: l.GetHolder(), Token: l.GetToken()}
+	if l.GetExpires() != nil {
+		v.Expires = l.GetExpires().AsTime().UTC().Format(time.RFC3339Nano)
+	}
+	return v
+}
+
+func defaultHolder() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		return "shoalctl"
+	}
+	return h
+}
+
+func (a *app) lockCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "lock", Short: "Cluster locks with fencing tokens (on vold's system group)"}
+	var (
+		holder string
+		ttl    time.Duration
+		token  uint64
+	)
+	acquire := &cobra.Command{
+		Use:   "acquire NAME",
+		Short: "Take a lock for --ttl and print its fencing token",
+		Long: `Take a lock for --ttl and print its fencing token: the Raft log index of
+the entry that granted it, so the tokens of successive holders strictly
+increase. Acquiring a lock the holder already has extends it and keeps
+its token. Fails (exit 1) while another holder has it.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			l, err := c.KV.AcquireLock(ctx, &volv1.AcquireLockRequest{Name: args[0], Holder: holder, Ttl: durationpb.New(ttl)})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out, l.GetToken())
+			return nil
+		},
+	}
+	acquire.Flags().StringVar(&holder, "holder", defaultHolder(), "who holds the lock")
+	acquire.Flags().DurationVar(&ttl, "ttl", 15*time.Second, "how long the lease lasts unless renewed")
+
+	renew := &cobra.Command{
+		Use:   "renew NAME --token T",
+		Short: "Extend a held lock by --ttl",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			l, err := c.KV.RenewLock(ctx, &volv1.RenewLockRequest{Name: args[0], Holder: holder, Token: token, Ttl: durationpb.New(ttl)})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out, l.GetToken())
+			return nil
+		},
+	}
+	renew.Flags().StringVar(&holder, "holder", defaultHolder(), "who holds the lock")
+	renew.Flags().Uint64Var(&token, "token", 0, "the lease's fencing token")
+	renew.Flags().DurationVar(&ttl, "ttl", 15*time.Second, "new lease duration from now")
+	_ = renew.MarkFlagRequired("token")
+
+	release := &cobra.Command{
+		Use:   "release NAME --token T",
+		Short: "Release a held lock",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			if _, err := c.KV.ReleaseLock(ctx, &volv1.ReleaseLockRequest{Name: args[0], Holder: holder, Token: token}); err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out, args[0])
+			return nil
+		},
+	}
+	release.Flags().StringVar(&holder, "holder", defaultHolder(), "who holds the lock")
+	release.Flags().Uint64Var(&token, "token", 0, "the lease's fencing token")
+	_ = release.MarkFlagRequired("token")
+
+	var format string
+	ls := &cobra.Command{
+		Use:   "ls",
+		Short: "Locks currently held",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.KV.ListLocks(ctx, &volv1.ListLocksRequest{})
+			if err != nil {
+				return err
+			}
+			views := []leaseView{}
+			for _, l := range resp.GetLeases() {
+				views = append(views, viewLease(l))
+			}
+			return render(a.out, format, views, func(tw *tabwriter.Writer) {
+				fmt.Fprintln(tw, "NAME\tHOLDER\tTOKEN\tEXPIRES")
+				for _, l := range views {
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", l.Name, l.Holder, l.Token, l.Expires)
+				}
+			})
+		},
+	}
+	outputFlag(ls, &format)
+	cmd.AddCommand(acquire, renew, release, ls)
+	return cmd
+}
+
+// kvView is a key as shoalctl prints it.
+type kvView struct {
+	Key      string `json:"key"`
+	Found    bool   `json:"found"`
+	Value    string `json:"value"`
+	Revision uint64 `json:"revision"`
+}
+
+func (a *app) kvCommand() *cobra.Command {
+	cmd := &cobra.Command{Use: "kv", Short: "The cluster's linearizable key-value store (on vold's system group)"}
+	var ifRevision uint64
+	put := &cobra.Command{
+		Use:   "put KEY VALUE",
+		Short: "Set a key and print its new revision",
+		Long: `Set a key and print its new revision (the Raft log index of the write).
+With --if-revision N the write applies only if the key's revision is N
+(0: the key must not exist); otherwise it fails (exit 1) and says the
+current revision.`,
+		Args: cobra.ExactArgs(2),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			req := &volv1.PutRequest{Key: args[0], Value: []byte(args[1])}
+			if cmd.Flags().Changed("if-revision") {
+				req.Compare, req.ExpectRevision = true, ifRevision
+			}
+			resp, err := c.KV.Put(ctx, req)
+			if err != nil {
+				return err
+			}
+			if !resp.GetApplied() {
+				return fmt.Errorf("key %q is at revision %d, not %d: nothing written", args[0], resp.GetRevision(), ifRevision)
+			}
+			fmt.Fprintln(a.out, resp.GetRevision())
+			return nil
+		},
+	}
+	put.Flags().Uint64Var(&ifRevision, "if-revision", 0, "write only if the key is at this revision (0: absent)")
+
+	var format string
+	get := &cobra.Command{
+		Use:   "get KEY",
+		Short: "Print a key's value (linearizable read)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.KV.Get(ctx, &volv1.GetRequest{Key: args[0]})
+			if err != nil {
+				return err
+			}
+			if !resp.GetFound() && format == "table" {
+				return notFoundError{fmt.Errorf("key %q not found", args[0])}
+			}
+			if format == "table" {
+				fmt.Fprintln(a.out, string(resp.GetValue()))
+				return nil
+			}
+			v := kvView{Key: args[0], Found: resp.GetFound(), Value: string(resp.GetValue()), Revision: resp.GetRevision()}
+			return render(a.out, format, v, nil)
+		},
+	}
+	get.Flags().StringVarP(&format, "output", "o", "table", "output format: table (the value alone), json or yaml")
+	cmd.AddCommand(put, get)
+	return cmd
+}
