@@ -1,11 +1,44 @@
-// Package vold wires shoal-vold, which will own replicated volumes on multi-Raft and the lock API.
-// For now it runs in the shared daemon runtime only: it starts, serves
-// grpc.health.v1, reflection and shoal.daemon.v1 Info on its socket, and
-// exits cleanly on SIGTERM.
+// Package vold wires shoal-vold: replicated volumes, each its own Raft
+// group on the multi-Raft host of pkg/raftgroup, and a replicated key-value
+// store with locks on the cluster's system group.
+//
+// # Pieces
+//
+// Every node runs the same daemon. It gets the node's certificate and the
+// cluster CA from statd (Cluster.Identity), follows statd's membership,
+// and serves VolPeer on TCP (peer_port, 7472) with mutual TLS: the Raft
+// transport (transport.go: per destination node, bounded queues drained by
+// goroutines holding one stream each, so the host never waits on the
+// network) and forwarded requests (forward.go) from nodes that hold no
+// replica of a group.
+//
+// A volume is a statd document (/volumes/<name>, volume.go) that names its
+// group and members. Any node creates one: it places the replicas on the
+// live nodes that host the fewest, writes the document and waits for the
+// group to elect a leader. Every vold watches the documents and creates,
+// joins or destroys its replicas to match (reconcile.go). The leader of
+// each group replaces members whose node has been dead for replace_after
+// (repair.go): the new member goes into the document first, so that its
+// node joins empty, then a joint-consensus change swaps it for the dead
+// one, then the document drops the dead one.
+//
+// The system group (volume "_system", created on first use by the lowest
+// live node) runs raftgroup's typed state machine with a compare-and-swap
+// key-value applier (kv.go) and raftgroup's locks; its API is KV on
+// vold.sock.
+//
+// # Node IDs
+//
+// Raft names hosts by number; Shoal by hex string. nodeid.go maps one to
+// the other by parsing the hex (see there).
 package vold
 
 import (
-	"context"
+	"fmt"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"github.com/spf13/pflag"
 
 	"github.com/shoal-dev/shoal/pkg/daemon"
 )
@@ -13,25 +46,77 @@ import (
 // Config is shoal-vold's configuration (/etc/shoal/vold.toml).
 type Config struct {
 	daemon.Common
+	// PeerPort is the TCP port of VolPeer (Raft and forwarding) on the
+	// node's advertise address. Nodes publish theirs in /nodes/<id>.
+	PeerPort uint32 `toml:"peer_port"`
+	// ReplaceAfter is how long a member's node must have been dead (in
+	// statd's view) before the group's leader replaces it.
+	ReplaceAfter daemon.Duration `toml:"replace_after"`
+	// RepairInterval is how often leaders check their members.
+	RepairInterval daemon.Duration `toml:"repair_interval"`
+	// CreateTimeout bounds how long CreateVolume waits for the new group.
+	CreateTimeout daemon.Duration `toml:"create_timeout"`
+	// RaftTick is the Raft host's tick (elections take 10 ticks). Every
+	// node of a cluster should use the same.
+	RaftTick daemon.Duration `toml:"raft_tick"`
+	// MountDir holds the FUSE mounts of volumes (default
+	// <state-dir>/mounts).
+	MountDir string `toml:"mount_dir"`
 }
 
 // Spec describes shoal-vold to the daemon runtime.
 func Spec() daemon.Spec {
 	return daemon.Spec{
 		Name:  "vold",
-		Short: "Shoal vold (placeholder: health and status only)",
-		Long: `shoal-vold will own replicated volumes on multi-Raft and the lock API.
+		Short: "Shoal volume daemon: replicated volumes on multi-Raft, KV and locks",
+		Long: `shoal-vold hosts replicated volumes: each volume is one Raft group (etcd
+raft, many groups per process, one Pebble log) with R replicas placed on
+the live nodes that hold the fewest. Its filesystem is mounted with FUSE
+on the nodes that use it, every change a Raft proposal. When a replica's
+node has been dead for --replace-after, the group's leader replaces it on
+another node (joint consensus). The cluster's system group serves a
+linearizable key-value store with compare-and-swap and locks with
+fencing tokens.
 
-In this version it only starts, serves health (grpc.health.v1), reflection
-and status (shoal.daemon.v1 Info) on <run-dir>/vold.sock, and exits cleanly
-on SIGTERM. It does nothing else yet.`,
+It serves shoal.vol.v1 Volumes and KV on <run-dir>/vold.sock, speaks
+VolPeer (Raft transport, forwarded requests) with the other nodes' vold on
+TCP --peer-port over mutual TLS, and needs shoal-statd on the same node
+for the cluster identity, membership and volume documents (/volumes/...).`,
 		MetricsPort: 9464,
-		Config:      func(c daemon.Common) daemon.Configurable { return &Config{Common: c} },
-		Start: func(context.Context, *daemon.Runtime) (func(context.Context) error, error) {
-			return func(context.Context) error { return nil }, nil
+		Config: func(c daemon.Common) daemon.Configurable {
+			return &Config{
+				Common:         c,
+				PeerPort:       DefaultPeerPort,
+				ReplaceAfter:   daemon.Duration(30 * time.Second),
+				RepairInterval: daemon.Duration(2 * time.Second),
+				CreateTimeout:  daemon.Duration(30 * time.Second),
+				RaftTick:       daemon.Duration(100 * time.Millisecond),
+			}
 		},
+		Flags: func(fs *pflag.FlagSet, cfg any) {
+			c := cfg.(*Config)
+			fs.Uint32Var(&c.PeerPort, "peer-port", c.PeerPort, "TCP port of the vold peer API (Raft transport, forwarding)")
+			fs.Var(&c.ReplaceAfter, "replace-after", "replace a volume replica whose node has been dead this long")
+			fs.Var(&c.RepairInterval, "repair-interval", "how often group leaders check their members")
+			fs.Var(&c.CreateTimeout, "create-timeout", "how long volume create waits for the new group to elect a leader")
+			fs.Var(&c.RaftTick, "raft-tick", "Raft tick (election timeout is 10 ticks); the same on every node")
+			fs.StringVar(&c.MountDir, "mount-dir", c.MountDir, "directory of the volumes' FUSE mounts (default <state-dir>/mounts)")
+		},
+		Start: start,
 	}
 }
 
 // Main runs shoal-vold.
 func Main(args []string) int { return daemon.Main(Spec(), args) }
+
+var errNotReady = fmt.Errorf("this node's vold is not ready: is the node in a cluster (`shoalctl cluster status`)? %w", errdefs.ErrUnavailable)
+
+func (c *Config) check() error {
+	if c.PeerPort == 0 || c.PeerPort > 65535 {
+		return fmt.Errorf("peer_port %d: want 1-65535", c.PeerPort)
+	}
+	if c.ReplaceAfter <= 0 || c.RepairInterval <= 0 || c.CreateTimeout <= 0 || c.RaftTick <= 0 {
+		return fmt.Errorf("replace_after, repair_interval, create_timeout and raft_tick must be positive")
+	}
+	return nil
+}

@@ -1,0 +1,225 @@
+package vold
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+)
+
+// volumesAPI serves shoal.vol.v1.Volumes on vold.sock. Any node serves
+// any call.
+type volumesAPI struct {
+	volv1.UnimplementedVolumesServer
+	n *node
+}
+
+func (a *volumesAPI) CreateVolume(ctx context.Context, req *volv1.CreateVolumeRequest) (*volv1.Volume, error) {
+	n := a.n
+	if _, err := n.raftHost(); err != nil {
+		return nil, err
+	}
+	if err := validateName(req.GetName()); err != nil {
+		return nil, err
+	}
+	size, err := checkSize(req.GetSizeBytes())
+	if err != nil {
+		return nil, err
+	}
+	replicas, err := checkReplicas(req.GetReplicas())
+	if err != nil {
+		return nil, err
+	}
+	d, err := n.readVolume(ctx, req.GetName())
+	if err != nil {
+		return nil, err
+	}
+	if d != nil {
+		return nil, fmt.Errorf("volume %q already exists (group %d): %w", req.GetName(), d.Group, errdefs.ErrAlreadyExists)
+	}
+	d, err = n.createVolume(ctx, req.GetName(), replicas, size)
+	if err != nil {
+		return nil, err
+	}
+	return n.inspect(ctx, req.GetName(), d), nil
+}
+
+// readVolume reads a volume's document from statd itself (the mirror may
+// lag behind a write just made); nil if there is none.
+func (n *node) readVolume(ctx context.Context, name string) (*volumeDoc, error) {
+	resp, err := n.statd.Get(ctx, &statev1.GetRequest{Key: volumeKey(name)})
+	if status.Code(err) == codes.NotFound {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read volume %q: %w", name, err)
+	}
+	return decodeVolume(resp.GetDocument())
+}
+
+// createVolume places a new volume, writes its document and waits until
+// its group has a leader and has applied the volume's size limit (the
+// system group: until a linearizable read succeeds).
+func (n *node) createVolume(ctx context.Context, name string, replicas int, size int64) (*volumeDoc, error) {
+	cands := n.candidates()
+	r := max(1, min(replicas, len(cands)))
+	nodes := place(cands, r, nil)
+	d := &volumeDoc{
+		Group:     uint64(newGroupID(name == systemVolume)),
+		Replicas:  len(nodes),
+		SizeBytes: size,
+		Created:   time.Now().UTC(),
+		CreatedBy: n.id,
+	}
+	for i, node := range nodes {
+		d.Members = append(d.Members, docMember{Node: node, Replica: uint64(i + 1), Boot: true})
+	}
+	fields, err := encodeVolume(d)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := n.statd.Put(ctx, &statev1.PutRequest{Key: volumeKey(name), Fields: fields}); err != nil {
+		return nil, fmt.Errorf("write volume %q: %w", name, err)
+	}
+	n.log.Info("volume created", "volume", name, "group", d.Group, "members", strings.Join(nodes, ","), "size_bytes", size)
+	n.wake()
+
+	wctx, cancel := context.WithTimeout(ctx, time.Duration(n.cfg.CreateTimeout))
+	defer cancel()
+	if name == systemVolume {
+		payload, _ := proto.Marshal(&volv1.GetRequest{Key: "_"})
+		_, err = n.route(wctx, d, kindKVGet, payload, "")
+	} else {
+		err = n.setLimit(wctx, name, d)
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("volume %q was written but its group (members %s) did not elect a leader and apply its size within %s: are vold running and reachable on those nodes? `shoalctl volume inspect %s` shows it, `shoalctl volume rm %s` removes it (%v): %w",
+			name, strings.Join(nodes, ", "), time.Duration(n.cfg.CreateTimeout), name, name, err, errdefs.ErrUnavailable)
+	}
+	// A create of the same name racing this one may have won the document
+	// (last writer wins): then this group is being destroyed everywhere.
+	if cur, err := n.readVolume(ctx, name); err == nil && cur != nil && cur.Group != d.Group {
+		return nil, fmt.Errorf("volume %q was created concurrently by another call (group %d): %w", name, cur.Group, errdefs.ErrAlreadyExists)
+	}
+	return d, nil
+}
+
+func (a *volumesAPI) ListVolumes(ctx context.Context, _ *volv1.ListVolumesRequest) (*volv1.ListVolumesResponse, error) {
+	n := a.n
+	if _, err := n.raftHost(); err != nil {
+		return nil, err
+	}
+	docs := n.volumeDocs()
+	names := make([]string, 0, len(docs))
+	for name := range docs {
+		if name != systemVolume {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	out := &volv1.ListVolumesResponse{Volumes: make([]*volv1.Volume, len(names))}
+	// Live status for the table's health and leader columns, all volumes
+	// at once.
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out.Volumes[i] = n.inspect(ctx, name, docs[name])
+		}()
+	}
+	wg.Wait()
+	return out, nil
+}
+
+func (a *volumesAPI) InspectVolume(ctx context.Context, req *volv1.InspectVolumeRequest) (*volv1.Volume, error) {
+	n := a.n
+	if _, err := n.raftHost(); err != nil {
+		return nil, err
+	}
+	d := n.volumeDoc(req.GetName())
+	if d == nil {
+		var err error
+		if d, err = n.readVolume(ctx, req.GetName()); err != nil {
+			return nil, err
+		}
+	}
+	if d == nil {
+		return nil, fmt.Errorf("volume %q does not exist: %w", req.GetName(), errdefs.ErrNotFound)
+	}
+	return n.inspect(ctx, req.GetName(), d), nil
+}
+
+func (a *volumesAPI) RemoveVolume(ctx context.Context, req *volv1.RemoveVolumeRequest) (*volv1.RemoveVolumeResponse, error) {
+	n := a.n
+	if _, err := n.raftHost(); err != nil {
+		return nil, err
+	}
+	name := req.GetName()
+	if err := validateName(name); err != nil {
+		return nil, err
+	}
+	d, err := n.readVolume(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if d == nil {
+		return nil, fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
+	}
+	users, err := n.readMountUsers(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if len(users) > 0 {
+		return nil, fmt.Errorf("volume %q is in use by %s: stop them first: %w", name, strings.Join(users, ", "), errdefs.ErrFailedPrecondition)
+	}
+	if _, err := n.statd.Delete(ctx, &statev1.DeleteRequest{Key: volumeKey(name)}); err != nil {
+		return nil, fmt.Errorf("delete volume %q: %w", name, err)
+	}
+	n.log.Info("volume removed", "volume", name, "group", d.Group)
+	n.wake()
+	return &volv1.RemoveVolumeResponse{}, nil
+}
+
+func (a *volumesAPI) Mount(ctx context.Context, req *volv1.MountRequest) (*volv1.MountResponse, error) {
+	if _, err := a.n.raftHost(); err != nil {
+		return nil, err
+	}
+	if err := validateName(req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := checkKey("mount user", req.GetUser()); err != nil {
+		return nil, err
+	}
+	path, err := a.n.mount(ctx, req.GetName(), req.GetUser())
+	if err != nil {
+		return nil, err
+	}
+	return &volv1.MountResponse{Path: path}, nil
+}
+
+func (a *volumesAPI) Unmount(ctx context.Context, req *volv1.UnmountRequest) (*volv1.UnmountResponse, error) {
+	if _, err := a.n.raftHost(); err != nil {
+		return nil, err
+	}
+	if err := validateName(req.GetName()); err != nil {
+		return nil, err
+	}
+	if err := checkKey("mount user", req.GetUser()); err != nil {
+		return nil, err
+	}
+	return &volv1.UnmountResponse{}, a.n.unmount(ctx, req.GetName(), req.GetUser())
+}

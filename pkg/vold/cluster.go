@@ -1,0 +1,238 @@
+package vold
+
+import (
+	"context"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/shoal-dev/shoal/pkg/pki"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// waitIdentity polls statd until the node is in a cluster.
+func (n *node) waitIdentity(ctx context.Context) (*clusterv1.IdentityResponse, error) {
+	logged := false
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
+		cancel()
+		if err == nil {
+			if err = n.setIdentity(resp); err == nil {
+				return resp, nil
+			}
+		}
+		if !logged {
+			n.log.Info("waiting for this node to be in a cluster", "reason", err)
+			logged = true
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+func (n *node) setIdentity(resp *clusterv1.IdentityResponse) error {
+	id, err := pki.LoadIdentity(resp.GetNodeCertPem(), resp.GetNodeKeyPem())
+	if err != nil {
+		return err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(resp.GetCaCertPem()) {
+		return errors.New("bad CA certificate from statd")
+	}
+	n.identity.Store(id)
+	n.ca.Store(pool)
+	return nil
+}
+
+// identityLoop picks up certificates statd renews: the TLS configs read
+// the identity on every handshake, so swapping it is enough.
+func (n *node) identityLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(30 * time.Second):
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
+		cancel()
+		if err == nil && !resp.GetNotAfter().AsTime().Equal(n.identity.Load().NotAfter) {
+			if err := n.setIdentity(resp); err == nil {
+				n.log.Info("node certificate reloaded", "not_after", resp.GetNotAfter().AsTime())
+			}
+		}
+	}
+}
+
+// membership is statd's view of the cluster's members.
+type membership struct {
+	at      time.Time
+	members map[string]memberView
+}
+
+type memberView struct {
+	// State is alive, suspect, dead or left.
+	State string
+	// Since is when the member entered State.
+	Since time.Time
+}
+
+// membershipLoop follows statd's membership view.
+func (n *node) membershipLoop(ctx context.Context) {
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		st, err := n.statd.Cluster.Status(cctx, &clusterv1.StatusRequest{})
+		cancel()
+		if err == nil {
+			m := &membership{at: time.Now(), members: map[string]memberView{}}
+			changed := false
+			prev := n.members.Load()
+			for _, s := range st.GetMembers() {
+				v := memberView{State: s.GetState(), Since: s.GetSince().AsTime()}
+				if s.GetSelf() {
+					v.State = "alive"
+				}
+				m.members[s.GetId()] = v
+				if prev == nil || prev.members[s.GetId()].State != v.State {
+					changed = true
+				}
+			}
+			n.members.Store(m)
+			if changed {
+				n.wake()
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+}
+
+// alive reports whether statd counts node alive. A suspect is alive until
+// declared dead: a slow node must not lose its replicas.
+func (n *node) alive(node string) bool {
+	if node == n.id {
+		return true
+	}
+	m := n.members.Load()
+	if m == nil {
+		return false
+	}
+	s := m.members[node].State
+	return s == "alive" || s == "suspect"
+}
+
+// deadFor returns how long statd has counted node dead (or left); zero
+// when it is alive or unknown.
+func (n *node) deadFor(node string) time.Duration {
+	m := n.members.Load()
+	if m == nil || node == n.id {
+		return 0
+	}
+	v, ok := m.members[node]
+	if !ok || (v.State != "dead" && v.State != "left") {
+		return 0
+	}
+	return time.Since(v.Since)
+}
+
+// candidates are the live nodes that run vold (they published a peer
+// port), with how many replicas each hosts.
+func (n *node) candidates() []candidate {
+	hosted := hostedCounts(n.allVolumeDocs())
+	var out []candidate
+	for _, d := range n.mirror.List(nodesPrefix) {
+		id := d.GetKey()[len(nodesPrefix):]
+		f := d.GetFields()
+		if f["left"].GetBoolValue() || f[fieldVoldPort].GetIntValue() == 0 || !n.alive(id) {
+			continue
+		}
+		if _, err := raftNodeID(id); err != nil {
+			continue
+		}
+		out = append(out, candidate{Node: id, Hosted: hosted[id]})
+	}
+	if !slices.ContainsFunc(out, func(c candidate) bool { return c.Node == n.id }) {
+		out = append(out, candidate{Node: n.id, Hosted: hosted[n.id]})
+	}
+	return out
+}
+
+// peerAddr returns host:port of node's VolPeer.
+func (n *node) peerAddr(node string) (string, error) {
+	d := n.mirror.Get(nodesPrefix + node)
+	if d == nil {
+		return "", fmt.Errorf("unknown node %s: %w", node, errdefs.ErrUnavailable)
+	}
+	addr := d.GetFields()["addr"].GetStringValue()
+	port := d.GetFields()[fieldVoldPort].GetIntValue()
+	if port == 0 {
+		port = int64(n.cfg.PeerPort)
+	}
+	if addr == "" {
+		return "", fmt.Errorf("node %s has no address: %w", node, errdefs.ErrUnavailable)
+	}
+	if h, _, err := net.SplitHostPort(addr); err == nil {
+		addr = h
+	}
+	return net.JoinHostPort(addr, strconv.FormatInt(port, 10)), nil
+}
+
+// publishNode writes this node's VolPeer port into its node document.
+func (n *node) publishNode(ctx context.Context) error {
+	if d := n.mirror.Get(nodesPrefix + n.id); d != nil && d.GetFields()[fieldVoldPort].GetIntValue() == int64(n.cfg.PeerPort) {
+		return nil
+	}
+	_, err := n.statd.Put(ctx, &statev1.PutRequest{Key: nodesPrefix + n.id, Fields: map[string]*statev1.Value{
+		fieldVoldPort: {Kind: &statev1.Value_IntValue{IntValue: int64(n.cfg.PeerPort)}},
+	}})
+	return err
+}
+
+// waitStatdSynced waits (ten seconds at most) until statd has completed an
+// anti-entropy round with a peer since vold started, so that a volume
+// deleted while this node was away is known before missing documents are
+// taken to mean anything.
+func (n *node) waitStatdSynced(ctx context.Context) {
+	start := time.Now()
+	deadline := start.Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := n.statd.Cluster.Status(cctx, &clusterv1.StatusRequest{})
+		cancel()
+		if err == nil {
+			others := 0
+			for _, m := range st.GetMembers() {
+				if m.GetSelf() || m.GetState() == "left" {
+					continue
+				}
+				others++
+				if ls := m.GetSync().GetLastSync(); ls != nil && ls.AsTime().After(start) {
+					return
+				}
+			}
+			if others == 0 {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	n.log.Warn("statd has not synced with a peer yet; going on")
+}

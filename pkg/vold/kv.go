@@ -1,0 +1,160 @@
+package vold
+
+import (
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+)
+
+// The system group's key-value store: an applier on raftgroup's typed
+// state machine (which also keeps the locks). A key's revision is the log
+// index of the entry that last wrote it, so revisions of a key strictly
+// increase and compare-and-swap on them is exact. Puts carry an
+// idempotency key: a put retried (on another member, after a lost answer)
+// within idemWindow of group time, or while fewer than maxIdem newer puts
+// have been made, gets the first attempt's result without applying again.
+
+const (
+	idemWindow = 5 * time.Minute
+	maxIdem    = 100_000
+)
+
+// kvPut is the replicated put command.
+type kvPut struct {
+	Key     string `json:"k"`
+	Value   []byte `json:"v,omitempty"`
+	Compare bool   `json:"c,omitempty"`
+	Expect  uint64 `json:"e,omitempty"`
+	IdemKey string `json:"i,omitempty"`
+}
+
+// kvPutResult is a put's outcome.
+type kvPutResult struct {
+	Applied  bool   `json:"applied"`
+	Revision uint64 `json:"revision"`
+}
+
+type kvEntry struct {
+	Value    []byte `json:"v"`
+	Revision uint64 `json:"r"`
+}
+
+type idemEntry struct {
+	Key    string      `json:"k"`
+	Time   int64       `json:"t"`
+	Result kvPutResult `json:"r"`
+}
+
+// kvStore is the applier. Apply runs on the host's loop; Get may run on
+// any goroutine (after a ReadIndex), hence mu.
+type kvStore struct {
+	mu   sync.RWMutex
+	data map[string]kvEntry
+	// idem is in apply order (group time never goes back), so expiry
+	// trims its head.
+	idem  []idemEntry
+	byKey map[string]int // idempotency key -> position in idem + offset
+	off   int
+}
+
+func newKVStore() *kvStore { return &kvStore{data: map[string]kvEntry{}, byKey: map[string]int{}} }
+
+// newSystemMachine returns the system group's state machine and its KV.
+func newSystemMachine() (raftgroup.StateMachine, *kvStore) {
+	reg := raftgroup.NewRegistry()
+	if err := reg.RegisterName("vold.KVPut", kvPut{}); err != nil {
+		panic(err) // a fixed, valid registration
+	}
+	t := raftgroup.NewTyped(reg)
+	kv := newKVStore()
+	t.Use(kv)
+	return t, kv
+}
+
+// Apply implements raftgroup.Applier.
+func (s *kvStore) Apply(c raftgroup.Command) any {
+	p, ok := c.Msg.(*kvPut)
+	if !ok {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := c.Time.UnixNano()
+	s.expire(now)
+	if p.IdemKey != "" {
+		if i, ok := s.byKey[p.IdemKey]; ok {
+			return s.idem[i-s.off].Result
+		}
+	}
+	cur := s.data[p.Key]
+	var res kvPutResult
+	if p.Compare && cur.Revision != p.Expect {
+		res = kvPutResult{Applied: false, Revision: cur.Revision}
+	} else {
+		s.data[p.Key] = kvEntry{Value: p.Value, Revision: c.Index}
+		res = kvPutResult{Applied: true, Revision: c.Index}
+	}
+	if p.IdemKey != "" {
+		s.byKey[p.IdemKey] = s.off + len(s.idem)
+		s.idem = append(s.idem, idemEntry{Key: p.IdemKey, Time: now, Result: res})
+	}
+	return res
+}
+
+// expire drops idempotency records older than the window or beyond the
+// cap; deterministic, since it depends on group time only.
+func (s *kvStore) expire(now int64) {
+	drop := 0
+	for drop < len(s.idem) && (now-s.idem[drop].Time > int64(idemWindow) || len(s.idem)-drop > maxIdem) {
+		delete(s.byKey, s.idem[drop].Key)
+		drop++
+	}
+	if drop > 0 {
+		s.idem = append([]idemEntry(nil), s.idem[drop:]...)
+		s.off += drop
+	}
+}
+
+// get returns a key's value and revision.
+func (s *kvStore) get(key string) (kvEntry, bool) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e, ok := s.data[key]
+	return e, ok
+}
+
+type kvSnapshot struct {
+	Data map[string]kvEntry `json:"data"`
+	Idem []idemEntry        `json:"idem,omitempty"`
+}
+
+// Snapshot implements raftgroup.Snapshotter (JSON: map keys are sorted, so
+// equal states give equal bytes, which the status digest relies on).
+func (s *kvStore) Snapshot() ([]byte, error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return json.Marshal(kvSnapshot{Data: s.data, Idem: s.idem})
+}
+
+// Restore implements raftgroup.Snapshotter.
+func (s *kvStore) Restore(data []byte) error {
+	snap := kvSnapshot{}
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &snap); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.data = snap.Data
+	if s.data == nil {
+		s.data = map[string]kvEntry{}
+	}
+	s.idem, s.off, s.byKey = snap.Idem, 0, map[string]int{}
+	for i, e := range s.idem {
+		s.byKey[e.Key] = i
+	}
+	return nil
+}

@@ -1,0 +1,75 @@
+package vold
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// collector exports vold's figures at scrape time.
+type collector struct {
+	n     *node
+	descs map[string]*prometheus.Desc
+}
+
+var metricHelp = map[string]string{
+	"groups":                     "Raft groups this node holds a replica of.",
+	"groups_leading":             "Raft groups whose leader is this node's replica.",
+	"mounts":                     "Volumes mounted on this node.",
+	"proposals_total":            "Proposals made through this node's replicas.",
+	"forwarded_out_total":        "Requests forwarded to other nodes' replicas.",
+	"forwarded_in_total":         "Requests other nodes forwarded here.",
+	"forward_errors_total":       "Forwarded requests that failed.",
+	"replicas_created_total":     "Replicas created or joined on this node.",
+	"replicas_destroyed_total":   "Replicas destroyed on this node.",
+	"replicas_replaced_total":    "Dead replicas this node replaced as leader.",
+	"raft_batches_sent_total":    "Raft batches sent to other nodes.",
+	"raft_bytes_sent_total":      "Bytes of Raft batches sent to other nodes.",
+	"raft_batches_dropped_total": "Raft batches dropped (queue full or peer unreachable).",
+	"raft_stream_failures_total": "Raft streams that failed to open or broke.",
+}
+
+func newCollector(n *node) *collector {
+	c := &collector{n: n, descs: map[string]*prometheus.Desc{}}
+	for name, help := range metricHelp {
+		c.descs[name] = prometheus.NewDesc("shoal_vold_"+name, help, nil, nil)
+	}
+	return c
+}
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range c.descs {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	n := c.n
+	emit := func(name string, typ prometheus.ValueType, v uint64) {
+		ch <- prometheus.MustNewConstMetric(c.descs[name], typ, float64(v))
+	}
+	g, ct := prometheus.GaugeValue, prometheus.CounterValue
+	if h := n.host.Load(); h != nil {
+		groups := h.Groups()
+		leading := 0
+		for _, id := range groups {
+			if st, err := h.Status(id); err == nil && st.Role == "leader" {
+				leading++
+			}
+		}
+		emit("groups", g, uint64(len(groups)))
+		emit("groups_leading", g, uint64(leading))
+	}
+	n.mountMu.Lock()
+	emit("mounts", g, uint64(len(n.mounts)))
+	n.mountMu.Unlock()
+	emit("proposals_total", ct, n.stats.proposals.Load())
+	emit("forwarded_out_total", ct, n.stats.forwardedOut.Load())
+	emit("forwarded_in_total", ct, n.stats.forwardedIn.Load())
+	emit("forward_errors_total", ct, n.stats.forwardErrors.Load())
+	emit("replicas_created_total", ct, n.stats.created.Load())
+	emit("replicas_destroyed_total", ct, n.stats.destroyed.Load())
+	emit("replicas_replaced_total", ct, n.stats.replaced.Load())
+	emit("raft_batches_sent_total", ct, n.trans.sentBatches.Load())
+	emit("raft_bytes_sent_total", ct, n.trans.sentBytes.Load())
+	emit("raft_batches_dropped_total", ct, n.trans.dropped.Load())
+	emit("raft_stream_failures_total", ct, n.trans.failures.Load())
+}

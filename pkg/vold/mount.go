@@ -1,0 +1,259 @@
+package vold
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/shoal-dev/shoal/pkg/volfs"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// Mounts. A node mounts a volume once, at <mount-dir>/<name>, for any
+// number of users (tasks); the users are recorded in
+// /volumemounts/<name>/<node>, written only by that node, so that
+// RemoveVolume anywhere sees who uses a volume and a restarted vold knows
+// what to mount again. The FUSE server dies with the process; at start,
+// vold clears stale mount points and remounts what still has users.
+
+// mount is one mounted volume on this node.
+type mount struct {
+	name  string
+	path  string
+	users map[string]bool
+	srv   fuseServer
+}
+
+// fuseServer is a live FUSE mount.
+type fuseServer interface {
+	Unmount() error
+}
+
+func (n *node) mountPath(name string) string { return filepath.Join(n.cfg.MountDir, name) }
+
+// mount mounts volume name on this node (once) for user and returns the
+// host path.
+func (n *node) mount(ctx context.Context, name, user string) (string, error) {
+	if d := n.volumeDoc(name); d == nil {
+		d, err := n.readVolume(ctx, name)
+		if err != nil {
+			return "", err
+		}
+		if d == nil {
+			return "", fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
+		}
+	}
+	n.mountMu.Lock()
+	defer n.mountMu.Unlock()
+	m, err := n.mountLocked(name)
+	if err != nil {
+		return "", err
+	}
+	if m.users[user] {
+		return m.path, nil
+	}
+	m.users[user] = true
+	if err := n.writeMountDoc(ctx, m); err != nil {
+		delete(m.users, user)
+		if len(m.users) == 0 {
+			n.unmountLocked(m)
+		}
+		return "", err
+	}
+	n.log.Info("volume mount user added", "volume", name, "user", user, "path", m.path, "users", len(m.users))
+	return m.path, nil
+}
+
+// mountLocked returns the volume's mount, mounting it if needed.
+func (n *node) mountLocked(name string) (*mount, error) {
+	if m := n.mounts[name]; m != nil {
+		return m, nil
+	}
+	path := n.mountPath(name)
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		return nil, fmt.Errorf("mount point for volume %q: %w", name, err)
+	}
+	srv, err := mountFUSE(path, &volfs.Client{B: &volumeBackend{n: n, name: name}})
+	if err != nil {
+		return nil, fmt.Errorf("mount volume %q at %s: %w", name, path, err)
+	}
+	m := &mount{name: name, path: path, users: map[string]bool{}, srv: srv}
+	n.mounts[name] = m
+	n.log.Info("volume mounted", "volume", name, "path", path)
+	return m, nil
+}
+
+func (n *node) unmountLocked(m *mount) {
+	if err := m.srv.Unmount(); err != nil {
+		n.log.Warn("unmount volume", "volume", m.name, "path", m.path, "err", err)
+	} else {
+		n.log.Info("volume unmounted", "volume", m.name, "path", m.path)
+	}
+	delete(n.mounts, m.name)
+}
+
+// unmount drops user's use of a volume on this node; the last user
+// unmounts it. Dropping a user that is not there is not an error.
+func (n *node) unmount(ctx context.Context, name, user string) error {
+	n.mountMu.Lock()
+	defer n.mountMu.Unlock()
+	m := n.mounts[name]
+	if m == nil {
+		// Not mounted (vold restarted and the volume is gone, say): still
+		// clear the record.
+		m = &mount{name: name, users: map[string]bool{}}
+		for _, u := range n.recordedUsers(name) {
+			m.users[u] = true
+		}
+		if !m.users[user] {
+			return nil
+		}
+		delete(m.users, user)
+		return n.writeMountDoc(ctx, m)
+	}
+	if !m.users[user] {
+		return nil
+	}
+	delete(m.users, user)
+	if err := n.writeMountDoc(ctx, m); err != nil {
+		m.users[user] = true
+		return err
+	}
+	n.log.Info("volume mount user dropped", "volume", name, "user", user, "users", len(m.users))
+	if len(m.users) == 0 {
+		n.unmountLocked(m)
+	}
+	return nil
+}
+
+// writeMountDoc records a mount's users (deleting the record when none).
+func (n *node) writeMountDoc(ctx context.Context, m *mount) error {
+	key := mountKey(m.name, n.id)
+	if len(m.users) == 0 {
+		if _, err := n.statd.Delete(ctx, &statev1.DeleteRequest{Key: key}); err != nil {
+			return fmt.Errorf("clear mount record of volume %q: %w", m.name, err)
+		}
+		return nil
+	}
+	users := make([]string, 0, len(m.users))
+	for u := range m.users {
+		users = append(users, u)
+	}
+	slices.Sort(users)
+	b, _ := json.Marshal(users)
+	_, err := n.statd.Put(ctx, &statev1.PutRequest{Key: key, Fields: map[string]*statev1.Value{
+		fieldUsers: {Kind: &statev1.Value_StringValue{StringValue: string(b)}},
+		fieldPath:  {Kind: &statev1.Value_StringValue{StringValue: m.path}},
+	}})
+	if err != nil {
+		return fmt.Errorf("record mount of volume %q: %w", m.name, err)
+	}
+	return nil
+}
+
+func decodeUsers(d *statev1.Document) []string {
+	var users []string
+	_ = json.Unmarshal([]byte(d.GetFields()[fieldUsers].GetStringValue()), &users)
+	return users
+}
+
+// recordedUsers returns this node's recorded users of a volume.
+func (n *node) recordedUsers(name string) []string {
+	if d := n.mirror.Get(mountKey(name, n.id)); d != nil {
+		return decodeUsers(d)
+	}
+	return nil
+}
+
+// mountUsers returns the nodes that mount a volume and its users, from
+// the mirror.
+func (n *node) mountUsers(name string) (nodes, users []string) {
+	prefix := mountsPrefix + name + "/"
+	for _, d := range n.mirror.List(prefix) {
+		u := decodeUsers(d)
+		if len(u) == 0 {
+			continue
+		}
+		nodes = append(nodes, strings.TrimPrefix(d.GetKey(), prefix))
+		users = append(users, u...)
+	}
+	slices.Sort(nodes)
+	slices.Sort(users)
+	return nodes, slices.Compact(users)
+}
+
+// readMountUsers lists a volume's users on every node from statd itself,
+// as "user on node".
+func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error) {
+	prefix := mountsPrefix + name + "/"
+	resp, err := n.statd.List(ctx, &statev1.ListRequest{Prefix: prefix, PageSize: 1000})
+	if err != nil {
+		return nil, fmt.Errorf("list mounts of volume %q: %w", name, err)
+	}
+	var out []string
+	for _, d := range resp.GetDocuments() {
+		node := strings.TrimPrefix(d.GetKey(), prefix)
+		for _, u := range decodeUsers(d) {
+			out = append(out, u+" on "+node)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
+}
+
+// restoreMounts clears stale mount points and mounts again the volumes
+// that still have users on this node.
+func (n *node) restoreMounts(ctx context.Context) {
+	if err := cleanStaleMounts(n.cfg.MountDir); err != nil {
+		n.log.Warn("clean stale mounts", "dir", n.cfg.MountDir, "err", err)
+	}
+	suffix := "/" + n.id
+	for _, d := range n.mirror.List(mountsPrefix) {
+		key := d.GetKey()
+		if !strings.HasSuffix(key, suffix) {
+			continue
+		}
+		name := strings.TrimSuffix(strings.TrimPrefix(key, mountsPrefix), suffix)
+		users := decodeUsers(d)
+		if len(users) == 0 || validateName(name) != nil {
+			continue
+		}
+		if n.volumeDoc(name) == nil {
+			n.log.Warn("mounted volume is gone; dropping its mount record", "volume", name, "users", strings.Join(users, ","))
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_, _ = n.statd.Delete(cctx, &statev1.DeleteRequest{Key: key})
+			cancel()
+			continue
+		}
+		n.mountMu.Lock()
+		m, err := n.mountLocked(name)
+		if err == nil {
+			for _, u := range users {
+				m.users[u] = true
+			}
+		}
+		n.mountMu.Unlock()
+		if err != nil {
+			n.log.Warn("remount volume", "volume", name, "err", err)
+			continue
+		}
+		n.log.Info("volume remounted", "volume", name, "users", strings.Join(users, ","))
+	}
+}
+
+// unmountAll unmounts every volume at shutdown; the records stay, so the
+// next start mounts them again.
+func (n *node) unmountAll() {
+	n.mountMu.Lock()
+	defer n.mountMu.Unlock()
+	for _, m := range n.mounts {
+		n.unmountLocked(m)
+	}
+}

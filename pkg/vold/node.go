@@ -1,0 +1,284 @@
+package vold
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/daemon"
+	"github.com/shoal-dev/shoal/pkg/pki"
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+)
+
+// node is one vold.
+type node struct {
+	cfg   *Config
+	log   *slog.Logger
+	rt    *daemon.Runtime
+	statd *client.Statd
+	names *nodeNames
+	peer  *peerServer
+
+	// Set once the node is in a cluster (identity from statd).
+	id       string
+	rid      raftgroup.NodeID
+	ready    chan struct{}
+	identity atomic.Pointer[pki.Identity]
+	ca       atomic.Pointer[x509.CertPool]
+	mirror   *client.Mirror
+	members  atomic.Pointer[membership]
+	pool     *peerPool
+	trans    *transport
+	host     atomic.Pointer[raftgroup.Host]
+	// synced is set once statd has caught up with a peer since start:
+	// only then may a missing document destroy a replica.
+	synced atomic.Bool
+
+	kick chan struct{}
+
+	// kvs are the KV appliers of the system groups this node holds.
+	kvMu sync.Mutex
+	kvs  map[raftgroup.GroupID]*kvStore
+
+	// leaders remembers the last leader node seen per group (a hint for
+	// forwarding).
+	leaders sync.Map // raftgroup.GroupID -> string
+
+	// sysMu serialises creating the system group on this node.
+	sysMu sync.Mutex
+
+	// mounts are this node's FUSE mounts (mount.go).
+	mountMu sync.Mutex
+	mounts  map[string]*mount
+
+	// reconcile state: groups whose create/join failed, by error text, so
+	// the log says it once.
+	failed map[raftgroup.GroupID]string
+
+	stats counters
+}
+
+// counters are vold's own figures for metrics.
+type counters struct {
+	proposals, forwardedOut, forwardedIn, forwardErrors atomic.Uint64
+	created, destroyed, replaced                        atomic.Uint64
+}
+
+func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error, error) {
+	cfg := rt.Config.(*Config)
+	if err := cfg.check(); err != nil {
+		return nil, err
+	}
+	if cfg.MountDir == "" {
+		cfg.MountDir = filepath.Join(cfg.StateDir, "mounts")
+	}
+	for _, d := range []string{filepath.Join(cfg.StateDir, "raft"), cfg.MountDir} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return nil, err
+		}
+	}
+	st, err := client.NewStatd(cfg.RunDir, client.Retry{})
+	if err != nil {
+		return nil, err
+	}
+	n := &node{
+		cfg: cfg, log: rt.Log, rt: rt, statd: st, names: newNodeNames(),
+		ready: make(chan struct{}), kick: make(chan struct{}, 1),
+		kvs: map[raftgroup.GroupID]*kvStore{}, mounts: map[string]*mount{},
+		failed: map[raftgroup.GroupID]string{},
+	}
+	// The mirror, peer pool and transport need no identity until used:
+	// creating them here lets metrics and the API read them freely.
+	n.mirror = client.NewMirror(st, rt.Log.With("component", "mirror"), volumesPrefix, mountsPrefix, nodesPrefix)
+	n.pool = newPeerPool(n.identity.Load, n.ca.Load, n.peerAddr)
+	n.trans = newTransport(rt.Log.With("component", "transport"), n.pool.raftOpener(n.names))
+	n.peer = &peerServer{log: rt.Log.With("component", "peer"), names: n.names, deliver: n.deliver, forward: n.serveForward}
+	volv1.RegisterVolumesServer(rt.GRPC, &volumesAPI{n: n})
+	volv1.RegisterKVServer(rt.GRPC, &kvAPI{n: n})
+	rt.Details = n.details
+	rt.Metrics.MustRegister(newCollector(n))
+	runCtx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := n.run(runCtx, &wg); err != nil && runCtx.Err() == nil {
+			rt.Fatal(err)
+		}
+	}()
+	return func(context.Context) error {
+		cancel()
+		wg.Wait()
+		n.unmountAll()
+		n.trans.Close()
+		var err error
+		if h := n.host.Load(); h != nil {
+			err = h.Close()
+		}
+		n.pool.Close()
+		st.Close()
+		return err
+	}, nil
+}
+
+// run waits until the node is in a cluster, starts the Raft host and the
+// peer API, then reconciles replicas with the volume documents until ctx
+// ends. Goroutines it starts are counted in wg.
+func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
+	idr, err := n.waitIdentity(ctx)
+	if err != nil {
+		return nil // ctx ended
+	}
+	n.id = idr.GetNodeId()
+	n.rid, err = n.names.add(n.id)
+	if err != nil {
+		return fmt.Errorf("this node cannot host Raft replicas: %w", err)
+	}
+	n.log = n.log.With("node", n.id)
+	changes := n.mirror.Changes()
+	goWG(wg, func() { n.mirror.Run(ctx) })
+	goWG(wg, func() { n.identityLoop(ctx) })
+	goWG(wg, func() { n.membershipLoop(ctx) })
+
+	h, err := raftgroup.Open(raftgroup.Config{
+		NodeID:          n.rid,
+		Dir:             filepath.Join(n.cfg.StateDir, "raft"),
+		Transport:       n.trans,
+		NewStateMachine: n.newStateMachine,
+		Logger:          n.log.With("component", "raft"),
+		TickInterval:    time.Duration(n.cfg.RaftTick),
+	})
+	if err != nil {
+		return fmt.Errorf("open raft host: %w", err)
+	}
+	n.host.Store(h)
+	goWG(wg, func() {
+		if err := h.Run(ctx); err != nil {
+			n.rt.Fatal(fmt.Errorf("raft host: %w", err))
+		}
+	})
+
+	lis, err := listenPeers(idr.GetAdvertiseIp(), n.cfg.PeerPort)
+	if err != nil {
+		return err
+	}
+	srv := newPeerGRPC(n.log.With("component", "peer"), n.identity.Load, n.ca.Load, n.peer)
+	goWG(wg, func() { _ = srv.Serve(lis) })
+	goWG(wg, func() { <-ctx.Done(); srv.Stop() })
+
+	for !n.mirror.Ready() {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changes:
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	if err := n.publishNode(ctx); err != nil {
+		n.log.Warn("publish vold port", "err", err)
+	}
+	close(n.ready)
+	n.log.Info("vold ready", "raft_node", uint64(n.rid), "peer_addr", lis.Addr().String(), "groups", len(h.Groups()))
+	goWG(wg, func() {
+		n.waitStatdSynced(ctx)
+		n.synced.Store(true)
+		n.wake()
+	})
+	goWG(wg, func() { n.repairLoop(ctx) })
+	goWG(wg, func() { n.restoreMounts(ctx) })
+
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		n.reconcile(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		case <-changes:
+		case <-n.kick:
+		}
+	}
+}
+
+func goWG(wg *sync.WaitGroup, fn func()) {
+	wg.Add(1)
+	go func() { defer wg.Done(); fn() }()
+}
+
+// wake asks the reconcile loop for a round now.
+func (n *node) wake() {
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// isReady reports whether the node is in a cluster and running its host.
+func (n *node) isReady() bool {
+	select {
+	case <-n.ready:
+		return true
+	default:
+		return false
+	}
+}
+
+// raftHost returns the host once the node is ready.
+func (n *node) raftHost() (*raftgroup.Host, error) {
+	if !n.isReady() {
+		return nil, errNotReady
+	}
+	return n.host.Load(), nil
+}
+
+// deliver hands an inbound batch to the host, if it runs.
+func (n *node) deliver(from raftgroup.NodeID, b *raftgroup.Batch) bool {
+	h := n.host.Load()
+	if h == nil {
+		return false
+	}
+	h.Deliver(from, b)
+	return true
+}
+
+// newStateMachine returns a group's state machine: the system group's is
+// typed with the KV applier, a volume's is its filesystem.
+func (n *node) newStateMachine(g raftgroup.GroupID) raftgroup.StateMachine {
+	if isSystemGroup(g) {
+		sm, kv := newSystemMachine()
+		n.kvMu.Lock()
+		n.kvs[g] = kv
+		n.kvMu.Unlock()
+		return sm
+	}
+	return newVolumeMachine()
+}
+
+// kvOf returns the KV applier of system group g held here.
+func (n *node) kvOf(g raftgroup.GroupID) *kvStore {
+	n.kvMu.Lock()
+	defer n.kvMu.Unlock()
+	return n.kvs[g]
+}
+
+// details are the node's figures for `shoalctl daemon status`.
+func (n *node) details() map[string]string {
+	out := map[string]string{"node_id": n.id}
+	if h := n.host.Load(); h != nil {
+		out["groups"] = fmt.Sprint(len(h.Groups()))
+		out["raft_node"] = fmt.Sprint(uint64(n.rid))
+	}
+	n.mountMu.Lock()
+	out["mounts"] = fmt.Sprint(len(n.mounts))
+	n.mountMu.Unlock()
+	return out
+}

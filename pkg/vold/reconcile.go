@@ -1,0 +1,152 @@
+package vold
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+)
+
+// volumeDocs returns the volume documents in the mirror by name (the
+// system group's included); undecodable ones are logged and skipped.
+func (n *node) volumeDocs() map[string]*volumeDoc {
+	out := map[string]*volumeDoc{}
+	for _, d := range n.mirror.List(volumesPrefix) {
+		name := strings.TrimPrefix(d.GetKey(), volumesPrefix)
+		v, err := decodeVolume(d)
+		if err != nil {
+			n.log.Warn("bad volume document", "volume", name, "err", err)
+			continue
+		}
+		if v != nil {
+			out[name] = v
+		}
+	}
+	return out
+}
+
+func (n *node) allVolumeDocs() []*volumeDoc {
+	var out []*volumeDoc
+	for _, d := range n.volumeDocs() {
+		out = append(out, d)
+	}
+	return out
+}
+
+// volumeDoc returns one volume's document from the mirror, nil if none.
+func (n *node) volumeDoc(name string) *volumeDoc {
+	d := n.mirror.Get(volumeKey(name))
+	if d == nil {
+		return nil
+	}
+	v, err := decodeVolume(d)
+	if err != nil {
+		n.log.Warn("bad volume document", "volume", name, "err", err)
+		return nil
+	}
+	return v
+}
+
+// docOfGroup returns the name and document of the volume whose group is g.
+func (n *node) docOfGroup(g raftgroup.GroupID) (string, *volumeDoc) {
+	for name, d := range n.volumeDocs() {
+		if d.group() == g {
+			return name, d
+		}
+	}
+	return "", nil
+}
+
+// reconcile makes this node's replicas match the volume documents: a
+// member that has no replica creates it (initial members bootstrap the
+// group together) or joins empty (members added by repair); a replica
+// whose group no document places here any more, or that its group removed,
+// is destroyed.
+func (n *node) reconcile(ctx context.Context) {
+	h := n.host.Load()
+	if h == nil || ctx.Err() != nil {
+		return
+	}
+	want := map[raftgroup.GroupID]*volumeDoc{}
+	names := map[raftgroup.GroupID]string{}
+	for name, d := range n.volumeDocs() {
+		if _, ok := d.member(n.id); ok {
+			want[d.group()] = d
+			names[d.group()] = name
+		}
+	}
+	have := map[raftgroup.GroupID]bool{}
+	for _, g := range h.Groups() {
+		have[g] = true
+	}
+	for g, d := range want {
+		if have[g] {
+			continue
+		}
+		m, _ := d.member(n.id)
+		var err error
+		if m.Boot {
+			var boot []raftgroup.Member
+			boot, err = d.bootMembers(n.names)
+			if err == nil {
+				err = h.CreateGroup(g, raftgroup.ReplicaID(m.Replica), boot)
+			}
+		} else {
+			err = h.JoinGroup(g, raftgroup.ReplicaID(m.Replica))
+		}
+		if err != nil {
+			if n.failed[g] != err.Error() {
+				n.log.Warn("cannot create replica", "volume", names[g], "group", uint64(g), "replica", m.Replica, "err", err)
+				n.failed[g] = err.Error()
+			}
+			continue
+		}
+		delete(n.failed, g)
+		n.stats.created.Add(1)
+		n.log.Info("replica created", "volume", names[g], "group", uint64(g), "replica", m.Replica, "boot", m.Boot)
+	}
+	for g := range n.failed {
+		if want[g] == nil {
+			delete(n.failed, g)
+		}
+	}
+	for g := range have {
+		st, err := h.Status(g)
+		if err != nil {
+			continue
+		}
+		reason := ""
+		switch {
+		case st.Removed:
+			reason = "removed from group"
+		case want[g] == nil && n.synced.Load():
+			// NB: only once statd has synced since start; before that a
+			// missing document may just not have arrived yet.
+			reason = "no volume places it here"
+		}
+		if reason == "" {
+			continue
+		}
+		if err := n.destroyReplica(g); err != nil {
+			n.log.Warn("destroy replica", "group", uint64(g), "err", err)
+			continue
+		}
+		n.log.Info("replica destroyed", "group", uint64(g), "replica", uint64(st.Replica), "reason", reason)
+	}
+}
+
+// destroyReplica deletes this node's replica of g and forgets what
+// belongs to it.
+func (n *node) destroyReplica(g raftgroup.GroupID) error {
+	h := n.host.Load()
+	if err := h.DestroyGroup(g); err != nil && !errors.Is(err, raftgroup.ErrGroupNotFound) {
+		return err
+	}
+	n.kvMu.Lock()
+	delete(n.kvs, g)
+	n.kvMu.Unlock()
+	n.leaders.Delete(g)
+	n.stats.destroyed.Add(1)
+	return nil
+}

@@ -1,0 +1,220 @@
+package vold
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// Repair. The leader of each group checks its voters against statd's
+// membership every repair_interval. A voter whose node has been dead for
+// replace_after is replaced:
+//
+//  1. pick a live node that holds no replica of the group (placement rule:
+//     fewest replicas hosted, then node ID) and a replica ID the group has
+//     never used;
+//  2. add the new member to the volume document (not Boot), so that its
+//     node's vold joins the group with an empty replica;
+//  3. swap the dead replica for the new one in one joint-consensus change
+//     (raftgroup.Replace): the group never has an even number of voters,
+//     and the new replica catches up from a snapshot;
+//  4. rewrite the document's members from the group's new voters.
+//
+// Step 4 also runs on its own whenever the document and the voters
+// disagree (a leader that crashed between 3 and 4, say), keeping members
+// that are pending (added in step 2, not yet voters) for pendingGrace.
+//
+// A group that has lost its quorum (one of one, two of three) has no
+// leader and cannot be repaired; it waits for its nodes to come back.
+
+// pendingGrace is how long a member added to a document may wait to
+// become a voter before a leader drops it from the document.
+const pendingGrace = 2 * time.Minute
+
+// changeTimeout bounds one membership change.
+const changeTimeout = 30 * time.Second
+
+func (n *node) repairLoop(ctx context.Context) {
+	t := time.NewTicker(time.Duration(n.cfg.RepairInterval))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n.repairRound(ctx)
+	}
+}
+
+func (n *node) repairRound(ctx context.Context) {
+	h := n.host.Load()
+	if h == nil || !n.synced.Load() {
+		return
+	}
+	docs := n.volumeDocs()
+	byGroup := map[raftgroup.GroupID]string{}
+	for name, d := range docs {
+		byGroup[d.group()] = name
+	}
+	for _, g := range h.Groups() {
+		if ctx.Err() != nil {
+			return
+		}
+		st, err := h.Status(g)
+		if err != nil || st.Role != "leader" || len(st.VotersOutgoing) > 0 || st.Removed {
+			continue
+		}
+		name, ok := byGroup[g]
+		if !ok {
+			continue
+		}
+		if err := n.repairGroup(ctx, name, docs[name], st); err != nil {
+			n.log.Warn("repair volume", "volume", name, "group", uint64(g), "err", err)
+		}
+	}
+}
+
+// repairGroup replaces at most one dead voter of a group this node leads,
+// or brings the document in line with the voters.
+func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus) error {
+	var dead *raftgroup.Member
+	for _, v := range st.Voters {
+		if n.deadFor(n.names.name(v.Node)) > time.Duration(n.cfg.ReplaceAfter) {
+			dead = &v
+			break
+		}
+	}
+	if dead == nil {
+		return n.syncMembers(ctx, name, d.group(), st.Voters, st.MaxReplica)
+	}
+	deadNode := n.names.name(dead.Node)
+	h := n.host.Load()
+
+	// A member pending from an earlier attempt on a live node is the
+	// replacement; otherwise place a new one.
+	var target docMember
+	for _, m := range d.Members {
+		if m.Boot || raftgroup.ReplicaID(m.Replica) <= st.MaxReplica || !n.alive(m.Node) || isVoterNode(st.Voters, m.Node, n.names) {
+			continue
+		}
+		target = m
+		break
+	}
+	if target.Node == "" {
+		exclude := map[string]bool{}
+		for _, m := range d.Members {
+			exclude[m.Node] = true
+		}
+		for _, v := range st.Voters {
+			exclude[n.names.name(v.Node)] = true
+		}
+		picked := place(n.candidates(), 1, exclude)
+		if len(picked) == 0 {
+			n.log.Debug("no node to replace a dead replica on", "volume", name, "dead_node", deadNode)
+			return nil
+		}
+		next, err := h.NextReplicaID(d.group())
+		if err != nil {
+			return err
+		}
+		target = docMember{Node: picked[0], Replica: max(uint64(next), d.maxReplica()+1), Added: time.Now().UTC()}
+		if err := n.updateMembers(ctx, name, d.group(), func(ms []docMember) []docMember { return append(ms, target) }); err != nil {
+			return fmt.Errorf("add replica %d on %s to the document: %w", target.Replica, target.Node, err)
+		}
+	}
+	targetID, err := n.names.add(target.Node)
+	if err != nil {
+		return err
+	}
+	n.log.Info("replacing dead replica", "volume", name, "group", uint64(d.group()),
+		"dead_node", deadNode, "dead_replica", uint64(dead.Replica), "node", target.Node, "replica", target.Replica)
+	cctx, cancel := context.WithTimeout(ctx, changeTimeout)
+	defer cancel()
+	m, err := h.ChangeMembership(cctx, d.group(), raftgroup.Replace(dead.Replica, raftgroup.ReplicaID(target.Replica), targetID)...)
+	if err != nil {
+		if errors.Is(err, raftgroup.ErrReplicaIDReused) || errors.Is(err, raftgroup.ErrInvalidChange) {
+			// Drop the pending member so the next round starts afresh.
+			_ = n.updateMembers(ctx, name, d.group(), func(ms []docMember) []docMember {
+				return slices.DeleteFunc(ms, func(x docMember) bool { return x.Node == target.Node && x.Replica == target.Replica })
+			})
+		}
+		return fmt.Errorf("replace replica %d on %s with %d on %s: %w", dead.Replica, deadNode, target.Replica, target.Node, err)
+	}
+	n.stats.replaced.Add(1)
+	n.log.Info("dead replica replaced", "volume", name, "group", uint64(d.group()), "dead_node", deadNode, "node", target.Node, "config_index", m.Index)
+	maxRep := raftgroup.ReplicaID(target.Replica)
+	return n.syncMembers(ctx, name, d.group(), m.Voters, maxRep)
+}
+
+func isVoterNode(voters []raftgroup.Member, node string, names *nodeNames) bool {
+	return slices.ContainsFunc(voters, func(v raftgroup.Member) bool { return names.name(v.Node) == node })
+}
+
+// syncMembers rewrites the document's members to be the group's voters,
+// keeping what the document knew about each (Boot, Added) and members
+// still pending (never admitted, added less than pendingGrace ago).
+func (n *node) syncMembers(ctx context.Context, name string, g raftgroup.GroupID, voters []raftgroup.Member, maxReplica raftgroup.ReplicaID) error {
+	if len(voters) == 0 {
+		return nil
+	}
+	return n.updateMembers(ctx, name, g, func(ms []docMember) []docMember {
+		var out []docMember
+		for _, v := range voters {
+			node := n.names.name(v.Node)
+			i := slices.IndexFunc(ms, func(m docMember) bool { return m.Node == node && m.Replica == uint64(v.Replica) })
+			if i >= 0 {
+				out = append(out, ms[i])
+			} else {
+				out = append(out, docMember{Node: node, Replica: uint64(v.Replica), Added: time.Now().UTC()})
+			}
+		}
+		for _, m := range ms {
+			pending := !m.Boot && raftgroup.ReplicaID(m.Replica) > maxReplica && time.Since(m.Added) < pendingGrace
+			if pending && !slices.ContainsFunc(out, func(o docMember) bool { return o.Node == m.Node }) {
+				out = append(out, m)
+			}
+		}
+		return out
+	})
+}
+
+// updateMembers applies fn to the members of the volume's current
+// document (read from statd) and writes it back if they changed. It does
+// nothing when the document is gone or names another group.
+func (n *node) updateMembers(ctx context.Context, name string, g raftgroup.GroupID, fn func([]docMember) []docMember) error {
+	d, err := n.readVolume(ctx, name)
+	if err != nil || d == nil || d.group() != g {
+		return err
+	}
+	members := fn(slices.Clone(d.Members))
+	if slices.Equal(members, d.Members) {
+		return nil
+	}
+	d.Members = members
+	fields, err := encodeVolume(d)
+	if err != nil {
+		return err
+	}
+	_, err = n.statd.Put(ctx, &statev1.PutRequest{Key: volumeKey(name), Fields: fields})
+	if err == nil {
+		n.log.Info("volume members updated", "volume", name, "group", uint64(g), "members", memberList(members))
+	}
+	return err
+}
+
+func memberList(ms []docMember) string {
+	s := ""
+	for i, m := range ms {
+		if i > 0 {
+			s += ","
+		}
+		s += fmt.Sprintf("%s/%d", m.Node, m.Replica)
+	}
+	return s
+}

@@ -1,0 +1,218 @@
+package vold
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"slices"
+	"sync"
+	"time"
+
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	"github.com/shoal-dev/shoal/pkg/volfs"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+)
+
+// statusTimeout bounds asking one member for its status.
+const statusTimeout = 2 * time.Second
+
+// replicaStatus is one replica's live status (VolPeer.Forward "status").
+type replicaStatus struct {
+	Node        string `json:"node"`
+	Replica     uint64 `json:"replica"`
+	Role        string `json:"role"`
+	Leader      string `json:"leader,omitempty"`
+	Term        uint64 `json:"term"`
+	Commit      uint64 `json:"commit"`
+	Applied     uint64 `json:"applied"`
+	Digest      string `json:"digest,omitempty"`
+	UsedBytes   int64  `json:"used_bytes"`
+	Initialized bool   `json:"initialized"`
+	// Voters are the group's voters as this replica knows them.
+	Voters []raftgroup.Member `json:"voters,omitempty"`
+}
+
+// localStatus describes this node's replica of g. The digest is of the
+// state at Applied: the filesystem's for a volume, the typed snapshot's
+// for the system group.
+func (n *node) localStatus(g raftgroup.GroupID) (replicaStatus, error) {
+	h, err := n.raftHost()
+	if err != nil {
+		return replicaStatus{}, err
+	}
+	st, err := h.Status(g)
+	if err != nil {
+		return replicaStatus{}, err
+	}
+	rs := replicaStatus{
+		Node: n.id, Replica: uint64(st.Replica), Role: st.Role, Term: st.Term,
+		Commit: st.Commit, Applied: st.Applied, Initialized: st.Initialized, Voters: st.Voters,
+	}
+	if !st.Initialized {
+		rs.Role = "joining"
+	}
+	if st.LeaderNode != 0 {
+		rs.Leader = n.names.name(st.LeaderNode)
+		n.leaders.Store(g, rs.Leader)
+	}
+	for range 5 {
+		var (
+			sm               raftgroup.StateMachine
+			applied, fsIndex uint64
+			snap             []byte
+		)
+		if err := h.WithStateMachine(g, func(s raftgroup.StateMachine, a uint64) {
+			sm, applied = s, a
+			switch s := s.(type) {
+			case *raftgroup.Typed:
+				// Small (keys and leases): read here, consistent with applied.
+				snap, _ = s.Snapshot()
+			case *volfs.FS:
+				fsIndex = s.Applied()
+			}
+		}); err != nil {
+			return replicaStatus{}, err
+		}
+		rs.Applied = applied
+		switch s := sm.(type) {
+		case *raftgroup.Typed:
+			d := sha256.Sum256(snap)
+			rs.Digest = hex.EncodeToString(d[:])
+			return rs, nil
+		case *volfs.FS:
+			// The digest of a large volume is computed outside the host's
+			// loop; it is at applied if no entry reached the filesystem
+			// meanwhile (configuration entries do not).
+			d := s.Digest()
+			rs.UsedBytes = s.Used()
+			rs.Digest = hex.EncodeToString(d[:])
+			if s.Applied() == fsIndex {
+				return rs, nil
+			}
+		default:
+			return rs, nil
+		}
+	}
+	return rs, nil
+}
+
+// memberStatus asks the member on node for its replica's status.
+func (n *node) memberStatus(ctx context.Context, node string, g raftgroup.GroupID) (replicaStatus, error) {
+	if node == n.id {
+		return n.localStatus(g)
+	}
+	cctx, cancel := context.WithTimeout(ctx, statusTimeout)
+	defer cancel()
+	c, err := n.pool.client(node)
+	if err != nil {
+		return replicaStatus{}, err
+	}
+	resp, err := c.Forward(cctx, &volv1.ForwardRequest{Group: uint64(g), Kind: kindStatus})
+	if err != nil {
+		return replicaStatus{}, err
+	}
+	var rs replicaStatus
+	err = json.Unmarshal(resp.GetPayload(), &rs)
+	if err == nil && rs.Leader != "" {
+		n.leaders.Store(g, rs.Leader)
+	}
+	return rs, err
+}
+
+// volumeProto renders a document (no live status).
+func (n *node) volumeProto(name string, d *volumeDoc) *volv1.Volume {
+	v := &volv1.Volume{
+		Name: name, Group: d.Group, Replicas: int32(d.Replicas), SizeBytes: d.SizeBytes,
+		Created: timestamppb.New(d.Created),
+	}
+	for _, m := range d.Members {
+		v.Members = append(v.Members, &volv1.Member{Node: m.Node, Replica: m.Replica})
+	}
+	v.MountedOn, v.UsedBy = n.mountUsers(name)
+	return v
+}
+
+// inspect renders a volume with the live status of every member, asked in
+// parallel. Health: healthy when every member is alive, answers and has
+// applied everything the leader committed; degraded when a quorum of
+// members answers and there is a leader; unavailable otherwise.
+func (n *node) inspect(ctx context.Context, name string, d *volumeDoc) *volv1.Volume {
+	v := n.volumeProto(name, d)
+	type answer struct {
+		st  replicaStatus
+		err error
+	}
+	answers := make([]answer, len(d.Members))
+	var wg sync.WaitGroup
+	for i, m := range d.Members {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			st, err := n.memberStatus(ctx, m.Node, d.group())
+			answers[i] = answer{st, err}
+		}()
+	}
+	wg.Wait()
+	var leaderCommit, maxCommit uint64
+	for _, a := range answers {
+		if a.err != nil {
+			continue
+		}
+		maxCommit = max(maxCommit, a.st.Commit)
+		if a.st.Role == "leader" {
+			v.Leader = a.st.Node
+			leaderCommit = a.st.Commit
+			v.UsedBytes = a.st.UsedBytes
+		}
+	}
+	if v.Leader == "" {
+		// No member says it leads; a follower may still know who does.
+		for _, a := range answers {
+			if a.err == nil && a.st.Leader != "" && slices.ContainsFunc(d.Members, func(m docMember) bool { return m.Node == a.st.Leader }) {
+				v.Leader = a.st.Leader
+				break
+			}
+		}
+	}
+	if leaderCommit == 0 {
+		leaderCommit = maxCommit
+	}
+	v.Commit = leaderCommit
+	answering, caughtUp := 0, 0
+	for i, m := range d.Members {
+		pm := v.Members[i]
+		a := answers[i]
+		pm.Alive = n.alive(m.Node) && a.err == nil
+		if a.err != nil {
+			pm.Role = "unreachable"
+			continue
+		}
+		pm.Role = a.st.Role
+		pm.Applied = a.st.Applied
+		pm.Digest = a.st.Digest
+		if a.st.Applied < leaderCommit {
+			pm.Lag = leaderCommit - a.st.Applied
+		}
+		if v.UsedBytes == 0 {
+			v.UsedBytes = a.st.UsedBytes
+		}
+		if pm.Alive && a.st.Initialized {
+			answering++
+			if pm.Lag == 0 {
+				caughtUp++
+			}
+		}
+	}
+	switch {
+	case caughtUp == len(d.Members) && v.Leader != "":
+		v.Health = "healthy"
+	case answering >= len(d.Members)/2+1 && v.Leader != "":
+		v.Health = "degraded"
+	default:
+		v.Health = "unavailable"
+	}
+	return v
+}

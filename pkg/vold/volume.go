@@ -1,0 +1,253 @@
+package vold
+
+import (
+	"cmp"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// Volumes live in statd as one document each:
+//
+//	/volumes/<name>                 field "volume": volumeDoc as JSON
+//	/volumemounts/<name>/<node>     field "users": JSON list of mount users
+//	/nodes/<id>                     field "vold_port": this daemon's peer port
+//
+// The whole volume description is one field on purpose: statd merges
+// fields last-writer-wins one by one, and two racing creates of the same
+// name must not leave a document with one creator's group and the other's
+// members. Mount documents are per node so that only the mounting node
+// ever writes one (no lost updates between nodes).
+const (
+	volumesPrefix = "/volumes/"
+	mountsPrefix  = "/volumemounts/"
+	nodesPrefix   = "/nodes/"
+
+	fieldVolume   = "volume"
+	fieldUsers    = "users"
+	fieldPath     = "path"
+	fieldVoldPort = "vold_port"
+
+	// systemVolume names the cluster's system group (KV and locks). Its
+	// leading underscore keeps it out of the user volume namespace.
+	systemVolume = "_system"
+)
+
+// Volume defaults and bounds.
+const (
+	DefaultReplicas  = 3
+	maxReplicas      = 7
+	DefaultSizeBytes = int64(1) << 30
+	minSizeBytes     = int64(1) << 20
+	maxSizeBytes     = int64(1) << 40
+)
+
+// systemGroupBit marks the system group's ID. The host must pick a group's
+// state machine from its ID alone (it reopens groups at start, before any
+// document is read), so the kind is in the ID: volumes draw IDs below
+// 2^62, the system group at or above.
+const systemGroupBit = uint64(1) << 62
+
+func isSystemGroup(g raftgroup.GroupID) bool { return uint64(g)&systemGroupBit != 0 }
+
+// newGroupID draws a random group ID of the given kind. Random IDs keep
+// racing creators of the same name from ever sharing a group.
+func newGroupID(system bool) raftgroup.GroupID {
+	for {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		v := binary.LittleEndian.Uint64(b[:]) & (systemGroupBit - 1)
+		if v == 0 {
+			continue
+		}
+		if system {
+			v |= systemGroupBit
+		}
+		return raftgroup.GroupID(v)
+	}
+}
+
+// volumeDoc is a volume as stored in statd.
+type volumeDoc struct {
+	Group     uint64      `json:"group"`
+	Replicas  int         `json:"replicas"`
+	SizeBytes int64       `json:"size_bytes"`
+	Members   []docMember `json:"members"`
+	Created   time.Time   `json:"created"`
+	CreatedBy string      `json:"created_by,omitempty"`
+}
+
+// docMember places a replica of the volume's group on a node.
+type docMember struct {
+	Node    string `json:"node"`
+	Replica uint64 `json:"replica"`
+	// Boot marks an initial member: every initial member bootstraps the
+	// group with the same list (the boot members). Members added by repair
+	// join empty and catch up from a snapshot.
+	Boot bool `json:"boot,omitempty"`
+	// Added is when repair added the member (zero for initial members).
+	Added time.Time `json:"added,omitzero"`
+}
+
+func (d *volumeDoc) group() raftgroup.GroupID { return raftgroup.GroupID(d.Group) }
+
+// member returns the member on node, if any.
+func (d *volumeDoc) member(node string) (docMember, bool) {
+	for _, m := range d.Members {
+		if m.Node == node {
+			return m, true
+		}
+	}
+	return docMember{}, false
+}
+
+// bootMembers returns the initial members as raftgroup members.
+func (d *volumeDoc) bootMembers(names *nodeNames) ([]raftgroup.Member, error) {
+	var out []raftgroup.Member
+	for _, m := range d.Members {
+		if !m.Boot {
+			continue
+		}
+		n, err := names.add(m.Node)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, raftgroup.Member{Replica: raftgroup.ReplicaID(m.Replica), Node: n})
+	}
+	return out, nil
+}
+
+func (d *volumeDoc) maxReplica() uint64 {
+	var m uint64
+	for _, x := range d.Members {
+		m = max(m, x.Replica)
+	}
+	return m
+}
+
+func encodeVolume(d *volumeDoc) (map[string]*statev1.Value, error) {
+	b, err := json.Marshal(d)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]*statev1.Value{fieldVolume: {Kind: &statev1.Value_StringValue{StringValue: string(b)}}}, nil
+}
+
+// decodeVolume reads a volume document; nil if it has no volume field.
+func decodeVolume(doc *statev1.Document) (*volumeDoc, error) {
+	raw := doc.GetFields()[fieldVolume].GetStringValue()
+	if raw == "" {
+		return nil, nil
+	}
+	var d volumeDoc
+	if err := json.Unmarshal([]byte(raw), &d); err != nil {
+		return nil, fmt.Errorf("volume document %s: %w", doc.GetKey(), err)
+	}
+	if d.Group == 0 {
+		return nil, fmt.Errorf("volume document %s has no group", doc.GetKey())
+	}
+	return &d, nil
+}
+
+func volumeKey(name string) string { return volumesPrefix + name }
+
+func mountKey(name, node string) string { return mountsPrefix + name + "/" + node }
+
+// validateName checks a user volume name: a DNS label (1 to 63 lower-case
+// letters, digits and '-', starting and ending with a letter or digit), so
+// that it is safe as a path element, a statd key element and a mount
+// directory.
+func validateName(name string) error {
+	bad := func(why string) error {
+		return fmt.Errorf("volume name %q %s: use 1-63 lower-case letters, digits and '-', starting and ending with a letter or digit: %w", name, why, errdefs.ErrInvalidArgument)
+	}
+	if name == "" {
+		return bad("is empty")
+	}
+	if len(name) > 63 {
+		return bad("is too long")
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		switch {
+		case c >= 'a' && c <= 'z', c >= '0' && c <= '9':
+		case c == '-' && i > 0 && i < len(name)-1:
+		default:
+			return bad(fmt.Sprintf("has %q at %d", c, i))
+		}
+	}
+	return nil
+}
+
+// checkSize applies the default and bounds to a requested size.
+func checkSize(size int64) (int64, error) {
+	switch {
+	case size == 0:
+		return DefaultSizeBytes, nil
+	case size < minSizeBytes || size > maxSizeBytes:
+		return 0, fmt.Errorf("volume size %d bytes is out of range: want 1 MiB to 1 TiB: %w", size, errdefs.ErrInvalidArgument)
+	}
+	return size, nil
+}
+
+// checkReplicas applies the default and the bounds to a requested
+// replica count; the caller caps it by the live nodes. Even counts are
+// allowed when asked for: two replicas survive no failure (a quorum of
+// two is both), so the default is three, and placement never turns an odd
+// request into an even one except by capping to the nodes there are.
+func checkReplicas(r int32) (int, error) {
+	switch {
+	case r == 0:
+		return DefaultReplicas, nil
+	case r < 0 || r > maxReplicas:
+		return 0, fmt.Errorf("replicas %d is out of range: want 1 to %d: %w", r, maxReplicas, errdefs.ErrInvalidArgument)
+	}
+	return int(r), nil
+}
+
+// candidate is a node that can take a replica.
+type candidate struct {
+	Node string
+	// Hosted is how many replicas (of any group) the node holds.
+	Hosted int
+}
+
+// place picks n nodes for replicas: fewest replicas hosted first, ties by
+// node ID, skipping exclude. It is a pure function of its input, so every
+// node would make the same choice from the same view.
+func place(cands []candidate, n int, exclude map[string]bool) []string {
+	sorted := slices.Clone(cands)
+	slices.SortFunc(sorted, func(a, b candidate) int {
+		return cmp.Or(cmp.Compare(a.Hosted, b.Hosted), cmp.Compare(a.Node, b.Node))
+	})
+	var out []string
+	for _, c := range sorted {
+		if len(out) == n {
+			break
+		}
+		if exclude[c.Node] {
+			continue
+		}
+		out = append(out, c.Node)
+	}
+	return out
+}
+
+// hostedCounts counts the replicas each node holds across volumes.
+func hostedCounts(docs []*volumeDoc) map[string]int {
+	out := map[string]int{}
+	for _, d := range docs {
+		for _, m := range d.Members {
+			out[m.Node]++
+		}
+	}
+	return out
+}
