@@ -189,7 +189,49 @@ survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 			return nil
 		},
 	}
-	cmd.AddCommand(create, ls, inspect, rm)
+	var user string
+	mount := &cobra.Command{
+		Use:   "mount NAME",
+		Short: "Mount a volume on this node for --user and print the host path",
+		Long: `Mount a volume on this node (once, whatever the number of users) and
+register --user as using it, so that "volume rm" refuses to remove it.
+Tasks get their volumes mounted by schedd; this is for operators and
+tests.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.Volumes.Mount(ctx, &volv1.MountRequest{Name: args[0], User: user})
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out, resp.GetPath())
+			return nil
+		},
+	}
+	mount.Flags().StringVar(&user, "user", "shoalctl", "who uses the mount")
+	unmount := &cobra.Command{
+		Use:   "unmount NAME",
+		Short: "Drop --user's use of a volume on this node (the last user unmounts it)",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, ctx, done, err := a.voldCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			if _, err := c.Volumes.Unmount(ctx, &volv1.UnmountRequest{Name: args[0], User: user}); err != nil {
+				return err
+			}
+			fmt.Fprintln(a.out, args[0])
+			return nil
+		},
+	}
+	unmount.Flags().StringVar(&user, "user", "shoalctl", "who used the mount")
+	cmd.AddCommand(create, ls, inspect, rm, mount, unmount)
 	return cmd
 }
 

@@ -80,7 +80,7 @@ func (n *node) mountLocked(name string) (*mount, error) {
 	if err := os.MkdirAll(path, 0o755); err != nil {
 		return nil, fmt.Errorf("mount point for volume %q: %w", name, err)
 	}
-	srv, err := mountFUSE(path, &volfs.Client{B: &volumeBackend{n: n, name: name}})
+	srv, err := mountFUSE(n.log, path, name, &volfs.Client{B: &volumeBackend{n: n, name: name}})
 	if err != nil {
 		return nil, fmt.Errorf("mount volume %q at %s: %w", name, path, err)
 	}
