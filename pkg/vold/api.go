@@ -51,7 +51,14 @@ func (a *volumesAPI) CreateVolume(ctx context.Context, req *volv1.CreateVolumeRe
 	if err != nil {
 		return nil, err
 	}
-	return n.inspect(ctx, req.GetName(), d), nil
+	// The group has a leader; give the other members a moment to apply
+	// the same, so that the answer shows a settled volume.
+	v := n.inspect(ctx, req.GetName(), d)
+	for deadline := time.Now().Add(2 * time.Second); v.GetHealth() != "healthy" && time.Now().Before(deadline) && ctx.Err() == nil; {
+		time.Sleep(100 * time.Millisecond)
+		v = n.inspect(ctx, req.GetName(), d)
+	}
+	return v, nil
 }
 
 // readVolume reads a volume's document from statd itself (the mirror may

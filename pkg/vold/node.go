@@ -174,7 +174,7 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 	goWG(wg, func() { _ = srv.Serve(lis) })
 	goWG(wg, func() { <-ctx.Done(); srv.Stop() })
 
-	for !n.mirror.Ready() {
+	for !n.mirror.Ready() || n.members.Load() == nil {
 		select {
 		case <-ctx.Done():
 			return nil
@@ -272,6 +272,9 @@ func (n *node) kvOf(g raftgroup.GroupID) *kvStore {
 
 // details are the node's figures for `shoalctl daemon status`.
 func (n *node) details() map[string]string {
+	if !n.isReady() {
+		return map[string]string{"state": "waiting for the node to be in a cluster"}
+	}
 	out := map[string]string{"node_id": n.id}
 	if h := n.host.Load(); h != nil {
 		out["groups"] = fmt.Sprint(len(h.Groups()))

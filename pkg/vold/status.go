@@ -5,10 +5,12 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
@@ -103,6 +105,9 @@ func (n *node) localStatus(g raftgroup.GroupID) (replicaStatus, error) {
 func (n *node) memberStatus(ctx context.Context, node string, g raftgroup.GroupID) (replicaStatus, error) {
 	if node == n.id {
 		return n.localStatus(g)
+	}
+	if n.deadFor(node) > 0 {
+		return replicaStatus{}, fmt.Errorf("node %s is dead: %w", node, errdefs.ErrUnavailable)
 	}
 	cctx, cancel := context.WithTimeout(ctx, statusTimeout)
 	defer cancel()

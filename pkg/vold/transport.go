@@ -197,9 +197,17 @@ func (l *lane) drain() {
 	}
 }
 
-// session opens one stream and sends batches on it until an error; it
-// reports whether the stream was opened.
+// session waits for a batch, opens a stream and sends batches on it until
+// an error; it reports whether the stream was opened. Opening only when
+// there is something to send keeps a lane to a node that is gone from
+// dialing it forever.
 func (l *lane) session(ctx context.Context) (bool, error) {
+	var first *raftgroup.Batch
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case first = <-l.q:
+	}
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	// Opening blocks while the connection is being made; bound it so a dead
@@ -216,31 +224,32 @@ func (l *lane) session(ctx context.Context) (bool, error) {
 	close(opened)
 	timer.Stop()
 	if err != nil {
+		l.t.dropped.Add(1)
 		return false, err
 	}
 	if sctx.Err() != nil {
+		l.t.dropped.Add(1)
 		return false, fmt.Errorf("connect: %w", sctx.Err())
 	}
 	defer stream.CloseSend()
-	for {
-		var b *raftgroup.Batch
-		select {
-		case <-ctx.Done():
-			return true, ctx.Err()
-		case b = <-l.q:
-		}
+	for b := first; ; {
 		data, err := b.Marshal()
 		if err != nil {
 			// A batch that cannot be encoded is a bug; losing it is what
 			// Raft tolerates anyway.
 			l.t.log.Error("raft batch marshal", "to", l.to, "err", err)
-			continue
+		} else {
+			if err := sendChunks(stream, data); err != nil {
+				return true, err
+			}
+			l.t.sentBatches.Add(1)
+			l.t.sentBytes.Add(uint64(len(data)))
 		}
-		if err := sendChunks(stream, data); err != nil {
-			return true, err
+		select {
+		case <-ctx.Done():
+			return true, ctx.Err()
+		case b = <-l.q:
 		}
-		l.t.sentBatches.Add(1)
-		l.t.sentBytes.Add(uint64(len(data)))
 	}
 }
 
