@@ -68,6 +68,11 @@ func (n *node) reconcile(ctx context.Context) {
 	if h == nil || ctx.Err() != nil {
 		return
 	}
+	// Learn every node's ID string, so that Raft node numbers map back to
+	// them exactly (leading zeros included).
+	for _, d := range n.mirror.List(nodesPrefix) {
+		_, _ = n.names.add(strings.TrimPrefix(d.GetKey(), nodesPrefix))
+	}
 	want := map[raftgroup.GroupID]*volumeDoc{}
 	names := map[raftgroup.GroupID]string{}
 	for name, d := range n.volumeDocs() {

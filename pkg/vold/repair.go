@@ -91,6 +91,11 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		}
 	}
 	if dead == nil {
+		// Most rounds change nothing: judge from the mirror before reading
+		// statd.
+		if slices.Equal(n.membersFor(d.Members, st.Voters, st.MaxReplica), d.Members) {
+			return nil
+		}
 		return n.syncMembers(ctx, name, d.group(), st.Voters, st.MaxReplica)
 	}
 	deadNode := n.names.name(dead.Node)
@@ -164,24 +169,30 @@ func (n *node) syncMembers(ctx context.Context, name string, g raftgroup.GroupID
 		return nil
 	}
 	return n.updateMembers(ctx, name, g, func(ms []docMember) []docMember {
-		var out []docMember
-		for _, v := range voters {
-			node := n.names.name(v.Node)
-			i := slices.IndexFunc(ms, func(m docMember) bool { return m.Node == node && m.Replica == uint64(v.Replica) })
-			if i >= 0 {
-				out = append(out, ms[i])
-			} else {
-				out = append(out, docMember{Node: node, Replica: uint64(v.Replica), Added: time.Now().UTC()})
-			}
-		}
-		for _, m := range ms {
-			pending := !m.Boot && raftgroup.ReplicaID(m.Replica) > maxReplica && time.Since(m.Added) < pendingGrace
-			if pending && !slices.ContainsFunc(out, func(o docMember) bool { return o.Node == m.Node }) {
-				out = append(out, m)
-			}
-		}
-		return out
+		return n.membersFor(ms, voters, maxReplica)
 	})
+}
+
+// membersFor returns the document members that match voters (see
+// syncMembers).
+func (n *node) membersFor(ms []docMember, voters []raftgroup.Member, maxReplica raftgroup.ReplicaID) []docMember {
+	var out []docMember
+	for _, v := range voters {
+		node := n.names.name(v.Node)
+		i := slices.IndexFunc(ms, func(m docMember) bool { return m.Node == node && m.Replica == uint64(v.Replica) })
+		if i >= 0 {
+			out = append(out, ms[i])
+		} else {
+			out = append(out, docMember{Node: node, Replica: uint64(v.Replica), Added: time.Now().UTC()})
+		}
+	}
+	for _, m := range ms {
+		pending := !m.Boot && raftgroup.ReplicaID(m.Replica) > maxReplica && time.Since(m.Added) < pendingGrace
+		if pending && !slices.ContainsFunc(out, func(o docMember) bool { return o.Node == m.Node }) {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // updateMembers applies fn to the members of the volume's current
