@@ -190,7 +190,9 @@ func (n *node) mountUsers(name string) (nodes, users []string) {
 }
 
 // readMountUsers lists a volume's users on every node from statd itself,
-// as "user on node".
+// as "user on node". Users on nodes that left the cluster do not count;
+// those on dead nodes do (the node may come back with its tasks), and say
+// so.
 func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error) {
 	prefix := mountsPrefix + name + "/"
 	resp, err := n.statd.List(ctx, &statev1.ListRequest{Prefix: prefix, PageSize: 1000})
@@ -200,8 +202,19 @@ func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error
 	var out []string
 	for _, d := range resp.GetDocuments() {
 		node := strings.TrimPrefix(d.GetKey(), prefix)
+		state := ""
+		if m := n.members.Load(); m != nil {
+			state = m.members[node].State
+		}
+		if state == "left" {
+			continue
+		}
 		for _, u := range decodeUsers(d) {
-			out = append(out, u+" on "+node)
+			if state == "dead" {
+				out = append(out, u+" on "+node+" (dead)")
+			} else {
+				out = append(out, u+" on "+node)
+			}
 		}
 	}
 	slices.Sort(out)
