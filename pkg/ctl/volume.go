@@ -97,6 +97,9 @@ survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 				}
 				sizeBytes = b
 			}
+			if cmd.Flags().Changed("replicas") && replicas < 1 {
+				return usageError{fmt.Errorf("--replicas %d: a volume needs at least one replica", replicas)}
+			}
 			c, ctx, done, err := a.voldCall(cmd)
 			if err != nil {
 				return err

@@ -391,9 +391,9 @@ func TestDaemonsServeHealthStatusAndStopCleanly(t *testing.T) {
 			t.Fatalf("%s left its socket behind", d)
 		}
 	}
-	// --help of the placeholder daemon says what it does not do yet.
+	// --help says what the daemon does and what it needs.
 	help, _ := exec.Command(bin("shoal-vold"), "--help").CombinedOutput()
-	if !strings.Contains(string(help), "only starts, serves health") {
+	if !strings.Contains(string(help), "replicated volumes") || !strings.Contains(string(help), "--replace-after") {
 		t.Fatalf("vold --help:\n%s", help)
 	}
 }

@@ -1,0 +1,744 @@
+package e2e
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/devcluster"
+	"github.com/shoal-dev/shoal/pkg/testimage"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+)
+
+// volCluster is a dev cluster whose nodes run statd, schedd (tasks on the
+// host network) and vold, each node with its own containerd.
+type volCluster struct {
+	*devcluster.Cluster
+	t    *testing.T // the running (sub)test
+	root *testing.T // the test owning the cluster: clients live as long
+	ids  []string   // node IDs, index 0 is node 1
+
+	mu   sync.Mutex
+	vols map[int]volv1.VolumesClient
+	kvs  map[int]volv1.KVClient
+}
+
+// replaceAfter is how long a volume's member may be dead before vold
+// replaces it; short, so that the test does not wait for the default.
+const replaceAfter = "4s"
+
+func newVolCluster(t *testing.T, nodes int) *volCluster {
+	t.Helper()
+	name := fmt.Sprintf("v%d", rand.IntN(1_000_000))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c, err := devcluster.Up(ctx, devcluster.Spec{
+		Name:    name,
+		Nodes:   nodes,
+		Subnet:  devcluster.AutoSubnet,
+		BinDir:  binDir,
+		Daemons: []string{"statd", "schedd", "vold"},
+		Extra:   []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
+		Args: map[string][]string{
+			"statd":  {"--node-name", "n{node}"},
+			"schedd": append(devcluster.ScheddArgs(), "--task-network", "host"),
+			"vold":   {"--replace-after", replaceAfter},
+		},
+		Bootstrap: true,
+	})
+	if err != nil {
+		t.Fatalf("dev cluster up: %v", err)
+	}
+	vc := &volCluster{Cluster: c, t: t, root: t, vols: map[int]volv1.VolumesClient{}, kvs: map[int]volv1.KVClient{}}
+	t.Cleanup(vc.down)
+	for i := 1; i <= nodes; i++ {
+		vc.ids = append(vc.ids, clusterStatus(t, nodeClient(t, c, i)).GetNodeId())
+	}
+	waitFor(t, 60*time.Second, "schedd and vold ready on every node", func() bool {
+		for i := 1; i <= nodes; i++ {
+			if _, _, code := vc.ctl(i, "service", "ls"); code != 0 {
+				return false
+			}
+			if _, _, code := vc.ctl(i, "volume", "ls"); code != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	return vc
+}
+
+func (c *volCluster) loadImage() {
+	c.t.Helper()
+	image := filepath.Join(c.t.TempDir(), "busybox.tar")
+	if _, err := testimage.WriteFile(image, "oci", testimage.Default()); err != nil {
+		c.t.Fatal(err)
+	}
+	c.mustCtl(1, "image", "load", image)
+}
+
+func (c *volCluster) down() {
+	t := c.t
+	if t.Failed() || os.Getenv("SHOAL_E2E_LOGS") != "" {
+		for i := 1; i <= c.Nodes(); i++ {
+			for _, d := range []string{"vold", "schedd"} {
+				if b, err := os.ReadFile(c.LogPath(i, d)); err == nil {
+					lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+					t.Logf("node %d %s log:\n%s", i, d, strings.Join(lines[max(0, len(lines)-logTail):], "\n"))
+				}
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// Services first, so that their tasks release the volumes.
+	c.Ctl(ctx, 1, "service", "rm", "writer")
+	if err := c.Down(context.Background()); err != nil {
+		t.Errorf("dev cluster down: %v", err)
+	}
+}
+
+// run runs a subtest with the cluster's helpers failing that subtest.
+func (c *volCluster) run(t *testing.T, name string, f func(t *testing.T)) {
+	t.Run(name, func(st *testing.T) {
+		c.t = st
+		defer func() { c.t = t }()
+		f(st)
+	})
+}
+
+func (c *volCluster) ctl(i int, args ...string) (string, string, int) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, errOut, code, err := c.Ctl(ctx, i, args...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return out, errOut, code
+}
+
+func (c *volCluster) mustCtl(i int, args ...string) string {
+	c.t.Helper()
+	out, errOut, code := c.ctl(i, args...)
+	if code != 0 {
+		c.t.Fatalf("shoalctl %s on node %d: exit %d: %s%s", strings.Join(args, " "), i, code, out, errOut)
+	}
+	return out
+}
+
+func (c *volCluster) volumes(i int) volv1.VolumesClient {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v := c.vols[i]; v != nil {
+		return v
+	}
+	conn, err := client.Dial(c.RunDir(i), "vold", client.Retry{Attempts: 20, Max: 500 * time.Millisecond})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.root.Cleanup(func() { conn.Close() })
+	c.vols[i] = volv1.NewVolumesClient(conn)
+	c.kvs[i] = volv1.NewKVClient(conn)
+	return c.vols[i]
+}
+
+func (c *volCluster) kv(i int) volv1.KVClient {
+	c.volumes(i)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.kvs[i]
+}
+
+func (c *volCluster) inspect(i int, name string) (*volv1.Volume, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return c.volumes(i).InspectVolume(ctx, &volv1.InspectVolumeRequest{Name: name})
+}
+
+// node returns the index of the node with ID id (0 if none).
+func (c *volCluster) node(id string) int {
+	for k, v := range c.ids {
+		if v == id {
+			return k + 1
+		}
+	}
+	return 0
+}
+
+// memberNodes returns the node indexes of a volume's members.
+func (c *volCluster) memberNodes(v *volv1.Volume) []int {
+	var out []int
+	for _, m := range v.GetMembers() {
+		out = append(out, c.node(m.GetNode()))
+	}
+	return out
+}
+
+// converged reports whether every member of the volume is alive, has
+// applied the same index and holds the same data digest.
+func converged(v *volv1.Volume, want int) bool {
+	ms := v.GetMembers()
+	if len(ms) != want {
+		return false
+	}
+	for _, m := range ms {
+		if !m.GetAlive() || m.GetDigest() == "" || m.GetApplied() != ms[0].GetApplied() || m.GetDigest() != ms[0].GetDigest() {
+			return false
+		}
+	}
+	return true
+}
+
+// fileLines reads a file through node i's mount of the volume.
+func (c *volCluster) readVolumeFile(i int, volume, file string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := c.volumes(i).Mount(ctx, &volv1.MountRequest{Name: volume, User: "e2e-reader"})
+	if err != nil {
+		return "", err
+	}
+	b, err := os.ReadFile(filepath.Join(resp.GetPath(), file))
+	return string(b), err
+}
+
+func (c *volCluster) releaseReader(i int, volume string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c.volumes(i).Unmount(ctx, &volv1.UnmountRequest{Name: volume, User: "e2e-reader"})
+}
+
+// lastCount returns the last counter a writer appended to its log.
+func lastCount(s string) int {
+	lines := strings.Fields(s)
+	if len(lines) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(lines[len(lines)-1])
+	return n
+}
+
+// TestVolumes is the volume acceptance on four nodes (three replicas and
+// a spare): a service writes through its node's FUSE mount while the
+// leader's node is killed and comes back, replicas end identical, and a
+// node lost for good is replaced on the spare.
+func TestVolumes(t *testing.T) {
+	c := newVolCluster(t, 4)
+	c.loadImage()
+
+	c.run(t, "BadInput", func(t *testing.T) {
+		for _, args := range [][]string{
+			{"volume", "create", "Bad_Name"},
+			{"volume", "create", "x", "--replicas", "0"},
+			{"volume", "create", "x", "--size", "lots"},
+			{"volume", "inspect", "nosuch"},
+			{"volume", "rm", "nosuch"},
+		} {
+			if _, _, code := c.ctl(1, args...); code == 0 {
+				t.Errorf("shoalctl %s succeeded", strings.Join(args, " "))
+			}
+		}
+	})
+
+	var writerNode, leaderNode int
+	c.run(t, "ServiceWritesThroughLeaderLoss", func(t *testing.T) {
+		c.mustCtl(1, "volume", "create", "data", "--replicas", "3", "--size", "64Mi")
+		var v *volv1.Volume
+		waitFor(t, 30*time.Second, "volume data has a leader and 3 members", func() bool {
+			var err error
+			v, err = c.inspect(2, "data")
+			return err == nil && v.GetLeader() != "" && len(v.GetMembers()) == 3
+		})
+		leaderNode = c.node(v.GetLeader())
+		// The writer runs on a member that is not the leader, so that
+		// killing the leader's node leaves the writer running.
+		for _, n := range c.memberNodes(v) {
+			if n != leaderNode {
+				writerNode = n
+				break
+			}
+		}
+		c.mustCtl(1, "service", "create", "writer", "--image", "local/busybox:latest", "--stop-grace", "1s",
+			"--constraint", "node.id=="+c.ids[writerNode-1], "--volume", "data:/data",
+			"--", "sh", "-c", "i=$(tail -n 1 /data/log 2>/dev/null); i=${i:-0}; while true; do i=$((i+1)); echo $i >> /data/log; sleep 0.05; done")
+		var before int
+		waitFor(t, 30*time.Second, "the writer's log growing", func() bool {
+			s, err := c.readVolumeFile(writerNode, "data", "log")
+			before = lastCount(s)
+			return err == nil && before > 20
+		})
+		if err := c.Kill(context.Background(), leaderNode, ""); err != nil {
+			t.Fatal(err)
+		}
+		killed := time.Now()
+		waitFor(t, 30*time.Second, "writes continuing on a new leader", func() bool {
+			s, err := c.readVolumeFile(writerNode, "data", "log")
+			return err == nil && lastCount(s) > before+20
+		})
+		t.Logf("writes continued %v after the leader's node was killed", time.Since(killed).Round(100*time.Millisecond))
+		if err := c.Start(context.Background(), leaderNode, ""); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 60*time.Second, "the restarted node's replica catching up", func() bool {
+			v, err := c.inspect(writerNode, "data")
+			if err != nil {
+				return false
+			}
+			for _, m := range v.GetMembers() {
+				if c.node(m.GetNode()) == leaderNode {
+					return m.GetAlive() && m.GetLag() < 50
+				}
+			}
+			return false
+		})
+	})
+
+	c.run(t, "VoldRestartRestartsTheTask", func(t *testing.T) {
+		// A FUSE mount dies with its vold: schedd restarts the task so that
+		// it gets the new mount, and the writer carries on where it was.
+		s, err := c.readVolumeFile(writerNode, "data", "log")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.releaseReader(writerNode, "data")
+		if err := c.Kill(context.Background(), writerNode, "vold"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background(), writerNode, "vold"); err != nil {
+			t.Fatal(err)
+		}
+		at := lastCount(s)
+		waitFor(t, 60*time.Second, "the writer writing again through the new mount", func() bool {
+			s, err := c.readVolumeFile(writerNode, "data", "log")
+			return err == nil && lastCount(s) > at+40
+		})
+		c.mustCtl(1, "service", "scale", "writer=0")
+		waitFor(t, 60*time.Second, "every replica identical (applied index and digest)", func() bool {
+			v, err := c.inspect(1, "data")
+			return err == nil && converged(v, 3)
+		})
+		// The log is whole: 1..n with no gap or repeat, across the leader
+		// loss and the task's restart.
+		s, err = c.readVolumeFile(leaderNode, "data", "log")
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.releaseReader(leaderNode, "data")
+		for k, line := range strings.Fields(s) {
+			if line != strconv.Itoa(k+1) {
+				t.Fatalf("log line %d is %q", k+1, line)
+			}
+		}
+		// A volume in use cannot be removed.
+		if _, errOut, code := c.ctl(3, "volume", "rm", "data"); code == 0 {
+			t.Fatalf("volume rm succeeded while the reader mount is held")
+		} else if !strings.Contains(errOut, "use") {
+			t.Errorf("volume rm refusal does not say the volume is in use: %s", errOut)
+		}
+	})
+
+	c.run(t, "DeadReplicaReplacedOnSpare", func(t *testing.T) {
+		c.mustCtl(1, "service", "rm", "writer")
+		v, err := c.inspect(1, "data")
+		if err != nil {
+			t.Fatal(err)
+		}
+		members := c.memberNodes(v)
+		var spare, victim int
+		for i := 1; i <= 4; i++ {
+			if !containsInt(members, i) {
+				spare = i
+			}
+		}
+		for _, n := range members {
+			if n != 1 && n != writerNode {
+				victim = n
+			}
+		}
+		if victim == 0 {
+			victim = members[len(members)-1]
+		}
+		ask := 1
+		if victim == 1 {
+			ask = spare
+		}
+		if err := c.Kill(context.Background(), victim, ""); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 90*time.Second, fmt.Sprintf("node %d's replica replaced on spare node %d", victim, spare), func() bool {
+			v, err := c.inspect(ask, "data")
+			if err != nil {
+				return false
+			}
+			ms := c.memberNodes(v)
+			return len(ms) == 3 && containsInt(ms, spare) && !containsInt(ms, victim) && converged(v, 3)
+		})
+		s, err := c.readVolumeFile(spare, "data", "log")
+		if err != nil || lastCount(s) < 20 {
+			t.Fatalf("the new replica's node does not serve the data: %v (%d lines)", err, lastCount(s))
+		}
+		c.releaseReader(spare, "data")
+		c.releaseReader(writerNode, "data")
+		for i := 1; i <= 4; i++ {
+			if i != victim {
+				c.releaseReader(i, "data")
+			}
+		}
+		waitFor(t, 30*time.Second, "volume rm once nothing uses it", func() bool {
+			_, _, code := c.ctl(ask, "volume", "rm", "data")
+			return code == 0
+		})
+	})
+}
+
+func containsInt(xs []int, x int) bool {
+	for _, v := range xs {
+		if v == x {
+			return true
+		}
+	}
+	return false
+}
+
+// kvIn and kvOut are the porcupine history of the KV API.
+type kvIn struct {
+	op    string // get, put, cas
+	key   string
+	value string
+	old   string // cas: the value whose revision it expects
+}
+
+type kvOut struct {
+	ok      bool
+	value   string
+	unknown bool // the client never learned the outcome
+}
+
+// kvModel is one register per key with put and compare-and-swap. Values
+// are unique per write, so "expect the revision read with value v" is
+// "expect value v". A write whose outcome is unknown may take effect at any
+// point after its call (its return is at infinity).
+var kvModel = porcupine.Model{
+	Partition: func(history []porcupine.Operation) [][]porcupine.Operation {
+		by := map[string][]porcupine.Operation{}
+		var keys []string
+		for _, op := range history {
+			k := op.Input.(kvIn).key
+			if _, ok := by[k]; !ok {
+				keys = append(keys, k)
+			}
+			by[k] = append(by[k], op)
+		}
+		var out [][]porcupine.Operation
+		for _, k := range keys {
+			out = append(out, by[k])
+		}
+		return out
+	},
+	Init: func() any { return "" },
+	Step: func(state, input, output any) (bool, any) {
+		s, in, out := state.(string), input.(kvIn), output.(kvOut)
+		switch in.op {
+		case "get":
+			return out.value == s, s
+		case "put":
+			return true, in.value
+		case "cas":
+			if out.unknown {
+				if s == in.old {
+					return true, in.value
+				}
+				return true, s
+			}
+			if out.ok {
+				return s == in.old, in.value
+			}
+			return s != in.old, s
+		}
+		return false, s
+	},
+	DescribeOperation: func(input, output any) string {
+		in, out := input.(kvIn), output.(kvOut)
+		return fmt.Sprintf("%s(%s %q old=%q) -> ok=%v %q unknown=%v", in.op, in.key, in.value, in.old, out.ok, out.value, out.unknown)
+	},
+}
+
+// TestKVLinearizable runs concurrent clients on every node doing reads,
+// puts and compare-and-swaps through vold's KV API while the test cuts
+// the network into random partitions and kills the vold of the system
+// group's leader, then checks the history with porcupine and that every
+// acknowledged write survived.
+func TestKVLinearizable(t *testing.T) {
+	c := newVolCluster(t, 3)
+	ctx := context.Background()
+	// The system group comes up on first use.
+	waitFor(t, 60*time.Second, "the KV API answering", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := c.kv(1).Put(cctx, &volv1.PutRequest{Key: "hello", Value: []byte("world")})
+		return err == nil
+	})
+
+	keys := []string{"a", "b"}
+	var (
+		hmu     sync.Mutex
+		history []porcupine.Operation
+	)
+	start := time.Now()
+	stamp := func() int64 { return int64(time.Since(start)) }
+	record := func(id int, in kvIn, call int64, out kvOut) {
+		hmu.Lock()
+		defer hmu.Unlock()
+		ret := stamp()
+		if out.unknown {
+			ret = int64(1 << 62)
+		}
+		history = append(history, porcupine.Operation{ClientId: id, Input: in, Call: call, Output: out, Return: ret})
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	var wg sync.WaitGroup
+	for id := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			node := 1 + id%3
+			kv := c.kv(node)
+			rng := rand.New(rand.NewPCG(uint64(id), 7))
+			for seq := 0; time.Now().Before(deadline); seq++ {
+				key := keys[rng.IntN(len(keys))]
+				call := stamp()
+				cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+				switch r := rng.IntN(3); r {
+				case 0:
+					resp, err := kv.Get(cctx, &volv1.GetRequest{Key: key})
+					if err == nil {
+						record(id, kvIn{op: "get", key: key}, call, kvOut{ok: true, value: string(resp.GetValue())})
+					} // a failed read has no effect: leave it out
+				case 1:
+					val := fmt.Sprintf("c%d-%d", id, seq)
+					_, err := kv.Put(cctx, &volv1.PutRequest{Key: key, Value: []byte(val), IdempotencyKey: val})
+					record(id, kvIn{op: "put", key: key, value: val}, call, kvOut{ok: err == nil, unknown: err != nil})
+				default:
+					// Read, then swap against the revision read.
+					g, err := kv.Get(cctx, &volv1.GetRequest{Key: key})
+					if err != nil {
+						break
+					}
+					old := string(g.GetValue())
+					if !g.GetFound() {
+						old = ""
+					}
+					call = stamp()
+					val := fmt.Sprintf("c%d-%d", id, seq)
+					resp, err := kv.Put(cctx, &volv1.PutRequest{Key: key, Value: []byte(val), Compare: true, ExpectRevision: g.GetRevision(), IdempotencyKey: val})
+					switch {
+					case err != nil:
+						record(id, kvIn{op: "cas", key: key, value: val, old: old}, call, kvOut{unknown: true})
+					default:
+						record(id, kvIn{op: "cas", key: key, value: val, old: old}, call, kvOut{ok: resp.GetApplied()})
+					}
+				}
+				cancel()
+				// Keep the history small enough to check quickly.
+				time.Sleep(3 * time.Millisecond)
+			}
+		}()
+	}
+	// Faults: random partitions and kills of the leader's vold, bounded.
+	faults, leaderKills := 0, 0
+	for time.Now().Add(4 * time.Second).Before(deadline) {
+		time.Sleep(2 * time.Second)
+		switch faults % 2 {
+		case 0:
+			iso := 1 + rand.IntN(3)
+			if err := c.Partition(ctx, [][]int{{iso}, restInts(iso)}); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(2 * time.Second)
+			if err := c.Heal(ctx); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
+			// The system group's leader, when a node knows it.
+			victim := 1 + rand.IntN(3)
+			if v, err := c.inspect(1+rand.IntN(3), "_system"); err == nil && c.node(v.GetLeader()) != 0 {
+				victim = c.node(v.GetLeader())
+			}
+			leaderKills++
+			if err := c.Kill(ctx, victim, "vold"); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(time.Second)
+			if err := c.Start(ctx, victim, "vold"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		faults++
+	}
+	wg.Wait()
+	if err := c.Heal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Durability: restart every vold, then read every key; the reads are
+	// part of the history, so an acknowledged write lost by the restarts
+	// makes it non-linearizable.
+	for i := 1; i <= 3; i++ {
+		if err := c.Kill(ctx, i, "vold"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 1; i <= 3; i++ {
+		if err := c.Start(ctx, i, "vold"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, key := range keys {
+		waitFor(t, 30*time.Second, "reading "+key+" after restarting every vold", func() bool {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			call := stamp()
+			resp, err := c.kv(2).Get(cctx, &volv1.GetRequest{Key: key})
+			if err != nil {
+				return false
+			}
+			record(100, kvIn{op: "get", key: key}, call, kvOut{ok: true, value: string(resp.GetValue())})
+			return true
+		})
+	}
+	res, info := porcupine.CheckOperationsVerbose(kvModel, history, 60*time.Second)
+	if res != porcupine.Ok {
+		f := filepath.Join(os.TempDir(), "shoal-kv-history.html")
+		if out, err := os.Create(f); err == nil {
+			porcupine.Visualize(kvModel, info, out)
+			out.Close()
+		}
+		t.Fatalf("history of %d operations is %v (visualisation: %s)", len(history), res, f)
+	}
+	ops := map[string]int{}
+	for _, op := range history {
+		ops[op.Input.(kvIn).op]++
+	}
+	t.Logf("linearizable: %d operations (%v) under %d faults (%d kills of the leader's vold)", len(history), ops, faults, leaderKills)
+	if len(history) < 50 {
+		t.Fatalf("only %d operations completed: the cluster was unavailable most of the time", len(history))
+	}
+}
+
+func restInts(except int) []int {
+	var out []int
+	for i := 1; i <= 3; i++ {
+		if i != except {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// TestVoldKill9MidWrite writes files through a node's mount while its vold
+// is killed with SIGKILL, restarts it, and checks that every write that
+// was acknowledged (its file closed after fsync) is there with the right
+// content — and that the group's replicas agree.
+func TestVoldKill9MidWrite(t *testing.T) {
+	c := newVolCluster(t, 3)
+	ctx := context.Background()
+	c.mustCtl(1, "volume", "create", "k9", "--replicas", "3", "--size", "16Mi")
+	var path string
+	waitFor(t, 30*time.Second, "volume k9 mounted on node 1", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		resp, err := c.volumes(1).Mount(cctx, &volv1.MountRequest{Name: "k9", User: "e2e-writer"})
+		if err != nil {
+			return false
+		}
+		path = resp.GetPath()
+		return true
+	})
+	content := func(k int) []byte {
+		sum := sha256.Sum256([]byte(strconv.Itoa(k)))
+		return []byte(strings.Repeat(hex.EncodeToString(sum[:]), 20))
+	}
+	write := func(k int) error {
+		f, err := os.OpenFile(filepath.Join(path, fmt.Sprintf("f%04d", k)), os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o644)
+		if err != nil {
+			return err
+		}
+		if _, err := f.Write(content(k)); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Sync(); err != nil {
+			f.Close()
+			return err
+		}
+		return f.Close()
+	}
+	var acked []int
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for k := 0; k < 2000; k++ {
+			if err := write(k); err != nil {
+				return // the mount died with vold
+			}
+			acked = append(acked, k)
+		}
+	}()
+	waitFor(t, 30*time.Second, "writes under way", func() bool { return len(acked) > 30 })
+	if err := c.Kill(ctx, 1, "vold"); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the writer did not notice vold's death within 30 s")
+	}
+	if len(acked) == 2000 {
+		t.Fatal("every write finished before the kill")
+	}
+	if err := c.Start(ctx, 1, "vold"); err != nil {
+		t.Fatal(err)
+	}
+	// vold re-mounts the volume for its users at start.
+	waitFor(t, 30*time.Second, "the mount serving again after the restart", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		resp, err := c.volumes(1).Mount(cctx, &volv1.MountRequest{Name: "k9", User: "e2e-writer"})
+		if err != nil {
+			return false
+		}
+		path = resp.GetPath()
+		_, err = os.ReadDir(path)
+		return err == nil
+	})
+	for _, k := range acked {
+		b, err := os.ReadFile(filepath.Join(path, fmt.Sprintf("f%04d", k)))
+		if err != nil {
+			t.Fatalf("acknowledged write %d lost after kill -9: %v", k, err)
+		}
+		if string(b) != string(content(k)) {
+			t.Fatalf("acknowledged write %d has %d bytes of wrong content", k, len(b))
+		}
+	}
+	t.Logf("%d acknowledged writes present after kill -9 of vold", len(acked))
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := c.volumes(1).Unmount(cctx, &volv1.UnmountRequest{Name: "k9", User: "e2e-writer"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "every replica identical", func() bool {
+		v, err := c.inspect(2, "k9")
+		return err == nil && converged(v, 3)
+	})
+}
