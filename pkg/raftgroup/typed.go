@@ -423,6 +423,26 @@ func (h *Host) Do(ctx context.Context, id GroupID, msg any, out any) error {
 	return decodeResult(r.Data, out)
 }
 
+// DoQuorum is Do that returns only once a quorum of voters has applied
+// msg (as Set), with the applier's result decoded into out.
+func (h *Host) DoQuorum(ctx context.Context, id GroupID, msg any, out any) error {
+	r, err := h.DoQuorumAsync(id, msg).Wait(ctx)
+	if err != nil {
+		return err
+	}
+	return decodeResult(r.Data, out)
+}
+
+// DoQuorumAsync is DoQuorum's asynchronous form; the future holds the raw
+// result (DecodeResult decodes its Data).
+func (h *Host) DoQuorumAsync(id GroupID, msg any) *Future[Result] {
+	return h.submitTyped(id, msg, nil, true)
+}
+
+// DecodeResult decodes the Data of a typed result into out, or returns
+// the applier's error.
+func DecodeResult(data []byte, out any) error { return decodeResult(data, out) }
+
 // SetFenced is Set for a lock holder: the message is applied only if l is
 // still the lock's current, unexpired lease when the entry applies (its
 // group time); otherwise nothing is applied and ErrFenced returned.

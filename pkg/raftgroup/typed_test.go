@@ -120,6 +120,25 @@ func TestTypedSetUse(t *testing.T) {
 			t.Fatalf("set k%d returned with %d replicas applied", i, n)
 		}
 	}
+	// DoQuorum too returns once a quorum has applied, with the result.
+	for i := range 5 {
+		r, err := rgt.Await(c.Cluster, c.Host(l).DoQuorumAsync(1, &KV{Key: fmt.Sprint("q", i), Val: "v"}), 100)
+		if err != nil || r.Index == 0 {
+			t.Fatalf("do quorum: %+v %v", r, err)
+		}
+		if err := raftgroup.DecodeResult(r.Data, nil); err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, id := range c.Up() {
+			if c.db(id).get(fmt.Sprint("q", i)) == "v" {
+				n++
+			}
+		}
+		if n < 2 {
+			t.Fatalf("DoQuorum q%d returned with %d replicas applied", i, n)
+		}
+	}
 	// Protobuf messages are typed too.
 	if _, err := rgt.Await(c.Cluster, c.Host(l).SetAsync(1, wrapperspb.String("pb")), 100); err != nil {
 		t.Fatal(err)

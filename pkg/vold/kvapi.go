@@ -165,7 +165,7 @@ func (n *node) localKV(ctx context.Context, g raftgroup.GroupID, kind string, pa
 		}
 		n.stats.proposals.Add(1)
 		var res kvPutResult
-		if err := h.Do(ctx, g, &kvPut{Key: req.GetKey(), Value: req.GetValue(), Compare: req.GetCompare(), Expect: req.GetExpectRevision(), IdemKey: req.GetIdempotencyKey()}, &res); err != nil {
+		if err := h.DoQuorum(ctx, g, &kvPut{Key: req.GetKey(), Value: req.GetValue(), Compare: req.GetCompare(), Expect: req.GetExpectRevision(), IdemKey: req.GetIdempotencyKey()}, &res); err != nil {
 			return nil, err
 		}
 		out = &volv1.PutResponse{Applied: res.Applied, Revision: res.Revision}
