@@ -79,8 +79,12 @@ func (n *node) readVolume(ctx context.Context, name string) (*volumeDoc, error) 
 // system group: until a linearizable read succeeds).
 func (n *node) createVolume(ctx context.Context, name string, replicas int, size int64) (*volumeDoc, error) {
 	cands := n.candidates()
-	r := max(1, min(replicas, len(cands)))
-	nodes := place(cands, r, nil)
+	nodes := place(cands, max(1, min(replicas, len(cands))), nil, size)
+	if len(nodes) == 0 {
+		node, most := largestFree(cands)
+		return nil, fmt.Errorf("volume %q of %s does not fit on any node: the most room is %s on %s (free space of its vold state dir, less the volumes it already hosts): %w",
+			name, humanBytes(size), humanBytes(max(most, 0)), node, errdefs.ErrResourceExhausted)
+	}
 	d := &volumeDoc{
 		Group:     uint64(newGroupID(name == systemVolume)),
 		Replicas:  len(nodes),

@@ -5,6 +5,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"golang.org/x/sys/unix"
 	"net"
 	"slices"
 	"strconv"
@@ -152,7 +153,14 @@ func (n *node) deadFor(node string) time.Duration {
 // candidates are the live nodes that run vold (they published a peer
 // port), with how many replicas each hosts.
 func (n *node) candidates() []candidate {
-	hosted := hostedCounts(n.allVolumeDocs())
+	hosted, reserved := hostedCounts(n.allVolumeDocs())
+	free := func(f map[string]*statev1.Value, id string) int64 {
+		v, ok := f[fieldVoldFree]
+		if !ok {
+			return unknownFree
+		}
+		return v.GetIntValue() - reserved[id]
+	}
 	var out []candidate
 	for _, d := range n.mirror.List(nodesPrefix) {
 		id := d.GetKey()[len(nodesPrefix):]
@@ -163,10 +171,11 @@ func (n *node) candidates() []candidate {
 		if _, err := raftNodeID(id); err != nil {
 			continue
 		}
-		out = append(out, candidate{Node: id, Hosted: hosted[id]})
+		out = append(out, candidate{Node: id, Hosted: hosted[id], Free: free(f, id)})
 	}
 	if !slices.ContainsFunc(out, func(c candidate) bool { return c.Node == n.id }) {
-		out = append(out, candidate{Node: n.id, Hosted: hosted[n.id]})
+		f := map[string]*statev1.Value{fieldVoldFree: {Kind: &statev1.Value_IntValue{IntValue: n.freeBytes()}}}
+		out = append(out, candidate{Node: n.id, Hosted: hosted[n.id], Free: free(f, n.id)})
 	}
 	return out
 }
@@ -191,15 +200,42 @@ func (n *node) peerAddr(node string) (string, error) {
 	return net.JoinHostPort(addr, strconv.FormatInt(port, 10)), nil
 }
 
-// publishNode writes this node's VolPeer port into its node document.
+// publishNode writes this node's VolPeer port and free space into its
+// node document. The free space is written again only when it moved by
+// more than 5% and at least 1 GiB, not on every byte written.
 func (n *node) publishNode(ctx context.Context) error {
-	if d := n.mirror.Get(nodesPrefix + n.id); d != nil && d.GetFields()[fieldVoldPort].GetIntValue() == int64(n.cfg.PeerPort) {
-		return nil
+	free := n.freeBytes()
+	if d := n.mirror.Get(nodesPrefix + n.id); d != nil {
+		f := d.GetFields()
+		old, ok := f[fieldVoldFree]
+		moved := free - old.GetIntValue()
+		if moved < 0 {
+			moved = -moved
+		}
+		if f[fieldVoldPort].GetIntValue() == int64(n.cfg.PeerPort) && ok && (moved <= old.GetIntValue()/20 || moved < 1<<30) {
+			return nil
+		}
 	}
 	_, err := n.statd.Put(ctx, &statev1.PutRequest{Key: nodesPrefix + n.id, Fields: map[string]*statev1.Value{
 		fieldVoldPort: {Kind: &statev1.Value_IntValue{IntValue: int64(n.cfg.PeerPort)}},
+		fieldVoldFree: {Kind: &statev1.Value_IntValue{IntValue: free}},
 	}})
 	return err
+}
+
+// freeBytes is the space left for volumes on this node: what the state
+// dir's file system offers unprivileged users, or the configured capacity
+// when smaller.
+func (n *node) freeBytes() int64 {
+	var st unix.Statfs_t
+	if err := unix.Statfs(n.cfg.StateDir, &st); err != nil {
+		return 0
+	}
+	free := int64(st.Bavail) * st.Bsize
+	if c := int64(n.cfg.Capacity); c > 0 && c < free {
+		free = c
+	}
+	return free
 }
 
 // waitStatdSynced waits (ten seconds at most) until statd has completed an

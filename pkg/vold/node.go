@@ -197,12 +197,19 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
+	published := time.Now()
 	for {
 		n.reconcile(ctx)
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+			if time.Since(published) > 30*time.Second {
+				published = time.Now()
+				if err := n.publishNode(ctx); err != nil {
+					n.log.Warn("publish vold free space", "err", err)
+				}
+			}
 		case <-changes:
 		case <-n.kick:
 		}

@@ -119,7 +119,7 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		for _, v := range st.Voters {
 			exclude[n.names.name(v.Node)] = true
 		}
-		picked := place(n.candidates(), 1, exclude)
+		picked := place(n.candidates(), 1, exclude, d.SizeBytes)
 		if len(picked) == 0 {
 			n.log.Debug("no node to replace a dead replica on", "volume", name, "dead_node", deadNode)
 			return nil

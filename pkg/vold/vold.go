@@ -56,6 +56,10 @@ type Config struct {
 	RepairInterval daemon.Duration `toml:"repair_interval"`
 	// CreateTimeout bounds how long CreateVolume waits for the new group.
 	CreateTimeout daemon.Duration `toml:"create_timeout"`
+	// Capacity caps the bytes of volumes this node takes (0: the free
+	// space of the state dir's file system). Volume sizes are reserved
+	// whole against it when replicas are placed.
+	Capacity int64 `toml:"capacity_bytes"`
 	// RaftTick is the Raft host's tick (elections take 10 ticks). Every
 	// node of a cluster should use the same.
 	RaftTick daemon.Duration `toml:"raft_tick"`
@@ -99,6 +103,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 			fs.Var(&c.ReplaceAfter, "replace-after", "replace a volume replica whose node has been dead this long")
 			fs.Var(&c.RepairInterval, "repair-interval", "how often group leaders check their members")
 			fs.Var(&c.CreateTimeout, "create-timeout", "how long volume create waits for the new group to elect a leader")
+			fs.Int64Var(&c.Capacity, "capacity-bytes", c.Capacity, "bytes of volumes this node may host (0: the free space of the state dir)")
 			fs.Var(&c.RaftTick, "raft-tick", "Raft tick (election timeout is 10 ticks); the same on every node")
 			fs.StringVar(&c.MountDir, "mount-dir", c.MountDir, "directory of the volumes' FUSE mounts (default <state-dir>/mounts)")
 		},

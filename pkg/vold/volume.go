@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"time"
 
@@ -35,6 +36,8 @@ const (
 	fieldUsers    = "users"
 	fieldPath     = "path"
 	fieldVoldPort = "vold_port"
+	// fieldVoldFree is the free space (bytes) of the node's vold state dir.
+	fieldVoldFree = "vold_free_bytes"
 
 	// systemVolume names the cluster's system group (KV and locks). Its
 	// leading underscore keeps it out of the user volume namespace.
@@ -218,12 +221,22 @@ type candidate struct {
 	Node string
 	// Hosted is how many replicas (of any group) the node holds.
 	Hosted int
+	// Free is the space the node has for one more replica: the free space
+	// of its vold state dir as it last published it, less the sizes of the
+	// volumes it already hosts (a volume's size is reserved whole, since it
+	// may fill up at any time). unknownFree when the node published none.
+	Free int64
 }
 
-// place picks n nodes for replicas: fewest replicas hosted first, ties by
-// node ID, skipping exclude. It is a pure function of its input, so every
-// node would make the same choice from the same view.
-func place(cands []candidate, n int, exclude map[string]bool) []string {
+// unknownFree is the Free of a node that did not publish its space (an
+// older vold): it is not refused for lack of room.
+const unknownFree = math.MaxInt64
+
+// place picks n nodes for replicas of a volume of size bytes: among the
+// nodes with room for it, fewest replicas hosted first, ties by node ID,
+// skipping exclude. It is a pure function of its input, so every node
+// would make the same choice from the same view.
+func place(cands []candidate, n int, exclude map[string]bool, size int64) []string {
 	sorted := slices.Clone(cands)
 	slices.SortFunc(sorted, func(a, b candidate) int {
 		return cmp.Or(cmp.Compare(a.Hosted, b.Hosted), cmp.Compare(a.Node, b.Node))
@@ -233,7 +246,7 @@ func place(cands []candidate, n int, exclude map[string]bool) []string {
 		if len(out) == n {
 			break
 		}
-		if exclude[c.Node] {
+		if exclude[c.Node] || c.Free < size {
 			continue
 		}
 		out = append(out, c.Node)
@@ -241,13 +254,41 @@ func place(cands []candidate, n int, exclude map[string]bool) []string {
 	return out
 }
 
-// hostedCounts counts the replicas each node holds across volumes.
-func hostedCounts(docs []*volumeDoc) map[string]int {
-	out := map[string]int{}
+// hostedCounts counts the replicas each node holds across volumes, and
+// the bytes those volumes may grow to.
+func hostedCounts(docs []*volumeDoc) (count map[string]int, bytes map[string]int64) {
+	count, bytes = map[string]int{}, map[string]int64{}
 	for _, d := range docs {
 		for _, m := range d.Members {
-			out[m.Node]++
+			count[m.Node]++
+			bytes[m.Node] += d.SizeBytes
 		}
 	}
-	return out
+	return count, bytes
+}
+
+// largestFree is the most room any candidate has, for error messages.
+func largestFree(cands []candidate) (string, int64) {
+	var node string
+	var most int64 = -1
+	for _, c := range cands {
+		if c.Free > most {
+			node, most = c.Node, c.Free
+		}
+	}
+	return node, most
+}
+
+// humanBytes formats n in binary units, for messages.
+func humanBytes(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit && exp < 4; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTP"[exp])
 }

@@ -82,28 +82,32 @@ func TestCheckSizeAndReplicas(t *testing.T) {
 }
 
 func TestPlaceFewestHostedThenNodeID(t *testing.T) {
-	cands := []candidate{{"d4", 0}, {"a1", 2}, {"c3", 0}, {"b2", 1}, {"e5", 2}}
-	if got := place(cands, 3, nil); !slices.Equal(got, []string{"c3", "d4", "b2"}) {
+	cands := []candidate{{"d4", 0, unknownFree}, {"a1", 2, unknownFree}, {"c3", 0, unknownFree}, {"b2", 1, unknownFree}, {"e5", 2, unknownFree}}
+	if got := place(cands, 3, nil, 0); !slices.Equal(got, []string{"c3", "d4", "b2"}) {
 		t.Errorf("place 3 = %v", got)
 	}
-	if got := place(cands, 10, nil); len(got) != 5 {
+	if got := place(cands, 10, nil, 0); len(got) != 5 {
 		t.Errorf("place more than there are = %v", got)
 	}
-	if got := place(cands, 2, map[string]bool{"c3": true}); !slices.Equal(got, []string{"d4", "b2"}) {
+	if got := place(cands, 2, map[string]bool{"c3": true}, 0); !slices.Equal(got, []string{"d4", "b2"}) {
 		t.Errorf("place with exclusion = %v", got)
 	}
 	// The input order does not matter.
 	rev := slices.Clone(cands)
 	slices.Reverse(rev)
-	if !slices.Equal(place(rev, 3, nil), place(cands, 3, nil)) {
+	if !slices.Equal(place(rev, 3, nil, 0), place(cands, 3, nil, 0)) {
 		t.Errorf("placement depends on input order")
 	}
 	docs := []*volumeDoc{
-		{Members: []docMember{{Node: "a1"}, {Node: "b2"}}},
-		{Members: []docMember{{Node: "a1"}}},
+		{SizeBytes: 1 << 20, Members: []docMember{{Node: "a1"}, {Node: "b2"}}},
+		{SizeBytes: 4 << 20, Members: []docMember{{Node: "a1"}}},
 	}
-	if h := hostedCounts(docs); h["a1"] != 2 || h["b2"] != 1 || h["c3"] != 0 {
+	h, b := hostedCounts(docs)
+	if h["a1"] != 2 || h["b2"] != 1 || h["c3"] != 0 {
 		t.Errorf("hostedCounts = %v", h)
+	}
+	if b["a1"] != 5<<20 || b["b2"] != 1<<20 {
+		t.Errorf("hosted bytes = %v", b)
 	}
 }
 
@@ -139,5 +143,21 @@ func TestVolumeDocRoundTrip(t *testing.T) {
 	boot, err := got.bootMembers(names)
 	if err != nil || len(boot) != 2 || boot[1].Node != 0xb2 || boot[1].Replica != 2 {
 		t.Fatalf("bootMembers = %v, %v", boot, err)
+	}
+}
+
+func TestPlaceOnlyWhereItFits(t *testing.T) {
+	cands := []candidate{{"a1", 0, 10 << 30}, {"b2", 0, 1 << 30}, {"c3", 3, 100 << 30}, {"d4", 1, unknownFree}}
+	if got := place(cands, 3, nil, 5<<30); !slices.Equal(got, []string{"a1", "d4", "c3"}) {
+		t.Errorf("place 5 GiB = %v", got)
+	}
+	if got := place(cands, 3, nil, 50<<30); !slices.Equal(got, []string{"d4", "c3"}) {
+		t.Errorf("place 50 GiB = %v", got)
+	}
+	if node, most := largestFree(cands[:3]); node != "c3" || most != 100<<30 {
+		t.Errorf("largestFree = %s %d", node, most)
+	}
+	if got := humanBytes(3 << 30); got != "3.0 GiB" {
+		t.Errorf("humanBytes = %q", got)
 	}
 }

@@ -1,9 +1,11 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -11,10 +13,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
@@ -245,11 +251,55 @@ func TestVolumes(t *testing.T) {
 			{"volume", "create", "x", "--size", "lots"},
 			{"volume", "inspect", "nosuch"},
 			{"volume", "rm", "nosuch"},
+			{"volume", "mount", "nosuch"},
 		} {
 			if _, _, code := c.ctl(1, args...); code == 0 {
 				t.Errorf("shoalctl %s succeeded", strings.Join(args, " "))
 			}
 		}
+		// Bigger than any node's free space: refused, nothing written.
+		if _, errOut, code := c.ctl(2, "volume", "create", "huge", "--size", "1T"); code == 0 || !strings.Contains(errOut, "does not fit on any node") {
+			t.Errorf("volume create --size 1T: exit %d: %s", code, errOut)
+		}
+		if out := c.mustCtl(3, "volume", "ls", "-o", "json"); strings.Contains(out, "huge") {
+			t.Errorf("a refused volume is listed: %s", out)
+		}
+		// Writes beyond the size limit fail with ENOSPC and corrupt nothing.
+		c.mustCtl(1, "volume", "create", "tiny", "--size", "1Mi")
+		if _, errOut, code := c.ctl(2, "volume", "create", "tiny"); code == 0 || !strings.Contains(errOut, "already exists") {
+			t.Errorf("second volume create tiny: exit %d: %s", code, errOut)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		m, err := c.volumes(2).Mount(ctx, &volv1.MountRequest{Name: "tiny", User: "e2e-enospc"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := make([]byte, 2<<20)
+		for i := range big {
+			big[i] = byte(i)
+		}
+		err = os.WriteFile(filepath.Join(m.GetPath(), "big"), big, 0o644)
+		if !errors.Is(err, syscall.ENOSPC) {
+			t.Fatalf("writing 2 MiB into a 1 MiB volume: %v, want ENOSPC", err)
+		}
+		if err := os.Remove(filepath.Join(m.GetPath(), "big")); err != nil && !os.IsNotExist(err) {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(m.GetPath(), "small"), big[:512<<10], 0o644); err != nil {
+			t.Fatalf("a write within the limit after ENOSPC: %v", err)
+		}
+		if b, err := os.ReadFile(filepath.Join(m.GetPath(), "small")); err != nil || !bytes.Equal(b, big[:512<<10]) {
+			t.Fatalf("read back after ENOSPC: %d bytes, %v", len(b), err)
+		}
+		if _, err := c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "tiny", User: "e2e-enospc"}); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, "tiny's replicas identical", func() bool {
+			v, err := c.inspect(1, "tiny")
+			return err == nil && converged(v, 3)
+		})
+		c.mustCtl(1, "volume", "rm", "tiny")
 	})
 
 	var writerNode, leaderNode int
@@ -633,6 +683,113 @@ func TestKVLinearizable(t *testing.T) {
 	t.Logf("linearizable: %d operations (%v) under %d faults (%d kills of the leader's vold)", len(history), ops, faults, leaderKills)
 	if len(history) < 50 {
 		t.Fatalf("only %d operations completed: the cluster was unavailable most of the time", len(history))
+	}
+	t.Run("Locks", func(t *testing.T) { testLocks(t, c) })
+}
+
+// testLocks: contenders on every node never share a fencing token and
+// tokens grow with each grant; a holder cut off by a partition loses the
+// lock when its lease expires, and its old token is refused afterwards.
+func testLocks(t *testing.T, c *volCluster) {
+	ctx := context.Background()
+	dur := func(d time.Duration) *durationpb.Duration { return durationpb.New(d) }
+	type grant struct {
+		holder string
+		token  uint64
+	}
+	var (
+		mu     sync.Mutex
+		grants []grant
+	)
+	deadline := time.Now().Add(6 * time.Second)
+	var wg sync.WaitGroup
+	for id := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			kv := c.kv(1 + id%3)
+			holder := fmt.Sprintf("h%d", id)
+			for time.Now().Before(deadline) {
+				cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				l, err := kv.AcquireLock(cctx, &volv1.AcquireLockRequest{Name: "M", Holder: holder, Ttl: dur(2 * time.Second)})
+				cancel()
+				if err != nil {
+					time.Sleep(20 * time.Millisecond)
+					continue
+				}
+				mu.Lock()
+				grants = append(grants, grant{holder, l.GetToken()})
+				mu.Unlock()
+				time.Sleep(10 * time.Millisecond)
+				cctx, cancel = context.WithTimeout(ctx, 3*time.Second)
+				kv.ReleaseLock(cctx, &volv1.ReleaseLockRequest{Name: "M", Holder: holder, Token: l.GetToken()})
+				cancel()
+			}
+		}()
+	}
+	wg.Wait()
+	seen := map[uint64]string{}
+	for _, g := range grants {
+		if h, ok := seen[g.token]; ok {
+			t.Fatalf("token %d granted to both %s and %s", g.token, h, g.holder)
+		}
+		seen[g.token] = g.holder
+	}
+	if len(grants) < 6 {
+		t.Fatalf("only %d grants in 6 s of contention", len(grants))
+	}
+	t.Logf("%d grants of lock M to 6 contenders on 3 nodes, every token distinct", len(grants))
+
+	// A holder on node 1 is partitioned away; node 2's contender gets the
+	// lock once the lease expired, with a greater token, and node 1's
+	// holder cannot renew or release with its old one.
+	a, err := c.kv(1).AcquireLock(ctx, &volv1.AcquireLockRequest{Name: "P", Holder: "a", Ttl: dur(2 * time.Second)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.kv(2).AcquireLock(ctx, &volv1.AcquireLockRequest{Name: "P", Holder: "b", Ttl: dur(2 * time.Second)}); err == nil {
+		t.Fatal("b acquired a lock a holds")
+	}
+	if err := c.Partition(ctx, [][]int{{1}, {2, 3}}); err != nil {
+		t.Fatal(err)
+	}
+	var b *volv1.Lease
+	waitFor(t, 30*time.Second, "b acquiring the lock once a's lease expired", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		l, err := c.kv(2).AcquireLock(cctx, &volv1.AcquireLockRequest{Name: "P", Holder: "b", Ttl: dur(30 * time.Second)})
+		b = l
+		return err == nil
+	})
+	if b.GetToken() <= a.GetToken() {
+		t.Fatalf("fencing token did not grow: a %d, b %d", a.GetToken(), b.GetToken())
+	}
+	if err := c.Heal(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "a's renewal with its old token refused (not unavailable)", func() bool {
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		_, err := c.kv(1).RenewLock(cctx, &volv1.RenewLockRequest{Name: "P", Holder: "a", Token: a.GetToken(), Ttl: dur(2 * time.Second)})
+		return status.Code(err) == codes.FailedPrecondition
+	})
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := c.kv(1).ReleaseLock(cctx, &volv1.ReleaseLockRequest{Name: "P", Holder: "a", Token: a.GetToken()}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("release with a's old token: %v, want FailedPrecondition", err)
+	}
+	ls, err := c.kv(3).ListLocks(cctx, &volv1.ListLocksRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := false
+	for _, l := range ls.GetLeases() {
+		if l.GetName() == "P" {
+			held = l.GetHolder() == "b" && l.GetToken() == b.GetToken()
+		}
+	}
+	if !held {
+		t.Fatalf("lock P is not b's after a's stale release: %v", ls.GetLeases())
 	}
 }
 
