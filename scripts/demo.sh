@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: a 3-node Shoal cluster on this machine, one network namespace
 # per node (each with its own containerd), running a replicated service:
-# state converging, placement without a master, failover. Needs root.
+# state converging, placement without a master, failover, a replicated
+# volume. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ctl=bin/shoalctl
@@ -63,6 +64,14 @@ x 1 -- shoalctl task exec "$task" -- nslookup hello.shoal | grep -A1 'Name:' || 
 x 1 -- shoalctl network inspect
 
 echo
+echo "== a replicated volume: one Raft group, 3 replicas, mounted with FUSE where a task uses it"
+x 1 -- shoalctl volume create notes --replicas 3 --size 64Mi
+x 2 -- shoalctl service create scribe --image local/busybox:latest --replicas 1 --stop-grace 1s --volume notes:/notes -- \
+  sh -c 'while true; do echo "$(date) from $HOSTNAME" >> /notes/log; sleep 1; done'
+sleep 3
+x 3 -- shoalctl volume inspect notes
+
+echo
 echo "== kill node $nodes (its daemons and containers); its replica moves"
 $ctl dev kill "$nodes"
 for _ in $(seq 1 60); do
@@ -78,6 +87,9 @@ echo "== bring node $nodes back: it rejoins, no duplicate survives"
 $ctl dev start "$nodes"
 sleep 5
 x 1 -- shoalctl service ps hello
+echo
+echo "(the volume kept taking writes; node $nodes's replica caught up)"
+x 1 -- shoalctl volume inspect notes
 
 cat <<MSG
 
@@ -86,6 +98,8 @@ The cluster keeps running. Try:
   $ctl dev exec 2 -- shoalctl task ls
   $ctl dev exec 3 -- shoalctl task exec <task-id> -- hostname
   $ctl dev exec 1 -- shoalctl node ls
+  $ctl dev exec 2 -- shoalctl volume mount notes   # prints a host path: cat <path>/log
+  $ctl dev exec 1 -- shoalctl lock acquire deploy --ttl 30s
   $ctl dev partition 1 2,3   # cut node 1 off; $ctl dev heal to restore
   $ctl dev down              # remove everything
 MSG
