@@ -6,7 +6,7 @@
 # Environment:
 #   BENCH_QUICK=1        scaled-down run (about a minute) to check the setup;
 #                        it is also passed on to the programs
-#   BENCHES="mst statd gossip cluster sched schedd wg"  the programs under bench/ to run, in order
+#   BENCHES="mst statd gossip cluster sched schedd wg netd vold"  the programs under bench/ to run, in order
 #   BENCH_DIR=DIR        where the databases go (default: a new dir in $TMPDIR
 #                        or /tmp); its filesystem is the one measured
 #   BENCH_<NAME>_FLAGS=  extra flags for go run ./bench/<name>, e.g.
@@ -78,6 +78,9 @@ flags() {
 		printf '%s\n' -dir "$benchdir" -statd-bin "$root/bin/shoal-statd"
 		[[ "$quick" == 1 ]] && printf '%s\n' -reps 2 -duration 500ms -keys 100000 -restarts 3 -list-runs 1 -quiet-wait 0
 		;;
+	vold)
+		[[ "$quick" == 1 ]] && printf '%s\n' -seq-mib 16 -reps 1 -rand-duration 1s -failovers 1 -idle-volumes 100 -idle 5s -kv-duration 1s -settle 1s -quiesce-wait 30s -quiet-wait 0
+		;;
 	esac
 	local var="BENCH_${name^^}_FLAGS"
 	# Word splitting of the extra flags is intended; globbing is not.
@@ -93,7 +96,7 @@ mode="full"
 if [[ "$quick" == 1 ]]; then
 	mode="quick (BENCH_QUICK=1: fewer keys and repetitions; not for comparison)"
 fi
-read -r -a benches <<<"${BENCHES:-mst statd gossip cluster sched schedd wg netd}"
+read -r -a benches <<<"${BENCHES:-mst statd gossip cluster sched schedd wg netd vold}"
 for name in "${benches[@]}"; do
 	if [[ ! -d "bench/$name" ]]; then
 		echo "bench/run.sh: no benchmark bench/$name" >&2

@@ -1,0 +1,487 @@
+// Command vold measures shoal-vold on a real cluster: three nodes (network
+// namespaces on one machine, pkg/devcluster), each running shoal-statd and
+// shoal-vold, driven from the host through each node's vold socket as
+// shoalctl does (pkg/client). Volume data is written from the host through
+// the FUSE mount a node's vold makes (Mount returns its host path). It
+// prints a Markdown section on stdout (docs/BENCHMARKS.md style):
+//
+//   - sequential writes: a file written in 1 MiB writes and fsynced,
+//     through the mount of a 3-replica volume on the group leader's node
+//     and on a follower's, against the same on the local filesystem that
+//     holds the cluster's state, interleaved in the same run;
+//   - synchronous random 4 KiB writes (O_DSYNC, one thread) into a
+//     preallocated file, the same three ways, with latency percentiles;
+//   - leader failover: a writer appending through a follower's mount while
+//     the leader's whole node is killed (devcluster Kill), timed until a
+//     write begun after the kill is acknowledged; then the node restarted
+//     and timed until the group is healthy again;
+//   - KV Put throughput and latency with 1 and 64 clients spread over the
+//     three nodes, against statd's durable local Put on the same nodes;
+//   - idle cost: each vold's CPU and RSS with no volume, and with 1,000
+//     idle 3-replica volumes once quiescent.
+//
+// Every phase reports the CPU other processes used meanwhile (the machine
+// less this benchmark and its cluster, counted through a cpuacct cgroup of
+// its own when the kernel has one).
+//
+// It needs root, FUSE and the binaries of `make build`. The cluster is
+// torn down at the end, on failure and on SIGINT, SIGTERM or SIGHUP.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/devcluster"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+)
+
+const (
+	nodes      = 3
+	benchVol   = "bench"
+	chunk      = 1 << 20 // sequential write size
+	block      = 4096    // random write size
+	volumeSize = 512 << 20
+)
+
+type config struct {
+	bin        string
+	seqMiB     int
+	reps       int
+	randMiB    int
+	randDur    time.Duration
+	failovers  int
+	idleVols   int
+	idleWindow time.Duration
+	createPar  int
+	quiesceMax time.Duration
+	kvDur      time.Duration
+	kvClients  []int
+	timeout    time.Duration
+	settle     time.Duration
+	quiet      time.Duration
+	verbose    bool
+}
+
+func main() {
+	var c config
+	var clients string
+	flag.StringVar(&c.bin, "bin", "bin", "directory with shoal-statd, shoal-vold and shoalctl (make build)")
+	flag.IntVar(&c.seqMiB, "seq-mib", 64, "MiB written by each sequential write run")
+	flag.IntVar(&c.reps, "reps", 3, "interleaved repetitions of the sequential and random write runs")
+	flag.IntVar(&c.randMiB, "rand-file-mib", 16, "size of the file the random writes go to")
+	flag.DurationVar(&c.randDur, "rand-duration", 3*time.Second, "length of each random write run")
+	flag.IntVar(&c.failovers, "failovers", 3, "leader kill-and-restart cycles")
+	flag.IntVar(&c.idleVols, "idle-volumes", 1000, "idle volumes created for the idle cost")
+	flag.DurationVar(&c.idleWindow, "idle", 10*time.Second, "length of each idle CPU measurement")
+	flag.IntVar(&c.createPar, "create-parallel", 16, "concurrent CreateVolume calls")
+	flag.DurationVar(&c.quiesceMax, "quiesce-wait", 3*time.Minute, "after creating the idle volumes, wait up to this long for every vold to use under 2% of a core")
+	flag.DurationVar(&c.kvDur, "kv-duration", 5*time.Second, "length of each KV (and statd baseline) run")
+	flag.StringVar(&clients, "kv-clients", "1,64", "concurrent KV clients of each run, comma-separated")
+	flag.DurationVar(&c.timeout, "timeout", 60*time.Second, "give up on a failover, a restart or a wait after this long")
+	flag.DurationVar(&c.settle, "settle", 3*time.Second, "quiet time after the cluster formed and before each kill")
+	flag.DurationVar(&c.quiet, "quiet-wait", 10*time.Second, "before each phase, wait up to this long for other processes to use less than 0.25 CPUs")
+	flag.BoolVar(&c.verbose, "v", false, "print devcluster progress on stderr")
+	seed := flag.Uint64("seed", 1, "random seed (offsets, payloads)")
+	flag.Parse()
+	for _, s := range strings.Split(clients, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			fail("-kv-clients %q: want positive numbers separated by commas", clients)
+		}
+		c.kvClients = append(c.kvClients, n)
+	}
+	if c.seqMiB < 1 || c.reps < 1 || c.randMiB < 1 || c.randDur <= 0 || c.failovers < 0 || c.idleVols < 0 || c.createPar < 1 || c.idleWindow <= 0 || c.kvDur <= 0 {
+		fail("-seq-mib, -reps, -rand-file-mib, -rand-duration, -idle, -kv-duration and -create-parallel must be positive")
+	}
+
+	fmt.Printf("## Replicated volumes on %d real nodes (shoal-vold)\n\n", nodes)
+	if os.Geteuid() != 0 {
+		fmt.Printf("Skipped: this benchmark needs root (network namespaces, FUSE mounts).\n\n")
+		progress("not root, skipped")
+		return
+	}
+	if _, err := os.Stat("/dev/fuse"); err != nil {
+		fmt.Printf("Skipped: no /dev/fuse on this machine.\n\n")
+		progress("no /dev/fuse, skipped")
+		return
+	}
+	bin, err := filepath.Abs(c.bin)
+	check(err)
+	c.bin = bin
+	for _, b := range []string{"shoal-statd", "shoal-vold", "shoalctl"} {
+		if _, err := os.Stat(filepath.Join(bin, b)); err != nil {
+			fail("%v (run make build first, or pass -bin)", err)
+		}
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	mainDone := make(chan struct{})
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	go func() {
+		s := <-sigs
+		progress("%v, tearing the cluster down", s)
+		interrupted.Store(true)
+		cancel()
+		select {
+		case <-mainDone:
+		case <-time.After(3 * time.Second):
+		}
+		runCleanup()
+		os.Exit(1)
+	}()
+
+	name := fmt.Sprintf("bv%d", rand.IntN(1_000_000))
+	// The cgroup first, so that the cluster's processes are born in it; it
+	// goes last, once they are gone.
+	acct := newCPUAcct(name)
+	atCleanup(acct.close)
+
+	var cmu sync.Mutex
+	var cl *devcluster.Cluster
+	atCleanup(func() {
+		dctx, dcancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		defer dcancel()
+		cmu.Lock()
+		cur := cl
+		cmu.Unlock()
+		if cur != nil {
+			if err := cur.Down(dctx); err != nil {
+				progress("%v", err)
+			}
+		}
+		// Whatever an interrupted Up or Down left under the default roots.
+		if found, err := devcluster.Purge(dctx, name); err != nil {
+			progress("purge %s: %v", name, err)
+		} else if found {
+			progress("purged what was left of %s", name)
+		}
+	})
+
+	b := &bench{c: c, name: name, acct: acct, rng: rand.New(rand.NewPCG(*seed, 0x701d))}
+	r := b.run(ctx, func(x *devcluster.Cluster) { cmu.Lock(); cl = x; cmu.Unlock() })
+	b.closeClients()
+	runCleanup()
+	close(mainDone)
+	r.print(c)
+}
+
+// ---- the cluster and its clients ----
+
+type bench struct {
+	c    config
+	name string
+	acct *cpuAcct
+	rng  *rand.Rand
+
+	cl    *devcluster.Cluster
+	ids   []string // node IDs; index 0 is node 1
+	vold  []*client.Vold
+	statd []*client.Statd
+	local string // the local-filesystem baseline's directory
+}
+
+func (b *bench) openClients(i int) {
+	var err error
+	if b.vold[i-1] != nil {
+		b.vold[i-1].Close()
+		b.statd[i-1].Close()
+	}
+	b.vold[i-1], err = client.NewVold(b.cl.RunDir(i), client.Retry{Attempts: 3})
+	check(err)
+	b.statd[i-1], err = client.NewStatd(b.cl.RunDir(i), client.Retry{Attempts: 3})
+	check(err)
+}
+
+func (b *bench) closeClients() {
+	for i := range b.vold {
+		if b.vold[i] != nil {
+			b.vold[i].Close()
+			b.statd[i].Close()
+		}
+	}
+}
+
+// nodeOf returns the index of the node with ID id (0 if none).
+func (b *bench) nodeOf(id string) int {
+	if k := slices.Index(b.ids, id); k >= 0 {
+		return k + 1
+	}
+	return 0
+}
+
+func (b *bench) dumpLogs() {
+	if b.cl == nil {
+		return
+	}
+	for i := 1; i <= nodes; i++ {
+		for _, d := range []string{"vold", "statd"} {
+			if data, err := os.ReadFile(b.cl.LogPath(i, d)); err == nil {
+				lines := strings.Split(strings.TrimSpace(string(data)), "\n")
+				fmt.Fprintf(os.Stderr, "--- node %d %s log (tail) ---\n%s\n", i, d, strings.Join(lines[max(0, len(lines)-30):], "\n"))
+			}
+		}
+	}
+}
+
+type results struct {
+	name, subnet, version string
+	fs                    string
+	up                    time.Duration
+	idle0                 idleResult
+	seq                   seqResult
+	rnd                   randResult
+	kv                    []kvResult
+	kvLeader              int
+	fo                    []foResult
+	foLoad                phaseLoad
+	create                createResult
+	idleN                 idleResult
+	acctExact             bool
+}
+
+func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *results {
+	c := b.c
+	spec := devcluster.Spec{
+		Name:      b.name,
+		Nodes:     nodes,
+		Subnet:    devcluster.AutoSubnet,
+		BinDir:    c.bin,
+		Daemons:   []string{"statd", "vold"},
+		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}},
+		Bootstrap: true,
+	}
+	if c.verbose {
+		spec.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "devcluster: "+format+"\n", args...) }
+	}
+	progress("starting %d nodes (cluster %s)", nodes, b.name)
+	start := time.Now()
+	cl, err := devcluster.Up(ctx, spec)
+	check(err)
+	setCluster(cl)
+	b.cl = cl
+	atFailure(b.dumpLogs)
+	r := &results{name: b.name, subnet: cl.Subnet().String(), up: time.Since(start), acctExact: b.acct.exact}
+	if out, _, code, err := cl.Exec(ctx, 1, []string{filepath.Join(c.bin, "shoal-vold"), "--version"}, nil); err == nil && code == 0 {
+		r.version = strings.TrimSpace(out)
+	}
+	// The local baseline lives next to the nodes' state (same filesystem);
+	// Down removes it with them.
+	b.local = filepath.Join(filepath.Dir(cl.NodeDir(1)), "local-baseline")
+	check(os.MkdirAll(b.local, 0o755))
+	r.fs = fsOf(b.local)
+
+	b.vold = make([]*client.Vold, nodes)
+	b.statd = make([]*client.Statd, nodes)
+	for i := 1; i <= nodes; i++ {
+		b.openClients(i)
+		st, err := b.status(ctx, i)
+		check(err)
+		b.ids = append(b.ids, st.GetNodeId())
+	}
+	progress("waiting until every node sees every node alive and vold serves")
+	check(b.waitReady(ctx, c.timeout))
+	sleep(ctx, c.settle)
+
+	progress("idle cost with no volume")
+	r.idle0 = b.measureIdle(ctx, 0, false)
+
+	progress("creating volume %s (3 replicas)", benchVol)
+	_, err = b.create(ctx, 1, benchVol, 3, volumeSize)
+	check(err)
+	check(b.waitHealthy(ctx, 1, benchVol, c.timeout))
+
+	progress("sequential writes: %d × %d MiB", c.reps, c.seqMiB)
+	r.seq = b.sequential(ctx)
+	progress("random 4 KiB O_DSYNC writes: %d × %v", c.reps, c.randDur)
+	r.rnd = b.random(ctx)
+
+	progress("KV puts")
+	r.kv, r.kvLeader = b.kvPhase(ctx)
+
+	l0 := b.acct.take()
+	for k := range c.failovers {
+		progress("failover %d of %d", k+1, c.failovers)
+		r.fo = append(r.fo, b.failover(ctx, k))
+	}
+	r.foLoad = phaseLoad{l0, b.acct.take()}
+
+	if c.idleVols > 0 {
+		b.removeBenchVolume(ctx)
+		progress("creating %d idle volumes, %d at a time", c.idleVols, c.createPar)
+		r.create = b.createMany(ctx)
+		progress("waiting for quiescence")
+		r.idleN = b.measureIdle(ctx, c.idleVols, true)
+	}
+	return r
+}
+
+// status returns node i's statd cluster status.
+func (b *bench) status(ctx context.Context, i int) (*clusterv1.StatusResponse, error) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return b.statd[i-1].Cluster.Status(ctx, &clusterv1.StatusRequest{})
+}
+
+// waitReady waits until every statd reports every node alive and every
+// vold lists volumes.
+func (b *bench) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		ok := true
+		for i := 1; i <= nodes && ok; i++ {
+			st, err := b.status(ctx, i)
+			if err != nil {
+				ok = false
+				break
+			}
+			alive := 0
+			for _, m := range st.GetMembers() {
+				if slices.Contains(b.ids, m.GetId()) && m.GetState() == "alive" {
+					alive++
+				}
+			}
+			ok = alive == nodes
+			if ok {
+				lctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := b.vold[i-1].Volumes.ListVolumes(lctx, &volv1.ListVolumesRequest{})
+				cancel()
+				ok = err == nil
+			}
+		}
+		if ok {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the cluster was not ready (every node alive everywhere, vold serving) after %v", timeout)
+		}
+		if err := sleep(ctx, 200*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+func (b *bench) create(ctx context.Context, i int, name string, replicas int32, size int64) (*volv1.Volume, error) {
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	return b.vold[i-1].Volumes.CreateVolume(cctx, &volv1.CreateVolumeRequest{Name: name, Replicas: replicas, SizeBytes: size})
+}
+
+func (b *bench) inspect(ctx context.Context, i int, name string) (*volv1.Volume, error) {
+	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	return b.vold[i-1].Volumes.InspectVolume(ictx, &volv1.InspectVolumeRequest{Name: name})
+}
+
+// settled reports whether every member of v is alive with a small lag and
+// the group has a leader.
+func settled(v *volv1.Volume, maxLag uint64) bool {
+	if v.GetLeader() == "" || v.GetHealth() == "unavailable" || len(v.GetMembers()) == 0 {
+		return false
+	}
+	for _, m := range v.GetMembers() {
+		if !m.GetAlive() || m.GetLag() > maxLag {
+			return false
+		}
+	}
+	return true
+}
+
+// waitHealthy waits until node i reports the volume healthy (every member
+// alive and caught up, a leader).
+func (b *bench) waitHealthy(ctx context.Context, i int, name string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		v, err := b.inspect(ctx, i, name)
+		if err == nil && v.GetHealth() == "healthy" && settled(v, 0) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("volume %s not healthy after %v (last: %v %v)", name, timeout, v, err)
+		}
+		if err := sleep(ctx, 100*time.Millisecond); err != nil {
+			return err
+		}
+	}
+}
+
+// mount mounts the volume on node i for user and returns its host path.
+func (b *bench) mount(ctx context.Context, i int, name, user string) (string, error) {
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	resp, err := b.vold[i-1].Volumes.Mount(mctx, &volv1.MountRequest{Name: name, User: user})
+	if err != nil {
+		return "", fmt.Errorf("mount %s on node %d: %w", name, i, err)
+	}
+	return resp.GetPath(), nil
+}
+
+func (b *bench) unmount(ctx context.Context, i int, name, user string) {
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := b.vold[i-1].Volumes.Unmount(mctx, &volv1.UnmountRequest{Name: name, User: user}); err != nil {
+		progress("unmount %s for %s on node %d: %v", name, user, i, err)
+	}
+}
+
+// leaderAndFollower returns the nodes of the volume's leader and of one
+// follower member.
+func (b *bench) leaderAndFollower(ctx context.Context, name string) (int, int, error) {
+	v, err := b.inspect(ctx, 1, name)
+	if err != nil {
+		return 0, 0, err
+	}
+	leader := b.nodeOf(v.GetLeader())
+	if leader == 0 {
+		return 0, 0, fmt.Errorf("volume %s has no leader", name)
+	}
+	for _, m := range v.GetMembers() {
+		if n := b.nodeOf(m.GetNode()); n != 0 && n != leader {
+			return leader, n, nil
+		}
+	}
+	return 0, 0, fmt.Errorf("volume %s has no follower member", name)
+}
+
+func (b *bench) removeBenchVolume(ctx context.Context) {
+	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if _, err := b.vold[0].Volumes.RemoveVolume(rctx, &volv1.RemoveVolumeRequest{Name: benchVol}); err != nil {
+		progress("remove %s (left in place): %v", benchVol, err)
+	}
+}
+
+// waitQuiet waits up to the configured limit for a second in which other
+// processes use less than a quarter of a CPU.
+func (b *bench) waitQuiet(ctx context.Context) {
+	const quietCPU = 0.25
+	deadline := time.Now().Add(b.c.quiet)
+	for time.Now().Before(deadline) {
+		a := b.acct.take()
+		if sleep(ctx, time.Second) != nil {
+			return
+		}
+		load := phaseLoad{a, b.acct.take()}.others()
+		if load < quietCPU {
+			return
+		}
+		if time.Now().After(deadline) {
+			progress("other processes still use %.2f CPUs; measuring anyway", load)
+		}
+	}
+}

@@ -1,0 +1,209 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Goals.
+const (
+	seqGoal      = 0.5             // volume sequential MB/s ≥ this × local
+	randGoal     = 0.3             // volume random-write IOPS ≥ this × local
+	failoverGoal = 3 * time.Second // writes acknowledged again within this
+)
+
+func (r *results) print(c config) {
+	fmt.Printf("Machine: %s. Cluster %s: %d nodes on %s, each a network namespace on a bridge running the real shoal-statd and shoal-vold (%s) with default settings (Raft tick 100 ms, elections after 10 ticks, replace-after 30 s), formed by `shoalctl cluster init` and `join` (devcluster.Up took %v). Everything below is driven from the host through each node's vold socket (pkg/client), as shoalctl would; file I/O goes from the host through the FUSE mount a node's vold made (Mount returns its host path). The nodes' state and the local-filesystem baseline share one filesystem (%s). The CPU of other processes during each phase is the machine's busy time less this benchmark and its cluster (%s).\n\n",
+		machine(), r.name, nodes, r.subnet, orDash(r.version), r.up.Round(100*time.Millisecond), r.fs, acctNote(r.acctExact))
+	r.printSeq(c)
+	r.printRand(c)
+	r.printFailover(c)
+	r.printKV(c)
+	r.printIdle(c)
+}
+
+func acctNote(exact bool) string {
+	if exact {
+		return "counted exactly through a cpuacct cgroup holding this process and every daemon it started"
+	}
+	return "approximate: no cpuacct cgroup, so the daemons' CPU counts as other processes"
+}
+
+func (r *results) printSeq(c config) {
+	s := r.seq
+	fmt.Printf("### Sequential writes into a 3-replica volume\n\n")
+	fmt.Printf("A %d MiB file created, written in 1 MiB `write` calls and fsynced, then closed and deleted, timed from the open to the end of the close; MB/s is 10⁶ bytes per second. Three targets, %d rounds interleaved (the order rotating): a plain directory on the local filesystem, and the volume's FUSE mount on the group leader's node (node %d) and on a follower's (node %d). The volume has 3 replicas on the 3 nodes and a %d MiB size limit; vold mounts with direct I/O, so each 1 MiB `write` is one Raft proposal acknowledged once committed on a quorum and applied, and a single writer never has two in flight (fsync then has nothing left to do).\n\n",
+		c.seqMiB, c.reps, s.leader, s.follower, volumeSize>>20)
+	fmt.Printf("| written to | MB/s per round | median MB/s | time per 1 MiB write | × local |\n|---|---|---:|---:|---:|\n")
+	local := median(s.mbps[rowLocal])
+	ok := true
+	for _, row := range s.rows {
+		xs := s.mbps[row]
+		var parts []string
+		for _, x := range xs {
+			parts = append(parts, fmt.Sprintf("%.1f", x))
+		}
+		m := median(xs)
+		rat := "–"
+		if row != rowLocal {
+			rat = fmt.Sprintf("%.2f×", m/local)
+			ok = ok && m/local >= seqGoal
+		}
+		per := time.Duration(float64(chunk) / (m * 1e6) * float64(time.Second))
+		fmt.Printf("| %s | %s | %.1f | %s | %s |\n", row, strings.Join(parts, ", "), m, dur(per), rat)
+	}
+	fmt.Printf("\nMeanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
+		s.load, seqGoal, metStr(ok), median(s.mbps[rowLeader])/local, median(s.mbps[rowFollower])/local)
+}
+
+func (r *results) printRand(c config) {
+	s := r.rnd
+	fmt.Printf("### Synchronous random 4 KiB writes\n\n")
+	fmt.Printf("One thread writing 4 KiB blocks (`pwrite`) at random 4 KiB-aligned offsets of a preallocated %d MiB file opened with O_DSYNC, for %v per run, %d runs per target interleaved as above; the same targets (the volume mounted on node %d, the leader, and node %d, a follower). Latency is per write, over all runs. On the local filesystem each write waits for the disk (this is the disk's synchronous write rate, the context of the KV figures below); in the volume each write is a Raft proposal committed on a quorum (each replica's log write is a synced Pebble batch) and applied, plus a FUSE round trip for the fsync that O_DSYNC implies.\n\n",
+		c.randMiB, c.randDur, c.reps, s.leader, s.follower)
+	fmt.Printf("| written to | IOPS per run | median IOPS | p50 | p99 | max | × local |\n|---|---|---:|---:|---:|---:|---:|\n")
+	iops := func(row string) float64 {
+		var xs []float64
+		for _, x := range s.runs[row] {
+			xs = append(xs, x.iops())
+		}
+		return median(xs)
+	}
+	local := iops(rowLocal)
+	ok := true
+	for _, row := range s.rows {
+		var parts []string
+		var lat []time.Duration
+		errs := 0
+		for _, x := range s.runs[row] {
+			parts = append(parts, fmt.Sprintf("%.0f", x.iops()))
+			lat = append(lat, x.lat...)
+			errs += x.errs
+		}
+		m := iops(row)
+		rat := "–"
+		if row != rowLocal {
+			rat = fmt.Sprintf("%.2f×", m/local)
+			ok = ok && m/local >= randGoal
+		}
+		name := row
+		if errs > 0 {
+			name += fmt.Sprintf(" (%d failed writes)", errs)
+		}
+		var worst time.Duration
+		if len(lat) > 0 {
+			worst = slices.Max(lat)
+		}
+		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s |\n", name, strings.Join(parts, ", "), m, dur(pctl(lat, 0.5)), dur(pctl(lat, 0.99)), dur(worst), rat)
+	}
+	fmt.Printf("\nMeanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
+		s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
+}
+
+func (r *results) printFailover(c config) {
+	if len(r.fo) == 0 {
+		return
+	}
+	fmt.Printf("### Leader failover under writes\n\n")
+	fmt.Printf("A writer on the host appends 10-byte lines, one `write` at a time, to a file opened with O_APPEND through the volume's mount on a follower's node. Once it has made 20 writes, the leader's whole node is killed (devcluster Kill: SIGKILL to its statd and vold, so the mount stays up on the writer's node but the group loses its leader). *Writes again* is the time from the kill until the first write begun after the kill is acknowledged; *longest gap* is the longest time between two consecutive acknowledgements from the kill on (a write in flight at the kill waits for the new leader). The node is then started again (devcluster Start, until its daemons serve) and timed until InspectVolume reports every member alive and caught up. Each cycle starts with the volume healthy and %v of quiet.\n\n", c.settle)
+	fmt.Printf("| cycle | leader killed | writer | new leader | **writes again** | longest gap | failed writes | restart until serving | healthy again (from restart) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	var rec []time.Duration
+	allOK := true
+	for k, f := range r.fo {
+		w := dur(f.recovered)
+		if !f.ok {
+			w, allOK = "> "+dur(c.timeout), false
+		}
+		h := dur(f.healthy)
+		if !f.healthyOK {
+			h = "> " + dur(c.timeout)
+		}
+		nl := "–"
+		if f.newLeader != 0 {
+			nl = fmt.Sprint(f.newLeader)
+		}
+		fmt.Printf("| %d | %d | %d | %s | %s | %s | %d | %s | %s |\n", k+1, f.leader, f.writer, nl, w, dur(f.stall), f.failed, dur(f.restart), h)
+		rec = append(rec, f.recovered)
+	}
+	worst := slices.Max(rec)
+	fmt.Printf("\nWrites again: median %s, worst %s (%s). Meanwhile %s. **Goal ≤ %.0f s: %s.**\n\n",
+		dur(medianDur(rec)), dur(worst), durList(rec), r.foLoad, failoverGoal.Seconds(), metStr(allOK && worst <= failoverGoal))
+}
+
+func (r *results) printKV(c config) {
+	if len(r.kv) == 0 {
+		return
+	}
+	fmt.Printf("### KV Put\n\n")
+	fmt.Printf("Clients on the host, each in a loop of Put calls (a 100-byte value; each client overwrites its own key), spread over the three nodes' vold sockets, for %v per run. Every node holds a replica of the system group, so vold runs each Put on the local replica (no VolPeer forwarding: *forwarded* counts shoal_vold_forwarded_out_total) and Raft forwards the proposal to the leader when the local replica follows; a Put returns once a quorum has applied it. The system group's leader is on node %d; a single client uses a follower's node. Baseline in the same run: statd's Put on the same nodes' statd sockets with the same clients, a durable local write (Pebble, synced) that is not replicated before it returns. Context: the disk's synchronous 4 KiB write rate above (local filesystem, O_DSYNC) is %.0f per second.\n\n",
+		c.kvDur, r.kvLeader, r.localIOPS())
+	fmt.Printf("| clients (node 1 / 2 / 3) | API | puts/s | p50 | p99 | max | errors | puts served by node 1 / 2 / 3 | vold forwarded | × statd puts/s | other CPU |\n|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|\n")
+	for _, k := range r.kv {
+		cn := fmt.Sprintf("%d (%d / %d / %d)", k.clients, k.clientNodes[0], k.clientNodes[1], k.clientNodes[2])
+		row := func(api string, x kvRun, fwd string, rat string) {
+			var worst time.Duration
+			if len(x.lat) > 0 {
+				worst = slices.Max(x.lat)
+			}
+			fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %d | %d / %d / %d | %s | %s | %.2f |\n", cn, api, x.rate(), dur(pctl(x.lat, 0.5)), dur(pctl(x.lat, 0.99)), dur(worst), x.errs,
+				x.perNode[0], x.perNode[1], x.perNode[2], fwd, rat, x.load.others())
+		}
+		row("statd Put (baseline)", k.statd, "–", "–")
+		fwd := 0.0
+		for _, f := range k.vold.fwdOut {
+			fwd += f
+		}
+		row("**vold KV Put**", k.vold, fmt.Sprintf("%.0f", fwd), fmt.Sprintf("%.2f×", k.vold.rate()/k.statd.rate()))
+	}
+	fmt.Printf("\nNo goal is set for the KV API; *other CPU* is the CPUs other processes used during the run.\n\n")
+}
+
+func (r *results) localIOPS() float64 {
+	var xs []float64
+	for _, x := range r.rnd.runs[rowLocal] {
+		xs = append(xs, x.iops())
+	}
+	return median(xs)
+}
+
+func (r *results) printIdle(c config) {
+	fmt.Printf("### Idle cost of volumes\n\n")
+	a, z := r.idle0, r.idleN
+	fmt.Printf("CPU time of each node's vold (utime + stime from /proc/<pid>/stat) over %v as %% of one core, and its VmRSS at the end, with no client activity. Baseline: right after the cluster formed, with no volume (not even the KV system group). Then, after the other phases (the bench volume removed), %d volumes of 3 replicas and 1 MiB are created through the three nodes' sockets in turn, %d calls at a time, and once every vold has used under %.0f%% of a core over 3 s (waited %s%s) the same is measured; the KV system group exists by then too. *Groups* are the Raft groups each vold holds a replica of, and leads (its metrics). statd's figures are for context: it stores and watches the volume documents. One tick (10 ms) over %v is %.2f%% of a core.\n\n",
+		a.window.Round(10*time.Millisecond), z.volumes, c.createPar, idleGoal, dur(z.quiesceWait), map[bool]string{true: "", false: ": never got there, measured anyway"}[z.quiesced],
+		a.window.Round(10*time.Millisecond), 1.0/clockTicks/a.window.Seconds()*100)
+	if z.volumes > 0 {
+		cr := r.create
+		fmt.Printf("Creating: %d volumes in %s (%.1f per second), CreateVolume p50 %s, p99 %s; %d failed%s. Meanwhile %s.\n\n",
+			cr.n-cr.failed, dur(cr.elapsed), float64(cr.n-cr.failed)/cr.elapsed.Seconds(), dur(pctl(cr.lat, 0.5)), dur(pctl(cr.lat, 0.99)), cr.failed,
+			map[bool]string{true: "", false: " (first: " + cr.firstErr + ")"}[cr.firstErr == ""], cr.load)
+	}
+	fmt.Printf("| node | vold CPU, no volume | vold RSS, no volume | **vold CPU, %d volumes** | vold RSS, %d volumes | groups (leading), %d volumes | statd CPU, none / %d | statd RSS, none / %d |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+		z.volumes, z.volumes, z.volumes, z.volumes, z.volumes)
+	worst := 0.0
+	for i := range nodes {
+		zc, zr, g, sc, sr := "–", "–", "–", fmt.Sprintf("%.2f%% / –", a.statd[i].cpu), fmt.Sprintf("%.0f / – MiB", a.statd[i].rssMB)
+		if z.volumes > 0 && i < len(z.vold) {
+			zc, zr = fmt.Sprintf("%.2f%%", z.vold[i].cpu), fmt.Sprintf("%.0f MiB", z.vold[i].rssMB)
+			if i < len(z.groups) {
+				g = fmt.Sprintf("%.0f (%.0f)", z.groups[i], z.leading[i])
+			}
+			sc = fmt.Sprintf("%.2f%% / %.2f%%", a.statd[i].cpu, z.statd[i].cpu)
+			sr = fmt.Sprintf("%.0f / %.0f MiB", a.statd[i].rssMB, z.statd[i].rssMB)
+			worst = max(worst, z.vold[i].cpu)
+		}
+		fmt.Printf("| %d | %.2f%% | %.0f MiB | %s | %s | %s | %s | %s |\n", i+1, a.vold[i].cpu, a.vold[i].rssMB, zc, zr, g, sc, sr)
+	}
+	fmt.Printf("\nOther processes used %.2f CPUs during the baseline window and %.2f during the measurement with volumes.", a.load.others(), z.load.others())
+	if z.volumes > 0 {
+		var rss0, rssN []float64
+		for i := range nodes {
+			rss0, rssN = append(rss0, a.vold[i].rssMB), append(rssN, z.vold[i].rssMB)
+		}
+		fmt.Printf(" %d idle volumes add %.0f MiB of RSS per vold (median; %.0f KiB per replica). **Goal ≤ %.0f%% of one core per node with %d volumes: %s** (worst node %.2f%%).",
+			z.volumes, median(rssN)-median(rss0), (median(rssN)-median(rss0))*1024/float64(z.volumes), idleGoal, z.volumes, metStr(worst <= idleGoal), worst)
+	}
+	fmt.Printf("\n\n")
+}
