@@ -63,6 +63,9 @@ type node struct {
 	// the log says it once.
 	failed map[raftgroup.GroupID]string
 
+	// docs memoizes decoded volume documents (reconcile.go).
+	docs docCache
+
 	stats counters
 }
 

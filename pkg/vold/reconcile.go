@@ -3,18 +3,78 @@ package vold
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
+	"sync"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
+
+// docCache memoizes decoded volume documents by key and encoded text.
+// Reconcile (every second) and repair (every repair_interval) read every
+// document each round; decoding them all again dominated an idle vold's
+// CPU with a thousand volumes. Callers get copies, so they may change
+// what they get.
+type docCache struct {
+	mu sync.Mutex
+	m  map[string]cachedDoc
+}
+
+type cachedDoc struct {
+	raw string
+	doc *volumeDoc
+}
+
+// decode returns decodeVolume(d), from the cache when d's text has not
+// changed since it was last decoded.
+func (c *docCache) decode(d *statev1.Document) (*volumeDoc, error) {
+	key, raw := d.GetKey(), d.GetFields()[fieldVolume].GetStringValue()
+	c.mu.Lock()
+	e, ok := c.m[key]
+	c.mu.Unlock()
+	if ok && e.raw == raw {
+		return e.doc.clone(), nil
+	}
+	v, err := decodeVolume(d)
+	if err != nil || v == nil {
+		return v, err
+	}
+	c.mu.Lock()
+	if c.m == nil {
+		c.m = map[string]cachedDoc{}
+	}
+	c.m[key] = cachedDoc{raw: raw, doc: v.clone()}
+	c.mu.Unlock()
+	return v, nil
+}
+
+// keep drops the entries of documents not in keys (removed volumes).
+func (c *docCache) keep(keys map[string]bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for k := range c.m {
+		if !keys[k] {
+			delete(c.m, k)
+		}
+	}
+}
+
+func (d *volumeDoc) clone() *volumeDoc {
+	c := *d
+	c.Members = slices.Clone(d.Members)
+	return &c
+}
 
 // volumeDocs returns the volume documents in the mirror by name (the
 // system group's included); undecodable ones are logged and skipped.
 func (n *node) volumeDocs() map[string]*volumeDoc {
 	out := map[string]*volumeDoc{}
+	seen := map[string]bool{}
 	for _, d := range n.mirror.List(volumesPrefix) {
+		seen[d.GetKey()] = true
 		name := strings.TrimPrefix(d.GetKey(), volumesPrefix)
-		v, err := decodeVolume(d)
+		v, err := n.docs.decode(d)
 		if err != nil {
 			n.log.Warn("bad volume document", "volume", name, "err", err)
 			continue
@@ -23,6 +83,7 @@ func (n *node) volumeDocs() map[string]*volumeDoc {
 			out[name] = v
 		}
 	}
+	n.docs.keep(seen)
 	return out
 }
 
@@ -40,7 +101,7 @@ func (n *node) volumeDoc(name string) *volumeDoc {
 	if d == nil {
 		return nil
 	}
-	v, err := decodeVolume(d)
+	v, err := n.docs.decode(d)
 	if err != nil {
 		n.log.Warn("bad volume document", "volume", name, "err", err)
 		return nil
