@@ -12,16 +12,17 @@ import (
 
 type foResult struct {
 	leader, writer int
-	// recovered: from the kill until the first write begun after it was
-	// acknowledged; stall: the longest time between two acknowledgements
-	// across the kill.
-	recovered, stall time.Duration
-	ok               bool
-	failed           int // writes that returned an error meanwhile
-	newLeader        int
-	restart          time.Duration // devcluster Start until the daemons serve
-	healthy          time.Duration // from the restart until every member is alive and caught up
-	healthyOK        bool
+	// recovered: from the kill until the first write begun after the
+	// node was gone was acknowledged; stall: the longest time between two
+	// acknowledgements from the kill on; killTook: the Kill call (SIGKILL
+	// until every process of the node is gone).
+	recovered, stall, killTook time.Duration
+	ok                         bool
+	failed                     int // writes that returned an error meanwhile
+	newLeader                  int
+	restart                    time.Duration // devcluster Start until the daemons serve
+	healthy                    time.Duration // from the restart until every member is alive and caught up
+	healthyOK                  bool
 }
 
 // ack is one acknowledged append.
@@ -129,8 +130,12 @@ func (b *bench) failover(ctx context.Context, k int) foResult {
 	progress("  killing node %d (leader), writer on node %d", leader, writer)
 	t0 := time.Now()
 	check(b.cl.Kill(ctx, leader, ""))
+	// Writes begun before Kill returned may still have reached the old
+	// leader: only those begun once the node is gone count.
+	tk := time.Now()
+	r.killTook = tk.Sub(t0)
 	for deadline := t0.Add(c.timeout); ; {
-		if x, ok := a.after(t0); ok {
+		if x, ok := a.after(tk); ok {
 			r.recovered, r.ok = x.end.Sub(t0), true
 			break
 		}

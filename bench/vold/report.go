@@ -107,8 +107,8 @@ func (r *results) printFailover(c config) {
 		return
 	}
 	fmt.Printf("### Leader failover under writes\n\n")
-	fmt.Printf("A writer on the host appends 10-byte lines, one `write` at a time, to a file opened with O_APPEND through the volume's mount on a follower's node. Once it has made 20 writes, the leader's whole node is killed (devcluster Kill: SIGKILL to its statd and vold, so the mount stays up on the writer's node but the group loses its leader). *Writes again* is the time from the kill until the first write begun after the kill is acknowledged; *longest gap* is the longest time between two consecutive acknowledgements from the kill on (a write in flight at the kill waits for the new leader). The node is then started again (devcluster Start, until its daemons serve) and timed until InspectVolume reports every member alive and caught up. Each cycle starts with the volume healthy and %v of quiet.\n\n", c.settle)
-	fmt.Printf("| cycle | leader killed | writer | new leader | **writes again** | longest gap | failed writes | restart until serving | healthy again (from restart) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Printf("A writer on the host appends 10-byte lines, one `write` at a time, to a file opened with O_APPEND through the volume's mount on a follower's node. Once it has made 20 writes, the leader's whole node is killed (devcluster Kill: SIGKILL to its statd and vold, so the mount stays up on the writer's node but the group loses its leader). *Writes again* is the time from the kill (just before devcluster Kill sends SIGKILL) until the acknowledgement of the first write begun after Kill returned (every process of the node gone: until then a write may still reach the old leader); *longest gap* is the longest time between two consecutive acknowledgements from the kill on (a write in flight at the kill waits for the new leader). The node is then started again (devcluster Start, until its daemons serve) and timed until InspectVolume reports every member alive and caught up. Each cycle starts with the volume healthy and %v of quiet.\n\n", c.settle)
+	fmt.Printf("| cycle | leader killed | writer | new leader | Kill took | **writes again** | longest gap | failed writes | restart until serving | healthy again (from restart) |\n|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	var rec []time.Duration
 	allOK := true
 	for k, f := range r.fo {
@@ -124,7 +124,7 @@ func (r *results) printFailover(c config) {
 		if f.newLeader != 0 {
 			nl = fmt.Sprint(f.newLeader)
 		}
-		fmt.Printf("| %d | %d | %d | %s | %s | %s | %d | %s | %s |\n", k+1, f.leader, f.writer, nl, w, dur(f.stall), f.failed, dur(f.restart), h)
+		fmt.Printf("| %d | %d | %d | %s | %s | %s | %s | %d | %s | %s |\n", k+1, f.leader, f.writer, nl, dur(f.killTook), w, dur(f.stall), f.failed, dur(f.restart), h)
 		rec = append(rec, f.recovered)
 	}
 	worst := slices.Max(rec)
