@@ -76,7 +76,8 @@ unit:
 	$(GO) test -count=1 -timeout 15m ./pkg/... ./test/units/...
 
 # Each fuzz target runs briefly: go test allows one target per run.
-FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/pki:FuzzParseToken pkg/overlay:FuzzIPAMUnmarshal
+FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/store:FuzzDecodeIndexOp pkg/pki:FuzzParseToken pkg/overlay:FuzzIPAMUnmarshal \
+	pkg/raftgroup:FuzzUnmarshalBatch pkg/raftgroup:FuzzDecodeEnvelope pkg/volfs:FuzzDecodeOp pkg/volfs:FuzzApply
 fuzz:
 	@set -e; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \

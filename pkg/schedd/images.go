@@ -2,6 +2,8 @@ package schedd
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -38,12 +40,28 @@ func familiar(ref string) string {
 }
 
 // publishImage records that this node holds img.
+//
+// One image (one digest) may be known by several names: loaded as
+// local/busybox and pulled as registry.example/busybox, say. "name" is the
+// latest (for display); every name is also a "ref.<name>" field, so that a
+// node looking for either finds the digest and its holders.
 func (n *node) publishImage(ctx context.Context, img shoalrt.Image) error {
-	return n.put(ctx, imageKey(img.Digest), map[string]crdtValue{
-		"name":         stringValue(familiar(img.Name)),
+	name := familiar(img.Name)
+	fields := map[string]crdtValue{
+		"name":         stringValue(name),
 		"size":         intValue(img.Size),
 		"node." + n.id: stringValue(time.Now().UTC().Format(time.RFC3339)),
-	})
+	}
+	fields[refField(name)] = stringValue(name)
+	return n.put(ctx, imageKey(img.Digest), fields)
+}
+
+// refField is the field of an image document that records one of its
+// names. Field names allow only letters, digits and "_-.", so the name is
+// hashed (its value is the name itself).
+func refField(name string) string {
+	sum := sha256.Sum256([]byte(name))
+	return "ref." + hex.EncodeToString(sum[:16])
 }
 
 // publishImages records every image this node holds, at start.
@@ -54,7 +72,7 @@ func (n *node) publishImages(ctx context.Context) {
 		return
 	}
 	for _, img := range imgs {
-		if d := n.mirror.Get(imageKey(img.Digest)); d != nil && d.GetFields()["node."+n.id] != nil {
+		if d := n.mirror.Get(imageKey(img.Digest)); d != nil && d.GetFields()["node."+n.id] != nil && d.GetFields()[refField(familiar(img.Name))] != nil {
 			continue
 		}
 		if err := n.publishImage(ctx, img); err != nil {
@@ -70,7 +88,8 @@ func (n *node) imageHolders(ref string) (digest.Digest, []string) {
 	for _, d := range n.mirror.List(imagesPrefix) {
 		dg := digest.Digest(strings.TrimPrefix(d.GetKey(), imagesPrefix))
 		name := d.GetFields()["name"].GetStringValue()
-		if name != want && dg.String() != ref && !strings.HasSuffix(ref, "@"+dg.String()) {
+		_, named := d.GetFields()[refField(want)]
+		if name != want && !named && dg.String() != ref && !strings.HasSuffix(ref, "@"+dg.String()) {
 			continue
 		}
 		var holders []string
@@ -100,7 +119,7 @@ func (n *node) ensureImage(ctx context.Context, ref string) error {
 	if err == nil || !errdefs.IsNotFound(err) {
 		return err
 	}
-	_, holders := n.imageHolders(ref)
+	dg, holders := n.imageHolders(ref)
 	alive := map[string]bool{}
 	for _, id := range n.aliveNodes() {
 		alive[id] = true
@@ -111,7 +130,7 @@ func (n *node) ensureImage(ctx context.Context, ref string) error {
 			continue
 		}
 		start := time.Now()
-		img, err := n.fetchImage(ctx, h, ref)
+		img, err := n.fetchImage(ctx, h, ref, dg)
 		if err == nil {
 			n.log.Info("image fetched from peer", "image", img.Name, "digest", img.Digest, "peer", h, "duration", time.Since(start).Round(time.Millisecond))
 			if err := n.publishImage(ctx, img); err != nil {
@@ -145,12 +164,18 @@ func (n *node) ensureImage(ctx context.Context, ref string) error {
 
 // fetchImage copies an image from a peer, blob by blob, each verified by
 // digest as it is written.
-func (n *node) fetchImage(ctx context.Context, peerID, ref string) (shoalrt.Image, error) {
+// The peer is asked by digest when it is known (it may hold the image
+// under another name); the copy is named ref.
+func (n *node) fetchImage(ctx context.Context, peerID, ref string, dg digest.Digest) (shoalrt.Image, error) {
 	api, err := n.peers.client(ctx, peerID)
 	if err != nil {
 		return shoalrt.Image{}, err
 	}
-	resp, err := api.ImageBlobs(ctx, &schedv1.ImageBlobsRequest{Ref: ref})
+	ask := ref
+	if dg != "" {
+		ask = dg.String()
+	}
+	resp, err := api.ImageBlobs(ctx, &schedv1.ImageBlobsRequest{Ref: ask})
 	if err != nil {
 		return shoalrt.Image{}, err
 	}
@@ -193,7 +218,11 @@ func (n *node) fetchImage(ctx context.Context, peerID, ref string) (shoalrt.Imag
 			return shoalrt.Image{}, fmt.Errorf("blob %s: %w", desc.Digest, err)
 		}
 	}
-	return n.rt.CreateImage(ctx, resp.GetName(), descs[0])
+	name := ref
+	if _, err := digest.Parse(ref); err == nil || strings.Contains(ref, "@") {
+		name = resp.GetName() // a digest is no name: keep the peer's
+	}
+	return n.rt.CreateImage(ctx, name, descs[0])
 }
 
 // imageBlobs lists what a peer must fetch to hold ref.
