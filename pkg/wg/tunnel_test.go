@@ -511,11 +511,18 @@ func startCapture(t *testing.T, ns string, n *Netlink, link string) *capture {
 		t.Fatal(err)
 	}
 	c.wg.Go(func() {
+		// Stop only once a read times out after quit: the frames the
+		// socket queued while this goroutine lagged behind (a busy
+		// machine) are read, not dropped.
 		frame := make([]byte, 256<<10)
-		for !c.quit.Load() {
+		for {
 			n, _, err := unix.Recvfrom(c.fd, frame, 0)
 			if err == nil && n > 0 {
 				c.buf.Write(frame[:n])
+				continue
+			}
+			if c.quit.Load() {
+				return
 			}
 		}
 	})
