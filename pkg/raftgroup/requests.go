@@ -443,6 +443,24 @@ func (h *Host) Status(id GroupID) (GroupStatus, error) {
 	return g.status(), nil
 }
 
+// Brief is the part of a group's status that periodic sweeps over every
+// group need, without the cost of Status (member lists, progress maps).
+type Brief struct {
+	Leader  bool // this replica leads the group
+	Removed bool // the group removed this replica
+}
+
+// Brief returns id's Brief.
+func (h *Host) Brief(id GroupID) (Brief, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	g := h.groups[id]
+	if g == nil {
+		return Brief{}, fmt.Errorf("%w: %d", ErrGroupNotFound, id)
+	}
+	return Brief{Leader: g.rn.BasicStatus().RaftState == raft.StateLeader, Removed: g.removed}, nil
+}
+
 func (g *group) status() GroupStatus {
 	bs := g.rn.BasicStatus()
 	s := GroupStatus{

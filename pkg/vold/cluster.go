@@ -136,6 +136,20 @@ func (n *node) alive(node string) bool {
 	return s == "alive" || s == "suspect"
 }
 
+// anyNodeDead reports whether statd counts any member dead or left.
+func (n *node) anyNodeDead() bool {
+	m := n.members.Load()
+	if m == nil {
+		return false
+	}
+	for _, v := range m.members {
+		if v.State == "dead" || v.State == "left" {
+			return true
+		}
+	}
+	return false
+}
+
 // deadFor returns how long statd has counted node dead (or left); zero
 // when it is alive or unknown.
 func (n *node) deadFor(node string) time.Duration {

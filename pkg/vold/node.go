@@ -35,9 +35,11 @@ type node struct {
 	ca       atomic.Pointer[x509.CertPool]
 	mirror   *client.Mirror
 	members  atomic.Pointer[membership]
-	pool     *peerPool
-	trans    *transport
-	host     atomic.Pointer[raftgroup.Host]
+	// lastSweep is when repair last looked at every group (repairLoop's).
+	lastSweep time.Time
+	pool      *peerPool
+	trans     *transport
+	host      atomic.Pointer[raftgroup.Host]
 	// synced is set once statd has caught up with a peer since start:
 	// only then may a missing document destroy a replica.
 	synced atomic.Bool

@@ -178,7 +178,7 @@ func (n *node) reconcile(ctx context.Context) {
 		}
 	}
 	for g := range have {
-		st, err := h.Status(g)
+		st, err := h.Brief(g)
 		if err != nil {
 			continue
 		}
@@ -198,7 +198,7 @@ func (n *node) reconcile(ctx context.Context) {
 			n.log.Warn("destroy replica", "group", uint64(g), "err", err)
 			continue
 		}
-		n.log.Info("replica destroyed", "group", uint64(g), "replica", uint64(st.Replica), "reason", reason)
+		n.log.Info("replica destroyed", "group", uint64(g), "reason", reason)
 	}
 }
 
