@@ -33,6 +33,18 @@ for i in $(seq 1 "$nodes"); do
   echo "node $i: $(echo "$out" | grep '"text"' | tr -s ' ')"
 done
 
+# Every node's scheduler ready and known to every node, so that placement
+# sees the whole cluster.
+for i in $(seq 1 "$nodes"); do
+  for _ in $(seq 1 100); do
+    if x "$i" -- shoalctl service ls >/dev/null 2>&1 &&
+      [ "$(x "$i" -- shoalctl state ls /nodes/ -o json 2>/dev/null | grep -c '"schedd_port"')" -ge "$nodes" ]; then
+      break
+    fi
+    sleep 0.2
+  done
+done
+
 echo
 echo "== load an image on node 1 only (built from Debian's static busybox)"
 x 1 -- shoalctl image load "$PWD/bin/busybox.tar"
