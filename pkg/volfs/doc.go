@@ -51,8 +51,7 @@
 //
 //   - fsync is no op at all: a mutation is acknowledged only once it has
 //     been committed (durable on a quorum) and applied, so there is nothing
-//     left to flush when fsync is called. (volfuse buffers writes above
-//     the Client, write-behind, and flushes them on fsync and close.)
+//     left to flush when fsync is called.
 //   - A Client.Write larger than MaxWriteChunk is split into several ops;
 //     each is atomic, the whole is not. WriteAppend writes at the file's
 //     size as of the entry, so concurrent appends from several nodes do not

@@ -27,23 +27,11 @@ type node struct {
 	vol *volume
 }
 
-// handle is an open file. It remembers O_APPEND: appends are done by the
-// state machine at the file's size when the write applies, because the
-// kernel's idea of the size may be stale when other nodes write.
+// handle is an open file. It only remembers O_APPEND: appends are done by
+// the state machine at the file's size when the write applies, because
+// the kernel's idea of the size may be stale when other nodes write.
 type handle struct {
 	append bool
-	// through: writes bypass the write-behind buffer and return once
-	// committed and applied (O_SYNC/O_DSYNC, which promise exactly that;
-	// O_APPEND, so that appends from several nodes interleave in the order
-	// they were made; or Options.WriteThrough).
-	through bool
-	// wb is the inode's write-behind buffer when the file is open for
-	// writing (also for write-through handles: their writes must follow
-	// what other handles buffered).
-	wb *inodeWB
-	// err is the first error a buffered write of this handle met, reported
-	// (and cleared) by its next write, fsync or flush. Guarded by wb.mu.
-	err syscall.Errno
 }
 
 var (
@@ -56,7 +44,6 @@ var (
 	_ fs.NodeWriter     = (*node)(nil)
 	_ fs.NodeFlusher    = (*node)(nil)
 	_ fs.NodeFsyncer    = (*node)(nil)
-	_ fs.NodeReleaser   = (*node)(nil)
 	_ fs.NodeMkdirer    = (*node)(nil)
 	_ fs.NodeRmdirer    = (*node)(nil)
 	_ fs.NodeUnlinker   = (*node)(nil)
@@ -101,30 +88,6 @@ func (n *node) child(ctx context.Context, a *volfs.Attr, out *fuse.EntryOut) *fs
 	return n.NewInode(ctx, &node{vol: n.vol}, fs.StableAttr{Mode: a.Mode & volfs.ModeType, Ino: a.Ino, Gen: generation})
 }
 
-// newHandle opens a handle on ino with open(2) flags.
-func (n *node) newHandle(ino uint64, flags uint32) *handle {
-	h := &handle{append: flags&syscall.O_APPEND != 0}
-	if flags&syscall.O_ACCMODE == syscall.O_RDONLY {
-		return h
-	}
-	// O_SYNC includes the O_DSYNC bit.
-	h.through = h.append || flags&syscall.O_DSYNC != 0 || n.vol.writeThrough
-	h.wb = n.vol.openWB(ino)
-	return h
-}
-
-// flushChild flushes the buffered writes of name in n, if the kernel knows
-// that child (it does when it was opened on this mount): before an unlink
-// or rename, so that the data is in place (not failing with ENOENT later
-// against a freed inode, and complete under the new name for other
-// nodes).
-func (n *node) flushChild(ctx context.Context, name string) syscall.Errno {
-	if ch := n.GetChild(name); ch != nil {
-		return n.vol.flushIno(ctx, ch.StableAttr().Ino)
-	}
-	return 0
-}
-
 func (n *node) openFlags() uint32 {
 	if n.vol.cached {
 		// Without FOPEN_KEEP_CACHE the kernel drops cached pages at open.
@@ -136,14 +99,6 @@ func (n *node) openFlags() uint32 {
 // Lookup implements fs.NodeLookuper.
 func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
 	a, err := n.vol.c.Lookup(ctx, n.ino(), name)
-	if err == nil && n.vol.isDirty(a.Ino) {
-		// Writes buffered on this node change the size and times: report
-		// them as they will be.
-		if e := n.vol.flushIno(ctx, a.Ino); e != 0 {
-			return nil, e
-		}
-		a, err = n.vol.c.GetAttr(ctx, a.Ino)
-	}
 	if err != nil {
 		return nil, n.vol.errno("lookup", err)
 	}
@@ -152,10 +107,6 @@ func (n *node) Lookup(ctx context.Context, name string, out *fuse.EntryOut) (*fs
 
 // Getattr implements fs.NodeGetattrer.
 func (n *node) Getattr(ctx context.Context, _ fs.FileHandle, out *fuse.AttrOut) syscall.Errno {
-	// st_size and mtime must account for this node's buffered writes.
-	if e := n.vol.flushIno(ctx, n.ino()); e != 0 {
-		return e
-	}
 	a, err := n.vol.c.GetAttr(ctx, n.ino())
 	if err != nil {
 		return n.vol.errno("getattr", err)
@@ -200,11 +151,6 @@ func (n *node) Setattr(ctx context.Context, _ fs.FileHandle, in *fuse.SetAttrIn,
 		s.Valid |= volfs.SetMtime
 		s.Mtime = int64(in.Mtime)*1e9 + int64(in.Mtimensec)
 	}
-	// Buffered writes come first: a truncate or utimes must apply after
-	// them, as it was made after them.
-	if e := n.vol.flushIno(ctx, n.ino()); e != 0 {
-		return e
-	}
 	var (
 		a   volfs.Attr
 		err error
@@ -232,48 +178,28 @@ func (n *node) Create(ctx context.Context, name string, flags uint32, mode uint3
 	}
 	if flags&syscall.O_TRUNC != 0 {
 		cf |= volfs.CreateTrunc
-		// The truncation must follow writes buffered for an existing file.
-		if e := n.flushChild(ctx, name); e != 0 {
-			return nil, nil, 0, e
-		}
 	}
 	a, err := n.vol.c.Create(ctx, n.ino(), name, mode, uid, gid, cf)
 	if err != nil {
 		return nil, nil, 0, n.vol.errno("create", err)
 	}
-	return n.child(ctx, &a, out), n.newHandle(a.Ino, flags), n.openFlags(), 0
+	return n.child(ctx, &a, out), &handle{append: flags&syscall.O_APPEND != 0}, n.openFlags(), 0
 }
 
 // Open implements fs.NodeOpener.
 func (n *node) Open(ctx context.Context, flags uint32) (fs.FileHandle, uint32, syscall.Errno) {
 	if flags&syscall.O_TRUNC != 0 && flags&syscall.O_ACCMODE != syscall.O_RDONLY {
 		// The kernel passes O_TRUNC on only with atomic_o_trunc; doing it
-		// here covers both cases. It must follow buffered writes.
-		if e := n.vol.flushIno(ctx, n.ino()); e != 0 {
-			return nil, 0, e
-		}
+		// here covers both cases.
 		if _, err := n.vol.c.Setattr(ctx, n.ino(), volfs.SetAttr{Valid: volfs.SetSize}); err != nil {
 			return nil, 0, n.vol.errno("open", err)
 		}
 	}
-	return n.newHandle(n.ino(), flags), n.openFlags(), 0
-}
-
-// Release implements fs.NodeReleaser (the last close of an open file;
-// Flush has run for every close(2) before).
-func (n *node) Release(_ context.Context, f fs.FileHandle) syscall.Errno {
-	if h, _ := f.(*handle); h != nil && h.wb != nil {
-		n.vol.releaseWB(h.wb)
-	}
-	return 0
+	return &handle{append: flags&syscall.O_APPEND != 0}, n.openFlags(), 0
 }
 
 // Read implements fs.NodeReader.
 func (n *node) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64) (fuse.ReadResult, syscall.Errno) {
-	// Read your writes: what this node buffered is committed first.
-	if e := n.vol.flushIno(ctx, n.ino()); e != 0 {
-		return nil, e
-	}
 	b, err := n.vol.c.Read(ctx, n.ino(), off, len(dest))
 	if err != nil {
 		return nil, n.vol.errno("read", err)
@@ -281,23 +207,9 @@ func (n *node) Read(ctx context.Context, _ fs.FileHandle, dest []byte, off int64
 	return fuse.ReadResultData(b), 0
 }
 
-// Write implements fs.NodeWriter: buffered (write-behind) unless the
-// handle writes through.
+// Write implements fs.NodeWriter.
 func (n *node) Write(ctx context.Context, f fs.FileHandle, data []byte, off int64) (uint32, syscall.Errno) {
 	h, _ := f.(*handle)
-	if h != nil && h.wb != nil {
-		if !h.through {
-			if e := h.wb.write(ctx, h, off, data); e != 0 {
-				return 0, e
-			}
-			return uint32(len(data)), 0
-		}
-		// After what is buffered (from other handles of the inode), and
-		// reporting this handle's earlier errors.
-		if e := h.wb.flush(ctx, h); e != 0 {
-			return 0, e
-		}
-	}
 	written, err := n.vol.c.Write(ctx, n.ino(), off, data, h != nil && h.append)
 	if err != nil && written == 0 {
 		return 0, n.vol.errno("write", err)
@@ -307,26 +219,12 @@ func (n *node) Write(ctx context.Context, f fs.FileHandle, data []byte, off int6
 	return uint32(written), 0
 }
 
-// Flush implements fs.NodeFlusher (every close(2)): it returns once the
-// inode's buffered writes are committed on a quorum and applied, with the
-// error a buffered write of this handle met, if any.
-func (n *node) Flush(ctx context.Context, f fs.FileHandle) syscall.Errno {
-	if h, _ := f.(*handle); h != nil && h.wb != nil {
-		return h.wb.flush(ctx, h)
-	}
-	return 0
-}
+// Flush implements fs.NodeFlusher: nothing is buffered here.
+func (n *node) Flush(context.Context, fs.FileHandle) syscall.Errno { return 0 }
 
-// Fsync implements fs.NodeFsyncer (fsync and fdatasync alike): as Flush.
-// A committed write is durable on a quorum of replicas, so there is
-// nothing else to sync.
-func (n *node) Fsync(ctx context.Context, f fs.FileHandle, _ uint32) syscall.Errno {
-	if h, _ := f.(*handle); h != nil && h.wb != nil {
-		return h.wb.flush(ctx, h)
-	}
-	// fsync on a read-only descriptor still syncs the file's data.
-	return n.vol.flushIno(ctx, n.ino())
-}
+// Fsync implements fs.NodeFsyncer. Every write was committed on a quorum
+// of replicas before it was acknowledged, so there is nothing to sync.
+func (n *node) Fsync(context.Context, fs.FileHandle, uint32) syscall.Errno { return 0 }
 
 // Mkdir implements fs.NodeMkdirer.
 func (n *node) Mkdir(ctx context.Context, name string, mode uint32, out *fuse.EntryOut) (*fs.Inode, syscall.Errno) {
@@ -345,27 +243,12 @@ func (n *node) Rmdir(ctx context.Context, name string) syscall.Errno {
 
 // Unlink implements fs.NodeUnlinker.
 func (n *node) Unlink(ctx context.Context, name string) syscall.Errno {
-	if e := n.flushChild(ctx, name); e != 0 {
-		return e
-	}
 	return n.vol.errno("unlink", n.vol.c.Unlink(ctx, n.ino(), name))
 }
 
 // Rename implements fs.NodeRenamer (with RENAME_NOREPLACE and
 // RENAME_EXCHANGE).
 func (n *node) Rename(ctx context.Context, name string, newParent fs.InodeEmbedder, newName string, flags uint32) syscall.Errno {
-	// A file renamed into place must be complete under its new name for
-	// other nodes (write, then rename over the old version, without
-	// fsync: the common pattern); a replaced target's buffered writes
-	// must not fail against its freed inode.
-	if e := n.flushChild(ctx, name); e != 0 {
-		return e
-	}
-	if np, ok := newParent.(*node); ok {
-		if e := np.flushChild(ctx, newName); e != 0 {
-			return e
-		}
-	}
 	np := newParent.EmbeddedInode().StableAttr().Ino
 	return n.vol.errno("rename", n.vol.c.Rename(ctx, n.ino(), name, np, newName, flags))
 }

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -35,10 +34,6 @@ type Options struct {
 	// writable mmap, at the price that an open file may not see another
 	// node's later writes. Off by default.
 	CachedIO bool
-	// WriteThrough turns write-behind off: every write returns only once
-	// committed and applied, and is then visible on every node (each
-	// write waits a Raft round trip). Off by default.
-	WriteThrough bool
 }
 
 // Server is a mounted volume.
@@ -60,7 +55,7 @@ func Mount(dir string, c *volfs.Client, opts Options) (*Server, error) {
 		opts.Name = "shoal"
 	}
 	log := opts.Logger.With("mountpoint", dir)
-	root := &node{vol: &volume{c: c, log: log, cached: opts.CachedIO, writeThrough: opts.WriteThrough, wbs: map[uint64]*inodeWB{}}}
+	root := &node{vol: &volume{c: c, log: log, cached: opts.CachedIO}}
 	// Zero timeouts: the kernel asks again for every lookup and stat, so
 	// a change made through another node is seen at once. Correctness
 	// across nodes matters more here than saving round trips.
@@ -198,13 +193,9 @@ func octal(s string) (byte, bool) {
 
 // volume is what every node of a mount shares.
 type volume struct {
-	c            *volfs.Client
-	log          *slog.Logger
-	cached       bool
-	writeThrough bool
-
-	mu  sync.Mutex
-	wbs map[uint64]*inodeWB // write-behind buffers of inodes open for writing
+	c      *volfs.Client
+	log    *slog.Logger
+	cached bool
 }
 
 // errno maps a Client error for the kernel, logging failures that are

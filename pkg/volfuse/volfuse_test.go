@@ -268,9 +268,7 @@ func TestPermissions(t *testing.T) {
 
 // TestTwoNodes mounts one volume twice, through two different replicas of
 // a three-host Raft group (as on two nodes): each mount sees the other's
-// changes, written files once closed (close-to-open; O_APPEND writes
-// through, so interleaved appends are seen at once), and the replicas end
-// identical.
+// writes at once, and the replicas end identical.
 func TestTwoNodes(t *testing.T) {
 	needFUSE(t)
 	rt := volfstest.StartRealtime(t, 3)
