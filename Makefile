@@ -79,11 +79,7 @@ unit:
 FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/store:FuzzDecodeIndexOp pkg/pki:FuzzParseToken pkg/overlay:FuzzIPAMUnmarshal \
 	pkg/raftgroup:FuzzUnmarshalBatch pkg/raftgroup:FuzzDecodeEnvelope pkg/volfs:FuzzDecodeOp pkg/volfs:FuzzApply
 fuzz:
-	@set -e; for t in $(FUZZ_TARGETS); do \
-		pkg=$${t%%:*}; fn=$${t##*:}; \
-		echo "fuzz $$pkg $$fn ($(FUZZTIME))"; \
-		$(GO) test -run='^$$' -fuzz="^$$fn$$" -fuzztime=$(FUZZTIME) ./$$pkg; \
-	done
+	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh $(FUZZ_TARGETS)
 
 # e2e runs the real binaries (built by `build`) as separate processes.
 e2e: build
