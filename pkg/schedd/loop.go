@@ -2,7 +2,6 @@ package schedd
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
 	"net"
 	"os"
@@ -13,7 +12,6 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/shoal-dev/shoal/pkg/client"
-	"github.com/shoal-dev/shoal/pkg/pki"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
@@ -25,7 +23,7 @@ var errUnavailable = errdefs.ErrUnavailable
 // run waits until the node is in a cluster, sets up what needs the
 // cluster identity, then runs the scheduling loop until ctx ends.
 func (n *node) run(ctx context.Context) error {
-	idr, err := n.waitIdentity(ctx)
+	idr, err := n.identity.Wait(ctx, n.statd.Cluster, n.log)
 	if err != nil {
 		return nil // ctx ended
 	}
@@ -35,7 +33,7 @@ func (n *node) run(ctx context.Context) error {
 		sched.ServicesPrefix, sched.SlotsPrefix, sched.TasksPrefix, sched.NodesPrefix, imagesPrefix)
 	changes := n.mirror.Changes()
 	go n.mirror.Run(ctx)
-	go n.identityLoop(ctx)
+	go n.identity.Follow(ctx, n.statd.Cluster, n.log)
 	go n.aliveLoop(ctx)
 	n.peers = newPeerPool(n)
 	if err := n.servePeers(ctx, idr.GetAdvertiseIp()); err != nil {
@@ -139,62 +137,6 @@ func (n *node) mirrorCatchUp(ctx context.Context) error {
 		}
 	}
 	return ctx.Err()
-}
-
-// waitIdentity polls statd until the node is in a cluster.
-func (n *node) waitIdentity(ctx context.Context) (*clusterv1.IdentityResponse, error) {
-	logged := false
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
-		cancel()
-		if err == nil {
-			if err := n.setIdentity(resp); err == nil {
-				return resp, nil
-			}
-		} else if !logged {
-			n.log.Info("waiting for this node to be in a cluster", "reason", err)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-func (n *node) setIdentity(resp *clusterv1.IdentityResponse) error {
-	id, err := pki.LoadIdentity(resp.GetNodeCertPem(), resp.GetNodeKeyPem())
-	if err != nil {
-		return err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(resp.GetCaCertPem()) {
-		return fmt.Errorf("bad CA certificate from statd")
-	}
-	n.identity.Store(id)
-	n.ca.Store(pool)
-	return nil
-}
-
-// identityLoop picks up certificates statd renews.
-func (n *node) identityLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(30 * time.Second):
-		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
-		cancel()
-		if err == nil && !resp.GetNotAfter().AsTime().Equal(n.identity.Load().NotAfter) {
-			if err := n.setIdentity(resp); err == nil {
-				n.log.Info("node certificate reloaded")
-			}
-		}
-	}
 }
 
 // aliveLoop follows statd's membership view: the nodes it reports alive.

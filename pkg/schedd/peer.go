@@ -10,8 +10,8 @@ import (
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
 
+	"github.com/shoal-dev/shoal/pkg/peerauth"
 	"github.com/shoal-dev/shoal/pkg/pki"
 	"github.com/shoal-dev/shoal/pkg/rpc"
 	"github.com/shoal-dev/shoal/pkg/sched"
@@ -27,40 +27,15 @@ func (n *node) servePeers(ctx context.Context, ip string) error {
 	}
 	unary, stream := rpc.ServerInterceptors(n.log.With("component", "peer"))
 	srv := grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(pki.ServerConfig(n.identity.Load, n.ca.Load))),
-		grpc.ChainUnaryInterceptor(unary, requirePeerUnary),
-		grpc.ChainStreamInterceptor(stream, requirePeerStream),
+		grpc.Creds(credentials.NewTLS(pki.ServerConfig(n.identity.Cert, n.identity.CA))),
+		grpc.ChainUnaryInterceptor(unary, peerauth.Unary),
+		grpc.ChainStreamInterceptor(stream, peerauth.Stream),
 		grpc.MaxRecvMsgSize(16<<20),
 	)
 	schedv1.RegisterSchedPeerServer(srv, &peerServer{n: n})
 	go srv.Serve(lis)
 	go func() { <-ctx.Done(); srv.Stop() }()
 	return nil
-}
-
-func peerID(ctx context.Context) (string, error) {
-	if p, ok := peer.FromContext(ctx); ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-			if id, ok := pki.PeerNodeID(ti.State); ok {
-				return id, nil
-			}
-		}
-	}
-	return "", fmt.Errorf("a cluster certificate is required: %w", errdefs.ErrUnauthenticated)
-}
-
-func requirePeerUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if _, err := peerID(ctx); err != nil {
-		return nil, err
-	}
-	return h(ctx, req)
-}
-
-func requirePeerStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if _, err := peerID(ss.Context()); err != nil {
-		return err
-	}
-	return h(srv, ss)
 }
 
 // peerServer serves shoal.sched.v1.SchedPeer.
@@ -133,7 +108,7 @@ func (p *peerPool) client(_ context.Context, id string) (schedv1.SchedPeerClient
 		pc.conn.Close()
 	}
 	conn, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientConfig(p.n.identity.Load, p.n.ca.Load, id))),
+		grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientConfig(p.n.identity.Cert, p.n.identity.CA, id))),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)),
 	)
 	if err != nil {

@@ -15,7 +15,6 @@ package schedd
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"os"
@@ -30,7 +29,7 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/daemon"
-	"github.com/shoal-dev/shoal/pkg/pki"
+	"github.com/shoal-dev/shoal/pkg/peerauth"
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
@@ -123,8 +122,7 @@ type node struct {
 	// Set once the node is in a cluster (identity from statd).
 	id       string
 	ready    chan struct{}
-	identity atomic.Pointer[pki.Identity]
-	ca       atomic.Pointer[x509.CertPool]
+	identity peerauth.Identity
 	mirror   *client.Mirror
 	peers    *peerPool
 	ledger   *sched.Ledger

@@ -13,35 +13,21 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/peer"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/shoal-dev/shoal/pkg/gossip"
 	"github.com/shoal-dev/shoal/pkg/member"
 	"github.com/shoal-dev/shoal/pkg/mst"
+	"github.com/shoal-dev/shoal/pkg/peerauth"
 	"github.com/shoal-dev/shoal/pkg/pki"
 	peerv1 "github.com/shoal-dev/shoal/proto/shoal/peer/v1"
 )
-
-// peerNodeID returns the node ID of the verified certificate the caller
-// presented, or an Unauthenticated error.
-func peerNodeID(ctx context.Context) (string, error) {
-	p, ok := peer.FromContext(ctx)
-	if ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-			if id, ok := pki.PeerNodeID(ti.State); ok {
-				return id, nil
-			}
-		}
-	}
-	return "", fmt.Errorf("a cluster certificate is required: %w", errdefs.ErrUnauthenticated)
-}
 
 // requireCert rejects every peer call but Join from callers without a
 // verified cluster certificate: an unauthenticated TLS client gets nothing.
 func requireCert(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if info.FullMethod != peerv1.Peer_Join_FullMethodName {
-		if _, err := peerNodeID(ctx); err != nil {
+		if _, err := peerauth.NodeID(ctx); err != nil {
 			return nil, err
 		}
 	}
@@ -59,7 +45,7 @@ func (s *peerServer) Join(ctx context.Context, req *peerv1.JoinRequest) (*peerv1
 }
 
 func (s *peerServer) Ping(ctx context.Context, req *peerv1.PingRequest) (*peerv1.PingResponse, error) {
-	from, err := peerNodeID(ctx)
+	from, err := peerauth.NodeID(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -75,14 +61,14 @@ func (s *peerServer) PingReq(ctx context.Context, req *peerv1.PingReqRequest) (*
 	if len(target) != 1 {
 		return nil, fmt.Errorf("ping-req without a target: %w", errdefs.ErrInvalidArgument)
 	}
-	from, _ := peerNodeID(ctx)
+	from, _ := peerauth.NodeID(ctx)
 	t := target[0]
 	acked, out := s.c.members.HandlePingReq(ctx, from, member.Member{ID: t.ID, Addr: t.Addr, Incarnation: t.Incarnation, State: t.State}, fromWire(req.GetUpdates()))
 	return &peerv1.PingReqResponse{Acked: acked, Updates: toWire(out)}, nil
 }
 
 func (s *peerServer) Push(ctx context.Context, req *peerv1.PushRequest) (*peerv1.PushResponse, error) {
-	from, _ := peerNodeID(ctx)
+	from, _ := peerauth.NodeID(ctx)
 	s.c.members.Apply(fromWire(req.GetUpdates()))
 	docs := make([]gossip.WireDoc, len(req.GetDocs()))
 	for i, d := range req.GetDocs() {
@@ -94,7 +80,7 @@ func (s *peerServer) Push(ctx context.Context, req *peerv1.PushRequest) (*peerv1
 }
 
 func (s *peerServer) Root(ctx context.Context, req *peerv1.RootRequest) (*peerv1.RootResponse, error) {
-	from, _ := peerNodeID(ctx)
+	from, _ := peerauth.NodeID(ctx)
 	root, last := s.c.gossip.HandleRoot(ctx, from, unixNano(req.GetLastSync()))
 	return &peerv1.RootResponse{Root: root[:], LastSync: nanos(last)}, nil
 }
@@ -129,7 +115,7 @@ func (s *peerServer) GetNodes(ctx context.Context, req *peerv1.GetNodesRequest) 
 }
 
 func (s *peerServer) GetDocs(ctx context.Context, req *peerv1.GetDocsRequest) (*peerv1.GetDocsResponse, error) {
-	from, _ := peerNodeID(ctx)
+	from, _ := peerauth.NodeID(ctx)
 	docs, err := s.c.gossip.HandleGetDocs(from, req.GetKeys())
 	if err != nil {
 		return nil, err
@@ -142,7 +128,7 @@ func (s *peerServer) GetDocs(ctx context.Context, req *peerv1.GetDocsRequest) (*
 }
 
 func (s *peerServer) PullFrom(ctx context.Context, req *peerv1.PullFromRequest) (*peerv1.PullFromResponse, error) {
-	from, _ := peerNodeID(ctx)
+	from, _ := peerauth.NodeID(ctx)
 	var root mst.Hash
 	if len(req.GetRoot()) != len(root) {
 		return nil, fmt.Errorf("root has %d bytes: %w", len(req.GetRoot()), errdefs.ErrInvalidArgument)

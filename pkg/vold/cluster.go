@@ -2,8 +2,6 @@ package vold
 
 import (
 	"context"
-	"crypto/x509"
-	"errors"
 	"fmt"
 	"golang.org/x/sys/unix"
 	"net"
@@ -13,68 +11,9 @@ import (
 
 	"github.com/containerd/errdefs"
 
-	"github.com/shoal-dev/shoal/pkg/pki"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
-
-// waitIdentity polls statd until the node is in a cluster.
-func (n *node) waitIdentity(ctx context.Context) (*clusterv1.IdentityResponse, error) {
-	logged := false
-	for {
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
-		cancel()
-		if err == nil {
-			if err = n.setIdentity(resp); err == nil {
-				return resp, nil
-			}
-		}
-		if !logged {
-			n.log.Info("waiting for this node to be in a cluster", "reason", err)
-			logged = true
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(time.Second):
-		}
-	}
-}
-
-func (n *node) setIdentity(resp *clusterv1.IdentityResponse) error {
-	id, err := pki.LoadIdentity(resp.GetNodeCertPem(), resp.GetNodeKeyPem())
-	if err != nil {
-		return err
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(resp.GetCaCertPem()) {
-		return errors.New("bad CA certificate from statd")
-	}
-	n.identity.Store(id)
-	n.ca.Store(pool)
-	return nil
-}
-
-// identityLoop picks up certificates statd renews: the TLS configs read
-// the identity on every handshake, so swapping it is enough.
-func (n *node) identityLoop(ctx context.Context) {
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(30 * time.Second):
-		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		resp, err := n.statd.Cluster.Identity(cctx, &clusterv1.IdentityRequest{})
-		cancel()
-		if err == nil && !resp.GetNotAfter().AsTime().Equal(n.identity.Load().NotAfter) {
-			if err := n.setIdentity(resp); err == nil {
-				n.log.Info("node certificate reloaded", "not_after", resp.GetNotAfter().AsTime())
-			}
-		}
-	}
-}
 
 // membership is statd's view of the cluster's members.
 type membership struct {

@@ -2,7 +2,6 @@ package vold
 
 import (
 	"context"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"os"
@@ -13,7 +12,7 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/daemon"
-	"github.com/shoal-dev/shoal/pkg/pki"
+	"github.com/shoal-dev/shoal/pkg/peerauth"
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
@@ -31,8 +30,7 @@ type node struct {
 	id       string
 	rid      raftgroup.NodeID
 	ready    chan struct{}
-	identity atomic.Pointer[pki.Identity]
-	ca       atomic.Pointer[x509.CertPool]
+	identity peerauth.Identity
 	mirror   *client.Mirror
 	members  atomic.Pointer[membership]
 	// lastSweep is when repair last looked at every group (repairLoop's).
@@ -103,7 +101,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	// The mirror, peer pool and transport need no identity until used:
 	// creating them here lets metrics and the API read them freely.
 	n.mirror = client.NewMirror(st, rt.Log.With("component", "mirror"), volumesPrefix, mountsPrefix, nodesPrefix)
-	n.pool = newPeerPool(n.identity.Load, n.ca.Load, n.peerAddr)
+	n.pool = newPeerPool(n.identity.Cert, n.identity.CA, n.peerAddr)
 	n.trans = newTransport(rt.Log.With("component", "transport"), n.pool.raftOpener(n.names))
 	n.peer = &peerServer{log: rt.Log.With("component", "peer"), names: n.names, deliver: n.deliver, forward: n.serveForward}
 	volv1.RegisterVolumesServer(rt.GRPC, &volumesAPI{n: n})
@@ -138,7 +136,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 // peer API, then reconciles replicas with the volume documents until ctx
 // ends. Goroutines it starts are counted in wg.
 func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
-	idr, err := n.waitIdentity(ctx)
+	idr, err := n.identity.Wait(ctx, n.statd.Cluster, n.log)
 	if err != nil {
 		return nil // ctx ended
 	}
@@ -150,7 +148,7 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 	n.log = n.log.With("node", n.id)
 	changes := n.mirror.Changes()
 	goWG(wg, func() { n.mirror.Run(ctx) })
-	goWG(wg, func() { n.identityLoop(ctx) })
+	goWG(wg, func() { n.identity.Follow(ctx, n.statd.Cluster, n.log) })
 	goWG(wg, func() { n.membershipLoop(ctx) })
 
 	h, err := raftgroup.Open(raftgroup.Config{
@@ -175,7 +173,7 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 	if err != nil {
 		return err
 	}
-	srv := newPeerGRPC(n.log.With("component", "peer"), n.identity.Load, n.ca.Load, n.peer)
+	srv := newPeerGRPC(n.log.With("component", "peer"), n.identity.Cert, n.identity.CA, n.peer)
 	goWG(wg, func() { _ = srv.Serve(lis) })
 	goWG(wg, func() { <-ctx.Done(); srv.Stop() })
 

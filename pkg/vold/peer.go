@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/peer"
 
+	"github.com/shoal-dev/shoal/pkg/peerauth"
 	"github.com/shoal-dev/shoal/pkg/pki"
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	"github.com/shoal-dev/shoal/pkg/rpc"
@@ -49,8 +49,8 @@ func newPeerGRPC(log *slog.Logger, id func() *pki.Identity, ca func() *x509.Cert
 	unary, stream := rpc.ServerInterceptors(log)
 	srv := grpc.NewServer(
 		grpc.Creds(credentials.NewTLS(pki.ServerConfig(id, ca))),
-		grpc.ChainUnaryInterceptor(unary, requirePeerUnary),
-		grpc.ChainStreamInterceptor(stream, requirePeerStream),
+		grpc.ChainUnaryInterceptor(unary, peerauth.Unary),
+		grpc.ChainStreamInterceptor(stream, peerauth.Stream),
 		grpc.MaxRecvMsgSize(maxPeerMessage),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 2 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 10 * time.Second, Timeout: 5 * time.Second}),
@@ -59,36 +59,9 @@ func newPeerGRPC(log *slog.Logger, id func() *pki.Identity, ca func() *x509.Cert
 	return srv
 }
 
-// peerNode returns the node ID of a caller whose certificate the TLS
-// handshake verified against the cluster CA.
-func peerNode(ctx context.Context) (string, error) {
-	if p, ok := peer.FromContext(ctx); ok {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok {
-			if id, ok := pki.PeerNodeID(ti.State); ok {
-				return id, nil
-			}
-		}
-	}
-	return "", fmt.Errorf("a cluster certificate is required: %w", errdefs.ErrUnauthenticated)
-}
-
-func requirePeerUnary(ctx context.Context, req any, _ *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if _, err := peerNode(ctx); err != nil {
-		return nil, err
-	}
-	return h(ctx, req)
-}
-
-func requirePeerStream(srv any, ss grpc.ServerStream, _ *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if _, err := peerNode(ss.Context()); err != nil {
-		return err
-	}
-	return h(srv, ss)
-}
-
 // Raft receives one node's batches for as long as it keeps the stream.
 func (s *peerServer) Raft(stream volv1.VolPeer_RaftServer) error {
-	id, err := peerNode(stream.Context())
+	id, err := peerauth.NodeID(stream.Context())
 	if err != nil {
 		return err
 	}
@@ -123,7 +96,7 @@ func (s *peerServer) Raft(stream volv1.VolPeer_RaftServer) error {
 
 // Forward runs a request for another node.
 func (s *peerServer) Forward(ctx context.Context, req *volv1.ForwardRequest) (*volv1.ForwardResponse, error) {
-	id, err := peerNode(ctx)
+	id, err := peerauth.NodeID(ctx)
 	if err != nil {
 		return nil, err
 	}
