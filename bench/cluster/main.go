@@ -19,7 +19,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -36,6 +35,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
 	"github.com/shoal-dev/shoal/pkg/gossip"
@@ -513,46 +513,6 @@ func ifaceCounters(pid int) (bytes, packets uint64, err error) {
 	return 0, 0, fmt.Errorf("/proc/%d/net/dev: no eth0", pid)
 }
 
-// clockTicks is USER_HZ, the unit of utime and stime in /proc/<pid>/stat;
-// it is 100 on every Linux architecture Go supports.
-const clockTicks = 100
-
-func cpuTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name may contain spaces: fields start after the last ')'.
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	// fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-	ut, err1 := strconv.ParseUint(fields[11], 10, 64)
-	st, err2 := strconv.ParseUint(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
-	}
-	return ut + st, nil
-}
-
-func rssMiB(pid int) (float64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
-}
-
 type syncTotals struct{ probes, rounds, bytes uint64 }
 
 func syncCounters(st *clusterv1.StatusResponse) syncTotals {
@@ -603,7 +563,7 @@ func measureIdle(ctx context.Context, c config, cl *devcluster.Cluster, cls []*c
 		out := map[int]uint64{}
 		for _, ps := range pids {
 			for _, pid := range ps {
-				t, err := cpuTicks(pid)
+				t, err := cpuacct.ProcTicks(pid)
 				check(err)
 				out[pid] = t
 			}
@@ -626,9 +586,9 @@ func measureIdle(ctx context.Context, c config, cl *devcluster.Cluster, cls []*c
 	c1, w1, t1 := read(), readWire(), time.Now()
 	r := idleResult{window: t1.Sub(t0), background: l0.others(takeLoad(all))}
 	sample := func(pid int) procSample {
-		rss, err := rssMiB(pid)
+		rss, err := cpuacct.RSSMiB(pid)
 		check(err)
-		return procSample{cpu: float64(c1[pid]-c0[pid]) / clockTicks / r.window.Seconds() * 100, rssMB: rss}
+		return procSample{cpu: float64(c1[pid]-c0[pid]) / cpuacct.ClockTicks / r.window.Seconds() * 100, rssMB: rss}
 	}
 	for _, pid := range pids["statd"] {
 		r.statd = append(r.statd, sample(pid))
@@ -743,7 +703,7 @@ func (r *results) print(c config) {
 		fmt.Printf(" – | – |\n\n")
 	}
 	fmt.Printf("CPU time is counted in ticks of 10 ms: over %v one tick is %.2f%% of a core. Other processes on the machine used %.2f CPUs on average during the window.\n\n",
-		id.window.Round(10*time.Millisecond), 1.0/clockTicks/id.window.Seconds()*100, id.background)
+		id.window.Round(10*time.Millisecond), 1.0/cpuacct.ClockTicks/id.window.Seconds()*100, id.background)
 }
 
 // serfTime is the Serf gossip model's time until fraction f of n nodes
@@ -874,12 +834,12 @@ func takeLoad(pids []int) loadSnap {
 				continue
 			}
 			n, _ := strconv.ParseInt(v, 10, 64)
-			s.machine += time.Duration(n) * time.Second / clockTicks
+			s.machine += time.Duration(n) * time.Second / cpuacct.ClockTicks
 		}
 	}
 	for _, pid := range append([]int{os.Getpid()}, pids...) {
-		if t, err := cpuTicks(pid); err == nil {
-			s.ours += time.Duration(t) * time.Second / clockTicks
+		if t, err := cpuacct.ProcTicks(pid); err == nil {
+			s.ours += time.Duration(t) * time.Second / cpuacct.ClockTicks
 		}
 	}
 	return s

@@ -50,6 +50,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
 	"github.com/shoal-dev/shoal/pkg/member"
@@ -152,8 +153,8 @@ func main() {
 	name := fmt.Sprintf("bs%d", rand.IntN(1_000_000))
 	// The cgroup first, so that the cluster's processes are born in it;
 	// it goes last, once they are gone.
-	acct := newCPUAcct(name)
-	atCleanup(acct.close)
+	acct := cpuacct.New("shoal-bench-schedd-", name, progress)
+	atCleanup(acct.Close)
 	tmp, err := os.MkdirTemp("", "shoal-bench-schedd-")
 	check(err)
 	atCleanup(func() { os.RemoveAll(tmp) })
@@ -192,7 +193,7 @@ type bench struct {
 	c    config
 	name string
 	tmp  string
-	acct *cpuAcct
+	acct *cpuacct.Acct
 	rng  *rand.Rand
 
 	cl     *devcluster.Cluster
@@ -252,9 +253,9 @@ type results struct {
 	cold                  []coldResult
 	lat                   latResult
 	many                  []manyResult
-	manyLoad              loadSnap2
+	manyLoad              cpuacct.Phase
 	fo                    []foResult
-	foLoad                loadSnap2
+	foLoad                cpuacct.Phase
 	acctExact             bool
 	ttl, grace            time.Duration
 	member                member.Config
@@ -282,14 +283,16 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 	setCluster(cl)
 	b.cl = cl
 	atFailure(b.dumpLogs)
-	r := &results{name: b.name, subnet: cl.Subnet().String(), up: time.Since(start), acctExact: b.acct.exact,
+	r := &results{name: b.name, subnet: cl.Subnet().String(), up: time.Since(start), acctExact: b.acct.Exact,
 		ttl: sched.DefaultTTL, grace: sched.DefaultStopGrace, member: member.DefaultConfig()}
 	r.containerd = firstLine(exec.Command("containerd", "--version"))
 	r.runc = firstLine(exec.Command("runc", "--version"))
 	if out, _, code, err := cl.Exec(ctx, 1, []string{filepath.Join(c.bin, "shoal-schedd"), "--version"}, nil); err == nil && code == 0 {
 		r.version = strings.TrimSpace(out)
 	}
-	b.acct.addContainers(cl)
+	for i := 1; i <= cl.Nodes(); i++ {
+		b.acct.AddParents(cl.Containerd(i).CgroupParent)
+	}
 
 	b.schedd = make([]*client.Schedd, nodes)
 	b.statd = make([]*client.Statd, nodes)
@@ -341,35 +344,35 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 	}
 
 	b.waitQuiet(ctx)
-	l0 := b.acct.take()
+	l0 := b.acct.Take()
 	progress("first task on each node")
 	for i := 1; i <= nodes; i++ {
 		r.cold = append(r.cold, b.coldStart(ctx, i))
 	}
 	progress("start latency: %d services and %d raw containerd runs", c.services, c.services)
 	r.lat = b.latency(ctx)
-	r.lat.load = loadSnap2{l0, b.acct.take()}
+	r.lat.load = cpuacct.Phase{A: l0, B: b.acct.Take()}
 	progress("waiting for the removed services' containers to stop")
 	r.lat.drain, r.lat.drainOK = b.waitNoContainers(ctx, "", 90*time.Second)
 
 	if c.manyRuns > 0 {
 		b.waitQuiet(ctx)
-		l0 := b.acct.take()
+		l0 := b.acct.Take()
 		for k := range c.manyRuns {
 			progress("%d replicas, run %d of %d", c.manyReplicas, k+1, c.manyRuns)
 			r.many = append(r.many, b.many(ctx, k))
 		}
-		r.manyLoad = loadSnap2{l0, b.acct.take()}
+		r.manyLoad = cpuacct.Phase{A: l0, B: b.acct.Take()}
 	}
 	if c.failovers > 0 {
 		b.waitQuiet(ctx)
-		l0 := b.acct.take()
+		l0 := b.acct.Take()
 		for k := range c.failovers {
 			victim := nodes - k%nodes
 			progress("failover %d of %d: node %d", k+1, c.failovers, victim)
 			r.fo = append(r.fo, b.failover(ctx, k, victim))
 		}
-		r.foLoad = loadSnap2{l0, b.acct.take()}
+		r.foLoad = cpuacct.Phase{A: l0, B: b.acct.Take()}
 	}
 	return r
 }
@@ -757,7 +760,7 @@ type latResult struct {
 	rawRuns []runParts
 	svc     []sample
 	failed  int
-	load    loadSnap2
+	load    cpuacct.Phase
 	drain   time.Duration
 	drainOK bool
 }
@@ -1224,7 +1227,7 @@ func (r *results) print(c config) {
 			dur(medianOf(acc)), dur(medianOf(diffs(st, acc))), msDur(medianOf(inSchedd)), msDur(medianOf(rawParts)), dur(medianOf(diffs(run, st))), c.poll)
 		fmt.Printf("**Running: p50 %s = %.1f× raw containerd (p50 %s), %s over it; p99 %s.** %d of %d services did not run within %v. **Goal p50 ≤ 500 ms: %s.** Other processes on the machine used %.2f CPUs on average during the phase (this benchmark, its cluster and containers %.2f)%s.\n\n",
 			dur(p50), ratio(p50, raw50), dur(raw50), dur(p50-raw50), dur(pctl(run, 0.99)), l.failed, len(l.svc), c.timeout, metStr(l.failed == 0 && p50 <= 500*time.Millisecond),
-			l.load.others(), l.load.ours(), acctNote(r.acctExact))
+			l.load.Others(), l.load.Ours(), acctNote(r.acctExact))
 	}
 
 	if len(r.many) > 0 {
@@ -1245,7 +1248,7 @@ func (r *results) print(c config) {
 		if len(runs) > 0 {
 			p, rp := medianOf(runs), medianOf(raws)
 			fmt.Printf("\n**Median %s until all %d run (%.0f replicas/s) = %.1f× raw containerd starting as many at once (%s)**%s. Other processes used %.2f CPUs on average during the phase (this benchmark, its cluster and containers %.2f).\n\n",
-				dur(p), c.manyReplicas, float64(c.manyReplicas)/p.Seconds(), ratio(p, rp), dur(rp), ifText(!allOK, "; some runs did not converge"), r.manyLoad.others(), r.manyLoad.ours())
+				dur(p), c.manyReplicas, float64(c.manyReplicas)/p.Seconds(), ratio(p, rp), dur(rp), ifText(!allOK, "; some runs did not converge"), r.manyLoad.Others(), r.manyLoad.Ours())
 		}
 	}
 
@@ -1286,7 +1289,7 @@ func (r *results) print(c config) {
 			fmt.Printf("**All replicas running elsewhere: median %s, worst %s. Goal ≤ 10 s: %s.** Breakdown (medians): the first survivor suspects the node after %s and every survivor declares it dead after %s (probe every %v, suspicion timeout %v); all replicas run on the survivors %s after the first suspicion (schedd counts only members statd reports alive, so a suspect node's tasks are already replaced; the rest is the owner's round, Reserve on the survivors and containerd). The returned node is clean a median %s after its restart; at most %d containers of the service ran at once after it (%s). Other processes used %.2f CPUs on average during the phase (this benchmark, its cluster and containers %.2f).\n\n",
 				dur(medianOf(repl)), dur(slices.Max(repl)), metStr(allOK && slices.Max(repl) <= 10*time.Second), dur(medianOf(suspectFirst)), dur(medianOf(deadAll)),
 				r.member.ProbeInterval, r.member.SuspicionTimeout, dur(medianOf(fromSuspect)), dur(medianOf(clean)), maxPeak(r.fo), dupText(r.fo, c.foReplicas),
-				r.foLoad.others(), r.foLoad.ours())
+				r.foLoad.Others(), r.foLoad.Ours())
 		}
 	}
 	fmt.Printf("Placement throughput on 100 simulated nodes is bench/sched (its own section).\n\n")
@@ -1557,239 +1560,17 @@ func fail(format string, args ...any) {
 
 // ---- CPU accounting ----
 
-// cpuAcct counts the CPU time of this benchmark, its cluster and the
-// cluster's containers, to tell it apart from the machine's. With a
-// cpuacct cgroup (v1) or cgroup v2, this process moves into a cgroup of
-// its own before the cluster starts, so every process it starts (daemons,
-// containerd, shims, runc) is counted there, short-lived ones included;
-// containers are counted under their nodes' cgroup parents. Otherwise
-// only this process is counted (approximate).
-type cpuAcct struct {
-	exact   bool
-	v2      bool
-	root    string // the hierarchy's mount point
-	dir     string // our cgroup
-	orig    string // the cgroup we came from (relative to root)
-	parents []string
-}
-
-func newCPUAcct(name string) *cpuAcct {
-	a := &cpuAcct{}
-	root, v2 := cpuacctMount()
-	if root == "" {
-		return a
-	}
-	a.root, a.v2 = root, v2
-	a.orig = ownCgroup(v2)
-	// Cgroups of earlier runs killed before they could clean up (rmdir
-	// fails on a cgroup in use, so this never touches a live one).
-	if old, _ := filepath.Glob(filepath.Join(root, "shoal-bench-schedd-*")); len(old) > 0 {
-		for _, d := range old {
-			syscall.Rmdir(d)
-		}
-	}
-	dir := filepath.Join(root, "shoal-bench-schedd-"+name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		fmt.Fprintf(os.Stderr, "schedd bench: cpu accounting: %v (falling back to this process only)\n", err)
-		return a
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-		fmt.Fprintf(os.Stderr, "schedd bench: cpu accounting: %v (falling back to this process only)\n", err)
-		syscall.Rmdir(dir)
-		return a
-	}
-	a.dir, a.exact = dir, true
-	return a
-}
-
-// cpuacctMount finds the cpuacct v1 hierarchy, or else the cgroup v2 one.
-func cpuacctMount() (string, bool) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", false
-	}
-	var v2 string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		sep := slices.Index(f, "-")
-		if sep < 0 || sep+3 >= len(f) {
-			continue
-		}
-		switch f[sep+1] {
-		case "cgroup":
-			if slices.Contains(strings.Split(f[sep+3], ","), "cpuacct") {
-				return f[4], false
-			}
-		case "cgroup2":
-			v2 = f[4]
-		}
-	}
-	if v2 != "" {
-		if _, err := os.Stat(filepath.Join(v2, "cgroup.controllers")); err == nil {
-			return v2, true
-		}
-	}
-	return "", false
-}
-
-func ownCgroup(v2 bool) string {
-	data, _ := os.ReadFile("/proc/self/cgroup")
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		if (v2 && f[0] == "0" && f[1] == "") || (!v2 && slices.Contains(strings.Split(f[1], ","), "cpuacct")) {
-			return f[2]
-		}
-	}
-	return "/"
-}
-
-func (a *cpuAcct) addContainers(cl *devcluster.Cluster) {
-	if a.root == "" {
-		return
-	}
-	for i := 1; i <= cl.Nodes(); i++ {
-		a.parents = append(a.parents, filepath.Join(a.root, cl.Containerd(i).CgroupParent))
-	}
-}
-
-// usage returns the CPU time counted in cgroup dir (0 if it is gone).
-func (a *cpuAcct) usage(dir string) time.Duration {
-	if a.v2 {
-		data, err := os.ReadFile(filepath.Join(dir, "cpu.stat"))
-		if err != nil {
-			return 0
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				return time.Duration(n) * time.Microsecond
-			}
-		}
-		return 0
-	}
-	data, err := os.ReadFile(filepath.Join(dir, "cpuacct.usage"))
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	return time.Duration(n)
-}
-
-func (a *cpuAcct) close() {
-	if a.dir == "" {
-		return
-	}
-	os.WriteFile(filepath.Join(a.root, a.orig, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0)
-	for range 50 {
-		if err := syscall.Rmdir(a.dir); err == nil || errors.Is(err, syscall.ENOENT) {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	fmt.Fprintf(os.Stderr, "schedd bench: could not remove cgroup %s\n", a.dir)
-}
-
-// loadSnap is the machine's busy CPU time and the part of it that is
-// ours.
-type loadSnap struct {
-	at            time.Time
-	machine, ours time.Duration
-	// containers is per cgroup parent: a node's parent disappears when the
-	// node is killed, and its count with it.
-	containers []time.Duration
-}
-
-// clockTicks is USER_HZ, the unit of /proc/stat and /proc/<pid>/stat.
-const clockTicks = 100
-
-func (a *cpuAcct) take() loadSnap {
-	s := loadSnap{at: time.Now()}
-	if b, err := os.ReadFile("/proc/stat"); err == nil {
-		line, _, _ := strings.Cut(string(b), "\n")
-		f := strings.Fields(line)
-		// cpu user nice system idle iowait irq softirq steal guest guest_nice
-		for i, v := range f[1:] {
-			if i == 3 || i == 4 || i >= 7 {
-				continue
-			}
-			n, _ := strconv.ParseInt(v, 10, 64)
-			s.machine += time.Duration(n) * time.Second / clockTicks
-		}
-	}
-	if a.exact {
-		s.ours = a.usage(a.dir)
-		for _, p := range a.parents {
-			s.containers = append(s.containers, a.usage(p))
-		}
-	} else if t, err := cpuTicks(os.Getpid()); err == nil {
-		s.ours = time.Duration(t) * time.Second / clockTicks
-	}
-	return s
-}
-
-// loadSnap2 is a phase: its first and last snapshot.
-type loadSnap2 struct{ a, b loadSnap }
-
-func (l loadSnap2) oursDelta() time.Duration {
-	d := l.b.ours - l.a.ours
-	for i := range min(len(l.a.containers), len(l.b.containers)) {
-		d += max(l.b.containers[i]-l.a.containers[i], 0)
-	}
-	return d
-}
-
-// others returns the CPUs (cores' worth) that other processes used.
-func (l loadSnap2) others() float64 {
-	secs := l.b.at.Sub(l.a.at).Seconds()
-	if secs <= 0 {
-		return 0
-	}
-	busy := (l.b.machine - l.a.machine) - l.oursDelta()
-	return max(busy.Seconds(), 0) / secs
-}
-
-// ours returns the CPUs this benchmark, its cluster and its containers
-// used.
-func (l loadSnap2) ours() float64 {
-	secs := l.b.at.Sub(l.a.at).Seconds()
-	if secs <= 0 {
-		return 0
-	}
-	return l.oursDelta().Seconds() / secs
-}
-
-func cpuTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 15 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	var t uint64
-	for _, i := range []int{11, 12, 13, 14} { // utime stime cutime cstime
-		v, _ := strconv.ParseUint(fields[i], 10, 64)
-		t += v
-	}
-	return t, nil
-}
-
 // waitQuiet waits up to the configured limit for a second in which other
 // processes use less than a quarter of a CPU.
 func (b *bench) waitQuiet(ctx context.Context) {
 	const quietCPU = 0.25
 	deadline := time.Now().Add(b.c.quiet)
 	for time.Now().Before(deadline) {
-		a := b.acct.take()
+		a := b.acct.Take()
 		if sleep(ctx, time.Second) != nil {
 			return
 		}
-		load := loadSnap2{a, b.acct.take()}.others()
+		load := cpuacct.Phase{A: a, B: b.acct.Take()}.Others()
 		if load < quietCPU {
 			return
 		}

@@ -11,6 +11,8 @@ import (
 	"github.com/containerd/errdefs"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 )
 
 // idleGoal is the goal for an idle vold: its share of one core.
@@ -54,7 +56,7 @@ func cpuOver(ctx context.Context, pids []int, d time.Duration) ([]float64, time.
 	read := func() []uint64 {
 		out := make([]uint64, len(pids))
 		for i, pid := range pids {
-			t, err := procTicks(pid)
+			t, err := cpuacct.ProcTicks(pid)
 			check(err)
 			out[i] = t
 		}
@@ -67,7 +69,7 @@ func cpuOver(ctx context.Context, pids []int, d time.Duration) ([]float64, time.
 	c1, w := read(), time.Since(t0)
 	out := make([]float64, len(pids))
 	for i := range pids {
-		out[i] = float64(c1[i]-c0[i]) / clockTicks / w.Seconds() * 100
+		out[i] = float64(c1[i]-c0[i]) / cpuacct.ClockTicks / w.Seconds() * 100
 	}
 	return out, w
 }
@@ -92,12 +94,12 @@ func (b *bench) measureIdle(ctx context.Context, volumes int, quiesce bool) idle
 		r.quiesceWait = time.Since(t0)
 	}
 	b.waitQuiet(ctx)
-	l0 := b.acct.take()
+	l0 := b.acct.Take()
 	cpu, w := cpuOver(ctx, append(vold, statd...), c.idleWindow)
-	r.load = phaseLoad{l0, b.acct.take()}
+	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
 	r.window = w
 	for i, pid := range append(vold, statd...) {
-		rss, err := rssMiB(pid)
+		rss, err := cpuacct.RSSMiB(pid)
 		check(err)
 		s := procSample{cpu: cpu[i], rssMB: rss}
 		if i < nodes {
@@ -134,7 +136,7 @@ func (b *bench) createMany(ctx context.Context) createResult {
 		wg   sync.WaitGroup
 		done atomic.Int64
 	)
-	l0 := b.acct.take()
+	l0 := b.acct.Take()
 	t0 := time.Now()
 	for range c.createPar {
 		wg.Go(func() {
@@ -184,6 +186,6 @@ func (b *bench) createMany(ctx context.Context) createResult {
 		fail("%v", ctx.Err())
 	}
 	r.elapsed = time.Since(t0)
-	r.load = phaseLoad{l0, b.acct.take()}
+	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
 	return r
 }

@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"syscall"
 	"time"
+
+	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 )
 
 // target is where one row of the write measurements writes: the local
@@ -81,7 +83,7 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 	}
 	size := int64(c.seqMiB) << 20
 	b.waitQuiet(ctx)
-	l0 := b.acct.take()
+	l0 := b.acct.Take()
 	for rep := range c.reps {
 		for k := range targets {
 			t := targets[(k+rep)%len(targets)]
@@ -101,7 +103,7 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 			}
 		}
 	}
-	r.load = phaseLoad{l0, b.acct.take()}
+	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
 	return r
 }
 
@@ -159,7 +161,7 @@ func (b *bench) random(ctx context.Context) randResult {
 	}
 	files[rowFollower] = filepath.Join(targets[2].dir, "rand.dat")
 	b.waitQuiet(ctx)
-	l0 := b.acct.take()
+	l0 := b.acct.Take()
 	for rep := range c.reps {
 		for k := range targets {
 			t := targets[(k+rep)%len(targets)]
@@ -174,7 +176,7 @@ func (b *bench) random(ctx context.Context) randResult {
 			progress("  %s: %.0f IOPS, p50 %s, p99 %s", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)))
 		}
 	}
-	r.load = phaseLoad{l0, b.acct.take()}
+	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
 	for _, p := range []string{files[rowLocal], files[rowLeader]} {
 		if err := os.Remove(p); err != nil {
 			fail("remove %s: %v", p, err)

@@ -13,6 +13,8 @@ import (
 
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+
+	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 )
 
 // voldMetricsAddr is where a node's vold serves Prometheus metrics inside
@@ -164,7 +166,7 @@ func (b *bench) load(ctx context.Context, n, first int, op func(ctx context.Cont
 		run kvRun
 		wg  sync.WaitGroup
 	)
-	l0 := b.acct.take()
+	l0 := b.acct.Take()
 	t0 := time.Now()
 	end := t0.Add(b.c.kvDur)
 	for k := range n {
@@ -196,6 +198,6 @@ func (b *bench) load(ctx context.Context, n, first int, op func(ctx context.Cont
 	}
 	wg.Wait()
 	run.elapsed = time.Since(t0)
-	run.load = phaseLoad{l0, b.acct.take()}
+	run.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
 	return run
 }

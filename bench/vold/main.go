@@ -43,6 +43,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
@@ -149,8 +150,8 @@ func main() {
 	name := fmt.Sprintf("bv%d", rand.IntN(1_000_000))
 	// The cgroup first, so that the cluster's processes are born in it; it
 	// goes last, once they are gone.
-	acct := newCPUAcct(name)
-	atCleanup(acct.close)
+	acct := cpuacct.New("shoal-bench-vold-", name, progress)
+	atCleanup(acct.Close)
 
 	var cmu sync.Mutex
 	var cl *devcluster.Cluster
@@ -186,7 +187,7 @@ func main() {
 type bench struct {
 	c    config
 	name string
-	acct *cpuAcct
+	acct *cpuacct.Acct
 	rng  *rand.Rand
 
 	cl    *devcluster.Cluster
@@ -276,7 +277,7 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 	setCluster(cl)
 	b.cl = cl
 	atFailure(b.dumpLogs)
-	r := &results{name: b.name, subnet: cl.Subnet().String(), up: time.Since(start), acctExact: b.acct.exact}
+	r := &results{name: b.name, subnet: cl.Subnet().String(), up: time.Since(start), acctExact: b.acct.Exact}
 	if out, _, code, err := cl.Exec(ctx, 1, []string{filepath.Join(c.bin, "shoal-vold"), "--version"}, nil); err == nil && code == 0 {
 		r.version = strings.TrimSpace(out)
 	}
@@ -314,12 +315,12 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 	progress("KV puts")
 	r.kv, r.kvLeader = b.kvPhase(ctx)
 
-	l0 := b.acct.take()
+	l0 := b.acct.Take()
 	for k := range c.failovers {
 		progress("failover %d of %d", k+1, c.failovers)
 		r.fo = append(r.fo, b.failover(ctx, k))
 	}
-	r.foLoad = phaseLoad{l0, b.acct.take()}
+	r.foLoad = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
 
 	if c.idleVols > 0 {
 		b.removeBenchVolume(ctx)
@@ -472,11 +473,11 @@ func (b *bench) waitQuiet(ctx context.Context) {
 	const quietCPU = 0.25
 	deadline := time.Now().Add(b.c.quiet)
 	for time.Now().Before(deadline) {
-		a := b.acct.take()
+		a := b.acct.Take()
 		if sleep(ctx, time.Second) != nil {
 			return
 		}
-		load := phaseLoad{a, b.acct.take()}.others()
+		load := phaseLoad{cpuacct.Phase{A: a, B: b.acct.Take()}}.Others()
 		if load < quietCPU {
 			return
 		}

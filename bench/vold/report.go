@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 )
 
 // Goals.
@@ -148,7 +150,7 @@ func (r *results) printKV(c config) {
 				worst = slices.Max(x.lat)
 			}
 			fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %d | %d / %d / %d | %s | %s | %.2f |\n", cn, api, x.rate(), dur(pctl(x.lat, 0.5)), dur(pctl(x.lat, 0.99)), dur(worst), x.errs,
-				x.perNode[0], x.perNode[1], x.perNode[2], fwd, rat, x.load.others())
+				x.perNode[0], x.perNode[1], x.perNode[2], fwd, rat, x.load.Others())
 		}
 		row("statd Put (baseline)", k.statd, "–", "–")
 		fwd := 0.0
@@ -173,7 +175,7 @@ func (r *results) printIdle(c config) {
 	a, z := r.idle0, r.idleN
 	fmt.Printf("CPU time of each node's vold (utime + stime from /proc/<pid>/stat) over %v as %% of one core, and its VmRSS at the end, with no client activity. Baseline: right after the cluster formed, with no volume (not even the KV system group). Then, after the other phases (the bench volume removed), %d volumes of 3 replicas and 1 MiB are created through the three nodes' sockets in turn, %d calls at a time, and once every vold has used under %.0f%% of a core over 3 s (waited %s%s) the same is measured; the KV system group exists by then too. *Groups* are the Raft groups each vold holds a replica of, and leads (its metrics). statd's figures are for context: it stores and watches the volume documents. One tick (10 ms) over %v is %.2f%% of a core.\n\n",
 		a.window.Round(10*time.Millisecond), z.volumes, c.createPar, idleGoal, dur(z.quiesceWait), map[bool]string{true: "", false: ": never got there, measured anyway"}[z.quiesced],
-		a.window.Round(10*time.Millisecond), 1.0/clockTicks/a.window.Seconds()*100)
+		a.window.Round(10*time.Millisecond), 1.0/cpuacct.ClockTicks/a.window.Seconds()*100)
 	if z.volumes > 0 {
 		cr := r.create
 		fmt.Printf("Creating: %d volumes in %s (%.1f per second), CreateVolume p50 %s, p99 %s; %d failed%s. Meanwhile %s.\n\n",
@@ -196,7 +198,7 @@ func (r *results) printIdle(c config) {
 		}
 		fmt.Printf("| %d | %.2f%% | %.0f MiB | %s | %s | %s | %s | %s |\n", i+1, a.vold[i].cpu, a.vold[i].rssMB, zc, zr, g, sc, sr)
 	}
-	fmt.Printf("\nOther processes used %.2f CPUs during the baseline window and %.2f during the measurement with volumes.", a.load.others(), z.load.others())
+	fmt.Printf("\nOther processes used %.2f CPUs during the baseline window and %.2f during the measurement with volumes.", a.load.Others(), z.load.Others())
 	if z.volumes > 0 {
 		var rss0, rssN []float64
 		for i := range nodes {

@@ -1,21 +1,19 @@
 package main
 
 import (
-	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"os"
-	"path/filepath"
 	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
+
+	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 )
 
 // ---- cleanup and failure ----
@@ -214,226 +212,12 @@ func fsOf(dir string) string {
 	return out
 }
 
-// ---- per-process figures ----
-
-// clockTicks is USER_HZ, the unit of /proc/stat and /proc/<pid>/stat.
-const clockTicks = 100
-
-// procTicks returns utime+stime of pid (without children), in ticks.
-func procTicks(pid int) (uint64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, err
-	}
-	// The command name may contain spaces: fields start after the last ')'.
-	s := string(b)
-	fields := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(fields) < 13 {
-		return 0, fmt.Errorf("/proc/%d/stat: too few fields", pid)
-	}
-	// fields[0] is field 3 (state); utime and stime are fields 14 and 15.
-	ut, err1 := strconv.ParseUint(fields[11], 10, 64)
-	st, err2 := strconv.ParseUint(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		return 0, fmt.Errorf("/proc/%d/stat: bad utime/stime", pid)
-	}
-	return ut + st, nil
-}
-
-func rssMiB(pid int) (float64, error) {
-	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		return 0, err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
-			kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 64)
-			return kb / 1024, err
-		}
-	}
-	return 0, fmt.Errorf("/proc/%d/status: no VmRSS", pid)
-}
-
 // ---- background load ----
 
-// cpuAcct counts the CPU time of this benchmark and its cluster, to tell
-// it apart from the machine's. With a cpuacct cgroup (v1) or cgroup v2,
-// this process moves into a cgroup of its own before the cluster starts,
-// so every process it starts (the daemons, restarted ones too) is counted
-// there. Otherwise only this process is counted (approximate).
-type cpuAcct struct {
-	exact bool
-	v2    bool
-	root  string // the hierarchy's mount point
-	dir   string // our cgroup
-	orig  string // the cgroup we came from (relative to root)
-}
-
-const cgroupPrefix = "shoal-bench-vold-"
-
-func newCPUAcct(name string) *cpuAcct {
-	a := &cpuAcct{}
-	root, v2 := cpuacctMount()
-	if root == "" {
-		return a
-	}
-	a.root, a.v2 = root, v2
-	a.orig = ownCgroup(v2)
-	// Cgroups of earlier runs killed before they could clean up (rmdir
-	// fails on a cgroup in use, so this never touches a live one).
-	if old, _ := filepath.Glob(filepath.Join(root, cgroupPrefix+"*")); len(old) > 0 {
-		for _, d := range old {
-			syscall.Rmdir(d)
-		}
-	}
-	dir := filepath.Join(root, cgroupPrefix+name)
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		progress("cpu accounting: %v (falling back to this process only)", err)
-		return a
-	}
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0); err != nil {
-		progress("cpu accounting: %v (falling back to this process only)", err)
-		syscall.Rmdir(dir)
-		return a
-	}
-	a.dir, a.exact = dir, true
-	return a
-}
-
-// cpuacctMount finds the cpuacct v1 hierarchy, or else the cgroup v2 one.
-func cpuacctMount() (string, bool) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return "", false
-	}
-	var v2 string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		sep := slices.Index(f, "-")
-		if sep < 0 || sep+3 >= len(f) {
-			continue
-		}
-		switch f[sep+1] {
-		case "cgroup":
-			if slices.Contains(strings.Split(f[sep+3], ","), "cpuacct") {
-				return f[4], false
-			}
-		case "cgroup2":
-			v2 = f[4]
-		}
-	}
-	if v2 != "" {
-		if _, err := os.Stat(filepath.Join(v2, "cgroup.controllers")); err == nil {
-			return v2, true
-		}
-	}
-	return "", false
-}
-
-func ownCgroup(v2 bool) string {
-	data, _ := os.ReadFile("/proc/self/cgroup")
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		if (v2 && f[0] == "0" && f[1] == "") || (!v2 && slices.Contains(strings.Split(f[1], ","), "cpuacct")) {
-			return f[2]
-		}
-	}
-	return "/"
-}
-
-// usage returns the CPU time counted in our cgroup.
-func (a *cpuAcct) usage() time.Duration {
-	if a.v2 {
-		data, err := os.ReadFile(filepath.Join(a.dir, "cpu.stat"))
-		if err != nil {
-			return 0
-		}
-		for _, line := range strings.Split(string(data), "\n") {
-			if v, ok := strings.CutPrefix(line, "usage_usec "); ok {
-				n, _ := strconv.ParseInt(v, 10, 64)
-				return time.Duration(n) * time.Microsecond
-			}
-		}
-		return 0
-	}
-	data, err := os.ReadFile(filepath.Join(a.dir, "cpuacct.usage"))
-	if err != nil {
-		return 0
-	}
-	n, _ := strconv.ParseInt(strings.TrimSpace(string(data)), 10, 64)
-	return time.Duration(n)
-}
-
-func (a *cpuAcct) close() {
-	if a.dir == "" {
-		return
-	}
-	os.WriteFile(filepath.Join(a.root, a.orig, "cgroup.procs"), []byte(strconv.Itoa(os.Getpid())), 0)
-	for range 50 {
-		if err := syscall.Rmdir(a.dir); err == nil || errors.Is(err, syscall.ENOENT) {
-			return
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	progress("could not remove cgroup %s", a.dir)
-}
-
-// loadSnap is the machine's busy CPU time and the part of it that is
-// ours.
-type loadSnap struct {
-	at            time.Time
-	machine, ours time.Duration
-}
-
-func (a *cpuAcct) take() loadSnap {
-	s := loadSnap{at: time.Now()}
-	if b, err := os.ReadFile("/proc/stat"); err == nil {
-		line, _, _ := strings.Cut(string(b), "\n")
-		f := strings.Fields(line)
-		// cpu user nice system idle iowait irq softirq steal guest guest_nice
-		for i, v := range f[1:] {
-			if i == 3 || i == 4 || i >= 7 {
-				continue
-			}
-			n, _ := strconv.ParseInt(v, 10, 64)
-			s.machine += time.Duration(n) * time.Second / clockTicks
-		}
-	}
-	if a.exact {
-		s.ours = a.usage()
-	} else if t, err := procTicks(os.Getpid()); err == nil {
-		s.ours = time.Duration(t) * time.Second / clockTicks
-	}
-	return s
-}
-
-// phaseLoad is a phase's first and last snapshot.
-type phaseLoad struct{ a, b loadSnap }
-
-// others returns the CPUs (cores' worth) that other processes used.
-func (l phaseLoad) others() float64 {
-	secs := l.b.at.Sub(l.a.at).Seconds()
-	if secs <= 0 {
-		return 0
-	}
-	busy := (l.b.machine - l.a.machine) - (l.b.ours - l.a.ours)
-	return max(busy.Seconds(), 0) / secs
-}
-
-// ours returns the CPUs this benchmark and its cluster used.
-func (l phaseLoad) ours() float64 {
-	secs := l.b.at.Sub(l.a.at).Seconds()
-	if secs <= 0 {
-		return 0
-	}
-	return (l.b.ours - l.a.ours).Seconds() / secs
-}
+// phaseLoad is a phase's CPU use: this benchmark's and its cluster's, and
+// the rest of the machine's.
+type phaseLoad struct{ cpuacct.Phase }
 
 func (l phaseLoad) String() string {
-	return fmt.Sprintf("this benchmark and its cluster used %.2f CPUs, other processes %.2f", l.ours(), l.others())
+	return fmt.Sprintf("this benchmark and its cluster used %.2f CPUs, other processes %.2f", l.Ours(), l.Others())
 }
