@@ -127,8 +127,7 @@ func (n *node) candidates() []candidate {
 		out = append(out, candidate{Node: id, Hosted: hosted[id], Free: free(f, id)})
 	}
 	if !slices.ContainsFunc(out, func(c candidate) bool { return c.Node == n.id }) {
-		f := map[string]*statev1.Value{fieldVoldFree: {Kind: &statev1.Value_IntValue{IntValue: n.freeBytes()}}}
-		out = append(out, candidate{Node: n.id, Hosted: hosted[n.id], Free: free(f, n.id)})
+		out = append(out, candidate{Node: n.id, Hosted: hosted[n.id], Free: n.freeBytes() - reserved[n.id]})
 	}
 	return out
 }
