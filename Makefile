@@ -13,7 +13,7 @@ PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 FUZZTIME ?= 10s
 # Packages needed by the tests and the demo on a fresh Debian machine.
-APT_PACKAGES := protobuf-compiler systemd iproute2 nftables busybox-static containerd runc iperf3 tcpdump
+APT_PACKAGES := protobuf-compiler libprotobuf-dev systemd iproute2 nftables busybox-static containerd runc iperf3 tcpdump
 
 .PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image
 
@@ -41,6 +41,7 @@ FORCE:
 deps:
 	@missing=""; \
 	command -v protoc >/dev/null || missing="$$missing protobuf-compiler"; \
+	[ -f /usr/include/google/protobuf/timestamp.proto ] || missing="$$missing libprotobuf-dev"; \
 	command -v systemd-analyze >/dev/null || missing="$$missing systemd"; \
 	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	command -v nft >/dev/null || missing="$$missing nftables"; \
