@@ -71,7 +71,13 @@ func (n *node) route(ctx context.Context, d *volumeDoc, kind string, payload []b
 				return resp.GetPayload(), nil
 			}
 			last = err
-			if !retryElsewhere(err) || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				// The call ended because ctx did: say so, so that callers
+				// see context.Canceled (EINTR for a filesystem op), not
+				// the forwarded call's CANCELED status (EIO).
+				return nil, fmt.Errorf("volume group %d on node %s: %v: %w", d.Group, m, status.Convert(err).Message(), ctx.Err())
+			}
+			if !retryElsewhere(err) {
 				return nil, err
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/containerd/errdefs"
 
@@ -47,6 +48,8 @@ func (b *volumeBackend) Mutate(ctx context.Context, op []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := interruptible(ctx)
+	defer cancel()
 	return b.n.route(ctx, d, kindFSMutate, op, newKey())
 }
 
@@ -56,7 +59,37 @@ func (b *volumeBackend) Query(ctx context.Context, req []byte) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := interruptible(ctx)
+	defer cancel()
 	return b.n.route(ctx, d, kindFSQuery, req, "")
+}
+
+// interruptGrace is how long a filesystem op whose FUSE request was
+// interrupted keeps going to learn its outcome.
+const interruptGrace = 5 * time.Second
+
+// interruptible returns the context a filesystem op runs under. Any
+// signal to the calling process (Go's runtime preempts goroutines with
+// SIGURG many times a second) makes the kernel interrupt its FUSE request,
+// which cancels the op's context. An interrupt is only advisory — the
+// kernel still waits for the answer — and an op given up on is worse than
+// a late one: a mutation proposed by then may still apply, and the
+// caller's retry of an applied rename, unlink or exclusive create would
+// fail; a query proxied to another node turns into EIO for callers that
+// do not retry on EINTR. So an interrupted op goes on for interruptGrace,
+// and only then is cancelled (EINTR).
+func interruptible(ctx context.Context) (context.Context, context.CancelFunc) {
+	op, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		t := time.NewTimer(interruptGrace)
+		defer t.Stop()
+		select {
+		case <-t.C:
+			cancel()
+		case <-op.Done():
+		}
+	})
+	return op, func() { stop(); cancel() }
 }
 
 // replicaGone reports an error that means the local replica went away
