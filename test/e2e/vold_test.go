@@ -111,6 +111,7 @@ func (c *volCluster) down() {
 	defer cancel()
 	// Services first, so that their tasks release the volumes.
 	c.Ctl(ctx, 1, "service", "rm", "writer")
+	c.Ctl(ctx, 1, "service", "rm", "deployed")
 	if err := c.Down(context.Background()); err != nil {
 		t.Errorf("dev cluster down: %v", err)
 	}
@@ -338,6 +339,21 @@ func TestVolumes(t *testing.T) {
 			return err == nil && lastCount(s) > before+20
 		})
 		t.Logf("writes continued %v after the leader's node was killed", time.Since(killed).Round(100*time.Millisecond))
+		// Two of three members serve: degraded, with the dead one shown.
+		// (Checked at once: past --replace-after the dead member is
+		// replaced and the volume is healthy again.)
+		waitFor(t, 5*time.Second, "volume data degraded while a member's node is down", func() bool {
+			v, err := c.inspect(writerNode, "data")
+			if err != nil || v.GetHealth() != "degraded" {
+				return false
+			}
+			for _, m := range v.GetMembers() {
+				if c.node(m.GetNode()) == leaderNode {
+					return !m.GetAlive()
+				}
+			}
+			return false
+		})
 		if err := c.Start(context.Background(), leaderNode, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -379,6 +395,9 @@ func TestVolumes(t *testing.T) {
 			v, err := c.inspect(1, "data")
 			return err == nil && converged(v, 3)
 		})
+		if v, err := c.inspect(2, "data"); err != nil || v.GetHealth() != "healthy" {
+			t.Fatalf("volume data with every member alive and caught up: health %q, %v", v.GetHealth(), err)
+		}
 		// The log is whole: 1..n with no gap or repeat, across the leader
 		// loss and the task's restart.
 		s, err = c.readVolumeFile(leaderNode, "data", "log")
@@ -396,6 +415,103 @@ func TestVolumes(t *testing.T) {
 			t.Fatalf("volume rm succeeded while the reader mount is held")
 		} else if !strings.Contains(errOut, "use") {
 			t.Errorf("volume rm refusal does not say the volume is in use: %s", errOut)
+		}
+	})
+
+	c.run(t, "MountWithoutReplica", func(t *testing.T) {
+		// The node that holds no replica of data mounts it all the same:
+		// its FUSE server proxies every operation to the group.
+		v, err := c.inspect(1, "data")
+		if err != nil {
+			t.Fatal(err)
+		}
+		members := c.memberNodes(v)
+		outside := 0
+		for i := 1; i <= c.Nodes(); i++ {
+			if !containsInt(members, i) {
+				outside = i
+			}
+		}
+		if outside == 0 {
+			t.Fatalf("every node holds a replica of data: %v", members)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer cancel()
+		m, err := c.volumes(outside).Mount(ctx, &volv1.MountRequest{Name: "data", User: "e2e-proxy"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(m.GetPath(), "proxied")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		// 1 MiB in uneven chunks, fsynced, then renamed into place.
+		blob := make([]byte, 1<<20)
+		rng := rand.New(rand.NewPCG(1, 2))
+		for i := range blob {
+			blob[i] = byte(rng.Uint32())
+		}
+		f, err := os.Create(filepath.Join(dir, "blob.tmp"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for off := 0; off < len(blob); off += 100_000 {
+			if _, err := f.Write(blob[off:min(off+100_000, len(blob))]); err != nil {
+				t.Fatalf("write through the proxied mount: %v", err)
+			}
+		}
+		if err := f.Sync(); err != nil {
+			t.Fatalf("fsync through the proxied mount: %v", err)
+		}
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(filepath.Join(dir, "blob.tmp"), filepath.Join(dir, "blob")); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := os.ReadFile(filepath.Join(dir, "blob")); err != nil || !bytes.Equal(b, blob) {
+			t.Fatalf("read back through the proxied mount: %d of %d bytes, %v", len(b), len(blob), err)
+		}
+		want := sha256.Sum256(blob)
+		// Every member serves the file from its own replica.
+		for _, n := range members {
+			s, err := c.readVolumeFile(n, "data", "proxied/blob")
+			if err != nil || sha256.Sum256([]byte(s)) != want {
+				t.Fatalf("node %d's replica: %d bytes, %v; want the %d bytes written on node %d", n, len(s), err, len(blob), outside)
+			}
+			c.releaseReader(n, "data")
+		}
+		waitFor(t, 30*time.Second, "every replica identical after the proxied writes", func() bool {
+			v, err := c.inspect(outside, "data")
+			return err == nil && converged(v, 3)
+		})
+		if v, err := c.inspect(outside, "data"); err != nil || containsInt(c.memberNodes(v), outside) {
+			t.Fatalf("node %d came to hold a replica of data: %v, %v", outside, v.GetMembers(), err)
+		}
+
+		// A service deployed from a spec file gets the volume mounted too,
+		// here on the node without a replica.
+		file := filepath.Join(c.NodeDir(outside), "deployed.yaml")
+		spec := fmt.Sprintf(`name: deployed
+image: local/busybox:latest
+replicas: 1
+constraints: ["node.id==%s"]
+volumes: ["data:/data"]
+stop_grace: 1s
+args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /data/proxied/blob && echo ok >> /data/deployed; trap 'exit 0' TERM; sleep 1000000 & wait"]
+`, c.ids[outside-1])
+		if err := os.WriteFile(file, []byte(spec), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c.mustCtl(outside, "service", "deploy", "-f", file)
+		waitFor(t, 60*time.Second, "the deployed service's file on a replica", func() bool {
+			s, err := c.readVolumeFile(members[0], "data", "deployed")
+			return err == nil && s == "from-spec\nok\n"
+		})
+		c.releaseReader(members[0], "data")
+		c.mustCtl(1, "service", "rm", "deployed")
+		if _, err := c.volumes(outside).Unmount(ctx, &volv1.UnmountRequest{Name: "data", User: "e2e-proxy"}); err != nil {
+			t.Fatal(err)
 		}
 	})
 
@@ -427,6 +543,12 @@ func TestVolumes(t *testing.T) {
 		if err := c.Kill(context.Background(), victim, ""); err != nil {
 			t.Fatal(err)
 		}
+		// Until it is replaced (--replace-after past its death), the dead
+		// member makes the volume degraded.
+		waitFor(t, 30*time.Second, fmt.Sprintf("volume data degraded with node %d dead", victim), func() bool {
+			v, err := c.inspect(ask, "data")
+			return err == nil && v.GetHealth() == "degraded" && containsInt(c.memberNodes(v), victim)
+		})
 		waitFor(t, 90*time.Second, fmt.Sprintf("node %d's replica replaced on spare node %d", victim, spare), func() bool {
 			v, err := c.inspect(ask, "data")
 			if err != nil {
@@ -435,6 +557,9 @@ func TestVolumes(t *testing.T) {
 			ms := c.memberNodes(v)
 			return len(ms) == 3 && containsInt(ms, spare) && !containsInt(ms, victim) && converged(v, 3)
 		})
+		if v, err := c.inspect(ask, "data"); err != nil || v.GetHealth() != "healthy" {
+			t.Fatalf("volume data back to 3 caught-up members: health %q, %v", v.GetHealth(), err)
+		}
 		s, err := c.readVolumeFile(spare, "data", "log")
 		if err != nil || lastCount(s) < 20 {
 			t.Fatalf("the new replica's node does not serve the data: %v (%d lines)", err, lastCount(s))
@@ -606,32 +731,34 @@ func TestKVLinearizable(t *testing.T) {
 			}
 		}()
 	}
-	// Faults: random partitions and kills of the leader's vold, bounded.
+	// Faults: kills of the leader's vold and random partitions, bounded.
 	faults, leaderKills := 0, 0
 	for time.Now().Add(4 * time.Second).Before(deadline) {
 		time.Sleep(2 * time.Second)
 		switch faults % 2 {
 		case 0:
+			// The system group's leader, as its members report it; a
+			// fault round where no member names one kills nothing.
+			victim := c.systemLeader()
+			if victim == 0 {
+				t.Logf("fault %d: no member names the system group's leader", faults)
+				break
+			}
+			if err := c.Kill(ctx, victim, "vold"); err != nil {
+				t.Fatal(err)
+			}
+			leaderKills++
+			time.Sleep(time.Second)
+			if err := c.Start(ctx, victim, "vold"); err != nil {
+				t.Fatal(err)
+			}
+		case 1:
 			iso := 1 + rand.IntN(3)
 			if err := c.Partition(ctx, [][]int{{iso}, restInts(iso)}); err != nil {
 				t.Fatal(err)
 			}
 			time.Sleep(2 * time.Second)
 			if err := c.Heal(ctx); err != nil {
-				t.Fatal(err)
-			}
-		case 1:
-			// The system group's leader, when a node knows it.
-			victim := 1 + rand.IntN(3)
-			if v, err := c.inspect(1+rand.IntN(3), "_system"); err == nil && c.node(v.GetLeader()) != 0 {
-				victim = c.node(v.GetLeader())
-			}
-			leaderKills++
-			if err := c.Kill(ctx, victim, "vold"); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(time.Second)
-			if err := c.Start(ctx, victim, "vold"); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -681,6 +808,9 @@ func TestKVLinearizable(t *testing.T) {
 		ops[op.Input.(kvIn).op]++
 	}
 	t.Logf("linearizable: %d operations (%v) under %d faults (%d kills of the leader's vold)", len(history), ops, faults, leaderKills)
+	if leaderKills == 0 {
+		t.Fatalf("no fault killed the system group's leader")
+	}
 	if len(history) < 50 {
 		t.Fatalf("only %d operations completed: the cluster was unavailable most of the time", len(history))
 	}
@@ -791,6 +921,25 @@ func testLocks(t *testing.T, c *volCluster) {
 	if !held {
 		t.Fatalf("lock P is not b's after a's stale release: %v", ls.GetLeases())
 	}
+}
+
+// systemLeader returns the node whose replica of the system group says it
+// leads (0 if none answers so within a few seconds).
+func (c *volCluster) systemLeader() int {
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		for i := 1; i <= c.Nodes(); i++ {
+			v, err := c.inspect(i, "_system")
+			if err != nil || v.GetLeader() == "" {
+				continue
+			}
+			for _, m := range v.GetMembers() {
+				if m.GetNode() == v.GetLeader() && m.GetRole() == "leader" {
+					return c.node(m.GetNode())
+				}
+			}
+		}
+	}
+	return 0
 }
 
 func restInts(except int) []int {
