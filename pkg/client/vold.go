@@ -6,12 +6,14 @@ import (
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
-// Vold is a client of shoal-vold's local API: replicated volumes and the
-// cluster's key-value store with locks.
+// Vold is a client of shoal-vold's local API: replicated volumes, the
+// cluster's key-value store with locks, and named replicated state
+// machines.
 type Vold struct {
-	Volumes volv1.VolumesClient
-	KV      volv1.KVClient
-	Conn    *grpc.ClientConn
+	Volumes  volv1.VolumesClient
+	KV       volv1.KVClient
+	Machines volv1.StateMachinesClient
+	Conn     *grpc.ClientConn
 }
 
 // NewVold returns a client of the vold socket in runDir.
@@ -20,7 +22,7 @@ func NewVold(runDir string, retry Retry) (*Vold, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Vold{Volumes: volv1.NewVolumesClient(conn), KV: volv1.NewKVClient(conn), Conn: conn}, nil
+	return &Vold{Volumes: volv1.NewVolumesClient(conn), KV: volv1.NewKVClient(conn), Machines: volv1.NewStateMachinesClient(conn), Conn: conn}, nil
 }
 
 // Close closes the connection.

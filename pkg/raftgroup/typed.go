@@ -457,3 +457,14 @@ func (h *Host) SetFencedAsync(id GroupID, l Lease, msg any) *Future[uint64] {
 		return r.Index, decodeResult(r.Data, nil)
 	})
 }
+
+// DoFencedQuorum is DoQuorum for a lock holder (see SetFenced): msg is
+// applied only while l is the lock's current, unexpired lease, else
+// ErrFenced; the applier's result is decoded into out.
+func (h *Host) DoFencedQuorum(ctx context.Context, id GroupID, l Lease, msg any, out any) error {
+	r, err := h.submitTyped(id, msg, &l, true).Wait(ctx)
+	if err != nil {
+		return err
+	}
+	return decodeResult(r.Data, out)
+}

@@ -30,6 +30,8 @@ const (
 	kindLockRelease  = "lock.release"
 	kindLockList     = "lock.list"
 	kindSystemEnsure = "system.ensure"
+	kindMachineSet   = "machine.set"
+	kindMachineRead  = "machine.read"
 )
 
 // forwardAttempt bounds one forwarded call, so that a member that hangs
@@ -183,7 +185,7 @@ func (n *node) runLocal(ctx context.Context, g raftgroup.GroupID, kind string, p
 			return nil, err
 		}
 		return json.Marshal(st)
-	case kindKVPut, kindKVGet, kindLockAcquire, kindLockRenew, kindLockRelease, kindLockList:
+	case kindKVPut, kindKVGet, kindLockAcquire, kindLockRenew, kindLockRelease, kindLockList, kindMachineSet, kindMachineRead:
 		return n.localKV(ctx, g, kind, payload)
 	}
 	return nil, fmt.Errorf("unknown request kind %q: %w", kind, errdefs.ErrInvalidArgument)

@@ -57,15 +57,26 @@ type kvStore struct {
 	idem  []idemEntry
 	byKey map[string]int // idempotency key -> position in idem + offset
 	off   int
+	// machines are the logs of the named state machines (machines.go),
+	// machinesBytes their total size; changed is closed (and replaced)
+	// whenever one changes, to wake waiting readers.
+	machines      map[string]*machineLog
+	machinesBytes int64
+	changed       chan struct{}
 }
 
-func newKVStore() *kvStore { return &kvStore{data: map[string]kvEntry{}, byKey: map[string]int{}} }
+func newKVStore() *kvStore {
+	return &kvStore{data: map[string]kvEntry{}, byKey: map[string]int{}, machines: map[string]*machineLog{}, changed: make(chan struct{})}
+}
 
 // newSystemMachine returns the system group's state machine and its KV.
 func newSystemMachine() (raftgroup.StateMachine, *kvStore) {
 	reg := raftgroup.NewRegistry()
 	if err := reg.RegisterName("vold.KVPut", kvPut{}); err != nil {
 		panic(err) // a fixed, valid registration
+	}
+	if err := reg.RegisterName("vold.MachineSet", machineSet{}); err != nil {
+		panic(err)
 	}
 	t := raftgroup.NewTyped(reg)
 	kv := newKVStore()
@@ -75,8 +86,16 @@ func newSystemMachine() (raftgroup.StateMachine, *kvStore) {
 
 // Apply implements raftgroup.Applier.
 func (s *kvStore) Apply(c raftgroup.Command) any {
-	p, ok := c.Msg.(*kvPut)
-	if !ok {
+	var p *kvPut
+	switch m := c.Msg.(type) {
+	case *kvPut:
+		p = m
+	case *machineSet:
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.expire(c.Time.UnixNano())
+		return s.applyMachineSet(c, m)
+	default:
 		return nil
 	}
 	s.mu.Lock()
@@ -84,8 +103,8 @@ func (s *kvStore) Apply(c raftgroup.Command) any {
 	now := c.Time.UnixNano()
 	s.expire(now)
 	if p.IdemKey != "" {
-		if i, ok := s.byKey[p.IdemKey]; ok {
-			return s.idem[i-s.off].Result
+		if r, ok := s.idemResult(p.IdemKey); ok {
+			return r
 		}
 	}
 	cur := s.data[p.Key]
@@ -97,10 +116,24 @@ func (s *kvStore) Apply(c raftgroup.Command) any {
 		res = kvPutResult{Applied: true, Revision: c.Index}
 	}
 	if p.IdemKey != "" {
-		s.byKey[p.IdemKey] = s.off + len(s.idem)
-		s.idem = append(s.idem, idemEntry{Key: p.IdemKey, Time: now, Result: res})
+		s.remember(p.IdemKey, now, res)
 	}
 	return res
+}
+
+// idemResult returns the result recorded for an idempotency key.
+func (s *kvStore) idemResult(key string) (kvPutResult, bool) {
+	i, ok := s.byKey[key]
+	if !ok {
+		return kvPutResult{}, false
+	}
+	return s.idem[i-s.off].Result, true
+}
+
+// remember records the result of the write with an idempotency key.
+func (s *kvStore) remember(key string, now int64, res kvPutResult) {
+	s.byKey[key] = s.off + len(s.idem)
+	s.idem = append(s.idem, idemEntry{Key: key, Time: now, Result: res})
 }
 
 // expire drops idempotency records older than the window or beyond the
@@ -126,8 +159,9 @@ func (s *kvStore) get(key string) (kvEntry, bool) {
 }
 
 type kvSnapshot struct {
-	Data map[string]kvEntry `json:"data"`
-	Idem []idemEntry        `json:"idem,omitempty"`
+	Data     map[string]kvEntry     `json:"data"`
+	Idem     []idemEntry            `json:"idem,omitempty"`
+	Machines map[string]*machineLog `json:"machines,omitempty"`
 }
 
 // Snapshot implements raftgroup.Snapshotter (JSON: map keys are sorted, so
@@ -135,7 +169,7 @@ type kvSnapshot struct {
 func (s *kvStore) Snapshot() ([]byte, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return json.Marshal(kvSnapshot{Data: s.data, Idem: s.idem})
+	return json.Marshal(kvSnapshot{Data: s.data, Idem: s.idem, Machines: s.machines})
 }
 
 // Restore implements raftgroup.Snapshotter.
@@ -156,5 +190,14 @@ func (s *kvStore) Restore(data []byte) error {
 	for i, e := range s.idem {
 		s.byKey[e.Key] = i
 	}
+	s.machines, s.machinesBytes = snap.Machines, 0
+	if s.machines == nil {
+		s.machines = map[string]*machineLog{}
+	}
+	for _, l := range s.machines {
+		s.machinesBytes += l.Bytes
+	}
+	close(s.changed)
+	s.changed = make(chan struct{})
 	return nil
 }

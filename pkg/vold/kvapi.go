@@ -155,6 +155,9 @@ func (n *node) localKV(ctx context.Context, g raftgroup.GroupID, kind string, pa
 	if !isSystemGroup(g) {
 		return nil, fmt.Errorf("group %d is not the system group: %w", g, errdefs.ErrInvalidArgument)
 	}
+	if kind == kindMachineSet || kind == kindMachineRead {
+		return n.localMachine(ctx, h, g, kind, payload)
+	}
 	bad := func(err error) error { return fmt.Errorf("%s payload: %v: %w", kind, err, errdefs.ErrInvalidArgument) }
 	var out proto.Message
 	switch kind {

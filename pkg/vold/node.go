@@ -106,6 +106,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	n.peer = &peerServer{log: rt.Log.With("component", "peer"), names: n.names, deliver: n.deliver, forward: n.serveForward}
 	volv1.RegisterVolumesServer(rt.GRPC, &volumesAPI{n: n})
 	volv1.RegisterKVServer(rt.GRPC, &kvAPI{n: n})
+	volv1.RegisterStateMachinesServer(rt.GRPC, &machinesAPI{n: n})
 	rt.Details = n.details
 	rt.Metrics.MustRegister(newCollector(n))
 	runCtx, cancel := context.WithCancel(ctx)

@@ -3,6 +3,8 @@ package vold
 import (
 	"context"
 	"crypto/sha256"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -46,14 +48,11 @@ func systemDigest(t *testing.T, c *raftgrouptest.Cluster, n raftgroup.NodeID, g 
 	return sha256.Sum256(snap)
 }
 
-// TestSystemGroupKVAndLocks runs the system group's state machine (typed,
-// with the KV applier and raftgroup's locks) on three deterministic hosts:
-// revisions are entry indexes, compare-and-swap is exact, lock tokens of
-// successive holders increase, and replicas (one restarted from its disk)
-// end with identical state.
-func TestSystemGroupKVAndLocks(t *testing.T) {
+// newSystemCluster runs a system group on three deterministic hosts and
+// returns the KV applier of each.
+func newSystemCluster(t *testing.T, seed uint64) (*raftgrouptest.Cluster, map[raftgroup.NodeID]*kvStore, raftgroup.GroupID) {
 	kvs := map[raftgroup.NodeID]*kvStore{}
-	c := raftgrouptest.New(t, raftgrouptest.Options{Nodes: 3, Seed: 7, NewStateMachine: func(n raftgroup.NodeID, _ raftgroup.GroupID) raftgroup.StateMachine {
+	c := raftgrouptest.New(t, raftgrouptest.Options{Nodes: 3, Seed: seed, NewStateMachine: func(n raftgroup.NodeID, _ raftgroup.GroupID) raftgroup.StateMachine {
 		sm, kv := newSystemMachine()
 		kvs[n] = kv
 		return sm
@@ -61,6 +60,38 @@ func TestSystemGroupKVAndLocks(t *testing.T) {
 	g := newGroupID(true)
 	c.CreateGroup(g, 1, 2, 3)
 	c.WaitLeader(g, 200)
+	return c, kvs, g
+}
+
+// requireCaughtUp waits until node 3 (restarted) applied what node 1 has,
+// and checks that every replica's state is the same.
+func requireCaughtUp(t *testing.T, c *raftgrouptest.Cluster, g raftgroup.GroupID) {
+	t.Helper()
+	var caughtUp bool
+	c.RunUntil(300, func() bool {
+		st1, _ := c.Host(1).Status(g)
+		st3, err := c.Host(3).Status(g)
+		caughtUp = err == nil && st3.Applied == st1.Applied && st1.Applied > 0
+		return caughtUp
+	})
+	if !caughtUp {
+		t.Fatalf("restarted replica did not catch up")
+	}
+	want := systemDigest(t, c, 1, g)
+	for _, n := range []raftgroup.NodeID{2, 3} {
+		if systemDigest(t, c, n, g) != want {
+			t.Fatalf("node %d's state differs from node 1's", n)
+		}
+	}
+}
+
+// TestSystemGroupKVAndLocks runs the system group's state machine (typed,
+// with the KV applier and raftgroup's locks) on three deterministic hosts:
+// revisions are entry indexes, compare-and-swap is exact, lock tokens of
+// successive holders increase, and replicas (one restarted from its disk)
+// end with identical state.
+func TestSystemGroupKVAndLocks(t *testing.T) {
+	c, kvs, g := newSystemCluster(t, 7)
 
 	var r1, r2, r3 kvPutResult
 	h := c.Host(2)
@@ -98,23 +129,101 @@ func TestSystemGroupKVAndLocks(t *testing.T) {
 		t.Fatalf("second holder: %+v, %v (first token %d)", l2, err, l1.Token)
 	}
 	c.Restart(3)
-	var caughtUp bool
-	c.RunUntil(300, func() bool {
-		st1, _ := c.Host(1).Status(g)
-		st3, err := c.Host(3).Status(g)
-		caughtUp = err == nil && st3.Applied == st1.Applied && st1.Applied > 0
-		return caughtUp
-	})
-	if !caughtUp {
-		t.Fatalf("restarted replica did not catch up")
-	}
-	want := systemDigest(t, c, 1, g)
-	for _, n := range []raftgroup.NodeID{2, 3} {
-		if systemDigest(t, c, n, g) != want {
-			t.Fatalf("node %d's state differs from node 1's", n)
-		}
-	}
+	requireCaughtUp(t, c, g)
 	if e, ok := kvs[3].get("k"); !ok || string(e.Value) != "a" || e.Revision != r1.Revision {
 		t.Fatalf("restarted replica has k = %+v, %v", e, ok)
+	}
+}
+
+// TestSystemGroupStateMachines runs the named state machines of the
+// StateMachines API on three deterministic hosts: commands get increasing
+// indexes, a compare on the last index is exact, a retried Set applies
+// once, a snapshot command compacts the log, the log's size is capped, a
+// fenced Set is refused once its lease is gone, and replicas (one
+// restarted from its disk) end with identical logs.
+func TestSystemGroupStateMachines(t *testing.T) {
+	c, kvs, g := newSystemCluster(t, 9)
+	set := func(n raftgroup.NodeID, m machineSet) machineSetResult {
+		t.Helper()
+		var r machineSetResult
+		if err := call(t, c, func(ctx context.Context) error { return c.Host(n).DoQuorum(ctx, g, &m, &r) }); err != nil {
+			t.Fatalf("set %+v on node %d: %v", m, n, err)
+		}
+		return r
+	}
+	var last uint64
+	for i := range 5 {
+		r := set(raftgroup.NodeID(1+i%3), machineSet{Machine: "m", TypeURL: "t", Value: []byte{byte(i)}, IdemKey: fmt.Sprint("k", i)})
+		if !r.Applied || r.Index <= last {
+			t.Fatalf("set %d: %+v after index %d", i, r, last)
+		}
+		last = r.Index
+	}
+	// A retry of the last Set on another member: the first result, once.
+	if r := set(3, machineSet{Machine: "m", TypeURL: "t", Value: []byte{4}, IdemKey: "k4"}); r != (machineSetResult{Applied: true, Index: last}) {
+		t.Fatalf("retried set: %+v, want applied at %d", r, last)
+	}
+	if r := set(2, machineSet{Machine: "m", Value: []byte("x"), Compare: true, Expect: last - 1}); r.Applied || r.Index != last {
+		t.Fatalf("compare on a stale index: %+v, want refused with index %d", r, last)
+	}
+	// A snapshot command, compared on the last index, compacts the log.
+	snap := set(2, machineSet{Machine: "m", TypeURL: "t", Value: []byte("fold"), Snapshot: true, Compare: true, Expect: last})
+	if !snap.Applied {
+		t.Fatalf("snapshot: %+v", snap)
+	}
+	cmds, _ := kvs[2].readMachine("m", 0)
+	if len(cmds) != 1 || !cmds[0].Snapshot || cmds[0].Index != snap.Index || string(cmds[0].Value) != "fold" {
+		t.Fatalf("log after the snapshot: %+v", cmds)
+	}
+	if cmds, _ := kvs[2].readMachine("m", snap.Index); len(cmds) != 0 {
+		t.Fatalf("commands after the snapshot's index: %+v", cmds)
+	}
+	// The log of a machine is capped; a snapshot makes room again.
+	mib := make([]byte, 1<<20)
+	for range maxMachineBytes / len(mib) {
+		set(1, machineSet{Machine: "big", Value: mib})
+	}
+	if r := set(1, machineSet{Machine: "big", Value: mib}); r.Applied || !r.Full {
+		t.Fatalf("a Set over the limit: %+v", r)
+	}
+	if r := set(1, machineSet{Machine: "big", Value: []byte("small"), Snapshot: true}); !r.Applied {
+		t.Fatalf("compaction of a full log: %+v", r)
+	}
+	// Fenced: applied while the lease holds, refused once superseded.
+	var l1 raftgroup.Lease
+	if err := call(t, c, func(ctx context.Context) (err error) {
+		l1, err = c.Host(1).AcquireLock(ctx, g, "L", "h1", time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	fenced := func(l raftgroup.Lease) error {
+		var r machineSetResult
+		return call(t, c, func(ctx context.Context) error {
+			return c.Host(3).DoFencedQuorum(ctx, g, l, &machineSet{Machine: "m", Value: []byte("fenced")}, &r)
+		})
+	}
+	if err := fenced(l1); err != nil {
+		t.Fatalf("fenced set with the current lease: %v", err)
+	}
+	c.RunTicks(20) // the lease (1s of group time) runs out
+	if err := call(t, c, func(ctx context.Context) error {
+		_, err := c.Host(2).AcquireLock(ctx, g, "L", "h2", time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := fenced(l1); !errors.Is(err, raftgroup.ErrFenced) {
+		t.Fatalf("fenced set with a superseded lease: %v, want ErrFenced", err)
+	}
+
+	// A replica that restarts from its disk ends with the same logs.
+	c.Crash(3)
+	set(1, machineSet{Machine: "m", Value: []byte("while 3 is down")})
+	c.Restart(3)
+	requireCaughtUp(t, c, g)
+	got, _ := kvs[3].readMachine("m", 0)
+	if len(got) != 3 || !got[0].Snapshot || string(got[1].Value) != "fenced" || string(got[2].Value) != "while 3 is down" {
+		t.Fatalf("restarted replica's log of m: %+v", got)
 	}
 }

@@ -1,6 +1,7 @@
 // Package vold wires shoal-vold: replicated volumes, each its own Raft
-// group on the multi-Raft host of pkg/raftgroup, and a replicated key-value
-// store with locks on the cluster's system group.
+// group on the multi-Raft host of pkg/raftgroup, and on the cluster's
+// system group a replicated key-value store with locks and the named state
+// machines of other processes.
 //
 // # Pieces
 //
@@ -25,7 +26,10 @@
 // The system group (volume "_system", created on first use by the lowest
 // live node) runs raftgroup's typed state machine with a compare-and-swap
 // key-value applier (kv.go) and raftgroup's locks; its API is KV on
-// vold.sock.
+// vold.sock. The same applier keeps the logs of named state machines
+// (machines.go) that processes outside vold drive through StateMachines:
+// Set appends an opaque command once a quorum applied it, Watch streams
+// the log for the process to fold — its Use(applier).
 //
 // # Node IDs
 //

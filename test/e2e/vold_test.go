@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
@@ -20,7 +21,9 @@ import (
 	"github.com/anishathalye/porcupine"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
@@ -39,6 +42,7 @@ type volCluster struct {
 	mu   sync.Mutex
 	vols map[int]volv1.VolumesClient
 	kvs  map[int]volv1.KVClient
+	sms  map[int]volv1.StateMachinesClient
 }
 
 // replaceAfter is how long a volume's member may be dead before vold
@@ -67,7 +71,7 @@ func newVolCluster(t *testing.T, nodes int) *volCluster {
 	if err != nil {
 		t.Fatalf("dev cluster up: %v", err)
 	}
-	vc := &volCluster{Cluster: c, t: t, root: t, vols: map[int]volv1.VolumesClient{}, kvs: map[int]volv1.KVClient{}}
+	vc := &volCluster{Cluster: c, t: t, root: t, vols: map[int]volv1.VolumesClient{}, kvs: map[int]volv1.KVClient{}, sms: map[int]volv1.StateMachinesClient{}}
 	t.Cleanup(vc.down)
 	for i := 1; i <= nodes; i++ {
 		vc.ids = append(vc.ids, clusterStatus(t, nodeClient(t, c, i)).GetNodeId())
@@ -159,7 +163,15 @@ func (c *volCluster) volumes(i int) volv1.VolumesClient {
 	c.root.Cleanup(func() { conn.Close() })
 	c.vols[i] = volv1.NewVolumesClient(conn)
 	c.kvs[i] = volv1.NewKVClient(conn)
+	c.sms[i] = volv1.NewStateMachinesClient(conn)
 	return c.vols[i]
+}
+
+func (c *volCluster) machines(i int) volv1.StateMachinesClient {
+	c.volumes(i)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sms[i]
 }
 
 func (c *volCluster) kv(i int) volv1.KVClient {
@@ -515,6 +527,8 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 		}
 	})
 
+	c.run(t, "StateMachineAPI", func(t *testing.T) { testStateMachines(t, c) })
+
 	c.run(t, "DeadReplicaReplacedOnSpare", func(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "writer")
 		v, err := c.inspect(1, "data")
@@ -576,6 +590,139 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 			return code == 0
 		})
 	})
+}
+
+// testStateMachines drives a named state machine over vold.sock from the
+// node that holds no replica of the system group: a follower there sees
+// every command in order, compare on the last index is exact,
+// a snapshot command compacts the log for later readers, and a Set fenced
+// by a released lock's token is refused.
+func testStateMachines(t *testing.T, c *volCluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	str := func(s string) *anypb.Any {
+		a, err := anypb.New(wrapperspb.String(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return a
+	}
+	valueOf := func(m *volv1.MachineCommand) string {
+		var v wrapperspb.StringValue
+		if err := m.GetCommand().UnmarshalTo(&v); err != nil {
+			t.Fatalf("command %d: %v", m.GetIndex(), err)
+		}
+		return v.GetValue()
+	}
+	// The system group comes up on first use (a Set here).
+	first, err := c.machines(1).Set(ctx, &volv1.SetRequest{Machine: "counter", Command: str("c0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys, err := c.inspect(1, "_system")
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := c.memberNodes(sys)
+	outside := 0
+	for i := 1; i <= c.Nodes(); i++ {
+		if !containsInt(members, i) {
+			outside = i
+		}
+	}
+	if outside == 0 {
+		t.Fatalf("every node holds a replica of the system group: %v", members)
+	}
+	// A follower from the start of the log, on that node too: its reads
+	// wait on a member for new commands.
+	wctx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	w, err := c.machines(outside).Watch(wctx, &volv1.WatchRequest{Machine: "counter", Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := make(chan *volv1.MachineCommand, 100)
+	go func() {
+		defer close(seen)
+		for {
+			m, err := w.Recv()
+			if err != nil {
+				return
+			}
+			seen <- m
+		}
+	}()
+	sm := c.machines(outside)
+	indexes := []uint64{first.GetIndex()}
+	for i := 1; i <= 10; i++ {
+		r, err := sm.Set(ctx, &volv1.SetRequest{Machine: "counter", Command: str(fmt.Sprint("c", i))})
+		if err != nil || !r.GetApplied() || r.GetIndex() <= indexes[len(indexes)-1] {
+			t.Fatalf("Set %d from node %d: %v, %v (after index %d)", i, outside, r, err, indexes[len(indexes)-1])
+		}
+		indexes = append(indexes, r.GetIndex())
+	}
+	for i, want := range indexes {
+		select {
+		case m, ok := <-seen:
+			if !ok || m.GetIndex() != want || valueOf(m) != fmt.Sprint("c", i) || m.GetSnapshot() {
+				t.Fatalf("follower's command %d: %v, want index %d c%d", i, m, want, i)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the follower on node %d did not see command %d", outside, i)
+		}
+	}
+	last := indexes[len(indexes)-1]
+	if r, err := sm.Set(ctx, &volv1.SetRequest{Machine: "counter", Command: str("stale"), Compare: true, ExpectIndex: last - 1}); err != nil || r.GetApplied() || r.GetIndex() != last {
+		t.Fatalf("Set compared on a stale index: %v, %v; want refused with index %d", r, err, last)
+	}
+	snap, err := sm.Set(ctx, &volv1.SetRequest{Machine: "counter", Command: str("sum"), Snapshot: true, Compare: true, ExpectIndex: last})
+	if err != nil || !snap.GetApplied() {
+		t.Fatalf("snapshot Set: %v, %v", snap, err)
+	}
+	// A reader from the start (on a member) now gets the snapshot alone.
+	r, err := c.machines(members[1]).Watch(ctx, &volv1.WatchRequest{Machine: "counter"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []*volv1.MachineCommand
+	for {
+		m, err := r.Recv()
+		if err != nil {
+			if !errors.Is(err, io.EOF) {
+				t.Fatal(err)
+			}
+			break
+		}
+		got = append(got, m)
+	}
+	if len(got) != 1 || !got[0].GetSnapshot() || got[0].GetIndex() != snap.GetIndex() || valueOf(got[0]) != "sum" {
+		t.Fatalf("reading counter after its compaction: %v", got)
+	}
+	// Fenced Sets: applied with the holder's token, refused once the lock
+	// is released.
+	l, err := c.kv(outside).AcquireLock(ctx, &volv1.AcquireLockRequest{Name: "counter-writer", Holder: "e2e", Ttl: durationpb.New(time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sm.Set(ctx, &volv1.SetRequest{Machine: "counter", Command: str("fenced"), Lock: "counter-writer", LockToken: l.GetToken()}); err != nil {
+		t.Fatalf("Set fenced by the current lease: %v", err)
+	}
+	if _, err := c.kv(outside).ReleaseLock(ctx, &volv1.ReleaseLockRequest{Name: "counter-writer", Holder: "e2e", Token: l.GetToken()}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sm.Set(ctx, &volv1.SetRequest{Machine: "counter", Command: str("late"), Lock: "counter-writer", LockToken: l.GetToken()}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Set fenced by a released lease: %v, want FailedPrecondition", err)
+	}
+	for _, want := range []string{"sum", "fenced"} {
+		select {
+		case m := <-seen:
+			if valueOf(m) != want {
+				t.Fatalf("follower's next command: %v, want %s", m, want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the follower did not see %s", want)
+		}
+	}
 }
 
 func containsInt(xs []int, x int) bool {

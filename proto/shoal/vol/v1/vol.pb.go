@@ -5,15 +5,17 @@
 // source: shoal/vol/v1/vol.proto
 
 // Package shoal.vol.v1 is shoal-vold's API: replicated volumes (one Raft
-// group each) and a replicated key-value state machine with leases, served
-// on vold.sock; and VolPeer, spoken between the vold daemons of a cluster
-// over mutual TLS.
+// group each), a replicated key-value state machine with leases, and named
+// replicated state machines for processes of their own, served on
+// vold.sock; and VolPeer, spoken between the vold daemons of a cluster over
+// mutual TLS.
 
 package volv1
 
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	anypb "google.golang.org/protobuf/types/known/anypb"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
@@ -1318,6 +1320,307 @@ func (x *ListLocksResponse) GetLeases() []*Lease {
 	return nil
 }
 
+type SetRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// machine names the state machine (1 to 1024 bytes).
+	Machine string `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	// command is the command, up to 1 MiB; vold only stores it. Only a
+	// snapshot command may be empty: it resets the machine.
+	Command *anypb.Any `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	// snapshot marks command as the machine's whole state up to and
+	// including itself: the log before it is dropped (compaction). Set it
+	// with compare, so that no command applied after the state it folds
+	// is lost.
+	Snapshot bool `protobuf:"varint,3,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// When compare is set, the command applies only if the index of the
+	// machine's last command equals expect_index (0: the machine is empty).
+	Compare     bool   `protobuf:"varint,4,opt,name=compare,proto3" json:"compare,omitempty"`
+	ExpectIndex uint64 `protobuf:"varint,5,opt,name=expect_index,json=expectIndex,proto3" json:"expect_index,omitempty"`
+	// When lock is set, the command applies only if lock_token is the
+	// current, unexpired lease of lock (see KV.AcquireLock); otherwise
+	// FAILED_PRECONDITION and nothing is applied.
+	Lock      string `protobuf:"bytes,6,opt,name=lock,proto3" json:"lock,omitempty"`
+	LockToken uint64 `protobuf:"varint,7,opt,name=lock_token,json=lockToken,proto3" json:"lock_token,omitempty"`
+	// idempotency_key makes retries of the same Set apply once.
+	IdempotencyKey string `protobuf:"bytes,8,opt,name=idempotency_key,json=idempotencyKey,proto3" json:"idempotency_key,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *SetRequest) Reset() {
+	*x = SetRequest{}
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetRequest) ProtoMessage() {}
+
+func (x *SetRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetRequest.ProtoReflect.Descriptor instead.
+func (*SetRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *SetRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+func (x *SetRequest) GetCommand() *anypb.Any {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *SetRequest) GetSnapshot() bool {
+	if x != nil {
+		return x.Snapshot
+	}
+	return false
+}
+
+func (x *SetRequest) GetCompare() bool {
+	if x != nil {
+		return x.Compare
+	}
+	return false
+}
+
+func (x *SetRequest) GetExpectIndex() uint64 {
+	if x != nil {
+		return x.ExpectIndex
+	}
+	return 0
+}
+
+func (x *SetRequest) GetLock() string {
+	if x != nil {
+		return x.Lock
+	}
+	return ""
+}
+
+func (x *SetRequest) GetLockToken() uint64 {
+	if x != nil {
+		return x.LockToken
+	}
+	return 0
+}
+
+func (x *SetRequest) GetIdempotencyKey() string {
+	if x != nil {
+		return x.IdempotencyKey
+	}
+	return ""
+}
+
+type SetResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Applied bool                   `protobuf:"varint,1,opt,name=applied,proto3" json:"applied,omitempty"`
+	// index is the command's log index (unique, increasing); on a failed
+	// compare, the index of the machine's last command.
+	Index         uint64 `protobuf:"varint,2,opt,name=index,proto3" json:"index,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetResponse) Reset() {
+	*x = SetResponse{}
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetResponse) ProtoMessage() {}
+
+func (x *SetResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetResponse.ProtoReflect.Descriptor instead.
+func (*SetResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *SetResponse) GetApplied() bool {
+	if x != nil {
+		return x.Applied
+	}
+	return false
+}
+
+func (x *SetResponse) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+type WatchRequest struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Machine string                 `protobuf:"bytes,1,opt,name=machine,proto3" json:"machine,omitempty"`
+	// after is the index of the last command the caller has applied (0:
+	// none).
+	After uint64 `protobuf:"varint,2,opt,name=after,proto3" json:"after,omitempty"`
+	// follow keeps the stream open for new commands; without it the stream
+	// ends once the caller is up to date.
+	Follow        bool `protobuf:"varint,3,opt,name=follow,proto3" json:"follow,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WatchRequest) Reset() {
+	*x = WatchRequest{}
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WatchRequest) ProtoMessage() {}
+
+func (x *WatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
+func (*WatchRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *WatchRequest) GetMachine() string {
+	if x != nil {
+		return x.Machine
+	}
+	return ""
+}
+
+func (x *WatchRequest) GetAfter() uint64 {
+	if x != nil {
+		return x.After
+	}
+	return 0
+}
+
+func (x *WatchRequest) GetFollow() bool {
+	if x != nil {
+		return x.Follow
+	}
+	return false
+}
+
+type MachineCommand struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Index   uint64                 `protobuf:"varint,1,opt,name=index,proto3" json:"index,omitempty"`
+	Command *anypb.Any             `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	// snapshot says command replaces the caller's state (a compaction).
+	Snapshot bool `protobuf:"varint,3,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	// time is the group time of the entry: the same on every replica.
+	Time          *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=time,proto3" json:"time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MachineCommand) Reset() {
+	*x = MachineCommand{}
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MachineCommand) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MachineCommand) ProtoMessage() {}
+
+func (x *MachineCommand) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MachineCommand.ProtoReflect.Descriptor instead.
+func (*MachineCommand) Descriptor() ([]byte, []int) {
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{26}
+}
+
+func (x *MachineCommand) GetIndex() uint64 {
+	if x != nil {
+		return x.Index
+	}
+	return 0
+}
+
+func (x *MachineCommand) GetCommand() *anypb.Any {
+	if x != nil {
+		return x.Command
+	}
+	return nil
+}
+
+func (x *MachineCommand) GetSnapshot() bool {
+	if x != nil {
+		return x.Snapshot
+	}
+	return false
+}
+
+func (x *MachineCommand) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
 type RaftBatch struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// batch is raftgroup.Batch.Marshal's encoding, or a chunk of it: a
@@ -1331,7 +1634,7 @@ type RaftBatch struct {
 
 func (x *RaftBatch) Reset() {
 	*x = RaftBatch{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1646,7 @@ func (x *RaftBatch) String() string {
 func (*RaftBatch) ProtoMessage() {}
 
 func (x *RaftBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1659,7 @@ func (x *RaftBatch) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftBatch.ProtoReflect.Descriptor instead.
 func (*RaftBatch) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{23}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RaftBatch) GetBatch() []byte {
@@ -1381,7 +1684,7 @@ type RaftAck struct {
 
 func (x *RaftAck) Reset() {
 	*x = RaftAck{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1393,7 +1696,7 @@ func (x *RaftAck) String() string {
 func (*RaftAck) ProtoMessage() {}
 
 func (x *RaftAck) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1406,7 +1709,7 @@ func (x *RaftAck) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RaftAck.ProtoReflect.Descriptor instead.
 func (*RaftAck) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{24}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{28}
 }
 
 type ForwardRequest struct {
@@ -1426,7 +1729,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1438,7 +1741,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1451,7 +1754,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{25}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForwardRequest) GetGroup() uint64 {
@@ -1491,7 +1794,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1806,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1819,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{26}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForwardResponse) GetPayload() []byte {
@@ -1530,7 +1833,7 @@ var File_shoal_vol_v1_vol_proto protoreflect.FileDescriptor
 
 const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\n" +
-	"\x16shoal/vol/v1/vol.proto\x12\fshoal.vol.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa4\x01\n" +
+	"\x16shoal/vol/v1/vol.proto\x12\fshoal.vol.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa4\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\x04R\areplica\x12\x12\n" +
@@ -1616,7 +1919,30 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\x13ReleaseLockResponse\"\x12\n" +
 	"\x10ListLocksRequest\"@\n" +
 	"\x11ListLocksResponse\x12+\n" +
-	"\x06leases\x18\x01 \x03(\v2\x13.shoal.vol.v1.LeaseR\x06leases\"5\n" +
+	"\x06leases\x18\x01 \x03(\v2\x13.shoal.vol.v1.LeaseR\x06leases\"\x8b\x02\n" +
+	"\n" +
+	"SetRequest\x12\x18\n" +
+	"\amachine\x18\x01 \x01(\tR\amachine\x12.\n" +
+	"\acommand\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\acommand\x12\x1a\n" +
+	"\bsnapshot\x18\x03 \x01(\bR\bsnapshot\x12\x18\n" +
+	"\acompare\x18\x04 \x01(\bR\acompare\x12!\n" +
+	"\fexpect_index\x18\x05 \x01(\x04R\vexpectIndex\x12\x12\n" +
+	"\x04lock\x18\x06 \x01(\tR\x04lock\x12\x1d\n" +
+	"\n" +
+	"lock_token\x18\a \x01(\x04R\tlockToken\x12'\n" +
+	"\x0fidempotency_key\x18\b \x01(\tR\x0eidempotencyKey\"=\n" +
+	"\vSetResponse\x12\x18\n" +
+	"\aapplied\x18\x01 \x01(\bR\aapplied\x12\x14\n" +
+	"\x05index\x18\x02 \x01(\x04R\x05index\"V\n" +
+	"\fWatchRequest\x12\x18\n" +
+	"\amachine\x18\x01 \x01(\tR\amachine\x12\x14\n" +
+	"\x05after\x18\x02 \x01(\x04R\x05after\x12\x16\n" +
+	"\x06follow\x18\x03 \x01(\bR\x06follow\"\xa2\x01\n" +
+	"\x0eMachineCommand\x12\x14\n" +
+	"\x05index\x18\x01 \x01(\x04R\x05index\x12.\n" +
+	"\acommand\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\acommand\x12\x1a\n" +
+	"\bsnapshot\x18\x03 \x01(\bR\bsnapshot\x12.\n" +
+	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"5\n" +
 	"\tRaftBatch\x12\x14\n" +
 	"\x05batch\x18\x01 \x01(\fR\x05batch\x12\x12\n" +
 	"\x04more\x18\x02 \x01(\bR\x04more\"\t\n" +
@@ -1641,7 +1967,10 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\vAcquireLock\x12 .shoal.vol.v1.AcquireLockRequest\x1a\x13.shoal.vol.v1.Lease\x12@\n" +
 	"\tRenewLock\x12\x1e.shoal.vol.v1.RenewLockRequest\x1a\x13.shoal.vol.v1.Lease\x12R\n" +
 	"\vReleaseLock\x12 .shoal.vol.v1.ReleaseLockRequest\x1a!.shoal.vol.v1.ReleaseLockResponse\x12L\n" +
-	"\tListLocks\x12\x1e.shoal.vol.v1.ListLocksRequest\x1a\x1f.shoal.vol.v1.ListLocksResponse2\x8b\x01\n" +
+	"\tListLocks\x12\x1e.shoal.vol.v1.ListLocksRequest\x1a\x1f.shoal.vol.v1.ListLocksResponse2\x90\x01\n" +
+	"\rStateMachines\x12:\n" +
+	"\x03Set\x12\x18.shoal.vol.v1.SetRequest\x1a\x19.shoal.vol.v1.SetResponse\x12C\n" +
+	"\x05Watch\x12\x1a.shoal.vol.v1.WatchRequest\x1a\x1c.shoal.vol.v1.MachineCommand0\x012\x8b\x01\n" +
 	"\aVolPeer\x128\n" +
 	"\x04Raft\x12\x17.shoal.vol.v1.RaftBatch\x1a\x15.shoal.vol.v1.RaftAck(\x01\x12F\n" +
 	"\aForward\x12\x1c.shoal.vol.v1.ForwardRequest\x1a\x1d.shoal.vol.v1.ForwardResponseB5Z3github.com/shoal-dev/shoal/proto/shoal/vol/v1;volv1b\x06proto3"
@@ -1658,7 +1987,7 @@ func file_shoal_vol_v1_vol_proto_rawDescGZIP() []byte {
 	return file_shoal_vol_v1_vol_proto_rawDescData
 }
 
-var file_shoal_vol_v1_vol_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_shoal_vol_v1_vol_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
 var file_shoal_vol_v1_vol_proto_goTypes = []any{
 	(*Member)(nil),                // 0: shoal.vol.v1.Member
 	(*Volume)(nil),                // 1: shoal.vol.v1.Volume
@@ -1683,54 +2012,66 @@ var file_shoal_vol_v1_vol_proto_goTypes = []any{
 	(*ReleaseLockResponse)(nil),   // 20: shoal.vol.v1.ReleaseLockResponse
 	(*ListLocksRequest)(nil),      // 21: shoal.vol.v1.ListLocksRequest
 	(*ListLocksResponse)(nil),     // 22: shoal.vol.v1.ListLocksResponse
-	(*RaftBatch)(nil),             // 23: shoal.vol.v1.RaftBatch
-	(*RaftAck)(nil),               // 24: shoal.vol.v1.RaftAck
-	(*ForwardRequest)(nil),        // 25: shoal.vol.v1.ForwardRequest
-	(*ForwardResponse)(nil),       // 26: shoal.vol.v1.ForwardResponse
-	(*timestamppb.Timestamp)(nil), // 27: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 28: google.protobuf.Duration
+	(*SetRequest)(nil),            // 23: shoal.vol.v1.SetRequest
+	(*SetResponse)(nil),           // 24: shoal.vol.v1.SetResponse
+	(*WatchRequest)(nil),          // 25: shoal.vol.v1.WatchRequest
+	(*MachineCommand)(nil),        // 26: shoal.vol.v1.MachineCommand
+	(*RaftBatch)(nil),             // 27: shoal.vol.v1.RaftBatch
+	(*RaftAck)(nil),               // 28: shoal.vol.v1.RaftAck
+	(*ForwardRequest)(nil),        // 29: shoal.vol.v1.ForwardRequest
+	(*ForwardResponse)(nil),       // 30: shoal.vol.v1.ForwardResponse
+	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
+	(*anypb.Any)(nil),             // 33: google.protobuf.Any
 }
 var file_shoal_vol_v1_vol_proto_depIdxs = []int32{
 	0,  // 0: shoal.vol.v1.Volume.members:type_name -> shoal.vol.v1.Member
-	27, // 1: shoal.vol.v1.Volume.created:type_name -> google.protobuf.Timestamp
+	31, // 1: shoal.vol.v1.Volume.created:type_name -> google.protobuf.Timestamp
 	1,  // 2: shoal.vol.v1.ListVolumesResponse.volumes:type_name -> shoal.vol.v1.Volume
-	27, // 3: shoal.vol.v1.Lease.expires:type_name -> google.protobuf.Timestamp
-	28, // 4: shoal.vol.v1.AcquireLockRequest.ttl:type_name -> google.protobuf.Duration
-	28, // 5: shoal.vol.v1.RenewLockRequest.ttl:type_name -> google.protobuf.Duration
+	31, // 3: shoal.vol.v1.Lease.expires:type_name -> google.protobuf.Timestamp
+	32, // 4: shoal.vol.v1.AcquireLockRequest.ttl:type_name -> google.protobuf.Duration
+	32, // 5: shoal.vol.v1.RenewLockRequest.ttl:type_name -> google.protobuf.Duration
 	16, // 6: shoal.vol.v1.ListLocksResponse.leases:type_name -> shoal.vol.v1.Lease
-	2,  // 7: shoal.vol.v1.Volumes.CreateVolume:input_type -> shoal.vol.v1.CreateVolumeRequest
-	3,  // 8: shoal.vol.v1.Volumes.ListVolumes:input_type -> shoal.vol.v1.ListVolumesRequest
-	5,  // 9: shoal.vol.v1.Volumes.InspectVolume:input_type -> shoal.vol.v1.InspectVolumeRequest
-	6,  // 10: shoal.vol.v1.Volumes.RemoveVolume:input_type -> shoal.vol.v1.RemoveVolumeRequest
-	8,  // 11: shoal.vol.v1.Volumes.Mount:input_type -> shoal.vol.v1.MountRequest
-	10, // 12: shoal.vol.v1.Volumes.Unmount:input_type -> shoal.vol.v1.UnmountRequest
-	12, // 13: shoal.vol.v1.KV.Put:input_type -> shoal.vol.v1.PutRequest
-	14, // 14: shoal.vol.v1.KV.Get:input_type -> shoal.vol.v1.GetRequest
-	17, // 15: shoal.vol.v1.KV.AcquireLock:input_type -> shoal.vol.v1.AcquireLockRequest
-	18, // 16: shoal.vol.v1.KV.RenewLock:input_type -> shoal.vol.v1.RenewLockRequest
-	19, // 17: shoal.vol.v1.KV.ReleaseLock:input_type -> shoal.vol.v1.ReleaseLockRequest
-	21, // 18: shoal.vol.v1.KV.ListLocks:input_type -> shoal.vol.v1.ListLocksRequest
-	23, // 19: shoal.vol.v1.VolPeer.Raft:input_type -> shoal.vol.v1.RaftBatch
-	25, // 20: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
-	1,  // 21: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
-	4,  // 22: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
-	1,  // 23: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
-	7,  // 24: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
-	9,  // 25: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
-	11, // 26: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
-	13, // 27: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
-	15, // 28: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
-	16, // 29: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
-	16, // 30: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
-	20, // 31: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
-	22, // 32: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
-	24, // 33: shoal.vol.v1.VolPeer.Raft:output_type -> shoal.vol.v1.RaftAck
-	26, // 34: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
-	21, // [21:35] is the sub-list for method output_type
-	7,  // [7:21] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	33, // 7: shoal.vol.v1.SetRequest.command:type_name -> google.protobuf.Any
+	33, // 8: shoal.vol.v1.MachineCommand.command:type_name -> google.protobuf.Any
+	31, // 9: shoal.vol.v1.MachineCommand.time:type_name -> google.protobuf.Timestamp
+	2,  // 10: shoal.vol.v1.Volumes.CreateVolume:input_type -> shoal.vol.v1.CreateVolumeRequest
+	3,  // 11: shoal.vol.v1.Volumes.ListVolumes:input_type -> shoal.vol.v1.ListVolumesRequest
+	5,  // 12: shoal.vol.v1.Volumes.InspectVolume:input_type -> shoal.vol.v1.InspectVolumeRequest
+	6,  // 13: shoal.vol.v1.Volumes.RemoveVolume:input_type -> shoal.vol.v1.RemoveVolumeRequest
+	8,  // 14: shoal.vol.v1.Volumes.Mount:input_type -> shoal.vol.v1.MountRequest
+	10, // 15: shoal.vol.v1.Volumes.Unmount:input_type -> shoal.vol.v1.UnmountRequest
+	12, // 16: shoal.vol.v1.KV.Put:input_type -> shoal.vol.v1.PutRequest
+	14, // 17: shoal.vol.v1.KV.Get:input_type -> shoal.vol.v1.GetRequest
+	17, // 18: shoal.vol.v1.KV.AcquireLock:input_type -> shoal.vol.v1.AcquireLockRequest
+	18, // 19: shoal.vol.v1.KV.RenewLock:input_type -> shoal.vol.v1.RenewLockRequest
+	19, // 20: shoal.vol.v1.KV.ReleaseLock:input_type -> shoal.vol.v1.ReleaseLockRequest
+	21, // 21: shoal.vol.v1.KV.ListLocks:input_type -> shoal.vol.v1.ListLocksRequest
+	23, // 22: shoal.vol.v1.StateMachines.Set:input_type -> shoal.vol.v1.SetRequest
+	25, // 23: shoal.vol.v1.StateMachines.Watch:input_type -> shoal.vol.v1.WatchRequest
+	27, // 24: shoal.vol.v1.VolPeer.Raft:input_type -> shoal.vol.v1.RaftBatch
+	29, // 25: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
+	1,  // 26: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
+	4,  // 27: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
+	1,  // 28: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
+	7,  // 29: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
+	9,  // 30: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
+	11, // 31: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
+	13, // 32: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
+	15, // 33: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
+	16, // 34: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
+	16, // 35: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
+	20, // 36: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
+	22, // 37: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
+	24, // 38: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
+	26, // 39: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
+	28, // 40: shoal.vol.v1.VolPeer.Raft:output_type -> shoal.vol.v1.RaftAck
+	30, // 41: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
+	26, // [26:42] is the sub-list for method output_type
+	10, // [10:26] is the sub-list for method input_type
+	10, // [10:10] is the sub-list for extension type_name
+	10, // [10:10] is the sub-list for extension extendee
+	0,  // [0:10] is the sub-list for field type_name
 }
 
 func init() { file_shoal_vol_v1_vol_proto_init() }
@@ -1744,9 +2085,9 @@ func file_shoal_vol_v1_vol_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_vol_v1_vol_proto_rawDesc), len(file_shoal_vol_v1_vol_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   31,
 			NumExtensions: 0,
-			NumServices:   3,
+			NumServices:   4,
 		},
 		GoTypes:           file_shoal_vol_v1_vol_proto_goTypes,
 		DependencyIndexes: file_shoal_vol_v1_vol_proto_depIdxs,

@@ -5,9 +5,10 @@
 // source: shoal/vol/v1/vol.proto
 
 // Package shoal.vol.v1 is shoal-vold's API: replicated volumes (one Raft
-// group each) and a replicated key-value state machine with leases, served
-// on vold.sock; and VolPeer, spoken between the vold daemons of a cluster
-// over mutual TLS.
+// group each), a replicated key-value state machine with leases, and named
+// replicated state machines for processes of their own, served on
+// vold.sock; and VolPeer, spoken between the vold daemons of a cluster over
+// mutual TLS.
 
 package volv1
 
@@ -632,6 +633,184 @@ var KV_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
+	Metadata: "shoal/vol/v1/vol.proto",
+}
+
+const (
+	StateMachines_Set_FullMethodName   = "/shoal.vol.v1.StateMachines/Set"
+	StateMachines_Watch_FullMethodName = "/shoal.vol.v1.StateMachines/Watch"
+)
+
+// StateMachinesClient is the client API for StateMachines service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// StateMachines replicates the state machines of processes outside vold,
+// on the cluster's system group: a named machine is the ordered log of
+// its commands (opaque Any messages that vold stores and never
+// interprets), and a process drives its own state from that log — Set is
+// the typed Set(msg) of the Go package (raftgroup.Host.Set), Watch is its
+// Use(applier), for a process that is not vold. Every replica of the
+// system group holds every machine; any node serves any call.
+type StateMachinesClient interface {
+	// Set appends a command to the machine's log and returns once a quorum
+	// of the system group's replicas has applied it (the machine springs
+	// into being on its first command). RESOURCE_EXHAUSTED when the log is
+	// over its size limit: compact it with a snapshot command.
+	Set(ctx context.Context, in *SetRequest, opts ...grpc.CallOption) (*SetResponse, error)
+	// Watch streams the machine's commands with index greater than after,
+	// in log order, then (with follow) the new ones as they apply. Its
+	// first batch is linearizable: it holds every command whose Set
+	// returned before Watch was called. A watcher whose after predates the
+	// machine's last snapshot command gets that snapshot first.
+	Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MachineCommand], error)
+}
+
+type stateMachinesClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewStateMachinesClient(cc grpc.ClientConnInterface) StateMachinesClient {
+	return &stateMachinesClient{cc}
+}
+
+func (c *stateMachinesClient) Set(ctx context.Context, in *SetRequest, opts ...grpc.CallOption) (*SetResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SetResponse)
+	err := c.cc.Invoke(ctx, StateMachines_Set_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *stateMachinesClient) Watch(ctx context.Context, in *WatchRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[MachineCommand], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &StateMachines_ServiceDesc.Streams[0], StateMachines_Watch_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[WatchRequest, MachineCommand]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type StateMachines_WatchClient = grpc.ServerStreamingClient[MachineCommand]
+
+// StateMachinesServer is the server API for StateMachines service.
+// All implementations must embed UnimplementedStateMachinesServer
+// for forward compatibility.
+//
+// StateMachines replicates the state machines of processes outside vold,
+// on the cluster's system group: a named machine is the ordered log of
+// its commands (opaque Any messages that vold stores and never
+// interprets), and a process drives its own state from that log — Set is
+// the typed Set(msg) of the Go package (raftgroup.Host.Set), Watch is its
+// Use(applier), for a process that is not vold. Every replica of the
+// system group holds every machine; any node serves any call.
+type StateMachinesServer interface {
+	// Set appends a command to the machine's log and returns once a quorum
+	// of the system group's replicas has applied it (the machine springs
+	// into being on its first command). RESOURCE_EXHAUSTED when the log is
+	// over its size limit: compact it with a snapshot command.
+	Set(context.Context, *SetRequest) (*SetResponse, error)
+	// Watch streams the machine's commands with index greater than after,
+	// in log order, then (with follow) the new ones as they apply. Its
+	// first batch is linearizable: it holds every command whose Set
+	// returned before Watch was called. A watcher whose after predates the
+	// machine's last snapshot command gets that snapshot first.
+	Watch(*WatchRequest, grpc.ServerStreamingServer[MachineCommand]) error
+	mustEmbedUnimplementedStateMachinesServer()
+}
+
+// UnimplementedStateMachinesServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedStateMachinesServer struct{}
+
+func (UnimplementedStateMachinesServer) Set(context.Context, *SetRequest) (*SetResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Set not implemented")
+}
+func (UnimplementedStateMachinesServer) Watch(*WatchRequest, grpc.ServerStreamingServer[MachineCommand]) error {
+	return status.Error(codes.Unimplemented, "method Watch not implemented")
+}
+func (UnimplementedStateMachinesServer) mustEmbedUnimplementedStateMachinesServer() {}
+func (UnimplementedStateMachinesServer) testEmbeddedByValue()                       {}
+
+// UnsafeStateMachinesServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to StateMachinesServer will
+// result in compilation errors.
+type UnsafeStateMachinesServer interface {
+	mustEmbedUnimplementedStateMachinesServer()
+}
+
+func RegisterStateMachinesServer(s grpc.ServiceRegistrar, srv StateMachinesServer) {
+	// If the following call panics, it indicates UnimplementedStateMachinesServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&StateMachines_ServiceDesc, srv)
+}
+
+func _StateMachines_Set_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(SetRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(StateMachinesServer).Set(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: StateMachines_Set_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(StateMachinesServer).Set(ctx, req.(*SetRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _StateMachines_Watch_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(WatchRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(StateMachinesServer).Watch(m, &grpc.GenericServerStream[WatchRequest, MachineCommand]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type StateMachines_WatchServer = grpc.ServerStreamingServer[MachineCommand]
+
+// StateMachines_ServiceDesc is the grpc.ServiceDesc for StateMachines service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var StateMachines_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "shoal.vol.v1.StateMachines",
+	HandlerType: (*StateMachinesServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "Set",
+			Handler:    _StateMachines_Set_Handler,
+		},
+	},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Watch",
+			Handler:       _StateMachines_Watch_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "shoal/vol/v1/vol.proto",
 }
 
