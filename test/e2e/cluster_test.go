@@ -474,13 +474,23 @@ func TestJoinSecurityAndHostileInput(t *testing.T) {
 			t.Fatal("rotate failed")
 		}
 		// The rotated token reaches node 2 by gossip; the old one is then
-		// refused by every member.
+		// refused by every member. Each node is tried only once it holds
+		// the new token's hash: a node that still had the old one would let
+		// the outsider in.
+		rotated, ok := getField(nodeClient(t, c, 1), "/cluster/join", "token_hash")
+		if !ok {
+			t.Fatal("node 1 has no join token hash after rotating")
+		}
 		for _, i := range []int{1, 2} {
-			var errOut string
-			waitFor(t, 10*time.Second, "old token refused", func() bool {
-				_, errOut, _ = outsider.ctl("cluster", "join", "--token", token, "--advertise", "127.0.0.1", c.Addr(i))
-				return strings.Contains(errOut, "invalid or has been rotated")
+			cl := nodeClient(t, c, i)
+			waitFor(t, 10*time.Second, fmt.Sprintf("the rotated token on node %d", i), func() bool {
+				h, _ := getField(cl, "/cluster/join", "token_hash")
+				return h == rotated
 			})
+			_, errOut, code := outsider.ctl("cluster", "join", "--token", token, "--advertise", "127.0.0.1", c.Addr(i))
+			if code == 0 || !strings.Contains(errOut, "invalid or has been rotated") {
+				t.Fatalf("join through node %d with the rotated-out token: exit %d %q", i, code, errOut)
+			}
 		}
 	})
 	t.Run("WrongCA", func(t *testing.T) {
