@@ -172,6 +172,12 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		return nil, err
 	}
 	rt.Metrics.MustRegister(newCollector(st))
+	// statd is alive while its store answers a read: a wedged Pebble makes
+	// systemd restart it.
+	rt.Liveness = func(context.Context) error {
+		_, err := st.GetRaw(keyClusterConfig)
+		return err
+	}
 	rt.Details = func() map[string]string {
 		s := st.Status()
 		return map[string]string{
