@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"sigs.k8s.io/yaml"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
@@ -359,18 +360,35 @@ func TestCLIStateCommands(t *testing.T) {
 		t.Fatalf("deleted doc listed:\n%s", out)
 	}
 	// watch replays from a revision and prints JSON lines.
-	cmd := exec.Command(bin("shoalctl"), "state", "watch", "/app/", "--after", "1", "-o", "json")
-	cmd.Env = append(os.Environ(), "SHOAL_RUN_DIR="+n.runDir)
-	stdout := &syncBuffer{}
-	cmd.Stdout = stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	stdout := n.follow("state", "watch", "/app/", "--after", "1", "-o", "json")
 	waitUntil(t, func() bool { return strings.Count(stdout.String(), "\n") >= 3 })
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	if !strings.Contains(lines[0], `"revision":2`) || !strings.Contains(lines[2], `"type":"DELETE"`) {
 		t.Fatalf("watch output:\n%s", stdout)
+	}
+	// -o yaml is a stream of YAML documents, one per event.
+	yout := n.follow("state", "watch", "/app/", "--after", "1", "-o", "yaml")
+	waitUntil(t, func() bool {
+		return strings.Count(yout.String(), "---\n") >= 3 && strings.Contains(yout.String(), "DELETE")
+	})
+	docs := strings.Split(yout.String(), "---\n")
+	type event struct {
+		Type     string `json:"type"`
+		Revision uint64 `json:"revision"`
+		Document struct {
+			Key string `json:"key"`
+		} `json:"document"`
+	}
+	var events []event
+	for _, d := range docs[1:4] {
+		var e event
+		if err := yaml.Unmarshal([]byte(d), &e); err != nil {
+			t.Fatalf("watch -o yaml document %q: %v", d, err)
+		}
+		events = append(events, e)
+	}
+	if docs[0] != "" || events[0].Revision != 2 || events[0].Type != "PUT" || events[2].Type != "DELETE" || events[2].Document.Key != "/app/db" {
+		t.Fatalf("watch -o yaml: %+v\n%s", events, yout)
 	}
 }
 
