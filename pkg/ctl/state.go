@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"slices"
@@ -236,8 +237,8 @@ func (a *app) stateWatch() *cobra.Command {
 		Short: "Follow changes under a key prefix (resumes across statd restarts)",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if format != "table" && format != "json" {
-				return usageError{fmt.Errorf("watch output is table or json (one object per line)")}
+			if err := checkFormat(format); err != nil {
+				return err
 			}
 			prefix := ""
 			if len(args) == 1 {
@@ -256,8 +257,18 @@ func (a *app) stateWatch() *cobra.Command {
 			return c.Watch(cmd.Context(), prefix, after, func(resp *statev1.WatchResponse) error {
 				for _, e := range resp.GetEvents() {
 					v := eventView{Type: eventType(e.GetType()), Revision: e.GetRevision(), Document: viewOf(e.GetDocument())}
-					if format == "json" {
+					switch format {
+					case "json":
 						if err := enc.Encode(v); err != nil {
+							return err
+						}
+						continue
+					case "yaml":
+						// A stream of YAML documents, one per event.
+						if _, err := io.WriteString(a.out, "---\n"); err != nil {
+							return err
+						}
+						if err := render(a.out, format, v, nil); err != nil {
 							return err
 						}
 						continue
@@ -272,7 +283,7 @@ func (a *app) stateWatch() *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table or json (one event per line)")
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table, json (one event per line) or yaml (one document per event)")
 	cmd.Flags().Uint64Var(&after, "after", 0, "replay the changes after this revision first (default: only new changes)")
 	return cmd
 }

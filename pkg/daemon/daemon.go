@@ -67,6 +67,12 @@ type Runtime struct {
 	Metrics *prometheus.Registry
 	// Details, when set, adds daemon-specific lines to Info responses.
 	Details func() map[string]string
+	// Liveness, when set, runs before every systemd watchdog ping; the
+	// ping is skipped when it fails or does not return within the ping
+	// interval, so systemd restarts a daemon that runs but no longer works
+	// (a wedged store, a deadlock), not only one that died. It must be
+	// cheap: a trivial read, not a round trip to a peer.
+	Liveness func(ctx context.Context) error
 
 	started time.Time
 	ready   chan struct{}
@@ -213,7 +219,8 @@ func run(spec Spec, cfg Configurable) error {
 	log.Info("ready", "socket", lis.Addr().String(), "socket_activated", activated, "startup", time.Since(rt.started).Round(time.Millisecond))
 
 	if wd, err := sddaemon.SdWatchdogEnabled(false); err == nil && wd > 0 {
-		go watchdog(bgCtx, wd/2)
+		notify := func() { sddaemon.SdNotify(false, sddaemon.SdNotifyWatchdog) }
+		go watchdog(bgCtx, wd/2, rt.Liveness, notify, log)
 	}
 
 	var runErr error
@@ -261,16 +268,44 @@ func gracefulStop(s *grpc.Server, timeout time.Duration) {
 	}
 }
 
-func watchdog(ctx context.Context, every time.Duration) {
+// watchdog pings systemd every interval while live (when set) passes.
+func watchdog(ctx context.Context, every time.Duration, live func(context.Context) error, notify func(), log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
+	var pending chan error // a check that has not returned yet
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			sddaemon.SdNotify(false, sddaemon.SdNotifyWatchdog)
 		}
+		if live != nil {
+			if pending == nil {
+				pending = make(chan error, 1)
+				go func(done chan<- error) {
+					cctx, cancel := context.WithTimeout(ctx, every)
+					defer cancel()
+					done <- live(cctx)
+				}(pending)
+			}
+			var err error
+			select {
+			case err = <-pending:
+				pending = nil
+			case <-time.After(every):
+				// NB: a check that ignores its context may never return;
+				// it is waited for at the next ticks rather than started
+				// again, so a wedged daemon does not pile up goroutines.
+				err = fmt.Errorf("liveness check did not return within %v", every)
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				log.Warn("watchdog ping skipped", "err", err)
+				continue
+			}
+		}
+		notify()
 	}
 }
 

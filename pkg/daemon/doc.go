@@ -16,7 +16,8 @@
 //  5. Start: the daemon loads its state and registers its services;
 //  6. the Unix socket: taken from systemd socket activation when LISTEN_FDS
 //     is set, created (mode 0660) otherwise; then health SERVING and
-//     sd_notify READY=1, and WATCHDOG=1 pings when WATCHDOG_USEC is set;
+//     sd_notify READY=1, and WATCHDOG=1 pings when WATCHDOG_USEC is set,
+//     each only after the daemon's Runtime.Liveness check (if any) passed;
 //  7. on SIGTERM/SIGINT: STOPPING=1, health NOT_SERVING, a graceful gRPC
 //     stop bounded in time, then the daemon's own stop function.
 package daemon

@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // recordVersion is the format version of cluster.json.
@@ -396,6 +398,44 @@ func (c *Cluster) Down(ctx context.Context) error {
 	}
 	c.logf("cluster %s: down", c.spec.Name)
 	return nil
+}
+
+// Leftovers lists what of the cluster is still on the machine: those of
+// pids that still run, network namespaces named like its nodes', its
+// bridge and veths, its directories and its record. It is empty after a
+// successful Down; tests check that.
+func (c *Cluster) Leftovers(pids ...int) []string {
+	var out []string
+	for _, pid := range pids {
+		if alive(pid, 0) {
+			out = append(out, fmt.Sprintf("process %d", pid))
+		}
+	}
+	for _, ns := range c.allNetns() {
+		if netnsExists(ns) {
+			out = append(out, "network namespace "+ns)
+		}
+	}
+	links := append([]string{bridgeName(c.spec.Name)}, c.allVeths()...)
+	for i := 1; i <= c.spec.Nodes; i++ {
+		if v := vethName(c.spec.Name, i); !slices.Contains(links, v) {
+			links = append(links, v)
+		}
+	}
+	for _, l := range links {
+		if linkExists(l) {
+			out = append(out, "link "+l)
+		}
+	}
+	for _, d := range []string{c.clusterStateDir(), c.clusterRunDir()} {
+		if _, err := os.Stat(d); err == nil {
+			out = append(out, "directory "+d)
+		}
+	}
+	if _, err := LoadAt(c.spec.StateRoot, c.spec.Name); !errdefs.IsNotFound(err) {
+		out = append(out, fmt.Sprintf("cluster record (Load: %v)", err))
+	}
+	return out
 }
 
 // Purge removes what a cluster called name left under the default roots

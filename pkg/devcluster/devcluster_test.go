@@ -391,33 +391,8 @@ func TestCluster(t *testing.T) {
 // links, directories.
 func checkGone(t *testing.T, c *Cluster, pids []int) {
 	t.Helper()
-	for _, pid := range pids {
-		if alive(pid, 0) {
-			t.Errorf("pid %d survived Down", pid)
-		}
-	}
-	entries, _ := os.ReadDir(netnsDir)
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "shoal-"+c.Name()+"-") {
-			t.Errorf("netns %s survived Down", e.Name())
-		}
-	}
-	links := []string{bridgeName(c.Name())}
-	for i := 1; i <= c.Nodes(); i++ {
-		links = append(links, vethName(c.Name(), i))
-	}
-	for _, l := range links {
-		if linkExists(l) {
-			t.Errorf("link %s survived Down", l)
-		}
-	}
-	for _, d := range []string{c.clusterStateDir(), c.clusterRunDir()} {
-		if _, err := os.Stat(d); err == nil {
-			t.Errorf("%s survived Down", d)
-		}
-	}
-	if _, err := Load(c.Name()); !errdefs.IsNotFound(err) {
-		t.Errorf("Load after Down: %v, want not found", err)
+	for _, what := range c.Leftovers(pids...) {
+		t.Errorf("%s survived Down", what)
 	}
 }
 

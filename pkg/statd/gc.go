@@ -27,6 +27,25 @@ import (
 //     that has synced more recently, it drops every document whose latest
 //     write is not its own since it was last in sync, and fetches the
 //     cluster's current state instead.
+//
+// NB: the limit. Rule 3 knows a node is stale only from its own last
+// anti-entropy round with any peer, so it catches a node cut off alone,
+// not a group. Partitions longer than the retention can undo deletes:
+//
+//   - two or more nodes cut off together keep syncing among themselves, so
+//     no side looks stale when the partition heals: a document deleted on
+//     either side during the partition, whose tombstone that side has
+//     collected, comes back from the other side, which still holds it;
+//   - a node cut off alone loses the deletes it made itself while cut off
+//     once it has collected their tombstones: on return, rule 3 takes the
+//     cluster's copies of those documents. (Deletes made by the others
+//     are safe: that is what rule 3 is for.)
+//
+// So the retention (72h by default) must exceed the longest partition
+// after which deletes must hold; docs/STATE.md says so to operators.
+// Dropping a tombstone only once every member has acknowledged it would
+// lift the limit at the price of keeping tombstones while any member is
+// unreachable.
 
 // expiry returns the HLC time before which tombstones are expired.
 func (c *cluster) expiry() hlc.Timestamp {

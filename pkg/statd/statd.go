@@ -3,6 +3,12 @@
 // local socket, exports the store's counters as metrics and scrubs the
 // index after start-up. Clustering (join, gossip, anti-entropy) plugs in
 // here as further components over the same store.
+//
+// Deleted documents leave tombstones, collected after the tombstone
+// retention (gc.go). A node away alone for longer gets no deleted
+// document back; a group of nodes partitioned together for longer than
+// the retention may, and a node away that long loses its own deletes of
+// that time: gc.go states the limit exactly.
 package statd
 
 import (
@@ -172,6 +178,12 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		return nil, err
 	}
 	rt.Metrics.MustRegister(newCollector(st))
+	// statd is alive while its store answers a read: a wedged Pebble makes
+	// systemd restart it.
+	rt.Liveness = func(context.Context) error {
+		_, err := st.GetRaw(keyClusterConfig)
+		return err
+	}
 	rt.Details = func() map[string]string {
 		s := st.Status()
 		return map[string]string{

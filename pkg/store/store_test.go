@@ -274,8 +274,12 @@ func TestConcurrentWritersGroupCommit(t *testing.T) {
 	if st.Live != writers*each || st.Revision != writers*each {
 		t.Fatalf("status %+v", st)
 	}
+	// Writers wait for the WAL sync while the committer applies the next
+	// group: with 32 of them, some group holds more than one write (every
+	// group being a single write would take 640 syncs in a row, each
+	// finishing before any other writer queued).
 	if st.Counters["commits"] >= st.Counters["changes"] {
-		t.Logf("no grouping observed: %d commits for %d changes", st.Counters["commits"], st.Counters["changes"])
+		t.Fatalf("no grouping: %d commits for %d changes", st.Counters["commits"], st.Counters["changes"])
 	}
 	// The index matches a from-scratch rebuild.
 	root := s.Root()

@@ -3,11 +3,14 @@ package e2e
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -191,13 +194,42 @@ func TestFiveNodeCluster(t *testing.T) {
 				t.Fatalf("cluster status -o json lacks %s:\n%s", want, out)
 			}
 		}
+		// Node 2 received the writes of the other nodes above, so some peer
+		// has sent it bytes and entries in completed rounds.
+		var st struct {
+			Members []struct {
+				ID   string `json:"id"`
+				Sync *struct {
+					BytesSent       uint64 `json:"bytes_sent"`
+					EntriesReceived uint64 `json:"entries_received"`
+					Rounds          uint64 `json:"rounds"`
+				} `json:"sync"`
+			} `json:"members"`
+		}
+		if err := json.Unmarshal([]byte(out), &st); err != nil {
+			t.Fatalf("cluster status -o json: %v\n%s", err, out)
+		}
+		var sent, received, rounds uint64
+		for _, m := range st.Members {
+			if m.Sync != nil {
+				sent, received, rounds = max(sent, m.Sync.BytesSent), max(received, m.Sync.EntriesReceived), max(rounds, m.Sync.Rounds)
+			}
+		}
+		if sent == 0 || received == 0 || rounds == 0 {
+			t.Fatalf("cluster status -o json: largest per-peer bytes_sent %d, entries_received %d, rounds %d; want all > 0:\n%s", sent, received, rounds, out)
+		}
 		metrics, _, code, err := c.Exec(ctx, 2, []string{"busybox", "wget", "-qO-", "http://127.0.0.1:9461/metrics"}, nil)
 		if err != nil || code != 0 {
 			t.Fatalf("metrics: %v %d", err, code)
 		}
-		for _, want := range []string{"shoal_statd_sync_bytes_sent_total{peer=", "shoal_statd_sync_rounds_total{peer=", "shoal_statd_sync_rejected_total{peer=", "shoal_statd_documents "} {
+		for _, want := range []string{"shoal_statd_sync_rejected_total{peer=", "shoal_statd_documents "} {
 			if !strings.Contains(metrics, want) {
 				t.Fatalf("metrics lack %s", want)
+			}
+		}
+		for _, name := range []string{"shoal_statd_sync_bytes_sent_total", "shoal_statd_sync_entries_received_total", "shoal_statd_sync_rounds_total"} {
+			if v := maxPerPeer(metrics, name); v <= 0 {
+				t.Fatalf("metrics: largest per-peer %s is %v, want > 0:\n%s", name, v, metrics)
 			}
 		}
 	})
@@ -324,6 +356,80 @@ func TestFiveNodeCluster(t *testing.T) {
 			return true
 		})
 	})
+
+	t.Run("NodeLabelsSetAndRemovedSeenElsewhere", func(t *testing.T) {
+		mustCtlOn(t, c, 1, "node", "label", "n2", "zone=eu", "disk=ssd")
+		waitFor(t, 15*time.Second, "labels of n2 on node 4", func() bool {
+			n := inspectNode(t, c, 4, "n2")
+			return n.Labels["zone"] == "eu" && n.Labels["disk"] == "ssd"
+		})
+		mustCtlOn(t, c, 3, "node", "label", "n2", "--rm", "disk")
+		waitFor(t, 15*time.Second, "label disk of n2 removed on node 4", func() bool {
+			n := inspectNode(t, c, 4, "n2")
+			_, has := n.Labels["disk"]
+			return !has && n.Labels["zone"] == "eu"
+		})
+		if n := inspectNode(t, c, 4, "n2"); n.ID != ids[1] || len(n.Labels) != 1 {
+			t.Fatalf("node inspect n2 on node 4: %+v, want node %s with only zone=eu", n, ids[1])
+		}
+	})
+
+	// Last: node 5 leaves for good.
+	t.Run("LeaveMarksNodeLeftEverywhere", func(t *testing.T) {
+		mustCtlOn(t, c, 5, "cluster", "leave")
+		if st := clusterStatus(t, cls[4]); st.GetInitialized() {
+			t.Fatalf("node 5 still in cluster %q after leave", st.GetClusterName())
+		}
+		waitFor(t, 20*time.Second, "node 5 left on all others", func() bool {
+			for _, cl := range cls[:4] {
+				if memberState(t, cl, ids[4]) != "left" {
+					return false
+				}
+			}
+			return true
+		})
+		waitFor(t, 15*time.Second, "node 5's document says left on all others", func() bool {
+			for i := range 4 {
+				if n := inspectNode(t, c, i+1, ids[4]); !n.Left || n.State != "left" {
+					return false
+				}
+			}
+			return true
+		})
+		// The others stop syncing with it: its counters stay still while
+		// the remaining four keep converging.
+		sync5 := func() []string {
+			var out []string
+			for _, cl := range cls[:4] {
+				for _, m := range clusterStatus(t, cl).GetMembers() {
+					if m.GetId() == ids[4] {
+						s := m.GetSync()
+						out = append(out, fmt.Sprintf("rounds=%d sent=%d/%d error=%q", s.GetRounds(), s.GetBytesSent(), s.GetEntriesSent(), s.GetLastError()))
+					}
+				}
+			}
+			return out
+		}
+		time.Sleep(time.Second) // calls begun before the news arrived
+		before := sync5()
+		for i := range 4 {
+			if _, err := put(ctx, cls[i], fmt.Sprintf("/left/from-%d", i+1), "v", "x"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, 15*time.Second, "equal roots among the four", func() bool { return allEqual(roots(t, cls[:4])) })
+		time.Sleep(3 * time.Second) // a few anti-entropy rounds
+		if after := sync5(); !slices.Equal(before, after) {
+			t.Fatalf("the others still sync with the node that left:\nbefore %v\nafter  %v", before, after)
+		}
+		for _, cl := range cls[:4] {
+			for _, m := range clusterStatus(t, cl).GetMembers() {
+				if m.GetId() != ids[4] && m.GetState() != "alive" {
+					t.Fatalf("member %s is %s after node 5 left", m.GetId(), m.GetState())
+				}
+			}
+		}
+	})
 }
 
 // peerConn dials a node's peer port with the given TLS config.
@@ -368,13 +474,23 @@ func TestJoinSecurityAndHostileInput(t *testing.T) {
 			t.Fatal("rotate failed")
 		}
 		// The rotated token reaches node 2 by gossip; the old one is then
-		// refused by every member.
+		// refused by every member. Each node is tried only once it holds
+		// the new token's hash: a node that still had the old one would let
+		// the outsider in.
+		rotated, ok := getField(nodeClient(t, c, 1), "/cluster/join", "token_hash")
+		if !ok {
+			t.Fatal("node 1 has no join token hash after rotating")
+		}
 		for _, i := range []int{1, 2} {
-			var errOut string
-			waitFor(t, 10*time.Second, "old token refused", func() bool {
-				_, errOut, _ = outsider.ctl("cluster", "join", "--token", token, "--advertise", "127.0.0.1", c.Addr(i))
-				return strings.Contains(errOut, "invalid or has been rotated")
+			cl := nodeClient(t, c, i)
+			waitFor(t, 10*time.Second, fmt.Sprintf("the rotated token on node %d", i), func() bool {
+				h, _ := getField(cl, "/cluster/join", "token_hash")
+				return h == rotated
 			})
+			_, errOut, code := outsider.ctl("cluster", "join", "--token", token, "--advertise", "127.0.0.1", c.Addr(i))
+			if code == 0 || !strings.Contains(errOut, "invalid or has been rotated") {
+				t.Fatalf("join through node %d with the rotated-out token: exit %d %q", i, code, errOut)
+			}
 		}
 	})
 	t.Run("WrongCA", func(t *testing.T) {
@@ -579,6 +695,55 @@ func TestTombstoneGCAndCertRotation(t *testing.T) {
 		v, _ := getField(cls[2], "/gc/after-rotation", "v")
 		return v == "ok"
 	})
+}
+
+// mustCtlOn runs shoalctl on node i and returns its output; it fails the
+// test unless the command succeeds.
+func mustCtlOn(t *testing.T, c *devcluster.Cluster, i int, args ...string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, errOut, code, err := c.Ctl(ctx, i, args...)
+	if err != nil || code != 0 {
+		t.Fatalf("node %d: shoalctl %s: exit %d %v\n%s%s", i, strings.Join(args, " "), code, err, out, errOut)
+	}
+	return out
+}
+
+// inspectNode runs `node inspect REF -o json` on node i.
+func inspectNode(t *testing.T, c *devcluster.Cluster, i int, ref string) nodeJSON {
+	t.Helper()
+	var n nodeJSON
+	if err := json.Unmarshal([]byte(mustCtlOn(t, c, i, "node", "inspect", ref, "-o", "json")), &n); err != nil {
+		t.Fatalf("node inspect %s -o json on node %d: %v", ref, i, err)
+	}
+	return n
+}
+
+// nodeJSON is what `node inspect -o json` prints.
+type nodeJSON struct {
+	ID     string            `json:"id"`
+	Name   string            `json:"name"`
+	State  string            `json:"state"`
+	Labels map[string]string `json:"labels"`
+	Left   bool              `json:"left"`
+}
+
+// maxPerPeer returns the largest value of the Prometheus counter name over
+// its peer label in a /metrics text exposition, or -1 if there is none.
+func maxPerPeer(metrics, name string) float64 {
+	best := -1.0
+	for _, line := range strings.Split(metrics, "\n") {
+		rest, ok := strings.CutPrefix(line, name+"{peer=")
+		if !ok {
+			continue
+		}
+		f := strings.Fields(rest)
+		if v, err := strconv.ParseFloat(f[len(f)-1], 64); err == nil && v > best {
+			best = v
+		}
+	}
+	return best
 }
 
 // logTail is how many lines of each node's log a failed test prints.

@@ -200,6 +200,21 @@ func (n *node) ctl(args ...string) (string, string, int) {
 	return out.String(), errb.String(), code
 }
 
+// follow starts a long-running shoalctl against the node (a watch) and
+// returns its growing stdout; it is killed when the test ends.
+func (n *node) follow(args ...string) *syncBuffer {
+	n.t.Helper()
+	cmd := exec.Command(bin("shoalctl"), args...)
+	cmd.Env = append(os.Environ(), "SHOAL_RUN_DIR="+n.runDir)
+	out := &syncBuffer{}
+	cmd.Stdout = out
+	if err := cmd.Start(); err != nil {
+		n.t.Fatal(err)
+	}
+	n.t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	return out
+}
+
 func (n *node) mustCtl(args ...string) string {
 	n.t.Helper()
 	out, errOut, code := n.ctl(args...)

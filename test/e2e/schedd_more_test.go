@@ -397,19 +397,31 @@ func TestSchedulerMore(t *testing.T) {
 			return s.Desired == 3 && s.Running == 3
 		})
 
-		// A constraint narrows the nodes a global service runs on.
-		c.mustCtl(2, "service", "create", "gone", "--image", img, "--global", "--constraint", "node.name==n1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		// A constraint on a label set with `node label` narrows the nodes a
+		// global service runs on; every node's schedd must see the label.
+		c.mustCtl(3, "node", "label", "n1", "tier=edge")
+		waitFor(t, 15*time.Second, "label tier=edge of n1 on every node", func() bool {
+			for i := 1; i <= 3; i++ {
+				var n struct{ Labels map[string]string }
+				if out, _, code := c.ctl(i, "node", "inspect", "n1", "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &n) != nil || n.Labels["tier"] != "edge" {
+					return false
+				}
+			}
+			return true
+		})
+		c.mustCtl(2, "service", "create", "gone", "--image", img, "--global", "--constraint", "node.labels.tier==edge", "--stop-grace", "1s", "--", "sleep", "1000000")
 		if got := c.perNode("gone"); got != [3]int{1, 0, 0} {
-			t.Fatalf("global service constrained to n1 runs %v tasks per node, want 1/0/0", got)
+			t.Fatalf("global service constrained to tier=edge (n1) runs %v tasks per node, want 1/0/0", got)
 		}
 		time.Sleep(time.Second)
 		if m := c.mustRunning("gone"); len(m[1]) != 1 || len(m[2])+len(m[3]) != 0 {
-			t.Fatalf("global service constrained to n1: containers %v", m)
+			t.Fatalf("global service constrained to tier=edge (n1): containers %v", m)
 		}
 		if s := c.inspect(3, "gone"); s.Desired != 1 {
-			t.Errorf("global service constrained to n1: desired %d, want 1", s.Desired)
+			t.Errorf("global service constrained to tier=edge (n1): desired %d, want 1", s.Desired)
 		}
 		c.mustCtl(1, "service", "rm", "g", "gone")
+		c.mustCtl(1, "node", "label", "n1", "--rm", "tier")
 		if m := c.mustRunning("g"); total(m) != 0 {
 			t.Fatalf("g still runs %v after rm", m)
 		}

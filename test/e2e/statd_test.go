@@ -2,16 +2,23 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"sigs.k8s.io/yaml"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
@@ -308,6 +315,14 @@ func TestCLIBadInputClearErrorsNothingChanged(t *testing.T) {
 	if out, errOut, code := n.ctl("state", "put", "/app/web", "--from-file", "blob="+big); code != 2 || !strings.Contains(errOut, "limit") {
 		t.Errorf("oversized put: exit %d %s%s", code, out, errOut)
 	}
+	// Over gRPC, a value with no type set fails the whole Put, the valid
+	// field beside it included.
+	_, err := n.statd().Put(context.Background(), &statev1.PutRequest{Key: "/app/web", Fields: map[string]*statev1.Value{
+		"image": {}, "extra": str("x"),
+	}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), `field "image"`) {
+		t.Errorf("Put of a value with no type: %v, want InvalidArgument naming the field", err)
+	}
 	if after := n.mustCtl("state", "get", "/app/web", "-o", "json"); after != before {
 		t.Fatalf("bad input changed the document:\n%s\n%s", before, after)
 	}
@@ -345,18 +360,35 @@ func TestCLIStateCommands(t *testing.T) {
 		t.Fatalf("deleted doc listed:\n%s", out)
 	}
 	// watch replays from a revision and prints JSON lines.
-	cmd := exec.Command(bin("shoalctl"), "state", "watch", "/app/", "--after", "1", "-o", "json")
-	cmd.Env = append(os.Environ(), "SHOAL_RUN_DIR="+n.runDir)
-	stdout := &syncBuffer{}
-	cmd.Stdout = stdout
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Process.Kill()
+	stdout := n.follow("state", "watch", "/app/", "--after", "1", "-o", "json")
 	waitUntil(t, func() bool { return strings.Count(stdout.String(), "\n") >= 3 })
 	lines := strings.Split(strings.TrimSpace(stdout.String()), "\n")
 	if !strings.Contains(lines[0], `"revision":2`) || !strings.Contains(lines[2], `"type":"DELETE"`) {
 		t.Fatalf("watch output:\n%s", stdout)
+	}
+	// -o yaml is a stream of YAML documents, one per event.
+	yout := n.follow("state", "watch", "/app/", "--after", "1", "-o", "yaml")
+	waitUntil(t, func() bool {
+		return strings.Count(yout.String(), "---\n") >= 3 && strings.Contains(yout.String(), "DELETE")
+	})
+	docs := strings.Split(yout.String(), "---\n")
+	type event struct {
+		Type     string `json:"type"`
+		Revision uint64 `json:"revision"`
+		Document struct {
+			Key string `json:"key"`
+		} `json:"document"`
+	}
+	var events []event
+	for _, d := range docs[1:4] {
+		var e event
+		if err := yaml.Unmarshal([]byte(d), &e); err != nil {
+			t.Fatalf("watch -o yaml document %q: %v", d, err)
+		}
+		events = append(events, e)
+	}
+	if docs[0] != "" || events[0].Revision != 2 || events[0].Type != "PUT" || events[2].Type != "DELETE" || events[2].Document.Key != "/app/db" {
+		t.Fatalf("watch -o yaml: %+v\n%s", events, yout)
 	}
 }
 
@@ -367,13 +399,43 @@ func TestDaemonsServeHealthStatusAndStopCleanly(t *testing.T) {
 		procs[d] = n.start(d)
 	}
 	out := n.mustCtl("daemon", "status", "-o", "json")
-	for _, d := range client.Daemons {
-		if !strings.Contains(out, `"name": "`+d+`"`) {
-			t.Fatalf("daemon status lacks %s:\n%s", d, out)
+	var rows []struct {
+		Name      string `json:"name"`
+		Reachable bool   `json:"reachable"`
+		Version   string `json:"version"`
+		Uptime    string `json:"uptime"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatalf("daemon status -o json: %v\n%s", err, out)
+	}
+	for i, d := range client.Daemons {
+		if i >= len(rows) || rows[i].Name != d || !rows[i].Reachable || rows[i].Version == "" {
+			t.Fatalf("daemon status -o json: want %s reachable with a version:\n%s", d, out)
+		}
+		if up, err := time.ParseDuration(rows[i].Uptime); err != nil || up < 0 {
+			t.Fatalf("daemon status -o json: %s uptime %q: %v", d, rows[i].Uptime, err)
 		}
 	}
-	if strings.Contains(out, `"reachable": false`) {
-		t.Fatalf("a daemon is unreachable:\n%s", out)
+	table := n.mustCtl("daemon", "status")
+	if !strings.Contains(table, "VERSION") || !strings.Contains(table, "UPTIME") || !strings.Contains(table, rows[0].Version) {
+		t.Fatalf("daemon status lacks version or uptime:\n%s", table)
+	}
+	for _, d := range client.Daemons {
+		// Every socket is the daemon's own, group-accessible only, and
+		// answers server reflection (so grpcurl works).
+		sock := filepath.Join(n.runDir, d+".sock")
+		if fi, err := os.Stat(sock); err != nil || fi.Mode().Perm() != 0o660 || fi.Mode().Type() != os.ModeSocket {
+			t.Fatalf("%s: %v, mode %v; want a socket with mode 0660", sock, err, fi.Mode())
+		}
+		services := reflectServices(t, n.runDir, d)
+		for _, want := range []string{"grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection", "shoal.daemon.v1.Daemon"} {
+			if !slices.Contains(services, want) {
+				t.Fatalf("%s reflection lists %v, lacks %s", d, services, want)
+			}
+		}
+		if d == "statd" && !slices.Contains(services, "shoal.state.v1.State") {
+			t.Fatalf("statd reflection lists %v, lacks shoal.state.v1.State", services)
+		}
 	}
 	procs["vold"].stop(t)
 	out = n.mustCtl("daemon", "status")
@@ -396,6 +458,46 @@ func TestDaemonsServeHealthStatusAndStopCleanly(t *testing.T) {
 	if !strings.Contains(string(help), "replicated volumes") || !strings.Contains(string(help), "--replace-after") {
 		t.Fatalf("vold --help:\n%s", help)
 	}
+}
+
+// reflectServices lists the services a daemon's socket names through
+// server reflection, and checks that the descriptor of each resolves.
+func reflectServices(t *testing.T, runDir, daemon string) []string {
+	t.Helper()
+	conn, err := client.Dial(runDir, daemon, client.Retry{Attempts: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatalf("%s reflection: %v", daemon, err)
+	}
+	ask := func(req *reflectionpb.ServerReflectionRequest) *reflectionpb.ServerReflectionResponse {
+		t.Helper()
+		if err := stream.Send(req); err != nil {
+			t.Fatalf("%s reflection: %v", daemon, err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("%s reflection: %v", daemon, err)
+		}
+		if e := resp.GetErrorResponse(); e != nil {
+			t.Fatalf("%s reflection %v: %s", daemon, req, e.GetErrorMessage())
+		}
+		return resp
+	}
+	var names []string
+	for _, s := range ask(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}).GetListServicesResponse().GetService() {
+		names = append(names, s.GetName())
+		files := ask(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_FileContainingSymbol{FileContainingSymbol: s.GetName()}})
+		if len(files.GetFileDescriptorResponse().GetFileDescriptorProto()) == 0 {
+			t.Fatalf("%s reflection: no descriptor for %s", daemon, s.GetName())
+		}
+	}
+	return names
 }
 
 func TestStrictConfig(t *testing.T) {

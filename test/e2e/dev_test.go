@@ -1,0 +1,137 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/devcluster"
+)
+
+// The `shoalctl dev` commands end to end, as a user types them: a
+// two-node statd-only cluster brought up, inspected, exec'd into, killed
+// and restarted, partitioned and healed, and taken down without a trace.
+func TestDevCommands(t *testing.T) {
+	name := fmt.Sprintf("d%d", rand.IntN(1_000_000))
+	dev := func(args ...string) (string, string, int) {
+		t.Helper()
+		cmd := exec.Command(bin("shoalctl"), append([]string{"dev", "--name", name}, args...)...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code, err := devcluster.ExitCode(err)
+		if err != nil {
+			t.Fatalf("run shoalctl dev %s: %v", strings.Join(args, " "), err)
+		}
+		return out.String(), errb.String(), code
+	}
+	mustDev := func(args ...string) string {
+		t.Helper()
+		out, errOut, code := dev(args...)
+		if code != 0 {
+			t.Fatalf("shoalctl dev %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
+		return out
+	}
+	status := func() devcluster.Status {
+		t.Helper()
+		var st devcluster.Status
+		if err := json.Unmarshal([]byte(mustDev("status", "-o", "json")), &st); err != nil {
+			t.Fatalf("dev status -o json: %v", err)
+		}
+		return st
+	}
+	statd := func(st devcluster.Status, node int) devcluster.ProcessStatus {
+		t.Helper()
+		for _, p := range st.Nodes[node-1].Processes {
+			if p.Name == "statd" {
+				return p
+			}
+		}
+		t.Fatalf("dev status: node %d has no statd: %+v", node, st.Nodes[node-1])
+		return devcluster.ProcessStatus{}
+	}
+	// get reads /dev/x on a node through dev exec.
+	get := func(node int) string {
+		out, _, _ := dev("exec", fmt.Sprint(node), "--", "shoalctl", "state", "get", "/dev/x", "-o", "json")
+		return out
+	}
+
+	out := mustDev("up", "--nodes", "2", "--daemons", "statd", "--subnet", "auto")
+	var pids []int
+	t.Cleanup(func() {
+		if t.Failed() {
+			dev("down") // whatever the test left
+		}
+	})
+	if !strings.Contains(out, fmt.Sprintf("dev cluster %q is up: 2 nodes", name)) || !strings.Contains(out, "dev exec --name "+name+" 1 --") {
+		t.Fatalf("dev up output:\n%s", out)
+	}
+	c, err := devcluster.Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	st := status()
+	if st.Name != name || len(st.Nodes) != 2 || !st.BridgeUp {
+		t.Fatalf("dev status: %+v", st)
+	}
+	for i, n := range st.Nodes {
+		if p := statd(st, i+1); !n.NetnsUp || !p.Running || !p.Ready || p.PID == 0 || n.Addr != c.Addr(i+1) {
+			t.Fatalf("dev status: node %d: %+v", i+1, n)
+		}
+		pids = append(pids, statd(st, i+1).PID)
+	}
+
+	// exec runs in the node's namespace with SHOAL_RUN_DIR set, and passes
+	// the exit code through.
+	out, errOut, code := dev("exec", "1", "--", "sh", "-c", `echo "$SHOAL_RUN_DIR"; ip -o -4 addr show; exit 7`)
+	if code != 7 || !strings.HasPrefix(out, st.Nodes[0].RunDir+"\n") || !strings.Contains(out, c.Addr(1)+"/") || strings.Contains(out, c.Addr(2)+"/") {
+		t.Fatalf("dev exec 1: exit %d, want 7, the run dir %s and the address %s only:\n%s%s", code, st.Nodes[0].RunDir, c.Addr(1), out, errOut)
+	}
+	// The two nodes form one cluster.
+	mustDev("exec", "1", "--", "shoalctl", "state", "put", "/dev/x", "v=one")
+	waitFor(t, 15*time.Second, "node 1's write on node 2", func() bool { return strings.Contains(get(2), `"v": "one"`) })
+
+	mustDev("kill", "2", "statd")
+	if p := statd(status(), 2); p.Running {
+		t.Fatalf("dev status after dev kill 2 statd: %+v", p)
+	}
+	mustDev("start", "2", "statd")
+	p := statd(status(), 2)
+	if !p.Running || !p.Ready || p.PID == pids[1] {
+		t.Fatalf("dev status after dev start 2 statd: %+v (old pid %d)", p, pids[1])
+	}
+	pids = append(pids, p.PID)
+
+	mustDev("partition", "1", "2")
+	if st := status(); !slices.EqualFunc(st.Partition, [][]int{{1}, {2}}, slices.Equal) {
+		t.Fatalf("dev status after dev partition 1 2: partition %v", st.Partition)
+	}
+	mustDev("exec", "1", "--", "shoalctl", "state", "put", "/dev/x", "v=two")
+	time.Sleep(2 * time.Second) // several push and anti-entropy rounds
+	if got := get(2); !strings.Contains(got, `"v": "one"`) {
+		t.Fatalf("a write crossed the partition:\n%s", got)
+	}
+	mustDev("heal")
+	if st := status(); len(st.Partition) != 0 {
+		t.Fatalf("dev status after dev heal: partition %v", st.Partition)
+	}
+	waitFor(t, 15*time.Second, "node 1's write on node 2 after heal", func() bool { return strings.Contains(get(2), `"v": "two"`) })
+
+	if out := mustDev("down"); !strings.Contains(out, "is down") {
+		t.Fatalf("dev down output:\n%s", out)
+	}
+	for _, what := range c.Leftovers(pids...) {
+		t.Errorf("%s survived dev down", what)
+	}
+	if _, errOut, code := dev("status"); code == 0 || !strings.Contains(errOut, "no dev cluster named") {
+		t.Fatalf("dev status after down: exit %d %q", code, errOut)
+	}
+}
