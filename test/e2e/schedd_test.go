@@ -148,8 +148,19 @@ func (c *schedCluster) runtime(i int) *shoalrt.Containerd {
 // (killed with the node) runs none.
 func (c *schedCluster) containers(service string) map[int]map[string]uint32 {
 	c.t.Helper()
+	return c.listContainers(service, true)
+}
+
+// existing is containers, stopped ones included (their pid is 0).
+func (c *schedCluster) existing(service string) map[int]map[string]uint32 {
+	c.t.Helper()
+	return c.listContainers(service, false)
+}
+
+func (c *schedCluster) listContainers(service string, running bool) map[int]map[string]uint32 {
+	c.t.Helper()
 	out := map[int]map[string]uint32{}
-	for i := 1; i <= 3; i++ {
+	for i := 1; i <= c.Nodes(); i++ {
 		out[i] = map[string]uint32{}
 		if _, err := os.Stat(c.Containerd(i).Address); err != nil {
 			continue
@@ -164,7 +175,7 @@ func (c *schedCluster) containers(service string) map[int]map[string]uint32 {
 			c.t.Fatalf("node %d containers: %v", i, err)
 		}
 		for _, ti := range infos {
-			if ti.Status == shoalrt.StatusRunning && (service == "" || ti.Labels["io.shoal/service"] == service) {
+			if (!running || ti.Status == shoalrt.StatusRunning) && (service == "" || ti.Labels["io.shoal/service"] == service) {
 				out[i][ti.ID] = ti.Pid
 			}
 		}
@@ -218,9 +229,11 @@ func TestScheduler(t *testing.T) {
 			t.Fatalf("9 replicas spread as %v, want 3/3/3", got)
 		}
 		c.mustCtl(1, "service", "scale", "spread=3")
-		waitFor(t, 30*time.Second, "3 containers left", func() bool {
+		// The containers of the slots scaled away are removed, not just
+		// stopped: no history is kept for a slot that is gone.
+		waitFor(t, 30*time.Second, "3 containers left, none stopped", func() bool {
 			n := 0
-			for _, m := range c.containers("spread") {
+			for _, m := range c.existing("spread") {
 				n += len(m)
 			}
 			return n == 3
@@ -229,10 +242,19 @@ func TestScheduler(t *testing.T) {
 			t.Fatalf("3 replicas spread as %v, want 1/1/1", got)
 		}
 		c.mustCtl(2, "service", "rm", "spread")
-		for i, m := range c.containers("spread") {
-			if len(m) != 0 {
-				t.Fatalf("node %d still runs %v after rm", i, m)
+		// rm returns once every task has stopped; removing the stopped
+		// containers (and their snapshots) follows in the same agent
+		// round.
+		waitFor(t, 10*time.Second, "no container of spread on any node", func() bool {
+			for _, m := range c.existing("spread") {
+				if len(m) != 0 {
+					return false
+				}
 			}
+			return true
+		})
+		if m := c.existing(""); len(m[1])+len(m[2])+len(m[3]) != 0 {
+			t.Fatalf("containers left on the nodes after rm: %v", m)
 		}
 	})
 
