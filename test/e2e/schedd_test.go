@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -280,17 +282,35 @@ func TestScheduler(t *testing.T) {
 		if _, errOut, code := c.ctl(1, "service", "deploy", "-f", bad); code != 2 || !strings.Contains(errOut, "replicaz") {
 			t.Errorf("malformed spec file: exit %d %q", code, errOut)
 		}
-		c.mustCtl(1, "service", "create", "dup", "--image", "local/busybox:latest", "--replicas", "1", "--", "sleep", "1000000")
+		c.mustCtl(1, "service", "create", "dup", "--image", "local/busybox:latest", "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
 		if _, errOut, code := c.ctl(2, "service", "create", "dup", "--image", "local/busybox:latest"); code == 0 || !strings.Contains(errOut, "already exists") {
 			t.Errorf("duplicate service: exit %d %q", code, errOut)
 		}
 		// An impossible constraint is accepted but reported unschedulable,
 		// with the reason.
 		c.mustCtl(1, "service", "create", "nowhere", "--image", "local/busybox:latest", "--constraint", "node.labels.zone==mars", "--detach", "--", "sleep", "1000000")
-		waitFor(t, 15*time.Second, "unschedulable reason", func() bool {
-			out, _, _ := c.ctl(3, "service", "inspect", "nowhere", "-o", "json")
-			return strings.Contains(out, "node.labels.zone==mars")
+		// The reason is the owner's placement verdict, published in the
+		// service document: every node's inspect and ps show it. (The
+		// constraint itself is in spec.constraints whatever happens, so
+		// only the unschedulable field tells.)
+		const reason = "3 nodes: 3 fail constraint node.labels.zone==mars"
+		waitFor(t, 15*time.Second, "unschedulable reason in service inspect", func() bool {
+			var v struct {
+				Running       uint32   `json:"running"`
+				Unschedulable []string `json:"unschedulable"`
+			}
+			out, _, code := c.ctl(3, "service", "inspect", "nowhere", "-o", "json")
+			if code != 0 {
+				return false // not on node 3 yet
+			}
+			if err := json.Unmarshal([]byte(out), &v); err != nil {
+				t.Fatalf("service inspect -o json: %v\n%s", err, out)
+			}
+			return v.Running == 0 && slices.Contains(v.Unschedulable, reason)
 		})
+		if out, errOut, code := c.ctl(2, "service", "ps", "nowhere"); code != 0 || !strings.Contains(errOut, reason) || strings.Count(out, "\n") != 1 {
+			t.Errorf("service ps of an unschedulable service: exit %d, stdout %q, stderr %q; want only the header and %q on stderr", code, out, errOut, reason)
+		}
 		for _, s := range []string{"ghost", "huge", "Bad_Name", "neg", "badc"} {
 			if _, _, code := c.ctl(1, "service", "inspect", s); code != 3 {
 				t.Errorf("rejected service %s exists (exit %d)", s, code)
