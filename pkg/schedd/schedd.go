@@ -246,17 +246,30 @@ func (n *node) isReady() bool {
 	}
 }
 
+// nodeID is n.id for readers off the scheduling loop: empty until the
+// node is ready (the loop sets n.id before it closes ready).
+func (n *node) nodeID() string {
+	if !n.isReady() {
+		return ""
+	}
+	return n.id
+}
+
 var errNotReady = fmt.Errorf("this node's scheduler is not ready: is it in a cluster (`shoalctl cluster status`)? %w", errUnavailable)
 
 // details are the node's figures for `shoalctl daemon status` (and tests
-// that watch the ledger): capacity, what is reserved, tasks.
+// that watch the ledger): capacity, what is reserved, tasks, and whether
+// the scheduler is ready. The socket serves (and health says SERVING) as
+// soon as the process starts; scheduler_ready says the node found its
+// cluster, caught up with state and re-adopted its tasks and containers.
 func (n *node) details() map[string]string {
 	used, capa := n.ledger.Usage(), n.ledger.Capacity()
 	n.amu.Lock()
 	tasks := len(n.local)
 	n.amu.Unlock()
 	return map[string]string{
-		"node_id":         n.id,
+		"node_id":         n.nodeID(),
+		"scheduler_ready": strconv.FormatBool(n.isReady()),
 		"tasks":           strconv.Itoa(tasks),
 		"reserved_cpu":    strconv.FormatInt(used.CPUMillis, 10),
 		"reserved_memory": strconv.FormatInt(used.MemoryBytes, 10),

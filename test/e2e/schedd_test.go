@@ -185,6 +185,20 @@ func (c *schedCluster) listContainers(service string, running bool) map[int]map[
 	return out
 }
 
+// scheddInfo asks node i's schedd for its Info (pid, scheduler_ready,
+// ledger figures) over a connection of its own, closed before it
+// returns: it does not touch t, so samplers may call it.
+func (c *schedCluster) scheddInfo(ctx context.Context, i int) (*daemonv1.InfoResponse, error) {
+	conn, err := client.Dial(c.RunDir(i), "schedd", client.Retry{Attempts: 1})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return daemonv1.NewDaemonClient(conn).Info(ictx, &daemonv1.InfoRequest{})
+}
+
 func (c *schedCluster) tasks(service string) []*schedv1.Task {
 	c.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -321,26 +335,69 @@ func TestScheduler(t *testing.T) {
 
 	t.Run("ScheddKill9KeepsContainers", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "steady", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--", "sleep", "1000000")
-		before := c.containers("steady")
-		for k := range 10 {
-			i := 1 + k%3
-			if err := c.Kill(ctx, i, "schedd"); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Start(ctx, i, "schedd"); err != nil {
-				t.Fatal(err)
+		// The victim is the service's owner, which runs one of its tasks
+		// too: both roles restart.
+		var svc struct{ Owner string }
+		if err := json.Unmarshal([]byte(c.mustCtl(2, "service", "inspect", "steady", "-o", "json")), &svc); err != nil {
+			t.Fatal(err)
+		}
+		victim := 0
+		for i, id := range c.ids {
+			if id == svc.Owner {
+				victim = i + 1
 			}
 		}
-		c.mustCtl(2, "service", "scale", "steady=3") // waits for convergence
-		after := c.containers("steady")
-		for i := 1; i <= 3; i++ {
-			if fmt.Sprint(before[i]) != fmt.Sprint(after[i]) {
-				t.Fatalf("node %d containers changed across 10 schedd kills: %v -> %v", i, before[i], after[i])
+		before := c.containers("steady")
+		if victim == 0 || len(before[victim]) != 1 {
+			t.Fatalf("owner %q, containers %v: want the owner to run one task", svc.Owner, before)
+		}
+		first, err := c.scheddInfo(ctx, victim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tasks := first.GetDetails()["tasks"]
+		unchanged := func(when string) {
+			t.Helper()
+			if now := c.containers("steady"); fmt.Sprint(now) != fmt.Sprint(before) {
+				t.Fatalf("%s: containers %v, before %v", when, now, before)
+			}
+		}
+		pid := first.GetPid()
+		for k := range 10 {
+			if err := c.Kill(ctx, victim, "schedd"); err != nil {
+				t.Fatal(err)
+			}
+			unchanged(fmt.Sprintf("schedd kill %d", k+1))
+			if err := c.Start(ctx, victim, "schedd"); err != nil {
+				t.Fatal(err)
+			}
+			// Start returns once the socket serves; the scheduler is ready
+			// once it has caught up with state and re-adopted its tasks.
+			waitFor(t, 30*time.Second, fmt.Sprintf("schedd restart %d ready with its %s tasks", k+1, tasks), func() bool {
+				in, err := c.scheddInfo(ctx, victim)
+				return err == nil && in.GetPid() != pid && in.GetDetails()["scheduler_ready"] == "true" && in.GetDetails()["tasks"] == tasks
+			})
+			in, err := c.scheddInfo(ctx, victim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid = in.GetPid()
+			unchanged(fmt.Sprintf("schedd restart %d", k+1))
+			// Converged, as the restarted node itself reports it.
+			var st struct {
+				State            string
+				Running, Desired uint32
+			}
+			if err := json.Unmarshal([]byte(c.mustCtl(victim, "service", "inspect", "steady", "-o", "json")), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.State != "active" || st.Running != 3 || st.Desired != 3 {
+				t.Fatalf("after schedd restart %d, node %d reports %+v, want active 3/3", k+1, victim, st)
 			}
 		}
 		for _, tk := range c.tasks("steady") {
-			if tk.GetRestarts() != 0 {
-				t.Fatalf("task %s restarted %d times", tk.GetId(), tk.GetRestarts())
+			if tk.GetRestarts() != 0 || tk.GetState() != "running" {
+				t.Fatalf("task %s %s, restarted %d times", tk.GetId(), tk.GetState(), tk.GetRestarts())
 			}
 		}
 		c.mustCtl(1, "service", "rm", "steady")
