@@ -75,8 +75,10 @@ func (n *node) acceptReserve(ctx context.Context, a sched.Reserve) (bool, sched.
 	}
 	ok, free, why := n.ledger.Reserve(a.Reservation(), now)
 	if !ok {
+		n.reservesRejected.Add(1)
 		return false, free, why, nil
 	}
+	n.reservesAccepted.Add(1)
 	key := sched.TaskKey(a.TaskID)
 	if err := n.put(ctx, key, sched.NewTaskFields(a, n.id, now)); err != nil {
 		n.ledger.Release(a.TaskID)

@@ -131,6 +131,11 @@ type node struct {
 
 	kick chan struct{}
 
+	// Reserve counters, for `daemon status` and metrics: what this node
+	// asked as an owner, and what it answered as a target (the two
+	// owners of a race show up as rejects).
+	reservesSent, reservesAccepted, reservesRejected atomic.Int64
+
 	// Owner side (guarded by omu).
 	omu      sync.Mutex
 	inflight map[string]map[string]sched.InFlight // service -> slot
@@ -268,13 +273,16 @@ func (n *node) details() map[string]string {
 	tasks := len(n.local)
 	n.amu.Unlock()
 	return map[string]string{
-		"node_id":         n.nodeID(),
-		"scheduler_ready": strconv.FormatBool(n.isReady()),
-		"tasks":           strconv.Itoa(tasks),
-		"reserved_cpu":    strconv.FormatInt(used.CPUMillis, 10),
-		"reserved_memory": strconv.FormatInt(used.MemoryBytes, 10),
-		"capacity_cpu":    strconv.FormatInt(capa.CPUMillis, 10),
-		"capacity_memory": strconv.FormatInt(capa.MemoryBytes, 10),
+		"node_id":           n.nodeID(),
+		"scheduler_ready":   strconv.FormatBool(n.isReady()),
+		"tasks":             strconv.Itoa(tasks),
+		"reserves_sent":     strconv.FormatInt(n.reservesSent.Load(), 10),
+		"reserves_accepted": strconv.FormatInt(n.reservesAccepted.Load(), 10),
+		"reserves_rejected": strconv.FormatInt(n.reservesRejected.Load(), 10),
+		"reserved_cpu":      strconv.FormatInt(used.CPUMillis, 10),
+		"reserved_memory":   strconv.FormatInt(used.MemoryBytes, 10),
+		"capacity_cpu":      strconv.FormatInt(capa.CPUMillis, 10),
+		"capacity_memory":   strconv.FormatInt(capa.MemoryBytes, 10),
 	}
 }
 

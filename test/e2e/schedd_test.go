@@ -471,13 +471,23 @@ func TestScheduler(t *testing.T) {
 			defer os.Remove(filepath.Join(c.StateDir(i, "schedd"), "debug-own-all"))
 		}
 		info := func(i int) map[string]string {
-			ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			resp, err := daemonv1.NewDaemonClient(c.schedd(i).Conn).Info(ictx, &daemonv1.InfoRequest{})
+			resp, err := c.scheddInfo(ctx, i)
 			if err != nil {
 				return nil
 			}
 			return resp.GetDetails()
+		}
+		counter := func(d map[string]string, name string) int64 {
+			v, err := strconv.ParseInt(d[name], 10, 64)
+			if err != nil {
+				t.Fatalf("schedd detail %s: %q: %v", name, d[name], err)
+			}
+			return v
+		}
+		var sent0, rejected0 [3]int64
+		for i := 1; i <= 3; i++ {
+			d := info(i)
+			sent0[i-1], rejected0[i-1] = counter(d, "reserves_sent"), counter(d, "reserves_rejected")
 		}
 		capMem, _ := strconv.ParseInt(info(1)["capacity_memory"], 10, 64)
 		per := capMem/2 - 1<<20 // two tasks fit a node, three do not
@@ -521,6 +531,24 @@ func TestScheduler(t *testing.T) {
 		}
 		if samples < 50 {
 			t.Fatalf("only %d ledger samples", samples)
+		}
+		// The race happened: at least two owners placed (nodes 1 and 2,
+		// and the service's own owner if it is node 3), and the targets'
+		// ledgers turned some of their Reserves down.
+		var rejected int64
+		var sent [3]int64
+		owners := 0
+		for i := 1; i <= 3; i++ {
+			d := info(i)
+			sent[i-1] = counter(d, "reserves_sent") - sent0[i-1]
+			rejected += counter(d, "reserves_rejected") - rejected0[i-1]
+			if sent[i-1] > 0 {
+				owners++
+			}
+		}
+		t.Logf("Reserves sent by nodes 1, 2, 3: %v; rejected: %d", sent, rejected)
+		if owners < 2 || rejected == 0 {
+			t.Fatalf("Reserves sent by nodes 1, 2, 3: %v, %d rejected: want two owners placing and some rejects, or no race was tested", sent, rejected)
 		}
 		c.mustCtl(1, "service", "rm", "big")
 	})
