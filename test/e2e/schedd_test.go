@@ -55,7 +55,7 @@ func newSchedCluster(t *testing.T) *schedCluster {
 	sc := &schedCluster{Cluster: c, t: t}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("SHOAL_E2E_LOGS") != "" {
-			for i := 1; i <= 3; i++ {
+			for i := 1; i <= c.Nodes(); i++ {
 				for _, d := range []string{"schedd"} {
 					if b, err := os.ReadFile(c.LogPath(i, d)); err == nil {
 						lines := strings.Split(strings.TrimSpace(string(b)), "\n")
@@ -605,4 +605,116 @@ func TestScheduler(t *testing.T) {
 		})
 		c.mustCtl(2, "service", "rm", "survive")
 	})
+
+	t.Run("PartitionStaleCopiesStopped", func(t *testing.T) {
+		// Unlike NodeDeathAndReturn, node 3 lives on through the partition:
+		// its containers keep running, and alone it owns every service
+		// and replaces the replicas of nodes 1 and 2 on itself. After the
+		// heal the later slot writes win and each side's stale copies
+		// must be stopped.
+		c.mustCtl(1, append([]string{"service", "create", "split", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--"}, termSleep...)...)
+		before := c.containers("split")
+		if len(before[1]) != 1 || len(before[2]) != 1 || len(before[3]) != 1 {
+			t.Fatalf("containers %v, want one per node", before)
+		}
+		stale := firstKey(before[3])
+		if err := c.Partition(ctx, [][]int{{1, 2}, {3}}); err != nil {
+			t.Fatal(err)
+		}
+		healed := false
+		defer func() {
+			if !healed {
+				c.Heal(ctx)
+			}
+		}()
+		waitFor(t, 40*time.Second, "node 3's replica replaced on nodes 1 and 2", func() bool {
+			cs := c.containers("split")
+			return len(cs[1])+len(cs[2]) == 3
+		})
+		if m := c.containers("split"); m[3][stale] == 0 {
+			t.Fatalf("node 3's container %s stopped during the partition: %v", stale, m)
+		}
+		if err := c.Heal(ctx); err != nil {
+			t.Fatal(err)
+		}
+		healed = true
+		// One running container per slot, and exactly the current tasks.
+		converged := func() bool {
+			cs := c.containers("split")
+			running := map[string]bool{}
+			for _, m := range cs {
+				for id := range m {
+					running[id] = true
+				}
+			}
+			slots := map[string]bool{}
+			current := map[string]bool{}
+			for _, tk := range c.tasks("split") {
+				if tk.GetCurrent() && tk.GetState() == "running" {
+					slots[tk.GetSlot()] = true
+					current[tk.GetId()] = true
+				}
+			}
+			return len(running) == 3 && len(slots) == 3 && fmt.Sprint(running) == fmt.Sprint(current)
+		}
+		waitFor(t, 60*time.Second, "3 replicas, one per slot, after the heal", converged)
+		// The majority rewrote the slot of node 3's replica: that stale
+		// copy is the one node 3 must have stopped.
+		if m := c.containers("split"); m[3][stale] != 0 {
+			t.Fatalf("node 3 still runs its stale copy %s after the heal: %v", stale, m)
+		}
+		time.Sleep(2 * time.Second)
+		if !converged() {
+			t.Fatalf("not converged 2s later: containers %v", c.containers("split"))
+		}
+		c.mustCtl(2, "service", "rm", "split")
+	})
+
+	// Last: it leaves the cluster with four nodes.
+	t.Run("GlobalOnLateJoiner", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "everywhere", "--image", "local/busybox:latest", "--global", "--stop-grace", "1s", "--", "sleep", "1000000")
+		if got := c.perNode("everywhere"); got != [3]int{1, 1, 1} {
+			t.Fatalf("global service runs %v per node, want 1/1/1", got)
+		}
+		i, err := c.AddNode(ctx)
+		if err != nil {
+			t.Fatalf("add node: %v", err)
+		}
+		id := clusterStatus(t, nodeClient(t, c.Cluster, i)).GetNodeId()
+		// The image was loaded on node 1 only and names no registry: the
+		// new node can only have fetched it from a peer.
+		waitFor(t, 60*time.Second, "a task of the global service running on the new node", func() bool {
+			for _, tk := range c.tasks("everywhere") {
+				if tk.GetNode() == id && tk.GetCurrent() && tk.GetState() == "running" && tk.GetSlot() == id {
+					return true
+				}
+			}
+			return false
+		})
+		if m := c.containers("everywhere"); len(m[1]) != 1 || len(m[2]) != 1 || len(m[3]) != 1 || len(m[i]) != 1 {
+			t.Fatalf("containers of the global service per node: %v, want one on each of 4", m)
+		}
+		if _, err := c.runtime(i).Image(ctx, "local/busybox:latest"); err != nil {
+			t.Fatalf("node %d lacks the image: %v", i, err)
+		}
+		if !strings.Contains(logOf(t, c.LogPath(i, "schedd")), "image fetched from peer") {
+			t.Errorf("node %d's schedd log does not show the image fetched from a peer", i)
+		}
+		waitFor(t, 10*time.Second, "the new node shows everywhere at 4/4", func() bool {
+			out, _, code := c.ctl(i, "service", "inspect", "everywhere", "-o", "json")
+			var v struct{ Running, Desired uint32 }
+			return code == 0 && json.Unmarshal([]byte(out), &v) == nil && v.Running == 4 && v.Desired == 4
+		})
+		c.mustCtl(i, "service", "rm", "everywhere")
+	})
+}
+
+// logOf returns a log file's content ("" when unreadable).
+func logOf(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("read %s: %v", path, err)
+	}
+	return string(b)
 }
