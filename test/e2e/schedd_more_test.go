@@ -450,6 +450,43 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "pulled")
 	})
 
+	t.Run("DockerSaveLoad", func(t *testing.T) {
+		// A docker save tarball (not an OCI layout) through the CLI, with
+		// a layer of its own that only node 1 has: node 3 must fetch it
+		// from node 1 to run the task.
+		tarball := filepath.Join(t.TempDir(), "saved.tar")
+		spec := testimage.Spec{Name: "local/saved:1", Extra: map[string]string{"etc/saved": "from docker save\n"}}
+		if _, err := testimage.WriteFile(tarball, "docker", spec); err != nil {
+			t.Fatal(err)
+		}
+		if out := c.mustCtl(1, "image", "load", tarball); !strings.HasPrefix(out, "loaded local/saved:1 (sha256:") {
+			t.Fatalf("image load of a docker save tarball: %q", out)
+		}
+		type imageJSON struct {
+			Name  string
+			Nodes []string
+		}
+		waitFor(t, 15*time.Second, "node 3 knows node 1 holds local/saved:1", func() bool {
+			out, _, code := c.ctl(3, "image", "ls", "-o", "json")
+			var imgs []imageJSON
+			return code == 0 && json.Unmarshal([]byte(out), &imgs) == nil && slices.ContainsFunc(imgs, func(x imageJSON) bool {
+				return x.Name == "local/saved:1" && slices.Equal(x.Nodes, []string{c.ids[0]})
+			})
+		})
+		c.mustCtl(2, "service", "create", "saved", "--image", "local/saved:1", "--constraint", "node.name==n3", "--stop-grace", "1s", "--", "sleep", "1000000")
+		cur := c.currentTasks("saved")
+		if len(cur) != 1 || cur[0].GetNode() != c.ids[2] {
+			t.Fatalf("current tasks of saved: %v, want one on n3", cur)
+		}
+		if out := c.mustCtl(1, "task", "exec", cur[0].GetId(), "--", "cat", "/etc/saved"); out != "from docker save\n" {
+			t.Errorf("the docker save image's own file in the task on n3: %q", out)
+		}
+		if _, err := c.rts[2].Image(context.Background(), "local/saved:1"); err != nil {
+			t.Errorf("node 3 lacks the image it ran: %v", err)
+		}
+		c.mustCtl(1, "service", "rm", "saved")
+	})
+
 	t.Run("DrainReplicated", func(t *testing.T) {
 		c.mustCtl(1, append([]string{"service", "create", "dr", "--image", img, "--replicas", "3", "--stop-grace", "1s", "--"}, termSleep...)...)
 		if got := c.perNode("dr"); got != [3]int{1, 1, 1} {
