@@ -79,6 +79,20 @@ type Runtime struct {
 	HealthFailures int
 }
 
+// RecordHealthCheck folds the result of one health check, ended at at,
+// into the runtime status (the prober calls it): a pass marks the task
+// passed and clears the failures; a failure counts unless it ended within
+// h.StartPeriod of the container's start, so a slow starter is not
+// declared unhealthy before it could have passed.
+func (r *Runtime) RecordHealthCheck(h HealthCheck, pass bool, at time.Time) {
+	switch {
+	case pass:
+		r.HealthPassed, r.HealthFailures = true, 0
+	case at.Sub(r.StartedAt) >= h.StartPeriod.D():
+		r.HealthFailures++
+	}
+}
+
 // AgentAction is one step AgentDecide asks the node's executor to take:
 // StartTask, RestartTask, StopTask, UpdateTask, ConfirmReservation,
 // ReleaseReservation, RemoveTask or Requeue. Each is idempotent given the
