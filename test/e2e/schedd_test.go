@@ -631,6 +631,17 @@ func TestScheduler(t *testing.T) {
 			cs := c.containers("split")
 			return len(cs[1])+len(cs[2]) == 3
 		})
+		// And the other side: node 3 declares nodes 1 and 2 dead, owns
+		// the service alone and replaces their replicas on itself.
+		st3 := nodeClient(t, c.Cluster, 3)
+		waitFor(t, 40*time.Second, "node 3 running all 3 replicas itself", func() bool {
+			return len(c.containers("split")[3]) == 3
+		})
+		for _, m := range clusterStatus(t, st3).GetMembers() {
+			if !m.GetSelf() && m.GetState() != "dead" {
+				t.Fatalf("node 3 sees %s as %s during the partition", m.GetId(), m.GetState())
+			}
+		}
 		if m := c.containers("split"); m[3][stale] == 0 {
 			t.Fatalf("node 3's container %s stopped during the partition: %v", stale, m)
 		}
