@@ -50,11 +50,18 @@ type notFoundError struct{ error }
 
 // Main runs shoalctl with args and returns the exit code.
 func Main(args []string) int {
-	a := &app{out: os.Stdout, errOut: os.Stderr}
-	root := a.rootCommand()
-	root.SetArgs(args)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	return run(ctx, args, os.Stdout, os.Stderr)
+}
+
+// run is Main with its context and output given (tests call it).
+func run(ctx context.Context, args []string, out, errOut io.Writer) int {
+	a := &app{out: out, errOut: errOut}
+	root := a.rootCommand()
+	root.SetArgs(args)
+	root.SetOut(out)
+	root.SetErr(errOut)
 	err := root.ExecuteContext(ctx)
 	if err == nil {
 		return exitOK

@@ -643,14 +643,23 @@ func (a *app) servicePs() *cobra.Command {
 				return err
 			}
 			defer done()
-			if _, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: args[0]}); err != nil {
+			svc, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: args[0]})
+			if err != nil {
 				return err
 			}
 			resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: args[0], All: all})
 			if err != nil {
 				return err
 			}
-			return renderTasks(a, format, resp.GetTasks())
+			if err := renderTasks(a, format, resp.GetTasks()); err != nil {
+				return err
+			}
+			// Slots that cannot be placed have no task to show: say why
+			// they are missing (on stderr, so -o json stays a task list).
+			for _, r := range svc.GetUnschedulable() {
+				fmt.Fprintf(a.errOut, "unschedulable: %s\n", r)
+			}
+			return nil
 		},
 	}
 	outputFlag(cmd, &format)

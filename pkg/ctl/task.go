@@ -8,6 +8,7 @@ import (
 	"os"
 	"sync"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -149,50 +150,78 @@ func (a *app) serviceLogs() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "logs NAME",
 		Short: "Print the logs of a service's tasks, each line prefixed with its task",
-		Args:  cobra.ExactArgs(1),
+		Long: `Print the logs of a service's current tasks, each line prefixed with
+service.slot@node. With -f, keep printing, including the output of tasks
+that replace them (restarts elsewhere, updates, scaling), until interrupted.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.schedd()
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			ctx := cmd.Context()
-			resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: args[0]})
-			if err != nil {
-				return err
-			}
-			var mu sync.Mutex
-			var wg sync.WaitGroup
-			errs := make(chan error, len(resp.GetTasks()))
+			return a.followService(cmd.Context(), c, args[0], follow, tail)
+		},
+	}
+	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output, of new tasks too")
+	cmd.Flags().Uint32Var(&tail, "tail", 0, "only the last N lines of each task (0: all)")
+	return cmd
+}
+
+// serviceLogsPoll is how often `service logs -f` looks for new tasks.
+const serviceLogsPoll = time.Second
+
+// followService streams the logs of a service's current tasks to a.out.
+// With follow it keeps looking for tasks that start later and streams
+// theirs as well, until ctx ends; each task's stream ends by itself once
+// the task has finished.
+func (a *app) followService(ctx context.Context, c *client.Schedd, service string, follow bool, tail uint32) error {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	var errs []error
+	streaming := map[string]bool{}
+	for {
+		resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: service})
+		switch {
+		case err != nil && !follow:
+			return err
+		case err != nil && ctx.Err() == nil:
+			// A schedd restarting: try again at the next poll.
+			fmt.Fprintf(a.errOut, "list tasks of %s: %s\n", service, describe(err))
+		case err == nil:
 			for _, t := range resp.GetTasks() {
-				if !t.GetCurrent() {
+				if !t.GetCurrent() || streaming[t.GetId()] {
 					continue
 				}
+				streaming[t.GetId()] = true
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
 					w := &prefixWriter{mu: &mu, w: a.out, prefix: fmt.Sprintf("%s.%s@%s | ", t.GetService(), t.GetSlot(), t.GetNode()), bol: true}
 					if err := streamLogs(ctx, c, t.GetId(), follow, tail, w); err != nil && ctx.Err() == nil {
-						errs <- fmt.Errorf("task %s: %w", t.GetId(), err)
+						err = fmt.Errorf("task %s: %w", t.GetId(), err)
+						mu.Lock()
+						if follow {
+							fmt.Fprintf(a.errOut, "%s\n", describe(err))
+						}
+						errs = append(errs, err)
+						mu.Unlock()
 					}
 				}()
 			}
+		}
+		if !follow {
+			break
+		}
+		select {
+		case <-ctx.Done():
 			wg.Wait()
-			close(errs)
-			return errors.Join(collect(errs)...)
-		},
+			return nil // interrupted: what failed was shown as it happened
+		case <-time.After(serviceLogsPoll):
+		}
 	}
-	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output")
-	cmd.Flags().Uint32Var(&tail, "tail", 0, "only the last N lines of each task (0: all)")
-	return cmd
-}
-
-func collect(ch <-chan error) []error {
-	var out []error
-	for err := range ch {
-		out = append(out, err)
-	}
-	return out
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 func (a *app) taskExec() *cobra.Command {

@@ -138,13 +138,79 @@ func Up(ctx context.Context, spec Spec) (*Cluster, error) {
 
 func (c *Cluster) makeNodeDirs() error {
 	for i := 1; i <= c.spec.Nodes; i++ {
-		for _, d := range []string{filepath.Join(c.NodeDir(i), "logs"), c.RunDir(i)} {
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				return err
-			}
+		if err := c.makeNodeDir(i); err != nil {
+			return err
 		}
 	}
 	return nil
+}
+
+func (c *Cluster) makeNodeDir(i int) error {
+	for _, d := range []string{filepath.Join(c.NodeDir(i), "logs"), c.RunDir(i)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// AddNode adds a node to a cluster that is up: node Nodes()+1, with its
+// namespace, veth, address and directories, running the Spec's processes
+// (extras, then daemons). With Spec.Bootstrap it also joins the Shoal
+// cluster, with a token from node 1's `shoalctl cluster token`. It returns
+// the new node's index; the node is recorded in cluster.json before
+// anything is made for it, so on an error Down still removes what was
+// made. A partition in effect leaves the new node in no group: it
+// reaches every node.
+//
+// NB: unlike the other methods, AddNode must not run concurrently with
+// other calls on c: they read the number of nodes without a lock.
+func (c *Cluster) AddNode(ctx context.Context) (int, error) {
+	i := c.spec.Nodes + 1
+	grown := c.spec
+	grown.Nodes = i
+	if _, err := grown.withDefaults(); err != nil { // room in the subnet, socket paths
+		return 0, err
+	}
+	unlock, err := hostLock(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ns, veth := netnsName(c.spec.Name, i), vethName(c.spec.Name, i)
+	if netnsExists(ns) || linkExists(veth) {
+		unlock()
+		return 0, existsError{fmt.Errorf("network namespace %s or interface %s already exists (left over from an earlier cluster %s? `shoalctl dev down --name %s` removes it)", ns, veth, c.spec.Name, c.spec.Name)}
+	}
+	c.mu.Lock()
+	c.spec.Nodes = i
+	c.rec.Netns = append(c.rec.Netns, ns)
+	c.rec.Veths = append(c.rec.Veths, veth)
+	err = c.save(false)
+	c.mu.Unlock()
+	if err == nil {
+		err = c.makeNodeDir(i)
+	}
+	if err == nil {
+		err = c.createNode(ctx, i)
+	}
+	unlock()
+	if err != nil {
+		return i, fmt.Errorf("node %d: %w", i, err)
+	}
+	if err := c.startNode(ctx, i); err != nil {
+		return i, err
+	}
+	if c.spec.Bootstrap {
+		token, err := c.joinToken(ctx)
+		if err != nil {
+			return i, err
+		}
+		if err := c.join(ctx, i, token); err != nil {
+			return i, err
+		}
+	}
+	c.logf("node %d: added", i)
+	return i, nil
 }
 
 // claim picks the subnet and checks that nothing of the host uses it or
@@ -238,46 +304,65 @@ func (c *Cluster) startNode(ctx context.Context, i int) error {
 // then `shoalctl cluster join` with its token on every other node. Up
 // calls it when Spec.Bootstrap is set.
 func (c *Cluster) Bootstrap(ctx context.Context) error {
-	ctl := func(i int, args ...string) (string, error) {
-		args = append([]string{"--run-dir", c.RunDir(i), "cluster"}, args...)
-		out, errOut, code, err := c.Ctl(ctx, i, args...)
-		// Errors show the command without the join token.
-		shown := slices.Clone(args)
-		for k := 1; k < len(shown); k++ {
-			if shown[k-1] == "--token" {
-				shown[k] = "<token>"
-			}
-		}
-		if err != nil {
-			return "", fmt.Errorf("node %d: shoalctl %s: %w", i, strings.Join(shown, " "), err)
-		}
-		if code != 0 {
-			return "", fmt.Errorf("node %d: shoalctl %s: exit %d: %s", i, strings.Join(shown, " "), code, strings.TrimSpace(errOut+"\n"+out))
-		}
-		return out, nil
-	}
-	if _, err := ctl(1, "init", "--advertise", c.Addr(1), "--cluster-name", c.spec.Name); err != nil {
+	if _, err := c.clusterCtl(ctx, 1, "init", "--advertise", c.Addr(1), "--cluster-name", c.spec.Name); err != nil {
 		return err
 	}
 	c.logf("node 1: initialised cluster %s", c.spec.Name)
-	out, err := ctl(1, "token")
+	token, err := c.joinToken(ctx)
 	if err != nil {
 		return err
+	}
+	for i := 2; i <= c.spec.Nodes; i++ {
+		if err := c.join(ctx, i, token); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// joinToken returns a join token from node 1.
+func (c *Cluster) joinToken(ctx context.Context) (string, error) {
+	out, err := c.clusterCtl(ctx, 1, "token")
+	if err != nil {
+		return "", err
 	}
 	token, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
 	token = strings.TrimSpace(token)
 	if token == "" {
-		return fmt.Errorf("node 1: shoalctl cluster token printed no token")
+		return "", fmt.Errorf("node 1: shoalctl cluster token printed no token")
 	}
-	for i := 2; i <= c.spec.Nodes; i++ {
-		// NB: the token is an argument here and so visible in ps; fine for a
-		// dev cluster on one machine.
-		if _, err := ctl(i, "join", "--token", token, c.Addr(1)); err != nil {
-			return err
-		}
-		c.logf("node %d: joined", i)
+	return token, nil
+}
+
+// join makes node i join the cluster through node 1.
+func (c *Cluster) join(ctx context.Context, i int, token string) error {
+	// NB: the token is an argument here and so visible in ps; fine for a
+	// dev cluster on one machine.
+	if _, err := c.clusterCtl(ctx, i, "join", "--token", token, c.Addr(1)); err != nil {
+		return err
 	}
+	c.logf("node %d: joined", i)
 	return nil
+}
+
+// clusterCtl runs `shoalctl cluster ARGS` on node i and returns its
+// output; errors show the command without a join token.
+func (c *Cluster) clusterCtl(ctx context.Context, i int, args ...string) (string, error) {
+	args = append([]string{"--run-dir", c.RunDir(i), "cluster"}, args...)
+	out, errOut, code, err := c.Ctl(ctx, i, args...)
+	shown := slices.Clone(args)
+	for k := 1; k < len(shown); k++ {
+		if shown[k-1] == "--token" {
+			shown[k] = "<token>"
+		}
+	}
+	if err != nil {
+		return "", fmt.Errorf("node %d: shoalctl %s: %w", i, strings.Join(shown, " "), err)
+	}
+	if code != 0 {
+		return "", fmt.Errorf("node %d: shoalctl %s: exit %d: %s", i, strings.Join(shown, " "), code, strings.TrimSpace(errOut+"\n"+out))
+	}
+	return out, nil
 }
 
 // Load finds the cluster called name under DefaultStateRoot.

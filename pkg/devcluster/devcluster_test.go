@@ -312,6 +312,28 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("healed: Status.Partition = %v", st.Partition)
 	}
 
+	// A node added to the running cluster gets its own namespace,
+	// address and daemons, reaches the others, and is recorded for Load.
+	if i, err := c.AddNode(ctx); err != nil || i != 4 {
+		t.Fatalf("AddNode: node %d, %v; want node 4", i, err)
+	}
+	if c.Nodes() != 4 || c.Addr(4) == c.Addr(3) {
+		t.Fatalf("after AddNode: %d nodes, node 4 at %s", c.Nodes(), c.Addr(4))
+	}
+	mustCtl(t, ctx, c, 4, "state", "put", "/n4/hello", "msg=node4")
+	addrs[4] = listen(t, c, 4)
+	for _, p := range [][2]int{{4, 1}, {1, 4}, {0, 4}} {
+		if !dialFrom(c, p[0], addrs[p[1]]) {
+			t.Fatalf("added node: node %d cannot reach node %d", p[0], p[1])
+		}
+	}
+	if l4, err := Load(spec.Name); err != nil || l4.Nodes() != 4 || l4.Addr(4) != c.Addr(4) {
+		t.Fatalf("Load after AddNode: %v, %v", l4, err)
+	}
+	if st, err = c.Status(ctx); err != nil || len(st.Nodes) != 4 || !st.Nodes[3].Processes[0].Ready {
+		t.Fatalf("Status after AddNode: %+v, %v", st.Nodes, err)
+	}
+
 	// Kill and Start one daemon; its state survives.
 	pid := st.Nodes[1].Processes[0].PID
 	if err := c.Kill(ctx, 2, "statd"); err != nil {
@@ -326,8 +348,8 @@ func TestCluster(t *testing.T) {
 	if err := c.Kill(ctx, 2, "nosuchd"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("Kill of an unknown daemon: %v", err)
 	}
-	if err := c.Kill(ctx, 4, ""); !errdefs.IsInvalidArgument(err) {
-		t.Fatalf("Kill on node 4 of 3: %v", err)
+	if err := c.Kill(ctx, 5, ""); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("Kill on node 5 of 4: %v", err)
 	}
 	if err := c.Start(ctx, 2, "statd"); err != nil {
 		t.Fatalf("Start: %v", err)

@@ -10,7 +10,10 @@ import (
 
 // DefaultRetention is how long a node keeps a finished task that no slot
 // names (document and container) before removing it, so `service ps` can
-// show recent history.
+// show recent history. It applies to tasks whose slot lives on (a task
+// superseded by its replacement); a task whose service or slot is gone
+// (service rm, scale down) is removed as soon as it has stopped, for
+// there is no history left to show it in.
 const DefaultRetention = time.Hour
 
 // NodeView is what a node's agent decides from: its tasks, the slot
@@ -31,7 +34,7 @@ type NodeView struct {
 	Removed map[string]bool
 	// TTL is the reservation TTL (DefaultTTL when zero); Retention how
 	// long superseded finished tasks are kept (DefaultRetention when
-	// zero).
+	// zero; not for tasks of removed services or slots).
 	TTL, Retention time.Duration
 }
 
@@ -74,6 +77,20 @@ type Runtime struct {
 	// spec's StartPeriod of the start (the prober's job).
 	HealthPassed   bool
 	HealthFailures int
+}
+
+// RecordHealthCheck folds the result of one health check, ended at at,
+// into the runtime status (the prober calls it): a pass marks the task
+// passed and clears the failures; a failure counts unless it ended within
+// h.StartPeriod of the container's start, so a slow starter is not
+// declared unhealthy before it could have passed.
+func (r *Runtime) RecordHealthCheck(h HealthCheck, pass bool, at time.Time) {
+	switch {
+	case pass:
+		r.HealthPassed, r.HealthFailures = true, 0
+	case at.Sub(r.StartedAt) >= h.StartPeriod.D():
+		r.HealthFailures++
+	}
 }
 
 // AgentAction is one step AgentDecide asks the node's executor to take:
@@ -175,7 +192,8 @@ func SlotKey(service, slot string) string { return service + "/" + slot }
 //     the meantime; otherwise record it exited or failed for good.
 //   - Bookkeeping: release the reservation of a task that will not run
 //     again, release reservations whose task is gone, and remove
-//     finished tasks no slot names after Retention.
+//     finished tasks no slot names: at once when their service or slot
+//     is gone, after Retention when the slot lives on under another task.
 func AgentDecide(v NodeView, now time.Time) []AgentAction {
 	d := agent{v: v, now: now, ttl: cmp.Or(v.TTL, DefaultTTL), retention: cmp.Or(v.Retention, DefaultRetention)}
 	d.reserved = make(map[string]Reservation, len(v.Reservations))
@@ -221,7 +239,6 @@ func (d *agent) wakeAt(t time.Time, why string) {
 	}
 }
 
-// wanted says whether t should run, and if not, why.
 // confirmed reports whether the ledger holds id's reservation confirmed:
 // its slot document named it at some point.
 func (d *agent) confirmed(id string) bool {
@@ -233,33 +250,44 @@ func (d *agent) confirmed(id string) bool {
 	return false
 }
 
-func (d *agent) wanted(t *LocalTask) (bool, string) {
+// verdict is what wanted decides about a task.
+type verdict struct {
+	want bool
+	// why says why a task is not wanted.
+	why string
+	// gone: the task's slot document or service is gone, so no `service
+	// ps` history will show it; once stopped it is removed at once.
+	gone bool
+}
+
+// wanted says whether t should run, and if not, why.
+func (d *agent) wanted(t *LocalTask) verdict {
 	sl, ok := d.v.Slots[SlotKey(t.Service, t.Slot)]
 	if ok && sl.Names(t.ID) {
-		return true, ""
+		return verdict{want: true}
 	}
 	if ok && sl.Stamp.Compare(t.Created) > 0 {
 		if sl.Task == "" {
-			return false, "slot vacated"
+			return verdict{why: "slot vacated"}
 		}
-		return false, "superseded by " + sl.Task
+		return verdict{why: "superseded by " + sl.Task}
 	}
 	if !ok && d.v.Removed[t.Service] {
-		return false, "service removed"
+		return verdict{why: "service removed", gone: true}
 	}
 	if !ok && d.confirmed(t.ID) {
 		// The slot once named the task, so a missing document is a
 		// deleted one (scale-down, drain), not one not written yet.
-		return false, "slot deleted"
+		return verdict{why: "slot deleted", gone: true}
 	}
 	if exp := t.CreatedAt().Add(d.ttl); d.now.Before(exp) {
 		d.wakeAt(exp, "unconfirmed task")
-		return true, ""
+		return verdict{want: true}
 	}
 	if ok {
-		return false, "reservation expired: the slot never named the task"
+		return verdict{why: "reservation expired: the slot never named the task"}
 	}
-	return false, "slot deleted"
+	return verdict{why: "slot deleted", gone: true}
 }
 
 func (d *agent) task(t *LocalTask) {
@@ -268,14 +296,14 @@ func (d *agent) task(t *LocalTask) {
 		rt.State = RuntimeNone
 	}
 	spec := t.Spec.WithDefaults()
-	want, why := d.wanted(t)
-	if res, ok := d.reserved[t.ID]; ok && want && !res.Confirmed {
+	v := d.wanted(t)
+	if res, ok := d.reserved[t.ID]; ok && v.want && !res.Confirmed {
 		if sl, ok := d.v.Slots[SlotKey(t.Service, t.Slot)]; ok && sl.Names(t.ID) {
 			d.emit(ConfirmReservation{TaskID: t.ID})
 		}
 	}
-	if !want || t.State.Terminal() {
-		d.finish(t, rt, spec, why)
+	if !v.want || t.State.Terminal() {
+		d.finish(t, rt, spec, v)
 		return
 	}
 	switch rt.State {
@@ -354,8 +382,10 @@ func (d *agent) exited(t *LocalTask, rt Runtime, spec ServiceSpec) {
 
 // finish winds down a task that is not wanted or is terminal: stop its
 // container, record it stopped, release its reservation, and remove it
-// after the retention period once no slot names it.
-func (d *agent) finish(t *LocalTask, rt Runtime, spec ServiceSpec, why string) {
+// once no slot names it: at once if its service or slot is gone, else
+// after the retention period.
+func (d *agent) finish(t *LocalTask, rt Runtime, spec ServiceSpec, v verdict) {
+	why := v.why
 	switch rt.State {
 	case RuntimeStarting, RuntimeRunning:
 		reason := why
@@ -375,6 +405,10 @@ func (d *agent) finish(t *LocalTask, rt Runtime, spec ServiceSpec, why string) {
 	d.release(t.ID)
 	if sl, ok := d.v.Slots[SlotKey(t.Service, t.Slot)]; ok && sl.Names(t.ID) {
 		return // its owner still has to replace it
+	}
+	if v.gone {
+		d.emit(RemoveTask{TaskID: t.ID})
+		return
 	}
 	if gone := finished.Add(d.retention); !d.now.Before(gone) {
 		d.emit(RemoveTask{TaskID: t.ID})

@@ -150,21 +150,62 @@ func TestAgentDecide(t *testing.T) {
 			want:  "stop a grace=10s: slot deleted\n",
 		},
 		{
-			name: "stopped: record it, release, keep it for a while",
+			name: "superseded and stopped: record it, release, keep it for a while (service ps history)",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Stamp: stampAt(t0.Add(-time.Second), "owner")}
+				a.exited(0, time.Second)
+			},
+			want: "update a state=stopped error=\"superseded by b\"\nrelease a\nrequeue at 00:59:59.000 (remove finished task)\n",
+		},
+		{
+			name: "superseded, finished long ago: remove",
+			st:   sched.TaskStopped, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Stamp: stampAt(t0.Add(-time.Second), "owner")}
+				a.v.Reservations = nil
+				a.task.Finished = t0.Add(-2 * time.Hour)
+			},
+			want: "remove a\n",
+		},
+		{
+			name: "slot deleted and stopped: record it, release, remove it at once",
 			st:   sched.TaskRunning, rt: sched.RuntimeExited,
 			build: func(a *agentView) {
 				delete(a.v.Slots, "web/0")
 				a.exited(0, time.Second)
 			},
-			want: "update a state=stopped error=\"slot deleted\"\nrelease a\nrequeue at 00:59:59.000 (remove finished task)\n",
+			want: "update a state=stopped error=\"slot deleted\"\nrelease a\nremove a\n",
 		},
 		{
-			name: "finished long ago and named by no slot: remove",
+			name: "service removed while running: stop first",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				delete(a.v.Slots, "web/0")
+				a.v.Reservations[0].Confirmed = false
+				a.v.Removed = map[string]bool{"web": true}
+			},
+			want: "stop a grace=10s: service removed\n",
+		},
+		{
+			name: "service removed, task stopped: remove it at once",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				delete(a.v.Slots, "web/0")
+				a.v.Reservations[0].Confirmed = false
+				a.v.Removed = map[string]bool{"web": true}
+				a.exited(143, 100*time.Millisecond)
+			},
+			want: "update a state=stopped exit=143 error=\"service removed\"\nrelease a\nremove a\n",
+		},
+		{
+			name: "superseded long ago, then the service was removed: remove",
 			st:   sched.TaskStopped, rt: sched.RuntimeExited,
 			build: func(a *agentView) {
 				delete(a.v.Slots, "web/0")
 				a.v.Reservations = nil
-				a.task.Finished = t0.Add(-2 * time.Hour)
+				a.v.Removed = map[string]bool{"web": true}
+				a.task.Finished = t0.Add(-time.Minute)
 			},
 			want: "remove a\n",
 		},

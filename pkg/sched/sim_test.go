@@ -225,6 +225,71 @@ func TestSimUnhealthyReplaced(t *testing.T) {
 	}
 }
 
+// A health check that fails from the start: failures within the start
+// period do not count, so the task turns unhealthy only once the period
+// is over (and at once without one).
+func TestSimHealthStartPeriod(t *testing.T) {
+	for _, tc := range []struct {
+		start          time.Duration
+		healthyUntil   time.Duration // no task unhealthy yet
+		unhealthyAfter time.Duration // the first task is unhealthy
+	}{
+		{start: 0, healthyUntil: 0, unhealthyAfter: 2 * time.Second},
+		{start: 5 * time.Second, healthyUntil: 4800 * time.Millisecond, unhealthyAfter: 7 * time.Second},
+	} {
+		t.Run(fmt.Sprint("start period ", tc.start), func(t *testing.T) {
+			c := newCluster(t, 2, roomy, func(cfg *sim.Config) {
+				cfg.Images = map[string]sim.Behavior{"sick": {Unhealthy: true}}
+			})
+			create(t, c, sched.ServiceSpec{Name: "web", Image: "sick", Replicas: 1,
+				Health: sched.HealthCheck{Cmd: []string{"check"}, Interval: sched.Duration(500 * time.Millisecond), Retries: 2,
+					StartPeriod: sched.Duration(tc.start)}})
+			unhealthy := func() bool {
+				return slices.ContainsFunc(c.Tasks("web"), func(tk sched.Task) bool { return tk.State == sched.TaskUnhealthy })
+			}
+			if tc.healthyUntil > 0 {
+				c.RunFor(tc.healthyUntil)
+				if tasks := c.Tasks("web"); len(tasks) != 1 || unhealthy() {
+					t.Fatalf("after %v within a %v start period: tasks %+v, want the first one, not unhealthy", tc.healthyUntil, tc.start, tasks)
+				}
+			}
+			c.RunFor(tc.unhealthyAfter - tc.healthyUntil)
+			if !unhealthy() {
+				t.Fatalf("after %v with a %v start period: no task unhealthy: %+v", tc.unhealthyAfter, tc.start, c.Tasks("web"))
+			}
+		})
+	}
+}
+
+func TestRecordHealthCheck(t *testing.T) {
+	start := t0
+	h := sched.HealthCheck{Cmd: []string{"check"}, StartPeriod: sched.Duration(10 * time.Second)}
+	r := sched.Runtime{State: sched.RuntimeRunning, StartedAt: start}
+	for _, step := range []struct {
+		at       time.Duration
+		pass     bool
+		passed   bool
+		failures int
+	}{
+		{1 * time.Second, false, false, 0},  // within the start period: ignored
+		{9 * time.Second, false, false, 0},  // still within
+		{10 * time.Second, false, false, 1}, // the period is over
+		{11 * time.Second, false, false, 2},
+		{12 * time.Second, true, true, 0}, // a pass clears the failures
+		{13 * time.Second, false, true, 1},
+	} {
+		r.RecordHealthCheck(h, step.pass, start.Add(step.at))
+		if r.HealthPassed != step.passed || r.HealthFailures != step.failures {
+			t.Fatalf("after a check at +%v (pass %v): passed %v failures %d, want %v %d", step.at, step.pass, r.HealthPassed, r.HealthFailures, step.passed, step.failures)
+		}
+	}
+	// A pass within the start period counts at once.
+	r = sched.Runtime{State: sched.RuntimeRunning, StartedAt: start}
+	if r.RecordHealthCheck(h, true, start.Add(time.Second)); !r.HealthPassed {
+		t.Fatal("a pass within the start period did not count")
+	}
+}
+
 func TestSimDrain(t *testing.T) {
 	c := newCluster(t, 3, roomy, nil)
 	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6})

@@ -75,8 +75,10 @@ func (n *node) acceptReserve(ctx context.Context, a sched.Reserve) (bool, sched.
 	}
 	ok, free, why := n.ledger.Reserve(a.Reservation(), now)
 	if !ok {
+		n.reservesRejected.Add(1)
 		return false, free, why, nil
 	}
+	n.reservesAccepted.Add(1)
 	key := sched.TaskKey(a.TaskID)
 	if err := n.put(ctx, key, sched.NewTaskFields(a, n.id, now)); err != nil {
 		n.ledger.Release(a.TaskID)
@@ -332,7 +334,7 @@ func (n *node) watchTask(ctx context.Context, lt *localTask) {
 		}
 	}()
 	if h := lt.Spec.WithDefaults().Health; h.Enabled() {
-		go n.probe(wctx, id, h, lt.Runtime.StartedAt)
+		go n.probe(wctx, id, h)
 	}
 	if len(lt.Spec.Volumes) > 0 {
 		go n.watchVolumes(wctx, id, lt.Spec)
@@ -354,8 +356,9 @@ func (n *node) exited(id string, exit shoalrt.Exit) {
 }
 
 // probe runs a task's health check every interval. Failures within the
-// start period do not count; a success always does.
-func (n *node) probe(ctx context.Context, id string, h sched.HealthCheck, started time.Time) {
+// start period do not count; a success always does
+// (sched.Runtime.RecordHealthCheck).
+func (n *node) probe(ctx context.Context, id string, h sched.HealthCheck) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -371,12 +374,7 @@ func (n *node) probe(ctx context.Context, id string, h sched.HealthCheck, starte
 		pass := err == nil && code == 0
 		n.amu.Lock()
 		if lt := n.local[id]; lt != nil && lt.Runtime.State == sched.RuntimeRunning {
-			switch {
-			case pass:
-				lt.Runtime.HealthPassed, lt.Runtime.HealthFailures = true, 0
-			case time.Since(started) >= h.StartPeriod.D():
-				lt.Runtime.HealthFailures++
-			}
+			lt.Runtime.RecordHealthCheck(h, pass, time.Now())
 		}
 		n.amu.Unlock()
 		n.wake()

@@ -486,6 +486,9 @@ func (n *node) localLogs(ctx context.Context, req *schedv1.TaskLogsRequest, send
 			return nil
 		}
 		for os.IsNotExist(err) && ctx.Err() == nil {
+			if n.taskFinished(req.GetTask()) {
+				return nil // it never started, and will not
+			}
 			time.Sleep(200 * time.Millisecond)
 			f, err = os.Open(n.logPath(req.GetTask()))
 		}
@@ -500,6 +503,10 @@ func (n *node) localLogs(ctx context.Context, req *schedv1.TaskLogsRequest, send
 		}
 	}
 	buf := make([]byte, 64<<10)
+	// A follow ends once the task has finished for good (like docker logs
+	// -f when the container exits): at the first end of file after it was
+	// seen finished, so lines written as it stopped are still sent.
+	ended := false
 	for {
 		k, err := f.Read(buf)
 		if k > 0 {
@@ -511,9 +518,10 @@ func (n *node) localLogs(ctx context.Context, req *schedv1.TaskLogsRequest, send
 		if err != nil && err != io.EOF {
 			return err
 		}
-		if !req.GetFollow() {
+		if !req.GetFollow() || ended {
 			return nil
 		}
+		ended = n.taskFinished(req.GetTask())
 		select {
 		case <-ctx.Done():
 			return nil
@@ -549,6 +557,20 @@ func seekTail(f *os.File, n int) error {
 	}
 	_, err = f.Seek(0, io.SeekStart)
 	return err
+}
+
+// taskFinished reports whether a local task will write no more output:
+// gone from this node, or terminal with its container no longer running
+// (an unhealthy task is terminal while it stops).
+func (n *node) taskFinished(id string) bool {
+	n.amu.Lock()
+	defer n.amu.Unlock()
+	lt, ok := n.local[id]
+	if !ok {
+		return true
+	}
+	rs := lt.Runtime.State
+	return lt.State.Terminal() && (rs == sched.RuntimeExited || rs == sched.RuntimeNone || rs == "")
 }
 
 func (n *node) localTask(id string) (*localTask, bool) {

@@ -278,6 +278,7 @@ func (n *node) freshLocked() map[string]sched.Resources {
 // ledger, without a network hop).
 func (n *node) reserveOn(ctx context.Context, target string, a sched.Reserve) (bool, sched.Resources, sched.Reject, error) {
 	a.Candidates = nil
+	n.reservesSent.Add(1)
 	if target == n.id {
 		return n.acceptReserve(ctx, a)
 	}

@@ -131,6 +131,11 @@ type node struct {
 
 	kick chan struct{}
 
+	// Reserve counters, for `daemon status` and metrics: what this node
+	// asked as an owner, and what it answered as a target (the two
+	// owners of a race show up as rejects).
+	reservesSent, reservesAccepted, reservesRejected atomic.Int64
+
 	// Owner side (guarded by omu).
 	omu      sync.Mutex
 	inflight map[string]map[string]sched.InFlight // service -> slot
@@ -246,22 +251,38 @@ func (n *node) isReady() bool {
 	}
 }
 
+// nodeID is n.id for readers off the scheduling loop: empty until the
+// node is ready (the loop sets n.id before it closes ready).
+func (n *node) nodeID() string {
+	if !n.isReady() {
+		return ""
+	}
+	return n.id
+}
+
 var errNotReady = fmt.Errorf("this node's scheduler is not ready: is it in a cluster (`shoalctl cluster status`)? %w", errUnavailable)
 
 // details are the node's figures for `shoalctl daemon status` (and tests
-// that watch the ledger): capacity, what is reserved, tasks.
+// that watch the ledger): capacity, what is reserved, tasks, and whether
+// the scheduler is ready. The socket serves (and health says SERVING) as
+// soon as the process starts; scheduler_ready says the node found its
+// cluster, caught up with state and re-adopted its tasks and containers.
 func (n *node) details() map[string]string {
 	used, capa := n.ledger.Usage(), n.ledger.Capacity()
 	n.amu.Lock()
 	tasks := len(n.local)
 	n.amu.Unlock()
 	return map[string]string{
-		"node_id":         n.id,
-		"tasks":           strconv.Itoa(tasks),
-		"reserved_cpu":    strconv.FormatInt(used.CPUMillis, 10),
-		"reserved_memory": strconv.FormatInt(used.MemoryBytes, 10),
-		"capacity_cpu":    strconv.FormatInt(capa.CPUMillis, 10),
-		"capacity_memory": strconv.FormatInt(capa.MemoryBytes, 10),
+		"node_id":           n.nodeID(),
+		"scheduler_ready":   strconv.FormatBool(n.isReady()),
+		"tasks":             strconv.Itoa(tasks),
+		"reserves_sent":     strconv.FormatInt(n.reservesSent.Load(), 10),
+		"reserves_accepted": strconv.FormatInt(n.reservesAccepted.Load(), 10),
+		"reserves_rejected": strconv.FormatInt(n.reservesRejected.Load(), 10),
+		"reserved_cpu":      strconv.FormatInt(used.CPUMillis, 10),
+		"reserved_memory":   strconv.FormatInt(used.MemoryBytes, 10),
+		"capacity_cpu":      strconv.FormatInt(capa.CPUMillis, 10),
+		"capacity_memory":   strconv.FormatInt(capa.MemoryBytes, 10),
 	}
 }
 

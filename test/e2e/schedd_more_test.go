@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -23,6 +24,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/registry"
 
 	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/devcluster"
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/testimage"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
@@ -460,6 +462,43 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "pulled")
 	})
 
+	t.Run("DockerSaveLoad", func(t *testing.T) {
+		// A docker save tarball (not an OCI layout) through the CLI, with
+		// a layer of its own that only node 1 has: node 3 must fetch it
+		// from node 1 to run the task.
+		tarball := filepath.Join(t.TempDir(), "saved.tar")
+		spec := testimage.Spec{Name: "local/saved:1", Extra: map[string]string{"etc/saved": "from docker save\n"}}
+		if _, err := testimage.WriteFile(tarball, "docker", spec); err != nil {
+			t.Fatal(err)
+		}
+		if out := c.mustCtl(1, "image", "load", tarball); !strings.HasPrefix(out, "loaded local/saved:1 (sha256:") {
+			t.Fatalf("image load of a docker save tarball: %q", out)
+		}
+		type imageJSON struct {
+			Name  string
+			Nodes []string
+		}
+		waitFor(t, 15*time.Second, "node 3 knows node 1 holds local/saved:1", func() bool {
+			out, _, code := c.ctl(3, "image", "ls", "-o", "json")
+			var imgs []imageJSON
+			return code == 0 && json.Unmarshal([]byte(out), &imgs) == nil && slices.ContainsFunc(imgs, func(x imageJSON) bool {
+				return x.Name == "local/saved:1" && slices.Equal(x.Nodes, []string{c.ids[0]})
+			})
+		})
+		c.mustCtl(2, "service", "create", "saved", "--image", "local/saved:1", "--constraint", "node.name==n3", "--stop-grace", "1s", "--", "sleep", "1000000")
+		cur := c.currentTasks("saved")
+		if len(cur) != 1 || cur[0].GetNode() != c.ids[2] {
+			t.Fatalf("current tasks of saved: %v, want one on n3", cur)
+		}
+		if out := c.mustCtl(1, "task", "exec", cur[0].GetId(), "--", "cat", "/etc/saved"); out != "from docker save\n" {
+			t.Errorf("the docker save image's own file in the task on n3: %q", out)
+		}
+		if _, err := c.rts[2].Image(context.Background(), "local/saved:1"); err != nil {
+			t.Errorf("node 3 lacks the image it ran: %v", err)
+		}
+		c.mustCtl(1, "service", "rm", "saved")
+	})
+
 	t.Run("DrainReplicated", func(t *testing.T) {
 		c.mustCtl(1, append([]string{"service", "create", "dr", "--image", img, "--replicas", "3", "--stop-grace", "1s", "--"}, termSleep...)...)
 		if got := c.perNode("dr"); got != [3]int{1, 1, 1} {
@@ -574,6 +613,52 @@ func TestSchedulerMore(t *testing.T) {
 			t.Errorf("task logs of a missing task: exit %d %q, want 3", code, errOut)
 		}
 		c.mustCtl(1, "service", "rm", "lx")
+	})
+
+	t.Run("LogsFollow", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "lf", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--env", "GEN=1", "--",
+			"sh", "-c", "trap 'exit 0' TERM; i=0; while true; do echo gen$GEN-line$i; i=$((i+1)); sleep 0.2; done")
+		cur := c.currentTasks("lf")
+		if len(cur) != 1 {
+			t.Fatalf("%d current tasks, want 1", len(cur))
+		}
+		first := cur[0]
+		// Followed from nodes that may not run the task (relayed), and
+		// started before the lines they must show are written.
+		svcLogs := c.startCtl(3, "service", "logs", "-f", "lf")
+		taskLogs := c.startCtl(2, "task", "logs", "-f", first.GetId())
+		firstPrefix := fmt.Sprintf("lf.0@%s | ", first.GetNode())
+		waitFor(t, 15*time.Second, "new lines in service logs -f and task logs -f", func() bool {
+			return strings.Contains(svcLogs.out.String(), firstPrefix+"gen1-line15\n") && strings.Contains(taskLogs.out.String(), "gen1-line15\n")
+		})
+
+		// An update replaces the task: service logs -f picks up the new
+		// one, task logs -f of the old one ends when it has stopped.
+		c.mustCtlWithin(time.Minute, 1, "service", "update", "lf", "--env", "GEN=2", "--update-monitor", "1s")
+		cur = c.currentTasks("lf")
+		if len(cur) != 1 || cur[0].GetId() == first.GetId() {
+			t.Fatalf("current tasks after the update: %v, want one replacing %s", cur, first.GetId())
+		}
+		secondPrefix := fmt.Sprintf("lf.0@%s | ", cur[0].GetNode())
+		waitFor(t, 15*time.Second, "the replacement's lines in service logs -f", func() bool {
+			return strings.Contains(svcLogs.out.String(), secondPrefix+"gen2-line5\n")
+		})
+		if code, ok := taskLogs.wait(15 * time.Second); !ok || code != 0 {
+			t.Errorf("task logs -f of the replaced task: exited %v with %d, want it to end by itself with 0; stderr %q", ok, code, taskLogs.errOut.String())
+		}
+		if out := taskLogs.out.String(); strings.Contains(out, "gen2") || !strings.HasPrefix(out, "gen1-line0\n") {
+			t.Errorf("task logs -f of the first task:\n%s", out)
+		}
+		if code := svcLogs.interrupt(t); code != 0 {
+			t.Errorf("service logs -f after SIGINT: exit %d, stderr %q", code, svcLogs.errOut.String())
+		}
+		for _, line := range strings.Split(strings.TrimSuffix(svcLogs.out.String(), "\n"), "\n") {
+			if !strings.HasPrefix(line, firstPrefix+"gen1-line") && !strings.HasPrefix(line, secondPrefix+"gen2-line") {
+				t.Errorf("service logs -f line %q is neither the first task's nor its replacement's", line)
+				break
+			}
+		}
+		c.mustCtl(1, "service", "rm", "lf")
 	})
 
 	t.Run("DeclarativeDeploy", func(t *testing.T) {
@@ -766,6 +851,53 @@ update:
 		}
 		c.mustCtl(1, "service", "rm", "ru")
 	})
+}
+
+// bgCtl is a shoalctl command running in the background (a follow).
+type bgCtl struct {
+	cmd         *exec.Cmd
+	out, errOut *syncBuffer
+	done        chan struct{}
+	err         error // valid once done is closed
+}
+
+// startCtl starts shoalctl args on node i; the test's end kills it.
+func (c *moreCluster) startCtl(i int, args ...string) *bgCtl {
+	c.t.Helper()
+	cmd, err := c.Command(nil, i, append([]string{"shoalctl"}, args...)...)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	b := &bgCtl{cmd: cmd, out: &syncBuffer{}, errOut: &syncBuffer{}, done: make(chan struct{})}
+	cmd.Stdout, cmd.Stderr = b.out, b.errOut
+	if err := c.StartIn(i, cmd); err != nil {
+		c.t.Fatalf("start shoalctl %v: %v", args, err)
+	}
+	go func() { b.err = cmd.Wait(); close(b.done) }()
+	c.t.Cleanup(func() { cmd.Process.Kill(); <-b.done })
+	return b
+}
+
+// wait waits up to d for the command to exit and returns its exit code.
+func (b *bgCtl) wait(d time.Duration) (int, bool) {
+	select {
+	case <-b.done:
+		code, _ := devcluster.ExitCode(b.err)
+		return code, true
+	case <-time.After(d):
+		return -1, false
+	}
+}
+
+// interrupt sends SIGINT (Ctrl-C) and returns the exit code.
+func (b *bgCtl) interrupt(t *testing.T) int {
+	t.Helper()
+	b.cmd.Process.Signal(os.Interrupt)
+	code, ok := b.wait(10 * time.Second)
+	if !ok {
+		t.Fatalf("%v did not exit within 10s of SIGINT", b.cmd.Args)
+	}
+	return code
 }
 
 func decode(t *testing.T, out string, v any) {

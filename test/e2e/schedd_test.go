@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,7 +55,7 @@ func newSchedCluster(t *testing.T) *schedCluster {
 	sc := &schedCluster{Cluster: c, t: t}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("SHOAL_E2E_LOGS") != "" {
-			for i := 1; i <= 3; i++ {
+			for i := 1; i <= c.Nodes(); i++ {
 				for _, d := range []string{"schedd"} {
 					if b, err := os.ReadFile(c.LogPath(i, d)); err == nil {
 						lines := strings.Split(strings.TrimSpace(string(b)), "\n")
@@ -148,8 +150,19 @@ func (c *schedCluster) runtime(i int) *shoalrt.Containerd {
 // (killed with the node) runs none.
 func (c *schedCluster) containers(service string) map[int]map[string]uint32 {
 	c.t.Helper()
+	return c.listContainers(service, true)
+}
+
+// existing is containers, stopped ones included (their pid is 0).
+func (c *schedCluster) existing(service string) map[int]map[string]uint32 {
+	c.t.Helper()
+	return c.listContainers(service, false)
+}
+
+func (c *schedCluster) listContainers(service string, running bool) map[int]map[string]uint32 {
+	c.t.Helper()
 	out := map[int]map[string]uint32{}
-	for i := 1; i <= 3; i++ {
+	for i := 1; i <= c.Nodes(); i++ {
 		out[i] = map[string]uint32{}
 		if _, err := os.Stat(c.Containerd(i).Address); err != nil {
 			continue
@@ -164,12 +177,26 @@ func (c *schedCluster) containers(service string) map[int]map[string]uint32 {
 			c.t.Fatalf("node %d containers: %v", i, err)
 		}
 		for _, ti := range infos {
-			if ti.Status == shoalrt.StatusRunning && (service == "" || ti.Labels["io.shoal/service"] == service) {
+			if (!running || ti.Status == shoalrt.StatusRunning) && (service == "" || ti.Labels["io.shoal/service"] == service) {
 				out[i][ti.ID] = ti.Pid
 			}
 		}
 	}
 	return out
+}
+
+// scheddInfo asks node i's schedd for its Info (pid, scheduler_ready,
+// ledger figures) over a connection of its own, closed before it
+// returns: it does not touch t, so samplers may call it.
+func (c *schedCluster) scheddInfo(ctx context.Context, i int) (*daemonv1.InfoResponse, error) {
+	conn, err := client.Dial(c.RunDir(i), "schedd", client.Retry{Attempts: 1})
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	return daemonv1.NewDaemonClient(conn).Info(ictx, &daemonv1.InfoRequest{})
 }
 
 func (c *schedCluster) tasks(service string) []*schedv1.Task {
@@ -218,9 +245,11 @@ func TestScheduler(t *testing.T) {
 			t.Fatalf("9 replicas spread as %v, want 3/3/3", got)
 		}
 		c.mustCtl(1, "service", "scale", "spread=3")
-		waitFor(t, 30*time.Second, "3 containers left", func() bool {
+		// The containers of the slots scaled away are removed, not just
+		// stopped: no history is kept for a slot that is gone.
+		waitFor(t, 30*time.Second, "3 containers left, none stopped", func() bool {
 			n := 0
-			for _, m := range c.containers("spread") {
+			for _, m := range c.existing("spread") {
 				n += len(m)
 			}
 			return n == 3
@@ -229,10 +258,19 @@ func TestScheduler(t *testing.T) {
 			t.Fatalf("3 replicas spread as %v, want 1/1/1", got)
 		}
 		c.mustCtl(2, "service", "rm", "spread")
-		for i, m := range c.containers("spread") {
-			if len(m) != 0 {
-				t.Fatalf("node %d still runs %v after rm", i, m)
+		// rm returns once every task has stopped; removing the stopped
+		// containers (and their snapshots) follows in the same agent
+		// round.
+		waitFor(t, 10*time.Second, "no container of spread on any node", func() bool {
+			for _, m := range c.existing("spread") {
+				if len(m) != 0 {
+					return false
+				}
 			}
+			return true
+		})
+		if m := c.existing(""); len(m[1])+len(m[2])+len(m[3]) != 0 {
+			t.Fatalf("containers left on the nodes after rm: %v", m)
 		}
 	})
 
@@ -258,17 +296,35 @@ func TestScheduler(t *testing.T) {
 		if _, errOut, code := c.ctl(1, "service", "deploy", "-f", bad); code != 2 || !strings.Contains(errOut, "replicaz") {
 			t.Errorf("malformed spec file: exit %d %q", code, errOut)
 		}
-		c.mustCtl(1, "service", "create", "dup", "--image", "local/busybox:latest", "--replicas", "1", "--", "sleep", "1000000")
+		c.mustCtl(1, "service", "create", "dup", "--image", "local/busybox:latest", "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
 		if _, errOut, code := c.ctl(2, "service", "create", "dup", "--image", "local/busybox:latest"); code == 0 || !strings.Contains(errOut, "already exists") {
 			t.Errorf("duplicate service: exit %d %q", code, errOut)
 		}
 		// An impossible constraint is accepted but reported unschedulable,
 		// with the reason.
 		c.mustCtl(1, "service", "create", "nowhere", "--image", "local/busybox:latest", "--constraint", "node.labels.zone==mars", "--detach", "--", "sleep", "1000000")
-		waitFor(t, 15*time.Second, "unschedulable reason", func() bool {
-			out, _, _ := c.ctl(3, "service", "inspect", "nowhere", "-o", "json")
-			return strings.Contains(out, "node.labels.zone==mars")
+		// The reason is the owner's placement verdict, published in the
+		// service document: every node's inspect and ps show it. (The
+		// constraint itself is in spec.constraints whatever happens, so
+		// only the unschedulable field tells.)
+		const reason = "3 nodes: 3 fail constraint node.labels.zone==mars"
+		waitFor(t, 15*time.Second, "unschedulable reason in service inspect", func() bool {
+			var v struct {
+				Running       uint32   `json:"running"`
+				Unschedulable []string `json:"unschedulable"`
+			}
+			out, _, code := c.ctl(3, "service", "inspect", "nowhere", "-o", "json")
+			if code != 0 {
+				return false // not on node 3 yet
+			}
+			if err := json.Unmarshal([]byte(out), &v); err != nil {
+				t.Fatalf("service inspect -o json: %v\n%s", err, out)
+			}
+			return v.Running == 0 && slices.Contains(v.Unschedulable, reason)
 		})
+		if out, errOut, code := c.ctl(2, "service", "ps", "nowhere"); code != 0 || !strings.Contains(errOut, reason) || strings.Count(out, "\n") != 1 {
+			t.Errorf("service ps of an unschedulable service: exit %d, stdout %q, stderr %q; want only the header and %q on stderr", code, out, errOut, reason)
+		}
 		for _, s := range []string{"ghost", "huge", "Bad_Name", "neg", "badc"} {
 			if _, _, code := c.ctl(1, "service", "inspect", s); code != 3 {
 				t.Errorf("rejected service %s exists (exit %d)", s, code)
@@ -279,26 +335,69 @@ func TestScheduler(t *testing.T) {
 
 	t.Run("ScheddKill9KeepsContainers", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "steady", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--", "sleep", "1000000")
-		before := c.containers("steady")
-		for k := range 10 {
-			i := 1 + k%3
-			if err := c.Kill(ctx, i, "schedd"); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.Start(ctx, i, "schedd"); err != nil {
-				t.Fatal(err)
+		// The victim is the service's owner, which runs one of its tasks
+		// too: both roles restart.
+		var svc struct{ Owner string }
+		if err := json.Unmarshal([]byte(c.mustCtl(2, "service", "inspect", "steady", "-o", "json")), &svc); err != nil {
+			t.Fatal(err)
+		}
+		victim := 0
+		for i, id := range c.ids {
+			if id == svc.Owner {
+				victim = i + 1
 			}
 		}
-		c.mustCtl(2, "service", "scale", "steady=3") // waits for convergence
-		after := c.containers("steady")
-		for i := 1; i <= 3; i++ {
-			if fmt.Sprint(before[i]) != fmt.Sprint(after[i]) {
-				t.Fatalf("node %d containers changed across 10 schedd kills: %v -> %v", i, before[i], after[i])
+		before := c.containers("steady")
+		if victim == 0 || len(before[victim]) != 1 {
+			t.Fatalf("owner %q, containers %v: want the owner to run one task", svc.Owner, before)
+		}
+		first, err := c.scheddInfo(ctx, victim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tasks := first.GetDetails()["tasks"]
+		unchanged := func(when string) {
+			t.Helper()
+			if now := c.containers("steady"); fmt.Sprint(now) != fmt.Sprint(before) {
+				t.Fatalf("%s: containers %v, before %v", when, now, before)
+			}
+		}
+		pid := first.GetPid()
+		for k := range 10 {
+			if err := c.Kill(ctx, victim, "schedd"); err != nil {
+				t.Fatal(err)
+			}
+			unchanged(fmt.Sprintf("schedd kill %d", k+1))
+			if err := c.Start(ctx, victim, "schedd"); err != nil {
+				t.Fatal(err)
+			}
+			// Start returns once the socket serves; the scheduler is ready
+			// once it has caught up with state and re-adopted its tasks.
+			waitFor(t, 30*time.Second, fmt.Sprintf("schedd restart %d ready with its %s tasks", k+1, tasks), func() bool {
+				in, err := c.scheddInfo(ctx, victim)
+				return err == nil && in.GetPid() != pid && in.GetDetails()["scheduler_ready"] == "true" && in.GetDetails()["tasks"] == tasks
+			})
+			in, err := c.scheddInfo(ctx, victim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			pid = in.GetPid()
+			unchanged(fmt.Sprintf("schedd restart %d", k+1))
+			// Converged, as the restarted node itself reports it.
+			var st struct {
+				State            string
+				Running, Desired uint32
+			}
+			if err := json.Unmarshal([]byte(c.mustCtl(victim, "service", "inspect", "steady", "-o", "json")), &st); err != nil {
+				t.Fatal(err)
+			}
+			if st.State != "active" || st.Running != 3 || st.Desired != 3 {
+				t.Fatalf("after schedd restart %d, node %d reports %+v, want active 3/3", k+1, victim, st)
 			}
 		}
 		for _, tk := range c.tasks("steady") {
-			if tk.GetRestarts() != 0 {
-				t.Fatalf("task %s restarted %d times", tk.GetId(), tk.GetRestarts())
+			if tk.GetRestarts() != 0 || tk.GetState() != "running" {
+				t.Fatalf("task %s %s, restarted %d times", tk.GetId(), tk.GetState(), tk.GetRestarts())
 			}
 		}
 		c.mustCtl(1, "service", "rm", "steady")
@@ -372,13 +471,23 @@ func TestScheduler(t *testing.T) {
 			defer os.Remove(filepath.Join(c.StateDir(i, "schedd"), "debug-own-all"))
 		}
 		info := func(i int) map[string]string {
-			ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			defer cancel()
-			resp, err := daemonv1.NewDaemonClient(c.schedd(i).Conn).Info(ictx, &daemonv1.InfoRequest{})
+			resp, err := c.scheddInfo(ctx, i)
 			if err != nil {
 				return nil
 			}
 			return resp.GetDetails()
+		}
+		counter := func(d map[string]string, name string) int64 {
+			v, err := strconv.ParseInt(d[name], 10, 64)
+			if err != nil {
+				t.Fatalf("schedd detail %s: %q: %v", name, d[name], err)
+			}
+			return v
+		}
+		var sent0, rejected0 [3]int64
+		for i := 1; i <= 3; i++ {
+			d := info(i)
+			sent0[i-1], rejected0[i-1] = counter(d, "reserves_sent"), counter(d, "reserves_rejected")
 		}
 		capMem, _ := strconv.ParseInt(info(1)["capacity_memory"], 10, 64)
 		per := capMem/2 - 1<<20 // two tasks fit a node, three do not
@@ -422,6 +531,24 @@ func TestScheduler(t *testing.T) {
 		}
 		if samples < 50 {
 			t.Fatalf("only %d ledger samples", samples)
+		}
+		// The race happened: at least two owners placed (nodes 1 and 2,
+		// and the service's own owner if it is node 3), and the targets'
+		// ledgers turned some of their Reserves down.
+		var rejected int64
+		var sent [3]int64
+		owners := 0
+		for i := 1; i <= 3; i++ {
+			d := info(i)
+			sent[i-1] = counter(d, "reserves_sent") - sent0[i-1]
+			rejected += counter(d, "reserves_rejected") - rejected0[i-1]
+			if sent[i-1] > 0 {
+				owners++
+			}
+		}
+		t.Logf("Reserves sent by nodes 1, 2, 3: %v; rejected: %d", sent, rejected)
+		if owners < 2 || rejected == 0 {
+			t.Fatalf("Reserves sent by nodes 1, 2, 3: %v, %d rejected: want two owners placing and some rejects, or no race was tested", sent, rejected)
 		}
 		c.mustCtl(1, "service", "rm", "big")
 	})
@@ -478,4 +605,127 @@ func TestScheduler(t *testing.T) {
 		})
 		c.mustCtl(2, "service", "rm", "survive")
 	})
+
+	t.Run("PartitionStaleCopiesStopped", func(t *testing.T) {
+		// Unlike NodeDeathAndReturn, node 3 lives on through the partition:
+		// its containers keep running, and alone it owns every service
+		// and replaces the replicas of nodes 1 and 2 on itself. After the
+		// heal the later slot writes win and each side's stale copies
+		// must be stopped.
+		c.mustCtl(1, append([]string{"service", "create", "split", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--"}, termSleep...)...)
+		before := c.containers("split")
+		if len(before[1]) != 1 || len(before[2]) != 1 || len(before[3]) != 1 {
+			t.Fatalf("containers %v, want one per node", before)
+		}
+		stale := firstKey(before[3])
+		if err := c.Partition(ctx, [][]int{{1, 2}, {3}}); err != nil {
+			t.Fatal(err)
+		}
+		healed := false
+		defer func() {
+			if !healed {
+				c.Heal(ctx)
+			}
+		}()
+		waitFor(t, 40*time.Second, "node 3's replica replaced on nodes 1 and 2", func() bool {
+			cs := c.containers("split")
+			return len(cs[1])+len(cs[2]) == 3
+		})
+		// And the other side: node 3 declares nodes 1 and 2 dead, owns
+		// the service alone and replaces their replicas on itself.
+		st3 := nodeClient(t, c.Cluster, 3)
+		waitFor(t, 40*time.Second, "node 3 running all 3 replicas itself", func() bool {
+			return len(c.containers("split")[3]) == 3
+		})
+		for _, m := range clusterStatus(t, st3).GetMembers() {
+			if !m.GetSelf() && m.GetState() != "dead" {
+				t.Fatalf("node 3 sees %s as %s during the partition", m.GetId(), m.GetState())
+			}
+		}
+		if m := c.containers("split"); m[3][stale] == 0 {
+			t.Fatalf("node 3's container %s stopped during the partition: %v", stale, m)
+		}
+		if err := c.Heal(ctx); err != nil {
+			t.Fatal(err)
+		}
+		healed = true
+		// One running container per slot, and exactly the current tasks.
+		converged := func() bool {
+			cs := c.containers("split")
+			running := map[string]bool{}
+			for _, m := range cs {
+				for id := range m {
+					running[id] = true
+				}
+			}
+			slots := map[string]bool{}
+			current := map[string]bool{}
+			for _, tk := range c.tasks("split") {
+				if tk.GetCurrent() && tk.GetState() == "running" {
+					slots[tk.GetSlot()] = true
+					current[tk.GetId()] = true
+				}
+			}
+			return len(running) == 3 && len(slots) == 3 && fmt.Sprint(running) == fmt.Sprint(current)
+		}
+		waitFor(t, 60*time.Second, "3 replicas, one per slot, after the heal", converged)
+		// The majority rewrote the slot of node 3's replica: that stale
+		// copy is the one node 3 must have stopped.
+		if m := c.containers("split"); m[3][stale] != 0 {
+			t.Fatalf("node 3 still runs its stale copy %s after the heal: %v", stale, m)
+		}
+		time.Sleep(2 * time.Second)
+		if !converged() {
+			t.Fatalf("not converged 2s later: containers %v", c.containers("split"))
+		}
+		c.mustCtl(2, "service", "rm", "split")
+	})
+
+	// Last: it leaves the cluster with four nodes.
+	t.Run("GlobalOnLateJoiner", func(t *testing.T) {
+		c.mustCtl(1, "service", "create", "everywhere", "--image", "local/busybox:latest", "--global", "--stop-grace", "1s", "--", "sleep", "1000000")
+		if got := c.perNode("everywhere"); got != [3]int{1, 1, 1} {
+			t.Fatalf("global service runs %v per node, want 1/1/1", got)
+		}
+		i, err := c.AddNode(ctx)
+		if err != nil {
+			t.Fatalf("add node: %v", err)
+		}
+		id := clusterStatus(t, nodeClient(t, c.Cluster, i)).GetNodeId()
+		// The image was loaded on node 1 only and names no registry: the
+		// new node can only have fetched it from a peer.
+		waitFor(t, 60*time.Second, "a task of the global service running on the new node", func() bool {
+			for _, tk := range c.tasks("everywhere") {
+				if tk.GetNode() == id && tk.GetCurrent() && tk.GetState() == "running" && tk.GetSlot() == id {
+					return true
+				}
+			}
+			return false
+		})
+		if m := c.containers("everywhere"); len(m[1]) != 1 || len(m[2]) != 1 || len(m[3]) != 1 || len(m[i]) != 1 {
+			t.Fatalf("containers of the global service per node: %v, want one on each of 4", m)
+		}
+		if _, err := c.runtime(i).Image(ctx, "local/busybox:latest"); err != nil {
+			t.Fatalf("node %d lacks the image: %v", i, err)
+		}
+		if !strings.Contains(logOf(t, c.LogPath(i, "schedd")), "image fetched from peer") {
+			t.Errorf("node %d's schedd log does not show the image fetched from a peer", i)
+		}
+		waitFor(t, 10*time.Second, "the new node shows everywhere at 4/4", func() bool {
+			out, _, code := c.ctl(i, "service", "inspect", "everywhere", "-o", "json")
+			var v struct{ Running, Desired uint32 }
+			return code == 0 && json.Unmarshal([]byte(out), &v) == nil && v.Running == 4 && v.Desired == 4
+		})
+		c.mustCtl(i, "service", "rm", "everywhere")
+	})
+}
+
+// logOf returns a log file's content ("" when unreadable).
+func logOf(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Logf("read %s: %v", path, err)
+	}
+	return string(b)
 }

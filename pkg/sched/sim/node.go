@@ -294,13 +294,9 @@ func (n *Node) advanceRuntime() {
 		}
 		h := lt.Spec.WithDefaults().Health
 		for h.Enabled() && !ct.nextCheck.After(now) && (exitAt.IsZero() || ct.nextCheck.Before(exitAt)) {
-			if ct.behavior.Unhealthy {
-				if !ct.nextCheck.Before(ct.started.Add(h.StartPeriod.D())) {
-					ct.failures++
-				}
-			} else {
-				ct.passed, ct.failures = true, 0
-			}
+			r := sched.Runtime{StartedAt: ct.started, HealthPassed: ct.passed, HealthFailures: ct.failures}
+			r.RecordHealthCheck(h, !ct.behavior.Unhealthy, ct.nextCheck)
+			ct.passed, ct.failures = r.HealthPassed, r.HealthFailures
 			ct.nextCheck = ct.nextCheck.Add(h.Interval.D())
 		}
 		if !exitAt.IsZero() && !exitAt.After(now) {

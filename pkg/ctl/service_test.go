@@ -1,0 +1,156 @@
+package ctl
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+)
+
+// fakeSchedd is a schedd socket that records the specs it is asked to
+// create, so tests see what the flags turned into.
+type fakeSchedd struct {
+	schedv1.UnimplementedSchedulerServer
+	mu    sync.Mutex
+	specs []sched.ServiceSpec
+}
+
+func (f *fakeSchedd) CreateService(_ context.Context, req *schedv1.CreateServiceRequest) (*schedv1.Service, error) {
+	var spec sched.ServiceSpec
+	if err := json.Unmarshal(req.GetSpec(), &spec); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	f.specs = append(f.specs, spec)
+	f.mu.Unlock()
+	return &schedv1.Service{Name: spec.Name, Version: 1, Spec: req.GetSpec()}, nil
+}
+
+// startFakeSchedd serves a fakeSchedd on <dir>/schedd.sock.
+func startFakeSchedd(t *testing.T) (string, *fakeSchedd) {
+	t.Helper()
+	dir := t.TempDir()
+	lis, err := net.Listen("unix", filepath.Join(dir, "schedd.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fakeSchedd{}
+	srv := grpc.NewServer()
+	schedv1.RegisterSchedulerServer(srv, f)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return dir, f
+}
+
+// ctlRun runs shoalctl in-process and returns stdout, stderr and the exit
+// code.
+func ctlRun(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var out, errOut bytes.Buffer
+	code := run(ctx, args, &out, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+func TestServiceCreateFlags(t *testing.T) {
+	dir, fake := startFakeSchedd(t)
+	create := func(flags ...string) []string {
+		return append([]string{"--run-dir", dir, "service", "create", "web", "--image", "local/busybox:latest", "--detach"}, flags...)
+	}
+	for _, tc := range []struct {
+		name  string
+		flags []string
+		check func(s sched.ServiceSpec) bool
+	}{
+		{"cpu as CPUs", []string{"--cpu", "0.5"}, func(s sched.ServiceSpec) bool { return s.CPUMillis == 500 }},
+		{"cpu as whole CPUs", []string{"--cpu", "2"}, func(s sched.ServiceSpec) bool { return s.CPUMillis == 2000 }},
+		{"cpu as millicores", []string{"--cpu", "250m"}, func(s sched.ServiceSpec) bool { return s.CPUMillis == 250 }},
+		{"memory in MiB", []string{"--memory", "256m"}, func(s sched.ServiceSpec) bool { return s.MemoryBytes == 256<<20 }},
+		{"memory in GiB", []string{"--memory", "1.5GiB"}, func(s sched.ServiceSpec) bool { return s.MemoryBytes == 3<<29 }},
+		{"memory in bytes", []string{"--memory", "1048576"}, func(s sched.ServiceSpec) bool { return s.MemoryBytes == 1<<20 }},
+		{"placement", []string{"--placement", "binpack"}, func(s sched.ServiceSpec) bool { return s.Placement == sched.Binpack }},
+		{"restart", []string{"--restart", "on-failure", "--restart-max-attempts", "3"}, func(s sched.ServiceSpec) bool {
+			return s.Restart.Policy == sched.RestartOnFailure && s.Restart.MaxAttempts == 3
+		}},
+		{"labels", []string{"--label", "team=web", "--label", "tier=", "--label", "x=a=b"}, func(s sched.ServiceSpec) bool {
+			return len(s.Labels) == 3 && s.Labels["team"] == "web" && s.Labels["tier"] == "" && s.Labels["x"] == "a=b"
+		}},
+		{"update delay", []string{"--update-delay", "3s", "--update-parallelism", "2"}, func(s sched.ServiceSpec) bool {
+			return s.Update.Delay.D() == 3*time.Second && s.Update.Parallelism == 2
+		}},
+		{"health start period", []string{"--health-cmd", "test -f /ok", "--health-start-period", "5s", "--health-retries", "2"}, func(s sched.ServiceSpec) bool {
+			return s.Health.StartPeriod.D() == 5*time.Second && s.Health.Retries == 2 && strings.Join(s.Health.Cmd, " ") == "sh -c test -f /ok"
+		}},
+		{"command after --", []string{"--replicas", "3", "--", "sleep", "10"}, func(s sched.ServiceSpec) bool {
+			return s.Replicas == 3 && strings.Join(s.Args, " ") == "sleep 10"
+		}},
+		{"global", []string{"--global"}, func(s sched.ServiceSpec) bool { return s.Global && s.Replicas == 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fake.mu.Lock()
+			fake.specs = nil
+			fake.mu.Unlock()
+			out, errOut, code := ctlRun(t, create(tc.flags...)...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s%s", code, out, errOut)
+			}
+			fake.mu.Lock()
+			defer fake.mu.Unlock()
+			if len(fake.specs) != 1 {
+				t.Fatalf("schedd got %d creates, want 1", len(fake.specs))
+			}
+			if s := fake.specs[0]; s.Name != "web" || s.Image != "local/busybox:latest" || !tc.check(s) {
+				t.Fatalf("flags %q gave spec %+v", tc.flags, s)
+			}
+		})
+	}
+}
+
+func TestServiceCreateBadFlags(t *testing.T) {
+	dir, fake := startFakeSchedd(t)
+	for _, tc := range []struct {
+		flags []string
+		want  string // in the error message
+	}{
+		{[]string{"--cpu", "lots"}, `cpu "lots": want CPUs like 0.5 or millicores like 500m`},
+		{[]string{"--cpu", "-1"}, `cpu "-1": want CPUs like 0.5`},
+		{[]string{"--cpu", "1.5m"}, `cpu "1.5m"`},
+		{[]string{"--memory", "12q"}, `memory "12q": want a size like 256m, 1.5GiB or 1048576`},
+		{[]string{"--memory", "-5m"}, `memory "-5m"`},
+		{[]string{"--placement", "random"}, `placement "random" is unknown: use spread or binpack`},
+		{[]string{"--restart", "sometimes"}, `restart policy "sometimes" is unknown: use always, on-failure or never`},
+		{[]string{"--label", "novalue"}, `--label "novalue": want KEY=VALUE`},
+		{[]string{"--label", "=v"}, `--label "=v": want KEY=VALUE`},
+		{[]string{"--update-delay", "5"}, `invalid argument "5" for "--update-delay" flag`},
+		{[]string{"--update-delay", "-1s"}, "update delay and monitor must not be negative"},
+		{[]string{"--health-start-period", "5s"}, "health check settings are given without a health check command"},
+		{[]string{"--health-cmd", "true", "--health-start-period", "-1s"}, "health check durations must not be negative"},
+		{[]string{"--health-cmd", "true", "--health-start-period", "soon"}, `invalid argument "soon" for "--health-start-period" flag`},
+		{[]string{"--env", "NOEQUALS"}, `--env "NOEQUALS": want KEY=VALUE`},
+		{[]string{"--publish", "80"}, `--publish "80": want HOST:CONTAINER[/tcp|udp]`},
+	} {
+		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
+			args := append([]string{"--run-dir", dir, "service", "create", "web", "--image", "local/busybox:latest", "--detach"}, tc.flags...)
+			out, errOut, code := ctlRun(t, args...)
+			if code != exitUsage || !strings.Contains(errOut, tc.want) {
+				t.Fatalf("exit %d, stderr %q, stdout %q; want exit %d and %q", code, errOut, out, exitUsage, tc.want)
+			}
+		})
+	}
+	fake.mu.Lock()
+	defer fake.mu.Unlock()
+	if len(fake.specs) != 0 {
+		t.Fatalf("bad flags reached schedd: %+v", fake.specs)
+	}
+}
