@@ -136,10 +136,17 @@ func Up(ctx context.Context, spec Spec) (*Cluster, error) {
 
 func (c *Cluster) makeNodeDirs() error {
 	for i := 1; i <= c.spec.Nodes; i++ {
-		for _, d := range []string{filepath.Join(c.NodeDir(i), "logs"), c.RunDir(i)} {
-			if err := os.MkdirAll(d, 0o755); err != nil {
-				return err
-			}
+		if err := c.makeNodeDir(i); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (c *Cluster) makeNodeDir(i int) error {
+	for _, d := range []string{filepath.Join(c.NodeDir(i), "logs"), c.RunDir(i)} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -276,6 +283,48 @@ func (c *Cluster) Bootstrap(ctx context.Context) error {
 		c.logf("node %d: joined", i)
 	}
 	return nil
+}
+
+// AddNode adds node Nodes()+1 to a running cluster: its namespace, veth
+// and processes, made as Up makes them, and returns its index. It does not
+// join the node to the Shoal cluster (run `shoalctl cluster join` on it),
+// so a caller can time the join. The new node is recorded in cluster.json
+// before anything of it is made, so Down removes it even after a failure.
+// NB: it changes Nodes(); do not call it concurrently with other methods.
+func (c *Cluster) AddNode(ctx context.Context) (int, error) {
+	unlock, err := hostLock(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer unlock()
+	i := c.spec.Nodes + 1
+	if i > maxNodes(c.prefix) {
+		return 0, invalidf("subnet %s has room for %d nodes", c.prefix, maxNodes(c.prefix))
+	}
+	ns, veth := netnsName(c.spec.Name, i), vethName(c.spec.Name, i)
+	if linkExists(veth) || netnsExists(ns) {
+		return 0, existsError{fmt.Errorf("node %d: %s or %s already exists", i, ns, veth)}
+	}
+	c.mu.Lock()
+	c.spec.Nodes = i
+	c.rec.Netns = append(c.rec.Netns, ns)
+	c.rec.Veths = append(c.rec.Veths, veth)
+	err = c.save(false)
+	c.mu.Unlock()
+	if err != nil {
+		return 0, err
+	}
+	if err := c.makeNodeDir(i); err != nil {
+		return 0, err
+	}
+	if err := c.createNode(ctx, i); err != nil {
+		return 0, fmt.Errorf("node %d: %w", i, err)
+	}
+	unlock()
+	if err := c.startNode(ctx, i); err != nil {
+		return 0, err
+	}
+	return i, nil
 }
 
 // Load finds the cluster called name under DefaultStateRoot.

@@ -374,6 +374,25 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
+	// A node added to the running cluster is wired like the others; Down
+	// of the copy loaded before it was added still removes it.
+	if i, err := c.AddNode(ctx); err != nil || i != 4 || c.Nodes() != 4 {
+		t.Fatalf("AddNode: node %d, %v; cluster has %d nodes", i, err, c.Nodes())
+	}
+	if r, err := Load(spec.Name); err != nil || r.Nodes() != 4 {
+		t.Fatalf("Load after AddNode: %v, %v", r, err)
+	}
+	for _, p := range [][2]int{{4, 1}, {0, 4}} {
+		to := addrs[p[1]]
+		if p[1] == 4 {
+			to = listen(t, c, 4)
+		}
+		if !dialFrom(c, p[0], to) {
+			t.Fatalf("added node: node %d cannot reach node %d", p[0], p[1])
+		}
+	}
+	mustCtl(t, ctx, c, 4, "state", "put", "/n4/hello", "msg=node4")
+
 	st, _ = c.Status(ctx)
 	for _, n := range st.Nodes {
 		pids = append(pids, n.Processes[0].PID)
