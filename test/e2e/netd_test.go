@@ -867,14 +867,14 @@ func TestNetwork(t *testing.T) {
 			st := c.status(i)
 			var n8090 int
 			for _, p := range st.GetPublished() {
-				if strings.HasPrefix(p, "8090/") {
+				if p.GetPort() == 8090 {
 					n8090++
-					if p != "8090/tcp -> 1 backends" {
-						t.Errorf("node %d publishes %q", i, p)
+					if p.GetProtocol() != "tcp" || p.GetService() != "p1" || len(p.GetBackends()) != 1 || len(p.GetConflicting()) != 0 {
+						t.Errorf("node %d publishes %v", i, p)
 					}
 				}
-				if strings.HasPrefix(p, "70000/") {
-					t.Errorf("node %d publishes %q", i, p)
+				if p.GetPort() == 70000 {
+					t.Errorf("node %d publishes %v", i, p)
 				}
 			}
 			if n8090 != 1 {
