@@ -29,6 +29,8 @@ import (
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
 	"github.com/shoal-dev/shoal/pkg/overlay"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/statepb"
 	"github.com/shoal-dev/shoal/pkg/testimage"
 	netv1 "github.com/shoal-dev/shoal/proto/shoal/net/v1"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
@@ -1128,7 +1130,49 @@ func TestNetwork(t *testing.T) {
 				t.Errorf("node %d port 8090 after the rejected service: %q %v", i, b, err)
 			}
 		}
-		c.rm("p1")
+
+		// The race schedd's check cannot see: a service publishing 8090
+		// written on node 3 as if node 3 had not yet heard of p1 (its
+		// check passed). Every node resolves it alike: p1, the older,
+		// keeps the port; p4 is reported as conflicting.
+		spec := sched.ServiceSpec{Name: "p4", Image: "local/busybox:latest", Replicas: 1, Args: []string{"sleep", "1000000"},
+			Ports: []sched.Port{{Host: 8090, Container: 80}}, StopGrace: sched.Duration(time.Second)}.WithDefaults()
+		fields := map[string]*statev1.Value{}
+		for k, v := range sched.ServiceFields(sched.Service{Name: "p4", Spec: spec, Version: 1, State: sched.ServiceActive, Updated: time.Now()}) {
+			fields[k] = statepb.ToValue(v)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.statd(3).Put(cctx, &statev1.PutRequest{Key: sched.ServiceKey("p4"), Fields: fields})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		racedAt := time.Now()
+		waitFor(t, 15*time.Second, "every node: 8090 held by p1, p4 conflicting", func() bool {
+			for i := 1; i <= c.Nodes(); i++ {
+				st, err := c.tryStatus(i)
+				if err != nil {
+					return false
+				}
+				held := false
+				for _, p := range st.GetPublished() {
+					if p.GetPort() == 8090 {
+						held = p.GetService() == "p1" && slices.Equal(p.GetConflicting(), []string{"p4"})
+					}
+				}
+				if !held {
+					return false
+				}
+			}
+			return true
+		})
+		t.Logf("raced service p4: every node has p1 holding 8090 and p4 conflicting %v after the write", time.Since(racedAt).Round(time.Millisecond))
+		for i := 1; i <= c.Nodes(); i++ {
+			if b, err := httpGet(fmt.Sprintf("http://%s:8090/", c.Addr(i))); err != nil || strings.TrimSpace(b) != "p1" {
+				t.Errorf("node %d port 8090 with p4 conflicting: %q %v", i, b, err)
+			}
+		}
+		c.rm("p1", "p4")
 	})
 
 	// 4a. A restarted node keeps its key and subnet, and its tasks are
