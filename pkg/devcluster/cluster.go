@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/containerd/errdefs"
 )
 
 // recordVersion is the format version of cluster.json.
@@ -152,6 +154,65 @@ func (c *Cluster) makeNodeDir(i int) error {
 	return nil
 }
 
+// AddNode adds a node to a cluster that is up: node Nodes()+1, with its
+// namespace, veth, address and directories, running the Spec's processes
+// (extras, then daemons). With Spec.Bootstrap it also joins the Shoal
+// cluster, with a token from node 1's `shoalctl cluster token`. It returns
+// the new node's index; the node is recorded in cluster.json before
+// anything is made for it, so on an error Down still removes what was
+// made. A partition in effect leaves the new node in no group: it
+// reaches every node.
+//
+// NB: unlike the other methods, AddNode must not run concurrently with
+// other calls on c: they read the number of nodes without a lock.
+func (c *Cluster) AddNode(ctx context.Context) (int, error) {
+	i := c.spec.Nodes + 1
+	grown := c.spec
+	grown.Nodes = i
+	if _, err := grown.withDefaults(); err != nil { // room in the subnet, socket paths
+		return 0, err
+	}
+	unlock, err := hostLock(ctx)
+	if err != nil {
+		return 0, err
+	}
+	ns, veth := netnsName(c.spec.Name, i), vethName(c.spec.Name, i)
+	if netnsExists(ns) || linkExists(veth) {
+		unlock()
+		return 0, existsError{fmt.Errorf("network namespace %s or interface %s already exists (left over from an earlier cluster %s? `shoalctl dev down --name %s` removes it)", ns, veth, c.spec.Name, c.spec.Name)}
+	}
+	c.mu.Lock()
+	c.spec.Nodes = i
+	c.rec.Netns = append(c.rec.Netns, ns)
+	c.rec.Veths = append(c.rec.Veths, veth)
+	err = c.save(false)
+	c.mu.Unlock()
+	if err == nil {
+		err = c.makeNodeDir(i)
+	}
+	if err == nil {
+		err = c.createNode(ctx, i)
+	}
+	unlock()
+	if err != nil {
+		return i, fmt.Errorf("node %d: %w", i, err)
+	}
+	if err := c.startNode(ctx, i); err != nil {
+		return i, err
+	}
+	if c.spec.Bootstrap {
+		token, err := c.joinToken(ctx)
+		if err != nil {
+			return i, err
+		}
+		if err := c.join(ctx, i, token); err != nil {
+			return i, err
+		}
+	}
+	c.logf("node %d: added", i)
+	return i, nil
+}
+
 // claim picks the subnet and checks that nothing of the host uses it or
 // the names the cluster needs. It runs under the host lock.
 func (c *Cluster) claim(ctx context.Context) error {
@@ -243,88 +304,65 @@ func (c *Cluster) startNode(ctx context.Context, i int) error {
 // then `shoalctl cluster join` with its token on every other node. Up
 // calls it when Spec.Bootstrap is set.
 func (c *Cluster) Bootstrap(ctx context.Context) error {
-	ctl := func(i int, args ...string) (string, error) {
-		args = append([]string{"--run-dir", c.RunDir(i), "cluster"}, args...)
-		out, errOut, code, err := c.Ctl(ctx, i, args...)
-		// Errors show the command without the join token.
-		shown := slices.Clone(args)
-		for k := 1; k < len(shown); k++ {
-			if shown[k-1] == "--token" {
-				shown[k] = "<token>"
-			}
-		}
-		if err != nil {
-			return "", fmt.Errorf("node %d: shoalctl %s: %w", i, strings.Join(shown, " "), err)
-		}
-		if code != 0 {
-			return "", fmt.Errorf("node %d: shoalctl %s: exit %d: %s", i, strings.Join(shown, " "), code, strings.TrimSpace(errOut+"\n"+out))
-		}
-		return out, nil
-	}
-	if _, err := ctl(1, "init", "--advertise", c.Addr(1), "--cluster-name", c.spec.Name); err != nil {
+	if _, err := c.clusterCtl(ctx, 1, "init", "--advertise", c.Addr(1), "--cluster-name", c.spec.Name); err != nil {
 		return err
 	}
 	c.logf("node 1: initialised cluster %s", c.spec.Name)
-	out, err := ctl(1, "token")
+	token, err := c.joinToken(ctx)
 	if err != nil {
 		return err
 	}
-	token, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
-	token = strings.TrimSpace(token)
-	if token == "" {
-		return fmt.Errorf("node 1: shoalctl cluster token printed no token")
-	}
 	for i := 2; i <= c.spec.Nodes; i++ {
-		// NB: the token is an argument here and so visible in ps; fine for a
-		// dev cluster on one machine.
-		if _, err := ctl(i, "join", "--token", token, c.Addr(1)); err != nil {
+		if err := c.join(ctx, i, token); err != nil {
 			return err
 		}
-		c.logf("node %d: joined", i)
 	}
 	return nil
 }
 
-// AddNode adds node Nodes()+1 to a running cluster: its namespace, veth
-// and processes, made as Up makes them, and returns its index. It does not
-// join the node to the Shoal cluster (run `shoalctl cluster join` on it),
-// so a caller can time the join. The new node is recorded in cluster.json
-// before anything of it is made, so Down removes it even after a failure.
-// NB: it changes Nodes(); do not call it concurrently with other methods.
-func (c *Cluster) AddNode(ctx context.Context) (int, error) {
-	unlock, err := hostLock(ctx)
+// joinToken returns a join token from node 1.
+func (c *Cluster) joinToken(ctx context.Context) (string, error) {
+	out, err := c.clusterCtl(ctx, 1, "token")
 	if err != nil {
-		return 0, err
+		return "", err
 	}
-	defer unlock()
-	i := c.spec.Nodes + 1
-	if i > maxNodes(c.prefix) {
-		return 0, invalidf("subnet %s has room for %d nodes", c.prefix, maxNodes(c.prefix))
+	token, _, _ := strings.Cut(strings.TrimSpace(out), "\n")
+	token = strings.TrimSpace(token)
+	if token == "" {
+		return "", fmt.Errorf("node 1: shoalctl cluster token printed no token")
 	}
-	ns, veth := netnsName(c.spec.Name, i), vethName(c.spec.Name, i)
-	if linkExists(veth) || netnsExists(ns) {
-		return 0, existsError{fmt.Errorf("node %d: %s or %s already exists", i, ns, veth)}
+	return token, nil
+}
+
+// join makes node i join the cluster through node 1.
+func (c *Cluster) join(ctx context.Context, i int, token string) error {
+	// NB: the token is an argument here and so visible in ps; fine for a
+	// dev cluster on one machine.
+	if _, err := c.clusterCtl(ctx, i, "join", "--token", token, c.Addr(1)); err != nil {
+		return err
 	}
-	c.mu.Lock()
-	c.spec.Nodes = i
-	c.rec.Netns = append(c.rec.Netns, ns)
-	c.rec.Veths = append(c.rec.Veths, veth)
-	err = c.save(false)
-	c.mu.Unlock()
+	c.logf("node %d: joined", i)
+	return nil
+}
+
+// clusterCtl runs `shoalctl cluster ARGS` on node i and returns its
+// output; errors show the command without a join token.
+func (c *Cluster) clusterCtl(ctx context.Context, i int, args ...string) (string, error) {
+	args = append([]string{"--run-dir", c.RunDir(i), "cluster"}, args...)
+	out, errOut, code, err := c.Ctl(ctx, i, args...)
+	shown := slices.Clone(args)
+	for k := 1; k < len(shown); k++ {
+		if shown[k-1] == "--token" {
+			shown[k] = "<token>"
+		}
+	}
 	if err != nil {
-		return 0, err
+		return "", fmt.Errorf("node %d: shoalctl %s: %w", i, strings.Join(shown, " "), err)
 	}
-	if err := c.makeNodeDir(i); err != nil {
-		return 0, err
+	if code != 0 {
+		return "", fmt.Errorf("node %d: shoalctl %s: exit %d: %s", i, strings.Join(shown, " "), code, strings.TrimSpace(errOut+"\n"+out))
 	}
-	if err := c.createNode(ctx, i); err != nil {
-		return 0, fmt.Errorf("node %d: %w", i, err)
-	}
-	unlock()
-	if err := c.startNode(ctx, i); err != nil {
-		return 0, err
-	}
-	return i, nil
+	return out, nil
 }
 
 // Load finds the cluster called name under DefaultStateRoot.
@@ -445,6 +483,44 @@ func (c *Cluster) Down(ctx context.Context) error {
 	}
 	c.logf("cluster %s: down", c.spec.Name)
 	return nil
+}
+
+// Leftovers lists what of the cluster is still on the machine: those of
+// pids that still run, network namespaces named like its nodes', its
+// bridge and veths, its directories and its record. It is empty after a
+// successful Down; tests check that.
+func (c *Cluster) Leftovers(pids ...int) []string {
+	var out []string
+	for _, pid := range pids {
+		if alive(pid, 0) {
+			out = append(out, fmt.Sprintf("process %d", pid))
+		}
+	}
+	for _, ns := range c.allNetns() {
+		if netnsExists(ns) {
+			out = append(out, "network namespace "+ns)
+		}
+	}
+	links := append([]string{bridgeName(c.spec.Name)}, c.allVeths()...)
+	for i := 1; i <= c.spec.Nodes; i++ {
+		if v := vethName(c.spec.Name, i); !slices.Contains(links, v) {
+			links = append(links, v)
+		}
+	}
+	for _, l := range links {
+		if linkExists(l) {
+			out = append(out, "link "+l)
+		}
+	}
+	for _, d := range []string{c.clusterStateDir(), c.clusterRunDir()} {
+		if _, err := os.Stat(d); err == nil {
+			out = append(out, "directory "+d)
+		}
+	}
+	if _, err := LoadAt(c.spec.StateRoot, c.spec.Name); !errdefs.IsNotFound(err) {
+		out = append(out, fmt.Sprintf("cluster record (Load: %v)", err))
+	}
+	return out
 }
 
 // Purge removes what a cluster called name left under the default roots

@@ -312,6 +312,28 @@ func TestCluster(t *testing.T) {
 		t.Fatalf("healed: Status.Partition = %v", st.Partition)
 	}
 
+	// A node added to the running cluster gets its own namespace,
+	// address and daemons, reaches the others, and is recorded for Load.
+	if i, err := c.AddNode(ctx); err != nil || i != 4 {
+		t.Fatalf("AddNode: node %d, %v; want node 4", i, err)
+	}
+	if c.Nodes() != 4 || c.Addr(4) == c.Addr(3) {
+		t.Fatalf("after AddNode: %d nodes, node 4 at %s", c.Nodes(), c.Addr(4))
+	}
+	mustCtl(t, ctx, c, 4, "state", "put", "/n4/hello", "msg=node4")
+	addrs[4] = listen(t, c, 4)
+	for _, p := range [][2]int{{4, 1}, {1, 4}, {0, 4}} {
+		if !dialFrom(c, p[0], addrs[p[1]]) {
+			t.Fatalf("added node: node %d cannot reach node %d", p[0], p[1])
+		}
+	}
+	if l4, err := Load(spec.Name); err != nil || l4.Nodes() != 4 || l4.Addr(4) != c.Addr(4) {
+		t.Fatalf("Load after AddNode: %v, %v", l4, err)
+	}
+	if st, err = c.Status(ctx); err != nil || len(st.Nodes) != 4 || !st.Nodes[3].Processes[0].Ready {
+		t.Fatalf("Status after AddNode: %+v, %v", st.Nodes, err)
+	}
+
 	// Kill and Start one daemon; its state survives.
 	pid := st.Nodes[1].Processes[0].PID
 	if err := c.Kill(ctx, 2, "statd"); err != nil {
@@ -326,8 +348,8 @@ func TestCluster(t *testing.T) {
 	if err := c.Kill(ctx, 2, "nosuchd"); !errdefs.IsInvalidArgument(err) {
 		t.Fatalf("Kill of an unknown daemon: %v", err)
 	}
-	if err := c.Kill(ctx, 4, ""); !errdefs.IsInvalidArgument(err) {
-		t.Fatalf("Kill on node 4 of 3: %v", err)
+	if err := c.Kill(ctx, 5, ""); !errdefs.IsInvalidArgument(err) {
+		t.Fatalf("Kill on node 5 of 4: %v", err)
 	}
 	if err := c.Start(ctx, 2, "statd"); err != nil {
 		t.Fatalf("Start: %v", err)
@@ -374,25 +396,6 @@ func TestCluster(t *testing.T) {
 		}
 	}
 
-	// A node added to the running cluster is wired like the others; Down
-	// of the copy loaded before it was added still removes it.
-	if i, err := c.AddNode(ctx); err != nil || i != 4 || c.Nodes() != 4 {
-		t.Fatalf("AddNode: node %d, %v; cluster has %d nodes", i, err, c.Nodes())
-	}
-	if r, err := Load(spec.Name); err != nil || r.Nodes() != 4 {
-		t.Fatalf("Load after AddNode: %v, %v", r, err)
-	}
-	for _, p := range [][2]int{{4, 1}, {0, 4}} {
-		to := addrs[p[1]]
-		if p[1] == 4 {
-			to = listen(t, c, 4)
-		}
-		if !dialFrom(c, p[0], to) {
-			t.Fatalf("added node: node %d cannot reach node %d", p[0], p[1])
-		}
-	}
-	mustCtl(t, ctx, c, 4, "state", "put", "/n4/hello", "msg=node4")
-
 	st, _ = c.Status(ctx)
 	for _, n := range st.Nodes {
 		pids = append(pids, n.Processes[0].PID)
@@ -410,33 +413,8 @@ func TestCluster(t *testing.T) {
 // links, directories.
 func checkGone(t *testing.T, c *Cluster, pids []int) {
 	t.Helper()
-	for _, pid := range pids {
-		if alive(pid, 0) {
-			t.Errorf("pid %d survived Down", pid)
-		}
-	}
-	entries, _ := os.ReadDir(netnsDir)
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), "shoal-"+c.Name()+"-") {
-			t.Errorf("netns %s survived Down", e.Name())
-		}
-	}
-	links := []string{bridgeName(c.Name())}
-	for i := 1; i <= c.Nodes(); i++ {
-		links = append(links, vethName(c.Name(), i))
-	}
-	for _, l := range links {
-		if linkExists(l) {
-			t.Errorf("link %s survived Down", l)
-		}
-	}
-	for _, d := range []string{c.clusterStateDir(), c.clusterRunDir()} {
-		if _, err := os.Stat(d); err == nil {
-			t.Errorf("%s survived Down", d)
-		}
-	}
-	if _, err := Load(c.Name()); !errdefs.IsNotFound(err) {
-		t.Errorf("Load after Down: %v, want not found", err)
+	for _, what := range c.Leftovers(pids...) {
+		t.Errorf("%s survived Down", what)
 	}
 }
 

@@ -42,6 +42,7 @@
 //	defer c.Down(context.Background())    // idempotent
 //	out, errOut, code, err := c.Ctl(ctx, 1, "state", "get", "/x")
 //	c.Partition([][]int{{1}, {2, 3}})
+//	i, err := c.AddNode(ctx)             // node 4 joins the running cluster
 //
 // Load(name) finds a cluster from its cluster.json, so separate commands
 // (shoalctl dev exec, dev kill, ...) can act on a cluster another process

@@ -37,11 +37,21 @@ func (c *Cluster) netdLeftovers(ctx context.Context, i int) error {
 			}
 		}
 	}
-	if b, err := os.ReadFile(filepath.Join(dir, "iface")); err == nil {
-		iface := strings.TrimSpace(string(b))
-		if iface != "" && !wg.HolderAlive(iface) {
-			os.Remove(wg.SocketPath(iface))
-		}
-	}
+	c.removeDeadHolderSocket(i)
 	return errors.Join(errs...)
+}
+
+// removeDeadHolderSocket removes the UAPI socket of node i's WireGuard
+// holder once the holder is dead. The socket is in the machine-wide
+// /var/run/wireguard, and a SIGKILLed holder leaves it; killNode calls
+// this too, because the node's state dir that names the interface may be
+// gone (wiped, or the node re-made under a new ID) before Down runs.
+func (c *Cluster) removeDeadHolderSocket(i int) {
+	b, err := os.ReadFile(filepath.Join(c.StateDir(i, "netd"), "iface"))
+	if err != nil {
+		return
+	}
+	if iface := strings.TrimSpace(string(b)); iface != "" && !wg.HolderAlive(iface) {
+		os.Remove(wg.SocketPath(iface))
+	}
 }

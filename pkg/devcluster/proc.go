@@ -370,6 +370,7 @@ func (c *Cluster) killNode(ctx context.Context, i int) error {
 			errs = append(errs, fmt.Errorf("node %d: %w", i, err))
 		}
 	}
+	c.removeDeadHolderSocket(i)
 	return errors.Join(errs...)
 }
 
