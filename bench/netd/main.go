@@ -29,6 +29,14 @@
 // Shoal's daemons with containerd and this benchmark, and other processes),
 // since on a small machine the tunnel competes with everything else.
 //
+// On the same cluster, services.go then measures the rest of issue 5:
+// published-port requests/s through a node without the replica against
+// straight to the task, service DNS queries/s and latency, the time from
+// a task turning healthy (or unhealthy) to its address entering (or
+// leaving) the DNS answer, DNS back after netd restarts (goal ≤ 1 s), and
+// a new node reachable from the others after joining (goal ≤ 2 s; the
+// node is added to the running dev cluster for it).
+//
 // It needs root, iperf3, busybox, containerd and runc, and the binaries of
 // `make build`. Everything it makes (namespaces, holders, iperf3 servers,
 // the dev cluster with its task namespaces) is removed on exit, on failure
@@ -92,6 +100,15 @@ type config struct {
 	quiet   time.Duration
 	timeout time.Duration
 	verbose bool
+
+	// published ports, service DNS and netd's timed points (services.go)
+	loadFor     time.Duration
+	loadMax     int
+	loadConns   int
+	dnsFor      time.Duration
+	healthTasks int
+	restarts    int
+	newNode     bool
 }
 
 // path is one way from a source namespace to an address in a destination
@@ -122,9 +139,11 @@ type measured struct {
 
 func main() {
 	quick := os.Getenv("BENCH_QUICK") == "1"
-	def := config{seconds: 5, runs: 3, pings: 20, echoes: 2000, size: 64, diag: true, quiet: 5 * time.Second}
+	def := config{seconds: 5, runs: 3, pings: 20, echoes: 2000, size: 64, diag: true, quiet: 5 * time.Second,
+		loadFor: 3 * time.Second, loadMax: 300_000, loadConns: 4, dnsFor: 3 * time.Second, healthTasks: 6, restarts: 3, newNode: true}
 	if quick {
-		def = config{seconds: 2, runs: 1, pings: 10, echoes: 500, size: 64, diag: false, quiet: 0}
+		def = config{seconds: 2, runs: 1, pings: 10, echoes: 500, size: 64, diag: false, quiet: 0,
+			loadFor: time.Second, loadMax: 50_000, loadConns: 4, dnsFor: time.Second, healthTasks: 2, restarts: 1, newNode: true}
 	}
 	var c config
 	flag.StringVar(&c.bin, "bin", "bin", "directory with shoal-statd, shoal-schedd, shoal-netd and shoalctl (make build)")
@@ -137,9 +156,19 @@ func main() {
 	flag.DurationVar(&c.quiet, "quiet-wait", def.quiet, "before measuring, wait up to this long for other processes to use less than 0.25 CPUs")
 	flag.DurationVar(&c.timeout, "timeout", 90*time.Second, "give up on the cluster's network or tasks after this long")
 	flag.BoolVar(&c.verbose, "v", false, "print devcluster progress on stderr")
+	flag.DurationVar(&c.loadFor, "load-duration", def.loadFor, "published ports: length of each HTTP load run (one per path, keep-alive mode and -runs)")
+	flag.IntVar(&c.loadMax, "load-requests", def.loadMax, "published ports: at most this many requests per load run")
+	flag.IntVar(&c.loadConns, "load-conns", def.loadConns, "published ports and DNS: concurrent clients")
+	flag.DurationVar(&c.dnsFor, "dns-duration", def.dnsFor, "DNS: length of each query load run")
+	flag.IntVar(&c.healthTasks, "health-tasks", def.healthTasks, "DNS updates: replicas of the health-checked service, and samples of each transition")
+	flag.IntVar(&c.restarts, "restarts", def.restarts, "netd restarts timed (DNS and the published port back)")
+	flag.BoolVar(&c.newNode, "new-node", def.newNode, "add a third node and time until the others reach it after it joins")
 	flag.Parse()
 	if c.seconds < 1 || c.runs < 1 || c.pings < 1 || c.echoes < 1 || c.size < 1 {
 		fail("-t, -runs, -pings, -echoes and -echo-size must be positive")
+	}
+	if c.loadFor <= 0 || c.loadMax < 1 || c.loadConns < 1 || c.dnsFor <= 0 || c.healthTasks < 1 || c.restarts < 0 {
+		fail("-load-duration, -load-requests, -load-conns, -dns-duration and -health-tasks must be positive, -restarts not negative")
 	}
 
 	fmt.Printf("## Overlay: task to task through shoal-netd vs a bare WireGuard tunnel\n\n")
@@ -213,9 +242,11 @@ func main() {
 		m.echo = b.tcpEcho(p)
 	}
 	b.collectInfo(ctx)
+	b.measureServices(ctx)
 	b.elapsed = time.Since(b.start)
 	runCleanup()
 	b.report()
+	b.reportServices()
 }
 
 type bench struct {
@@ -261,6 +292,10 @@ type bench struct {
 	res     []measured
 
 	peerInfo string
+
+	statds []*client.Statd
+	scheds []*client.Schedd
+	svc    svcResults
 }
 
 // ---- (a) and (b): as bench/wg ----
@@ -383,7 +418,7 @@ func (b *bench) setupCluster(ctx context.Context) {
 		}
 		// netd pins task namespaces at /var/run/netns/shoal-<task id>,
 		// outside the cluster's directories; Down does not know them.
-		for _, id := range b.taskIDs {
+		for _, id := range append(slices.Clone(b.taskIDs), b.svc.tasks()...) {
 			name := "shoal-" + id
 			if _, err := os.Stat(wg.NetnsPath(name)); err == nil {
 				progress("dev cluster Down left task namespace %s; removing it", name)
@@ -433,13 +468,14 @@ func (b *bench) setupCluster(ctx context.Context) {
 	statds := make([]*client.Statd, nodes)
 	scheds := make([]*client.Schedd, nodes)
 	netds := make([]*client.Netd, nodes)
+	b.statds, b.scheds = statds, scheds
 	for i := range nodes {
 		statds[i], err = client.NewStatd(x.RunDir(i+1), client.Retry{Attempts: 3})
 		check(err)
-		defer statds[i].Close()
+		atCleanup(func() { statds[i].Close() })
 		scheds[i], err = client.NewSchedd(x.RunDir(i+1), client.Retry{Attempts: 3})
 		check(err)
-		defer scheds[i].Close()
+		atCleanup(func() { scheds[i].Close() })
 		netds[i], err = client.NewNetd(x.RunDir(i+1), client.Retry{Attempts: 3})
 		check(err)
 		defer netds[i].Close()
@@ -521,12 +557,18 @@ func (b *bench) setupCluster(ctx context.Context) {
 	check(errors.Join(errs...))
 	b.clusterUp = time.Since(t0)
 
-	// Two services, one task on each node.
+	// Two services, one task on each node; perf1's task also takes the
+	// published port's load (its server runs in this process, in the task's
+	// namespace: see services.go).
 	t1 := time.Now()
 	for i := range nodes {
 		name := fmt.Sprintf("perf%d", i+1)
-		spec, err := json.Marshal(sched.ServiceSpec{Name: name, Image: imageRef, Replicas: 1,
-			Args: []string{"sleep", "1000000"}, Constraints: []string{fmt.Sprintf("node.name==n%d", i+1)}})
+		s := sched.ServiceSpec{Name: name, Image: imageRef, Replicas: 1,
+			Args: []string{"sleep", "1000000"}, Constraints: []string{fmt.Sprintf("node.name==n%d", i+1)}}
+		if i == 0 {
+			s.Ports = []sched.Port{{Host: publishedPort, Container: httpPort}}
+		}
+		spec, err := json.Marshal(s)
 		check(err)
 		cctx, ccancel := context.WithTimeout(ctx, 10*time.Second)
 		_, err = scheds[0].CreateService(cctx, &schedv1.CreateServiceRequest{Spec: spec})

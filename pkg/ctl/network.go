@@ -3,6 +3,7 @@ package ctl
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -12,25 +13,104 @@ import (
 	netv1 "github.com/shoal-dev/shoal/proto/shoal/net/v1"
 )
 
+// networkView is the overlay as this node's netd sees it, for -o json and
+// yaml of both `network ls` and `network inspect`: every field always
+// present, times in RFC 3339, lists never null.
+type networkView struct {
+	Node        string          `json:"node"`
+	OverlayCIDR string          `json:"overlay_cidr"`
+	Subnet      string          `json:"subnet"`
+	Interface   string          `json:"interface"`
+	Mode        string          `json:"mode"`
+	PublicKey   string          `json:"public_key"`
+	MTU         int32           `json:"mtu"`
+	DNS         string          `json:"dns"`
+	Tasks       uint32          `json:"tasks"`
+	Subnets     []subnetView    `json:"subnets"`
+	Peers       []peerView      `json:"peers"`
+	Published   []publishedView `json:"published"`
+}
+
+type subnetView struct {
+	Subnet string `json:"subnet"`
+	Node   string `json:"node"`
+}
+
+type peerView struct {
+	Node      string `json:"node"`
+	PublicKey string `json:"public_key"`
+	Endpoint  string `json:"endpoint"`
+	Subnet    string `json:"subnet"`
+	// LastHandshake is null until the first handshake.
+	LastHandshake *time.Time `json:"last_handshake"`
+	RxBytes       int64      `json:"rx_bytes"`
+	TxBytes       int64      `json:"tx_bytes"`
+}
+
+type publishedView struct {
+	Port        uint32   `json:"port"`
+	Protocol    string   `json:"protocol"`
+	Service     string   `json:"service"`
+	Backends    []string `json:"backends"`
+	Conflicting []string `json:"conflicting"`
+	Bound       []string `json:"bound"`
+	BindErrors  []string `json:"bind_errors"`
+	Active      uint32   `json:"active"`
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func networkViewOf(st *netv1.StatusResponse) networkView {
+	v := networkView{
+		Node: st.GetNodeId(), OverlayCIDR: st.GetOverlayCidr(), Subnet: st.GetSubnet(), Interface: st.GetInterface(),
+		Mode: st.GetMode(), PublicKey: st.GetPublicKey(), MTU: st.GetMtu(), DNS: st.GetDns(), Tasks: st.GetTasks(),
+		Subnets: []subnetView{}, Peers: []peerView{}, Published: []publishedView{},
+	}
+	for _, s := range st.GetSubnets() {
+		v.Subnets = append(v.Subnets, subnetView{Subnet: s.GetSubnet(), Node: s.GetNode()})
+	}
+	sort.Slice(v.Subnets, func(i, j int) bool { return v.Subnets[i].Subnet < v.Subnets[j].Subnet })
+	for _, p := range st.GetPeers() {
+		pv := peerView{Node: p.GetNode(), PublicKey: p.GetPublicKey(), Endpoint: p.GetEndpoint(), Subnet: p.GetSubnet(), RxBytes: p.GetRxBytes(), TxBytes: p.GetTxBytes()}
+		if p.GetLastHandshake() != nil {
+			t := p.GetLastHandshake().AsTime().UTC()
+			pv.LastHandshake = &t
+		}
+		v.Peers = append(v.Peers, pv)
+	}
+	sort.Slice(v.Peers, func(i, j int) bool { return v.Peers[i].Node < v.Peers[j].Node })
+	for _, p := range st.GetPublished() {
+		v.Published = append(v.Published, publishedView{
+			Port: p.GetPort(), Protocol: p.GetProtocol(), Service: p.GetService(), Backends: nonNil(p.GetBackends()),
+			Conflicting: nonNil(p.GetConflicting()), Bound: nonNil(p.GetBound()), BindErrors: nonNil(p.GetBindErrors()), Active: p.GetActive(),
+		})
+	}
+	return v
+}
+
 func (a *app) networkCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "network", Short: "Inspect the overlay network"}
 	var format string
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "The overlay and every node's subnet",
+		Long:  "The overlay and every node's subnet. -o json and yaml show everything `network inspect` shows too.",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := a.netStatus(cmd, format)
+			v, err := a.netStatus(cmd, format)
 			if err != nil {
 				return err
 			}
-			subs := st.GetSubnets()
-			sort.Slice(subs, func(i, j int) bool { return subs[i].GetSubnet() < subs[j].GetSubnet() })
-			return render(a.out, format, st, func(tw *tabwriter.Writer) {
-				fmt.Fprintf(tw, "OVERLAY\t%s\nTHIS NODE\t%s (%s, %s WireGuard, MTU %d)\nDNS\t%s\n\n", st.GetOverlayCidr(), st.GetNodeId(), st.GetSubnet(), st.GetMode(), st.GetMtu(), st.GetDns())
+			return render(a.out, format, v, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "OVERLAY\t%s\nTHIS NODE\t%s (%s, %s WireGuard, MTU %d)\nDNS\t%s\n\n", v.OverlayCIDR, v.Node, v.Subnet, v.Mode, v.MTU, v.DNS)
 				fmt.Fprintln(tw, "SUBNET\tNODE")
-				for _, s := range subs {
-					fmt.Fprintf(tw, "%s\t%s\n", s.GetSubnet(), s.GetNode())
+				for _, s := range v.Subnets {
+					fmt.Fprintf(tw, "%s\t%s\n", s.Subnet, s.Node)
 				}
 			})
 		},
@@ -39,22 +119,29 @@ func (a *app) networkCommand() *cobra.Command {
 	var iformat string
 	inspect := &cobra.Command{
 		Use:   "inspect",
-		Short: "This node's WireGuard peers: endpoints, last handshake, bytes",
+		Short: "This node's WireGuard peers (endpoints, last handshake, bytes) and published ports",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			st, err := a.netStatus(cmd, iformat)
+			v, err := a.netStatus(cmd, iformat)
 			if err != nil {
 				return err
 			}
-			return render(a.out, iformat, st, func(tw *tabwriter.Writer) {
-				fmt.Fprintf(tw, "INTERFACE\t%s (%s)\nPUBLIC KEY\t%s\nTASKS\t%d\nPUBLISHED\t%v\n\n", st.GetInterface(), st.GetMode(), st.GetPublicKey(), st.GetTasks(), st.GetPublished())
+			return render(a.out, iformat, v, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "INTERFACE\t%s (%s)\nPUBLIC KEY\t%s\nTASKS\t%d\n\n", v.Interface, v.Mode, v.PublicKey, v.Tasks)
 				fmt.Fprintln(tw, "PEER\tSUBNET\tENDPOINT\tLAST HANDSHAKE\tRECEIVED\tSENT")
-				for _, p := range st.GetPeers() {
+				for _, p := range v.Peers {
 					hs := "never"
-					if p.GetLastHandshake() != nil {
-						hs = time.Since(p.GetLastHandshake().AsTime()).Round(time.Second).String() + " ago"
+					if p.LastHandshake != nil {
+						hs = time.Since(*p.LastHandshake).Round(time.Second).String() + " ago"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.GetNode(), p.GetSubnet(), p.GetEndpoint(), hs, bytesText(uint64(p.GetRxBytes())), bytesText(uint64(p.GetTxBytes())))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", p.Node, p.Subnet, p.Endpoint, hs, bytesText(uint64(p.RxBytes)), bytesText(uint64(p.TxBytes)))
+				}
+				if len(v.Published) == 0 {
+					return
+				}
+				fmt.Fprintln(tw, "\nPUBLISHED\tSERVICE\tBACKENDS\tCONNECTIONS\tCONFLICTING")
+				for _, p := range v.Published {
+					fmt.Fprintf(tw, "%d/%s\t%s\t%s\t%d\t%s\n", p.Port, p.Protocol, p.Service, dash(strings.Join(p.Backends, ",")), p.Active, dash(strings.Join(p.Conflicting, ",")))
 				}
 			})
 		},
@@ -64,16 +151,20 @@ func (a *app) networkCommand() *cobra.Command {
 	return cmd
 }
 
-func (a *app) netStatus(cmd *cobra.Command, format string) (*netv1.StatusResponse, error) {
+func (a *app) netStatus(cmd *cobra.Command, format string) (networkView, error) {
 	if err := checkFormat(format); err != nil {
-		return nil, err
+		return networkView{}, err
 	}
 	c, err := client.NewNetd(a.runDir, client.Retry{})
 	if err != nil {
-		return nil, err
+		return networkView{}, err
 	}
 	defer c.Close()
 	ctx, cancel := a.ctx(cmd)
 	defer cancel()
-	return c.Status(ctx, &netv1.StatusRequest{})
+	st, err := c.Status(ctx, &netv1.StatusRequest{})
+	if err != nil {
+		return networkView{}, err
+	}
+	return networkViewOf(st), nil
 }

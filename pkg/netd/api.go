@@ -1,6 +1,7 @@
 package netd
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/containerd/errdefs"
@@ -149,8 +151,28 @@ func (s *api) Status(ctx context.Context, _ *netv1.StatusRequest) (*netv1.Status
 	n.mu.Lock()
 	resp.Tasks = uint32(n.ipam.Len())
 	n.mu.Unlock()
+	n.pubMu.Lock()
+	pubs := n.pubs
+	n.pubMu.Unlock()
 	for _, p := range n.proxy.Ports() {
-		resp.Published = append(resp.Published, fmt.Sprintf("%d/%s -> %d backends", p.Port, p.Proto, len(p.Backends)))
+		out := &netv1.PublishedPort{Port: uint32(p.Port), Protocol: string(p.Proto), Active: uint32(p.Active)}
+		if pub := pubs[portKey{p.Port, p.Proto}]; pub != nil {
+			out.Service, out.Conflicting = pub.service, pub.conflicting
+		}
+		for _, b := range p.Backends {
+			out.Backends = append(out.Backends, b.String())
+		}
+		for _, b := range p.Bound {
+			out.Bound = append(out.Bound, b.String())
+		}
+		for a, err := range p.BindErrors {
+			out.BindErrors = append(out.BindErrors, fmt.Sprintf("%s: %v", a, err))
+		}
+		slices.Sort(out.BindErrors)
+		resp.Published = append(resp.Published, out)
 	}
+	slices.SortFunc(resp.Published, func(a, b *netv1.PublishedPort) int {
+		return cmp.Or(cmp.Compare(a.GetPort(), b.GetPort()), strings.Compare(a.GetProtocol(), b.GetProtocol()))
+	})
 	return resp, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -152,9 +153,10 @@ func (n *node) setup(ctx context.Context) error {
 		return err
 	}
 	gw := n.ipam.Gateway()
+	listen := netip.AddrPortFrom(gw, uint16(n.cfg.DNSPort))
 	n.dns, err = dns.New(dns.Config{
-		Listen:    []string{netip.AddrPortFrom(gw, uint16(n.cfg.DNSPort)).String()},
-		Upstreams: n.upstreams(),
+		Listen:    []string{listen.String()},
+		Upstreams: n.upstreams(listen),
 		Logger:    n.log.With("component", "dns"),
 	})
 	if err != nil {
@@ -342,7 +344,8 @@ func (n *node) saveIPAM() error {
 }
 
 // upstreams are the configured resolvers, or those of /etc/resolv.conf.
-func (n *node) upstreams() []string {
+// self is the service DNS's own address.
+func (n *node) upstreams(self netip.AddrPort) []string {
 	if len(n.cfg.Upstreams) > 0 {
 		return n.cfg.Upstreams
 	}
@@ -351,15 +354,32 @@ func (n *node) upstreams() []string {
 		return nil
 	}
 	defer f.Close()
+	return resolvConfUpstreams(f, self)
+}
+
+// resolvConfUpstreams are the nameservers of a resolv.conf, but self (the
+// service DNS itself: forwarding to it would loop).
+//
+// NB: loopback resolvers such as systemd-resolved's 127.0.0.53 are kept.
+// netd forwards from its own network namespace, the node's, where they
+// answer; a task never asks them (its resolv.conf names the node's service
+// DNS, and 127.0.0.53 in a task's namespace is the task's own loopback).
+// Dropping them, as netd once did, left nodes on such hosts with nothing
+// to forward to. On a dev cluster node, whose namespace has a loopback of
+// its own, give netd --upstream instead.
+func resolvConfUpstreams(r io.Reader, self netip.AddrPort) []string {
 	var out []string
-	sc := bufio.NewScanner(f)
+	sc := bufio.NewScanner(r)
 	for sc.Scan() {
 		fs := strings.Fields(sc.Text())
-		if len(fs) >= 2 && fs[0] == "nameserver" {
-			if a, err := netip.ParseAddr(fs[1]); err == nil && !a.IsLoopback() {
-				out = append(out, fs[1])
-			}
+		if len(fs) < 2 || fs[0] != "nameserver" {
+			continue
 		}
+		a, err := netip.ParseAddr(fs[1])
+		if err != nil || (self.Port() == 53 && a.Unmap() == self.Addr()) {
+			continue
+		}
+		out = append(out, a.String())
 	}
 	return out
 }
@@ -367,17 +387,25 @@ func (n *node) upstreams() []string {
 // reconcile brings peers, the subnet claim, DNS and published ports in
 // line with the mirrored state.
 func (n *node) reconcile(ctx context.Context) {
+	t0 := time.Now()
 	before := *n.subnet.Load()
 	if err := n.claimSubnet(ctx); err != nil {
 		n.log.Warn("subnet claim", "err", err)
 	} else if after := *n.subnet.Load(); after != before {
 		n.renumber(ctx, before, after)
 	}
+	t1 := time.Now()
 	if _, err := n.dev.ApplyPeers(n.desiredPeers()); err != nil {
 		n.log.Warn("apply peers", "err", err)
 	}
-	n.dns.Update(n.records())
-	n.applyPorts()
+	t2 := time.Now()
+	eps, services := n.endpoints(), n.mirror.List(prefixServices)
+	n.dns.Update(records(services, eps))
+	t3 := time.Now()
+	n.applyPorts(services, eps)
+	if d := time.Since(t0); d > 100*time.Millisecond {
+		n.log.Warn("slow reconcile", "took", d, "subnet", t1.Sub(t0), "peers", t2.Sub(t1), "dns", t3.Sub(t2), "ports", time.Since(t3))
+	}
 }
 
 // renumber moves the node to a new subnet after losing a claim: a new
@@ -415,13 +443,14 @@ func (n *node) moveDNS(ctx context.Context) error {
 	n.mu.Lock()
 	gw := n.ipam.Gateway()
 	n.mu.Unlock()
-	addr := netip.AddrPortFrom(gw, uint16(n.cfg.DNSPort)).String()
+	listen := netip.AddrPortFrom(gw, uint16(n.cfg.DNSPort))
+	addr := listen.String()
 	if slices.Equal(n.dns.Addrs(), []string{addr}) {
 		return nil
 	}
 	srv, err := dns.New(dns.Config{
 		Listen:    []string{addr},
-		Upstreams: n.upstreams(),
+		Upstreams: n.upstreams(listen),
 		Records:   n.dns.Records(),
 		Logger:    n.log.With("component", "dns"),
 	})

@@ -114,6 +114,11 @@ type node struct {
 	mu   sync.Mutex // guards ipam and attach/detach
 	ipam *overlay.IPAM
 
+	// pubs are the published ports as the run loop last applied them
+	// (written by it only, under pubMu; Status reads them).
+	pubMu sync.Mutex
+	pubs  map[portKey]*publication
+
 	kick chan struct{}
 }
 

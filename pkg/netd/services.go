@@ -1,39 +1,56 @@
 package netd
 
 import (
+	"cmp"
 	"net/netip"
 	"slices"
 	"strings"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
+	"github.com/shoal-dev/shoal/pkg/crdt"
 	"github.com/shoal-dev/shoal/pkg/portproxy"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
 func parseKey(s string) (wgtypes.Key, error) { return wgtypes.ParseKey(s) }
 
-// endpoint is a task that can take traffic: current (its slot names it),
-// running, and healthy if the service has a health check.
+// endpoint is a task that can take traffic: its slot names it (as the
+// slot's task, or as the replacement being started: a replacement serves
+// as soon as it is healthy, as in a start-first update, rather than once
+// its owner has promoted it, which took seconds), running, and healthy if
+// the service has a health check.
 type endpoint struct {
 	service, slot string
 	ip            netip.Addr
 }
 
 func (n *node) endpoints() []endpoint {
+	return endpoints(n.mirror.List(prefixSlots), n.mirror.List(prefixTasks))
+}
+
+// endpoints picks the tasks that can take traffic out of the slot and
+// task documents. A task without an overlay address (a --network host
+// task, or one netd has not attached yet) is none.
+func endpoints(slots, tasks []*statev1.Document) []endpoint {
 	current := map[string]bool{}
-	for _, d := range n.mirror.List(prefixSlots) {
+	for _, d := range slots {
 		svc, slot, ok := sched.ParseSlotDocKey(d.GetKey())
 		if !ok {
 			continue
 		}
-		if sl, ok := sched.SlotFromDoc(svc, slot, statepb.FromDocument(d)); ok && sl.Task != "" {
-			current[sl.Task] = true
+		if sl, ok := sched.SlotFromDoc(svc, slot, statepb.FromDocument(d)); ok {
+			for _, id := range []string{sl.Task, sl.Next} {
+				if sl.Names(id) {
+					current[id] = true
+				}
+			}
 		}
 	}
 	var out []endpoint
-	for _, d := range n.mirror.List(prefixTasks) {
+	for _, d := range tasks {
 		id := strings.TrimPrefix(d.GetKey(), prefixTasks)
 		f := d.GetFields()
 		if !current[id] || f["state"].GetStringValue() != string(sched.TaskRunning) {
@@ -51,14 +68,22 @@ func (n *node) endpoints() []endpoint {
 	return out
 }
 
-// records are the DNS names of the healthy tasks: <service>.shoal. for
-// all of a service's, <slot>.<service>.shoal. for each.
-func (n *node) records() map[string][]netip.Addr {
+// records are the DNS names of the endpoints: <service>.shoal. for all of
+// a service's, <slot>.<service>.shoal. for each slot's (two while a
+// replacement starts). Every service in services has its name, with no
+// addresses while none of its tasks can take traffic: NODATA, not
+// NXDOMAIN, which resolvers would cache as "no such service".
+func records(services []*statev1.Document, eps []endpoint) map[string][]netip.Addr {
 	out := map[string][]netip.Addr{}
-	for _, e := range n.endpoints() {
+	for _, d := range services {
+		if statepb.FromDocument(d).Exists() {
+			out[strings.TrimPrefix(d.GetKey(), prefixServices)+".shoal."] = nil
+		}
+	}
+	for _, e := range eps {
 		svc := e.service + ".shoal."
 		out[svc] = append(out[svc], e.ip)
-		out[e.slot+"."+svc] = []netip.Addr{e.ip}
+		out[e.slot+"."+svc] = append(out[e.slot+"."+svc], e.ip)
 	}
 	return out
 }
@@ -68,15 +93,39 @@ type portKey struct {
 	proto portproxy.Proto
 }
 
-// applyPorts points every published (ingress) port of every service at
-// that service's healthy tasks, and unbinds ports no service publishes.
-func (n *node) applyPorts() {
+// publication is what one published port forwards to.
+type publication struct {
+	// service holds the port.
+	service  string
+	backends []netip.AddrPort // sorted
+	// conflicting are the other services that publish the port, in the
+	// order they would take it over.
+	conflicting []string
+}
+
+// claim is a service's claim on a published port.
+type claim struct {
+	service   string
+	created   crdt.Stamp
+	container uint16
+}
+
+// publications maps every published (ingress) port of the services to the
+// healthy tasks of the service that holds it. schedd refuses a port that
+// another service publishes, but it checks against its own node's state,
+// so two services created at about the same time on two nodes can both
+// get it. Then the older service keeps it — the smaller creation stamp
+// (HLC, node), then the smaller name — on every node alike, whatever the
+// order the documents arrive in, and the others are reported as
+// conflicting. --network host services publish nothing: their tasks have
+// no overlay address to forward to (schedd refuses such specs).
+func publications(services []*statev1.Document, eps []endpoint) map[portKey]*publication {
 	byService := map[string][]netip.Addr{}
-	for _, e := range n.endpoints() {
+	for _, e := range eps {
 		byService[e.service] = append(byService[e.service], e.ip)
 	}
-	want := map[portKey][]netip.AddrPort{}
-	for _, d := range n.mirror.List(prefixServices) {
+	claims := map[portKey][]claim{}
+	for _, d := range services {
 		name := strings.TrimPrefix(d.GetKey(), prefixServices)
 		svc, err := sched.ServiceFromDoc(name, statepb.FromDocument(d))
 		if err != nil || svc == nil || svc.Spec.Network == sched.NetworkHost {
@@ -87,24 +136,49 @@ func (n *node) applyPorts() {
 				continue
 			}
 			k := portKey{uint16(p.Host), portproxy.Proto(cmpProto(p.Protocol))}
-			var backs []netip.AddrPort
-			for _, ip := range byService[name] {
-				backs = append(backs, netip.AddrPortFrom(ip, uint16(p.Container)))
-			}
-			want[k] = backs
+			claims[k] = append(claims[k], claim{service: name, created: svc.Created, container: uint16(p.Container)})
 		}
 	}
+	out := make(map[portKey]*publication, len(claims))
+	for k, cs := range claims {
+		slices.SortFunc(cs, func(a, b claim) int {
+			return cmp.Or(a.created.Compare(b.created), strings.Compare(a.service, b.service))
+		})
+		holder := cs[0]
+		pub := &publication{service: holder.service}
+		for _, ip := range byService[holder.service] {
+			pub.backends = append(pub.backends, netip.AddrPortFrom(ip, holder.container))
+		}
+		slices.SortFunc(pub.backends, func(a, b netip.AddrPort) int { return a.Compare(b) })
+		for _, c := range cs[1:] {
+			pub.conflicting = append(pub.conflicting, c.service)
+		}
+		out[k] = pub
+	}
+	return out
+}
+
+// applyPorts points every published port at its service's healthy tasks,
+// and unbinds ports no service publishes.
+func (n *node) applyPorts(services []*statev1.Document, eps []endpoint) {
+	pubs := publications(services, eps)
 	for _, st := range n.proxy.Ports() {
-		if _, ok := want[portKey{st.Port, st.Proto}]; !ok {
+		if _, ok := pubs[portKey{st.Port, st.Proto}]; !ok {
 			n.proxy.Remove(st.Port, st.Proto)
 		}
 	}
-	for k, backs := range want {
-		slices.SortFunc(backs, func(a, b netip.AddrPort) int { return a.Compare(b) })
-		if err := n.proxy.Set(k.port, k.proto, backs); err != nil {
+	for k, p := range pubs {
+		if err := n.proxy.Set(k.port, k.proto, p.backends); err != nil {
 			n.log.Warn("publish port", "port", k.port, "proto", k.proto, "err", err)
 		}
+		if old := n.pubs[k]; len(p.conflicting) > 0 && (old == nil || old.service != p.service || !slices.Equal(old.conflicting, p.conflicting)) {
+			n.log.Warn("port published by several services; the oldest keeps it", "port", k.port, "proto", k.proto,
+				"service", p.service, "conflicting", p.conflicting)
+		}
 	}
+	n.pubMu.Lock()
+	n.pubs = pubs
+	n.pubMu.Unlock()
 }
 
 func cmpProto(p string) string {

@@ -79,11 +79,14 @@ func ServiceFromDoc(name string, d crdt.Doc) (*Service, error) {
 		s.State = ServiceState(st)
 	}
 	s.Updated = timeField(f, fUpdated)
+	s.Created = d.Fields[fCreated].Stamp
 	return s, nil
 }
 
 // ServiceFields are the fields a create or update writes: the spec, its
-// version, the previous spec, state active and the update time.
+// version, the previous spec, state active and the update time; a create
+// (no previous spec: updates always keep one) also writes created, whose
+// stamp is Service.Created from then on.
 func ServiceFields(s Service) map[string]crdt.Value {
 	f := map[string]crdt.Value{
 		fSpec:    crdt.String(specJSON(s.Spec)),
@@ -93,6 +96,8 @@ func ServiceFields(s Service) map[string]crdt.Value {
 	}
 	if s.PrevSpec != nil {
 		f[fPrevSpec] = crdt.String(specJSON(*s.PrevSpec))
+	} else {
+		f[fCreated] = timeValue(s.Updated)
 	}
 	return f
 }

@@ -444,6 +444,13 @@ func (s ServiceSpec) Validate() error {
 			add("port %s is published twice", k)
 		}
 		seen[k] = true
+		// An ingress port is forwarded to task addresses on the overlay,
+		// which a --network host task does not have; and netd's proxy
+		// would bind the port on the very node address the task listens
+		// on. Such a task listens on its node's addresses already.
+		if d.Network == NetworkHost && p.Mode == PortIngress {
+			add("port %s: a --network host service cannot publish ports (its tasks have no overlay address to forward to; they listen on their node's own addresses already): drop --publish, or leave the service on the overlay", k)
+		}
 	}
 	targets := map[string]bool{}
 	for _, v := range d.Volumes {

@@ -62,6 +62,14 @@ func TestValidate(t *testing.T) {
 		{"duplicate port", func(s *sched.ServiceSpec) {
 			s.Ports = []sched.Port{{Host: 80, Container: 80}, {Host: 80, Container: 81, Protocol: "tcp"}}
 		}, "port 80/tcp is published twice"},
+		{"publish with network host", func(s *sched.ServiceSpec) {
+			s.Network = sched.NetworkHost
+			s.Ports = []sched.Port{{Host: 8080, Container: 80}}
+		}, "port 8080/tcp: a --network host service cannot publish ports"},
+		{"host-mode port with network host", func(s *sched.ServiceSpec) {
+			s.Network = sched.NetworkHost
+			s.Ports = []sched.Port{{Host: 8080, Container: 8080, Mode: sched.PortHost}}
+		}, ""},
 		{"bad protocol", func(s *sched.ServiceSpec) { s.Ports = []sched.Port{{Host: 80, Container: 80, Protocol: "sctp"}} }, `protocol "sctp"`},
 		{"bad mode", func(s *sched.ServiceSpec) { s.Ports = []sched.Port{{Host: 80, Container: 80, Mode: "vip"}} }, `mode "vip"`},
 		{"empty volume", func(s *sched.ServiceSpec) { s.Volumes = []string{""} }, "want NAME:/path[:ro]"},

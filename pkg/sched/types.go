@@ -207,6 +207,10 @@ type Service struct {
 	// in progress while Converged < Version.
 	Converged int64
 	Updated   time.Time
+	// Created is the stamp of the create's write (zero for a service
+	// written before the field existed): the older of two services
+	// publishing one port keeps it (netd).
+	Created crdt.Stamp
 }
 
 // IsReplicaSlot reports whether slot is a replica number ("0", "1", …) and

@@ -1,6 +1,8 @@
 package wg
 
 import (
+	"bytes"
+	"crypto/sha256"
 	"errors"
 	"fmt"
 	"net"
@@ -245,8 +247,33 @@ func (n *Netlink) EnsureBridge(name string, addr netip.Prefix, mtu int) error {
 		if err := n.ReplaceAddr(name, addr); err != nil {
 			return err
 		}
+		// NB: a bridge without an address of its own set takes the
+		// smallest MAC of its ports, so it changed whenever a task's
+		// veth came or went, and every task on the node kept sending to
+		// the gateway's old MAC until its ARP entry was probed again:
+		// about 5 s without DNS or any routed traffic. A set address
+		// stays.
+		mac := BridgeMAC(addr.Addr())
+		if l, err := n.h.LinkByName(name); err != nil {
+			return fmt.Errorf("wg: link %s: %w", name, err)
+		} else if !bytes.Equal(l.Attrs().HardwareAddr, mac) {
+			if err := n.h.LinkSetHardwareAddr(l, mac); err != nil {
+				return fmt.Errorf("wg: set bridge %s address %s: %w", name, mac, err)
+			}
+		}
 	}
 	return n.SetLinkUp(name, mtu)
+}
+
+// BridgeMAC is the MAC address of the bridge whose address is gw: locally
+// administered, and unique in the cluster because the subnet is.
+func BridgeMAC(gw netip.Addr) net.HardwareAddr {
+	b := gw.Unmap().AsSlice()
+	if len(b) != 4 {
+		sum := sha256.Sum256(b)
+		b = sum[:4]
+	}
+	return net.HardwareAddr{0x02, 0x53, b[0], b[1], b[2], b[3]}
 }
 
 // AddVeth creates a veth pair: hostName in this namespace and peerName

@@ -57,6 +57,20 @@ func TestNetlinkHelpers(t *testing.T) {
 		t.Fatal(err)
 	}
 	br, _ := n.h.LinkByName("shoal0")
+	// The bridge keeps its own MAC whatever ports come and go (tasks
+	// cache it for their gateway).
+	if got, want := br.Attrs().HardwareAddr.String(), BridgeMAC(gw).String(); got != want {
+		t.Fatalf("bridge MAC %s, want %s", got, want)
+	}
+	for _, mac := range []string{"02:00:00:00:00:01", "00:00:00:00:00:01"} {
+		hw, _ := net.ParseMAC(mac)
+		if err := n.h.LinkSetHardwareAddr(l, hw); err != nil {
+			t.Fatal(err)
+		}
+		if b, _ := n.h.LinkByName("shoal0"); b.Attrs().HardwareAddr.String() != BridgeMAC(gw).String() {
+			t.Fatalf("bridge MAC %s after a port took %s", b.Attrs().HardwareAddr, mac)
+		}
+	}
 	if l.Attrs().MasterIndex != br.Attrs().Index || l.Attrs().MTU != 1420 {
 		t.Fatalf("veth master %d (bridge %d), mtu %d", l.Attrs().MasterIndex, br.Attrs().Index, l.Attrs().MTU)
 	}

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/netip"
 	"os"
@@ -18,13 +19,18 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	mdns "github.com/miekg/dns"
+
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
 	"github.com/shoal-dev/shoal/pkg/overlay"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/statepb"
 	"github.com/shoal-dev/shoal/pkg/testimage"
 	netv1 "github.com/shoal-dev/shoal/proto/shoal/net/v1"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
@@ -76,6 +82,10 @@ func newNetCluster(t *testing.T, nodes int) *netCluster {
 	name := fmt.Sprintf("n%d", rand.IntN(1_000_000))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	args := map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": devcluster.ScheddArgs(),
+		// Names outside .shoal go to a resolver of the test's own
+		// (DNSForwarding), never to the machine's.
+		"netd": {"--upstream", fmt.Sprintf("127.0.0.1:%d", fakeUpstreamPort)}}
 	c, err := devcluster.Up(ctx, devcluster.Spec{
 		Name:      name,
 		Nodes:     nodes,
@@ -83,7 +93,7 @@ func newNetCluster(t *testing.T, nodes int) *netCluster {
 		BinDir:    binDir,
 		Daemons:   []string{"statd", "schedd", "netd"},
 		Extra:     []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
-		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": devcluster.ScheddArgs()},
+		Args:      args,
 		Bootstrap: true,
 	})
 	if err != nil {
@@ -369,6 +379,55 @@ func (c *netCluster) rm(names ...string) {
 	c.mustCtl(1, append([]string{"service", "rm"}, names...)...)
 }
 
+// rmReleased removes services and waits until netd has released their
+// tasks' network namespaces: gone from /var/run/netns, and each node's
+// netd counting that many tasks fewer.
+func (c *netCluster) rmReleased(t *testing.T, names ...string) {
+	t.Helper()
+	byNode := map[int][]string{}
+	for _, n := range names {
+		for i, ids := range c.running(n) {
+			byNode[i] = append(byNode[i], ids...)
+		}
+	}
+	before := map[int]uint32{}
+	for i := range byNode {
+		before[i] = c.status(i).GetTasks()
+	}
+	c.rm(names...)
+	waitFor(t, 30*time.Second, fmt.Sprintf("the namespaces of %v's tasks %v released", names, byNode), func() bool {
+		for i, ids := range byNode {
+			for _, id := range ids {
+				if _, err := os.Lstat(filepath.Join("/var/run/netns", "shoal-"+id)); err == nil {
+					return false
+				}
+			}
+			st, err := c.tryStatus(i)
+			if err != nil || st.GetTasks()+uint32(len(ids)) > before[i] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// lookup resolves name from inside task (on node i) with busybox
+// nslookup and returns the addresses of the answer (none for NXDOMAIN or
+// NODATA).
+func (c *netCluster) lookup(i int, task, name string) []string {
+	c.t.Helper()
+	out, _, _ := c.exec(i, task, "nslookup", name)
+	var addrs []string
+	_, answer, _ := strings.Cut(out, "Name:")
+	for _, line := range strings.Split(answer, "\n") {
+		if a, ok := strings.CutPrefix(strings.TrimSpace(line), "Address:"); ok {
+			addrs = append(addrs, strings.TrimSpace(a))
+		}
+	}
+	slices.Sort(addrs)
+	return addrs
+}
+
 // wgetArgs fetch url from inside a task. (busybox 1.35's wget -T
 // crashes with SIGSEGV, so the timeout comes from the timeout applet.)
 func wgetArgs(url string) []string {
@@ -528,6 +587,41 @@ func pcapUDP(t *testing.T, b []byte) (udp []udpPacket, total int) {
 	return udp, total
 }
 
+// fakeUpstreamPort is where every node's netd forwards names outside
+// .shoal: the node namespace's own loopback, where DNSForwarding serves.
+const fakeUpstreamPort = 5354
+
+// fakeResolver answers every A query for a name under example.test. with
+// 192.0.2.77 and anything else with NXDOMAIN, on 127.0.0.1:port of node
+// i's namespace, and counts the queries it got.
+func (c *netCluster) fakeResolver(t *testing.T, i, port int) *atomic.Int64 {
+	t.Helper()
+	var pc net.PacketConn
+	err := c.InNetns(i, func() (err error) {
+		pc, err = net.ListenPacket("udp4", fmt.Sprintf("127.0.0.1:%d", port))
+		return err
+	})
+	if err != nil {
+		t.Fatalf("fake resolver on node %d: %v", i, err)
+	}
+	var n atomic.Int64
+	srv := &mdns.Server{PacketConn: pc, Handler: mdns.HandlerFunc(func(w mdns.ResponseWriter, req *mdns.Msg) {
+		n.Add(1)
+		m := new(mdns.Msg)
+		m.SetReply(req)
+		q := req.Question[0]
+		if !mdns.IsSubDomain("example.test.", q.Name) {
+			m.Rcode = mdns.RcodeNameError
+		} else if q.Qtype == mdns.TypeA {
+			m.Answer = append(m.Answer, &mdns.A{Hdr: mdns.RR_Header{Name: q.Name, Rrtype: mdns.TypeA, Class: mdns.ClassINET, Ttl: 60}, A: net.IPv4(192, 0, 2, 77)})
+		}
+		w.WriteMsg(m)
+	})}
+	go srv.ActivateAndServe()
+	t.Cleanup(func() { srv.Shutdown() })
+	return &n
+}
+
 func TestNetwork(t *testing.T) {
 	began := time.Now()
 	c := newNetCluster(t, 4)
@@ -595,7 +689,119 @@ func TestNetwork(t *testing.T) {
 				}
 			}
 		}
-		c.rm("dst", "src")
+		// Removing the services releases their tasks' namespaces.
+		c.rmReleased(t, "dst", "src")
+	})
+
+	// Names outside .shoal are forwarded by the node's netd, from the
+	// node's namespace, to its upstream (here a loopback one, as
+	// systemd-resolved's 127.0.0.53 would be).
+	c.run(t, "DNSForwarding", func(t *testing.T) {
+		queries := c.fakeResolver(t, 1, fakeUpstreamPort)
+		c.create("fwd", 1, nil, "sleep", "1000000")
+		task := c.taskOn("fwd", 1)
+		if got := c.lookup(1, task, "probe.example.test"); !slices.Equal(got, []string{"192.0.2.77"}) {
+			out, errOut, _ := c.exec(1, task, "nslookup", "probe.example.test")
+			t.Fatalf("probe.example.test from a task resolves to %v, want the fake upstream's 192.0.2.77\n%s%s", got, out, errOut)
+		}
+		if queries.Load() == 0 {
+			t.Fatal("the fake upstream got no query")
+		}
+		// Its NXDOMAIN comes back as such; .shoal names never go upstream.
+		before := queries.Load()
+		out, _, _ := c.exec(1, task, "nslookup", "fwd.shoal")
+		if !strings.Contains(out, c.taskField(1, task, "ip")) || queries.Load() != before {
+			t.Fatalf("fwd.shoal: %q, upstream queries %d -> %d", out, before, queries.Load())
+		}
+		if out, errOut, _ := c.exec(1, task, "nslookup", "nothing.invalid"); strings.Contains(out, "192.0.2.77") || !strings.Contains(out+errOut, "NXDOMAIN") {
+			t.Fatalf("nothing.invalid: %q %q, want NXDOMAIN", out, errOut)
+		}
+		t.Logf("fake upstream answered %d queries", queries.Load())
+		c.rm("fwd")
+	})
+
+	// --network host keeps a service in its node's namespace: reachable
+	// on the node's address, no task namespace; publishing its ports is
+	// refused.
+	c.run(t, "HostNetwork", func(t *testing.T) {
+		tasksBefore := c.status(2).GetTasks()
+		c.create("hostnet", 2, []string{"--network", "host"}, "httpd", "-f", "-p", "18080", "-h", "/www")
+		task := c.taskOn("hostnet", 2)
+		url := fmt.Sprintf("http://%s:18080/", c.Addr(2))
+		waitFor(t, 15*time.Second, url+" answers", func() bool {
+			b, err := httpGet(url)
+			return err == nil && strings.Contains(b, "shoal test image")
+		})
+		if ip := c.taskField(2, task, "ip"); ip != "" {
+			t.Errorf("--network host task %s has overlay address %s", task, ip)
+		}
+		if _, err := os.Lstat(filepath.Join("/var/run/netns", "shoal-"+task)); err == nil {
+			t.Errorf("--network host task %s has a network namespace", task)
+		}
+		if n := c.status(2).GetTasks(); n != tasksBefore {
+			t.Errorf("node 2's netd counts %d tasks, %d before the --network host one", n, tasksBefore)
+		}
+		_, errOut, code := c.ctl(1, "service", "create", "hostpub", "--image", "local/busybox:latest", "--network", "host", "--publish", "8095:80", "--", "sleep", "1000000")
+		t.Logf("--network host --publish: exit %d: %s", code, strings.TrimSpace(errOut))
+		if code != 2 || !strings.Contains(errOut, "8095/tcp") || !strings.Contains(errOut, "--network host service cannot publish") {
+			t.Errorf("--network host --publish 8095:80: exit %d %q, want exit 2 saying why", code, errOut)
+		}
+		if _, _, code := c.ctl(1, "service", "inspect", "hostpub"); code != 3 {
+			t.Errorf("rejected service hostpub exists (inspect exit %d)", code)
+		}
+		c.rm("hostnet")
+	})
+
+	// shoalctl network ls|inspect, as tables and as JSON.
+	c.run(t, "NetworkCommands", func(t *testing.T) {
+		table := c.mustCtl(1, "network", "ls")
+		for _, want := range []string{"OVERLAY", "10.42.0.0/16", c.status(3).GetSubnet()} {
+			if !strings.Contains(table, want) {
+				t.Fatalf("network ls lacks %q:\n%s", want, table)
+			}
+		}
+		if table := c.mustCtl(1, "network", "inspect"); !strings.Contains(table, "LAST HANDSHAKE") || !strings.Contains(table, c.ids[2]) {
+			t.Fatalf("network inspect:\n%s", table)
+		}
+		var v struct {
+			OverlayCIDR string `json:"overlay_cidr"`
+			Subnets     []struct {
+				Subnet, Node string
+			} `json:"subnets"`
+			Peers []map[string]any `json:"peers"`
+		}
+		for _, cmd := range []string{"ls", "inspect"} {
+			out := c.mustCtl(1, "network", cmd, "-o", "json")
+			if err := json.Unmarshal([]byte(out), &v); err != nil {
+				t.Fatalf("network %s -o json: %v\n%s", cmd, err, out)
+			}
+			if v.OverlayCIDR != "10.42.0.0/16" || len(v.Subnets) != c.Nodes() || len(v.Peers) != c.Nodes()-1 {
+				t.Fatalf("network %s -o json: %s", cmd, out)
+			}
+			for _, p := range v.Peers {
+				for _, k := range []string{"node", "public_key", "endpoint", "subnet", "last_handshake", "rx_bytes", "tx_bytes"} {
+					if _, ok := p[k]; !ok {
+						t.Fatalf("network %s -o json: peer without %s: %v", cmd, k, p)
+					}
+				}
+				// Node 3 and node 1 exchanged traffic in the first subtest.
+				if p["node"] == c.ids[2] {
+					hs, _ := p["last_handshake"].(string)
+					if at, err := time.Parse(time.RFC3339, hs); err != nil || time.Since(at) > 10*time.Minute {
+						t.Fatalf("network %s -o json: last handshake with node 3 %q (%v)", cmd, hs, err)
+					}
+					if rx, _ := p["rx_bytes"].(float64); rx <= 0 {
+						t.Fatalf("network %s -o json: rx_bytes from node 3 %v", cmd, p["rx_bytes"])
+					}
+				}
+			}
+		}
+		if out := c.mustCtl(1, "network", "inspect", "-o", "yaml"); !strings.Contains(out, "overlay_cidr: 10.42.0.0/16") {
+			t.Fatalf("network inspect -o yaml:\n%s", out)
+		}
+		if _, errOut, code := c.ctl(1, "network", "ls", "-o", "xml"); code != 2 || !strings.Contains(errOut, "xml") {
+			t.Fatalf("network ls -o xml: exit %d %q", code, errOut)
+		}
 	})
 
 	// 2. Published ports answer on every node, replica or not, and skip
@@ -642,6 +848,26 @@ func TestNetwork(t *testing.T) {
 			}
 		}
 		victim := content[victimBody]
+		// Both replicas by name, each by its slot's name too, asked
+		// from the other replica (its node's DNS).
+		other := tasks[0]
+		if other == victim {
+			other = tasks[1]
+		}
+		otherNode := c.nodeIndex(c.taskField(1, other, "node"))
+		var ips []string
+		for _, id := range tasks {
+			ip, slot := c.taskField(1, id, "ip"), c.taskField(1, id, "slot")
+			ips = append(ips, ip)
+			if got := c.lookup(otherNode, other, slot+".hc.shoal"); !slices.Equal(got, []string{ip}) {
+				t.Fatalf("%s.hc.shoal resolves to %v, want task %s's %s", slot, got, id, ip)
+			}
+		}
+		slices.Sort(ips)
+		if got := c.lookup(otherNode, other, "hc.shoal"); !slices.Equal(got, ips) {
+			t.Fatalf("hc.shoal resolves to %v, want %v", got, ips)
+		}
+		victimIP := c.taskField(1, victim, "ip")
 		urls := make([]string, c.Nodes())
 		for i := range urls {
 			urls[i] = fmt.Sprintf("http://%s:8081/", c.Addr(i+1))
@@ -698,7 +924,12 @@ func TestNetwork(t *testing.T) {
 			}
 			return false
 		})
-		time.Sleep(5 * time.Second)
+		// It leaves the DNS answer (its replacement, once healthy, joins).
+		waitFor(t, 10*time.Second, "the unhealthy replica's address out of hc.shoal", func() bool {
+			got := c.lookup(otherNode, other, "hc.shoal")
+			return len(got) > 0 && !slices.Contains(got, victimIP)
+		})
+		time.Sleep(3 * time.Second)
 		close(stop)
 		wg.Wait()
 		// The proxies of other nodes learn of it through state: allow them
@@ -862,25 +1093,81 @@ func TestNetwork(t *testing.T) {
 			st := c.status(i)
 			var n8090 int
 			for _, p := range st.GetPublished() {
-				if strings.HasPrefix(p, "8090/") {
+				if p.GetPort() == 8090 {
 					n8090++
-					if p != "8090/tcp -> 1 backends" {
-						t.Errorf("node %d publishes %q", i, p)
+					if p.GetProtocol() != "tcp" || p.GetService() != "p1" || len(p.GetBackends()) != 1 || len(p.GetConflicting()) != 0 {
+						t.Errorf("node %d publishes %v", i, p)
 					}
 				}
-				if strings.HasPrefix(p, "70000/") {
-					t.Errorf("node %d publishes %q", i, p)
+				if p.GetPort() == 70000 {
+					t.Errorf("node %d publishes %v", i, p)
 				}
 			}
 			if n8090 != 1 {
 				t.Errorf("node %d publishes %v", i, st.GetPublished())
+			}
+			var v struct {
+				Published []struct {
+					Port        int      `json:"port"`
+					Protocol    string   `json:"protocol"`
+					Service     string   `json:"service"`
+					Backends    []string `json:"backends"`
+					Conflicting []string `json:"conflicting"`
+				} `json:"published"`
+			}
+			out := c.mustCtl(i, "network", "inspect", "-o", "json")
+			if err := json.Unmarshal([]byte(out), &v); err != nil || len(v.Published) != 1 || v.Published[0].Port != 8090 || v.Published[0].Protocol != "tcp" ||
+				v.Published[0].Service != "p1" || len(v.Published[0].Backends) != 1 || v.Published[0].Conflicting == nil || len(v.Published[0].Conflicting) != 0 {
+				t.Errorf("node %d: network inspect -o json: %v\n%s", i, err, out)
 			}
 			b, err := httpGet(fmt.Sprintf("http://%s:8090/", c.Addr(i)))
 			if err != nil || strings.TrimSpace(b) != "p1" {
 				t.Errorf("node %d port 8090 after the rejected service: %q %v", i, b, err)
 			}
 		}
-		c.rm("p1")
+
+		// The race schedd's check cannot see: a service publishing 8090
+		// written on node 3 as if node 3 had not yet heard of p1 (its
+		// check passed). Every node resolves it alike: p1, the older,
+		// keeps the port; p4 is reported as conflicting.
+		spec := sched.ServiceSpec{Name: "p4", Image: "local/busybox:latest", Replicas: 1, Args: []string{"sleep", "1000000"},
+			Ports: []sched.Port{{Host: 8090, Container: 80}}, StopGrace: sched.Duration(time.Second)}.WithDefaults()
+		fields := map[string]*statev1.Value{}
+		for k, v := range sched.ServiceFields(sched.Service{Name: "p4", Spec: spec, Version: 1, State: sched.ServiceActive, Updated: time.Now()}) {
+			fields[k] = statepb.ToValue(v)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := c.statd(3).Put(cctx, &statev1.PutRequest{Key: sched.ServiceKey("p4"), Fields: fields})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		racedAt := time.Now()
+		waitFor(t, 15*time.Second, "every node: 8090 held by p1, p4 conflicting", func() bool {
+			for i := 1; i <= c.Nodes(); i++ {
+				st, err := c.tryStatus(i)
+				if err != nil {
+					return false
+				}
+				held := false
+				for _, p := range st.GetPublished() {
+					if p.GetPort() == 8090 {
+						held = p.GetService() == "p1" && slices.Equal(p.GetConflicting(), []string{"p4"})
+					}
+				}
+				if !held {
+					return false
+				}
+			}
+			return true
+		})
+		t.Logf("raced service p4: every node has p1 holding 8090 and p4 conflicting %v after the write", time.Since(racedAt).Round(time.Millisecond))
+		for i := 1; i <= c.Nodes(); i++ {
+			if b, err := httpGet(fmt.Sprintf("http://%s:8090/", c.Addr(i))); err != nil || strings.TrimSpace(b) != "p1" {
+				t.Errorf("node %d port 8090 with p4 conflicting: %q %v", i, b, err)
+			}
+		}
+		c.rm("p1", "p4")
 	})
 
 	// 4a. A restarted node keeps its key and subnet, and its tasks are

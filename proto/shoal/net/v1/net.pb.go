@@ -416,6 +416,118 @@ func (x *Subnet) GetNode() string {
 	return ""
 }
 
+// PublishedPort is a published (ingress) port as this node serves it.
+type PublishedPort struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Port  uint32                 `protobuf:"varint,1,opt,name=port,proto3" json:"port,omitempty"`
+	// protocol: tcp or udp.
+	Protocol string `protobuf:"bytes,2,opt,name=protocol,proto3" json:"protocol,omitempty"`
+	// service holds the port: its healthy tasks are the backends.
+	Service string `protobuf:"bytes,3,opt,name=service,proto3" json:"service,omitempty"`
+	// backends are the addresses (task IP:container port) new connections
+	// go to.
+	Backends []string `protobuf:"bytes,4,rep,name=backends,proto3" json:"backends,omitempty"`
+	// conflicting are other services that publish the same port. schedd
+	// refuses that, but checks its own node's view only, so services
+	// created at about the same time on two nodes can both get it; the
+	// older (by creation stamp, then name) keeps the port on every node.
+	Conflicting []string `protobuf:"bytes,5,rep,name=conflicting,proto3" json:"conflicting,omitempty"`
+	// bound are the node addresses the port listens on; bind_errors say
+	// where and why it could not be bound.
+	Bound      []string `protobuf:"bytes,6,rep,name=bound,proto3" json:"bound,omitempty"`
+	BindErrors []string `protobuf:"bytes,7,rep,name=bind_errors,json=bindErrors,proto3" json:"bind_errors,omitempty"`
+	// active counts open TCP connections or UDP flows.
+	Active        uint32 `protobuf:"varint,8,opt,name=active,proto3" json:"active,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PublishedPort) Reset() {
+	*x = PublishedPort{}
+	mi := &file_shoal_net_v1_net_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PublishedPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PublishedPort) ProtoMessage() {}
+
+func (x *PublishedPort) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_net_v1_net_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PublishedPort.ProtoReflect.Descriptor instead.
+func (*PublishedPort) Descriptor() ([]byte, []int) {
+	return file_shoal_net_v1_net_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *PublishedPort) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *PublishedPort) GetProtocol() string {
+	if x != nil {
+		return x.Protocol
+	}
+	return ""
+}
+
+func (x *PublishedPort) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *PublishedPort) GetBackends() []string {
+	if x != nil {
+		return x.Backends
+	}
+	return nil
+}
+
+func (x *PublishedPort) GetConflicting() []string {
+	if x != nil {
+		return x.Conflicting
+	}
+	return nil
+}
+
+func (x *PublishedPort) GetBound() []string {
+	if x != nil {
+		return x.Bound
+	}
+	return nil
+}
+
+func (x *PublishedPort) GetBindErrors() []string {
+	if x != nil {
+		return x.BindErrors
+	}
+	return nil
+}
+
+func (x *PublishedPort) GetActive() uint32 {
+	if x != nil {
+		return x.Active
+	}
+	return 0
+}
+
 type StatusResponse struct {
 	state       protoimpl.MessageState `protogen:"open.v1"`
 	NodeId      string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -423,21 +535,21 @@ type StatusResponse struct {
 	Subnet      string                 `protobuf:"bytes,3,opt,name=subnet,proto3" json:"subnet,omitempty"`
 	Interface   string                 `protobuf:"bytes,4,opt,name=interface,proto3" json:"interface,omitempty"`
 	// mode: kernel or userspace.
-	Mode          string    `protobuf:"bytes,5,opt,name=mode,proto3" json:"mode,omitempty"`
-	PublicKey     string    `protobuf:"bytes,6,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
-	Mtu           int32     `protobuf:"varint,7,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	Peers         []*Peer   `protobuf:"bytes,8,rep,name=peers,proto3" json:"peers,omitempty"`
-	Subnets       []*Subnet `protobuf:"bytes,9,rep,name=subnets,proto3" json:"subnets,omitempty"`
-	Tasks         uint32    `protobuf:"varint,10,opt,name=tasks,proto3" json:"tasks,omitempty"`
-	Published     []string  `protobuf:"bytes,11,rep,name=published,proto3" json:"published,omitempty"`
-	Dns           string    `protobuf:"bytes,12,opt,name=dns,proto3" json:"dns,omitempty"`
+	Mode          string           `protobuf:"bytes,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	PublicKey     string           `protobuf:"bytes,6,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	Mtu           int32            `protobuf:"varint,7,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	Peers         []*Peer          `protobuf:"bytes,8,rep,name=peers,proto3" json:"peers,omitempty"`
+	Subnets       []*Subnet        `protobuf:"bytes,9,rep,name=subnets,proto3" json:"subnets,omitempty"`
+	Tasks         uint32           `protobuf:"varint,10,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	Dns           string           `protobuf:"bytes,12,opt,name=dns,proto3" json:"dns,omitempty"`
+	Published     []*PublishedPort `protobuf:"bytes,13,rep,name=published,proto3" json:"published,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_shoal_net_v1_net_proto_msgTypes[7]
+	mi := &file_shoal_net_v1_net_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -449,7 +561,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_net_v1_net_proto_msgTypes[7]
+	mi := &file_shoal_net_v1_net_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -462,7 +574,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_net_v1_net_proto_rawDescGZIP(), []int{7}
+	return file_shoal_net_v1_net_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StatusResponse) GetNodeId() string {
@@ -535,18 +647,18 @@ func (x *StatusResponse) GetTasks() uint32 {
 	return 0
 }
 
-func (x *StatusResponse) GetPublished() []string {
-	if x != nil {
-		return x.Published
-	}
-	return nil
-}
-
 func (x *StatusResponse) GetDns() string {
 	if x != nil {
 		return x.Dns
 	}
 	return ""
+}
+
+func (x *StatusResponse) GetPublished() []*PublishedPort {
+	if x != nil {
+		return x.Published
+	}
+	return nil
 }
 
 var File_shoal_net_v1_net_proto protoreflect.FileDescriptor
@@ -579,7 +691,17 @@ const file_shoal_net_v1_net_proto_rawDesc = "" +
 	"\btx_bytes\x18\a \x01(\x03R\atxBytes\"4\n" +
 	"\x06Subnet\x12\x16\n" +
 	"\x06subnet\x18\x01 \x01(\tR\x06subnet\x12\x12\n" +
-	"\x04node\x18\x02 \x01(\tR\x04node\"\xe7\x02\n" +
+	"\x04node\x18\x02 \x01(\tR\x04node\"\xe6\x01\n" +
+	"\rPublishedPort\x12\x12\n" +
+	"\x04port\x18\x01 \x01(\rR\x04port\x12\x1a\n" +
+	"\bprotocol\x18\x02 \x01(\tR\bprotocol\x12\x18\n" +
+	"\aservice\x18\x03 \x01(\tR\aservice\x12\x1a\n" +
+	"\bbackends\x18\x04 \x03(\tR\bbackends\x12 \n" +
+	"\vconflicting\x18\x05 \x03(\tR\vconflicting\x12\x14\n" +
+	"\x05bound\x18\x06 \x03(\tR\x05bound\x12\x1f\n" +
+	"\vbind_errors\x18\a \x03(\tR\n" +
+	"bindErrors\x12\x16\n" +
+	"\x06active\x18\b \x01(\rR\x06active\"\x8a\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12!\n" +
 	"\foverlay_cidr\x18\x02 \x01(\tR\voverlayCidr\x12\x16\n" +
@@ -592,9 +714,9 @@ const file_shoal_net_v1_net_proto_rawDesc = "" +
 	"\x05peers\x18\b \x03(\v2\x12.shoal.net.v1.PeerR\x05peers\x12.\n" +
 	"\asubnets\x18\t \x03(\v2\x14.shoal.net.v1.SubnetR\asubnets\x12\x14\n" +
 	"\x05tasks\x18\n" +
-	" \x01(\rR\x05tasks\x12\x1c\n" +
-	"\tpublished\x18\v \x03(\tR\tpublished\x12\x10\n" +
-	"\x03dns\x18\f \x01(\tR\x03dns2\xd8\x01\n" +
+	" \x01(\rR\x05tasks\x12\x10\n" +
+	"\x03dns\x18\f \x01(\tR\x03dns\x129\n" +
+	"\tpublished\x18\r \x03(\v2\x1b.shoal.net.v1.PublishedPortR\tpublishedJ\x04\b\v\x10\f2\xd8\x01\n" +
 	"\aNetwork\x12C\n" +
 	"\x06Attach\x12\x1b.shoal.net.v1.AttachRequest\x1a\x1c.shoal.net.v1.AttachResponse\x12C\n" +
 	"\x06Detach\x12\x1b.shoal.net.v1.DetachRequest\x1a\x1c.shoal.net.v1.DetachResponse\x12C\n" +
@@ -612,7 +734,7 @@ func file_shoal_net_v1_net_proto_rawDescGZIP() []byte {
 	return file_shoal_net_v1_net_proto_rawDescData
 }
 
-var file_shoal_net_v1_net_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
+var file_shoal_net_v1_net_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_shoal_net_v1_net_proto_goTypes = []any{
 	(*AttachRequest)(nil),         // 0: shoal.net.v1.AttachRequest
 	(*AttachResponse)(nil),        // 1: shoal.net.v1.AttachResponse
@@ -621,24 +743,26 @@ var file_shoal_net_v1_net_proto_goTypes = []any{
 	(*StatusRequest)(nil),         // 4: shoal.net.v1.StatusRequest
 	(*Peer)(nil),                  // 5: shoal.net.v1.Peer
 	(*Subnet)(nil),                // 6: shoal.net.v1.Subnet
-	(*StatusResponse)(nil),        // 7: shoal.net.v1.StatusResponse
-	(*timestamppb.Timestamp)(nil), // 8: google.protobuf.Timestamp
+	(*PublishedPort)(nil),         // 7: shoal.net.v1.PublishedPort
+	(*StatusResponse)(nil),        // 8: shoal.net.v1.StatusResponse
+	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
 }
 var file_shoal_net_v1_net_proto_depIdxs = []int32{
-	8, // 0: shoal.net.v1.Peer.last_handshake:type_name -> google.protobuf.Timestamp
+	9, // 0: shoal.net.v1.Peer.last_handshake:type_name -> google.protobuf.Timestamp
 	5, // 1: shoal.net.v1.StatusResponse.peers:type_name -> shoal.net.v1.Peer
 	6, // 2: shoal.net.v1.StatusResponse.subnets:type_name -> shoal.net.v1.Subnet
-	0, // 3: shoal.net.v1.Network.Attach:input_type -> shoal.net.v1.AttachRequest
-	2, // 4: shoal.net.v1.Network.Detach:input_type -> shoal.net.v1.DetachRequest
-	4, // 5: shoal.net.v1.Network.Status:input_type -> shoal.net.v1.StatusRequest
-	1, // 6: shoal.net.v1.Network.Attach:output_type -> shoal.net.v1.AttachResponse
-	3, // 7: shoal.net.v1.Network.Detach:output_type -> shoal.net.v1.DetachResponse
-	7, // 8: shoal.net.v1.Network.Status:output_type -> shoal.net.v1.StatusResponse
-	6, // [6:9] is the sub-list for method output_type
-	3, // [3:6] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	7, // 3: shoal.net.v1.StatusResponse.published:type_name -> shoal.net.v1.PublishedPort
+	0, // 4: shoal.net.v1.Network.Attach:input_type -> shoal.net.v1.AttachRequest
+	2, // 5: shoal.net.v1.Network.Detach:input_type -> shoal.net.v1.DetachRequest
+	4, // 6: shoal.net.v1.Network.Status:input_type -> shoal.net.v1.StatusRequest
+	1, // 7: shoal.net.v1.Network.Attach:output_type -> shoal.net.v1.AttachResponse
+	3, // 8: shoal.net.v1.Network.Detach:output_type -> shoal.net.v1.DetachResponse
+	8, // 9: shoal.net.v1.Network.Status:output_type -> shoal.net.v1.StatusResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_shoal_net_v1_net_proto_init() }
@@ -652,7 +776,7 @@ func file_shoal_net_v1_net_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_net_v1_net_proto_rawDesc), len(file_shoal_net_v1_net_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   8,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
