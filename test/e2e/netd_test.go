@@ -188,9 +188,8 @@ func (c *netCluster) down() {
 		t.Errorf("dev cluster down: %v", err)
 	}
 	// Down removes what netd made outside the cluster's dirs: the task
-	// namespaces in the machine-wide /var/run/netns (a stopped task keeps
-	// its namespace until schedd's RemoveTask, an hour after it ended) and
-	// the UAPI sockets the WireGuard holders leave when killed. Anything of
+	// namespaces in the machine-wide /var/run/netns (those of tasks still
+	// running when the cluster goes down) and the UAPI sockets the WireGuard holders leave when killed. Anything of
 	// this cluster still there is a bug of Down; remove it anyway, so the
 	// machine stays clean.
 	c.mu.Lock()
