@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/shoal-dev/shoal/pkg/store"
 )
@@ -505,6 +506,9 @@ func (h *Host) pendingReady() bool {
 // the rest waits for the next round.
 const maxReadyIterations = 4
 
+// maxCommittedSizePerReady bounds the committed entries of one Ready.
+const maxCommittedSizePerReady = 16 << 20
+
 // handleReadies follows the Ready contract for every group with work, all
 // groups together so that one synced Pebble commit covers them all:
 //
@@ -533,8 +537,15 @@ func (h *Host) handleReadies() {
 		if len(rds) == 0 {
 			return
 		}
-		// 2. Persist.
-		b := h.db.NewBatch()
+		// 2. Persist, into a batch sized for the entries (a growing batch
+		// copies them again each time it doubles).
+		size := 0
+		for i := range rds {
+			for _, e := range rds[i].rd.Entries {
+				size += proto.Size(e) + 64
+			}
+		}
+		b := h.db.NewBatchWithSize(size + 1024)
 		sync := false
 		commits := make([]func(), 0, len(rds))
 		for i := range rds {
@@ -854,12 +865,15 @@ func (h *Host) newKey() string {
 // raftConfig returns the RawNode configuration of replica id.
 func (h *Host) raftConfig(id ReplicaID, st *groupStorage, applied uint64) *raft.Config {
 	return &raft.Config{
-		ID:                        uint64(id),
-		ElectionTick:              h.cfg.ElectionTicks,
-		HeartbeatTick:             h.cfg.HeartbeatTicks,
-		Storage:                   st,
-		Applied:                   applied,
-		MaxSizePerMsg:             h.cfg.MaxSizePerMsg,
+		ID:            uint64(id),
+		ElectionTick:  h.cfg.ElectionTicks,
+		HeartbeatTick: h.cfg.HeartbeatTicks,
+		Storage:       st,
+		Applied:       applied,
+		MaxSizePerMsg: h.cfg.MaxSizePerMsg,
+		// Committed entries come from the entry cache; more of them per
+		// Ready means fewer rounds when large writes are pipelined.
+		MaxCommittedSizePerReady:  maxCommittedSizePerReady,
 		MaxInflightMsgs:           h.cfg.MaxInflightMsgs,
 		MaxUncommittedEntriesSize: h.cfg.MaxUncommittedBytes,
 		CheckQuorum:               true,
