@@ -514,8 +514,10 @@ const maxCommittedSizePerReady = 16 << 20
 //
 //  1. collect a Ready from each group;
 //  2. persist every Ready's snapshot, entries and hard state in one batch,
-//     synced if any Ready requires it;
-//  3. send: queue every Ready's messages into the per-node outbox;
+//     synced if any Ready requires it — except that a leader's messages
+//     are sent before that sync when they may be (sendsEarly), so that
+//     its followers write to their disks while it writes to its own;
+//  3. send: queue every (other) Ready's messages into the per-node outbox;
 //  4. apply: restore snapshots, apply committed entries (ApplyConfChange
 //     for configuration changes), serve read states;
 //  5. Advance every group.
@@ -537,7 +539,20 @@ func (h *Host) handleReadies() {
 		if len(rds) == 0 {
 			return
 		}
-		// 2. Persist, into a batch sized for the entries (a growing batch
+		// 2a. A leader's messages go out now, before the sync (see
+		// sendsEarly and the package documentation).
+		early := make([]bool, len(rds))
+		anyEarly := false
+		for i := range rds {
+			if early[i] = sendsEarly(rds[i].g, &rds[i].rd); early[i] {
+				h.route(rds[i].g, rds[i].rd.Messages)
+				anyEarly = true
+			}
+		}
+		if anyEarly {
+			h.flush()
+		}
+		// 2b. Persist, into a batch sized for the entries (a growing batch
 		// copies them again each time it doubles).
 		size := 0
 		for i := range rds {
@@ -576,7 +591,9 @@ func (h *Host) handleReadies() {
 		}
 		// 3. Send (into the outbox, flushed at the end of the round).
 		for i := range rds {
-			h.route(rds[i].g, rds[i].rd.Messages)
+			if !early[i] {
+				h.route(rds[i].g, rds[i].rd.Messages)
+			}
 		}
 		// 4. Apply.
 		for i := range rds {
@@ -587,6 +604,40 @@ func (h *Host) handleReadies() {
 			rds[i].g.rn.Advance(rds[i].rd)
 		}
 	}
+}
+
+// sendsEarly reports whether a Ready's messages may be sent before its
+// entries and hard state are durable: the Ready must need a sync (or there
+// is nothing to gain), come from a leader that stays leader, and change
+// neither the term nor the vote (only the commit index, which a restarted
+// leader learns again from its quorum). Etcd raft allows sending while the
+// same Ready's entries are being persisted (its documentation, and the Raft
+// thesis §10.2.1): the leader's own acknowledgement of its entries reaches
+// raft only at Advance, after the sync, so an entry still commits only
+// once a quorum has it on disk, whether or not the leader is in it.
+// Snapshots are left to the normal path (flush reports them to raft).
+func sendsEarly(g *group, rd *raft.Ready) bool {
+	if !rd.MustSync || len(rd.Messages) == 0 || !raft.IsEmptySnap(rd.Snapshot) {
+		return false
+	}
+	if st := rd.SoftState; st != nil && st.RaftState != raft.StateLeader {
+		return false
+	}
+	if g.rn.BasicStatus().RaftState != raft.StateLeader {
+		return false
+	}
+	if hs := rd.HardState; !raft.IsEmptyHardState(hs) {
+		old := g.st.hs
+		if old == nil || hs.GetTerm() != old.GetTerm() || hs.GetVote() != old.GetVote() {
+			return false
+		}
+	}
+	for _, m := range rd.Messages {
+		if m.GetType() == pb.MsgSnap {
+			return false
+		}
+	}
+	return true
 }
 
 // fail stops the host after a storage error: nothing more is persisted
