@@ -115,6 +115,7 @@ func BenchmarkVolumeWrites(b *testing.B) {
 		}
 		defer f.Close()
 		rng := rand.New(rand.NewPCG(1, 2))
+		batches0, rounds0, syncs0 := hostStats(peers)
 		cpu0 := processCPU()
 		for b.Loop() {
 			if _, err := f.WriteAt(buf[:4096], rng.Int64N(size/4096)*4096); err != nil {
@@ -122,8 +123,21 @@ func BenchmarkVolumeWrites(b *testing.B) {
 			}
 		}
 		cpu := processCPU() - cpu0
+		batches, rounds, syncs := hostStats(peers)
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
+		b.ReportMetric(float64(batches-batches0)/float64(b.N), "batches/op")
+		b.ReportMetric(float64(rounds-rounds0)/float64(b.N), "rounds/op")
+		b.ReportMetric(float64(syncs-syncs0)/float64(b.N), "syncs/op")
 	})
+}
+
+// hostStats sums the hosts' batches sent, rounds and synced commits.
+func hostStats(peers []*testPeer) (batches, rounds, syncs uint64) {
+	for _, p := range peers {
+		st := p.host.Stats()
+		batches, rounds, syncs = batches+st.BatchesSent, rounds+st.Rounds, syncs+st.Syncs
+	}
+	return batches, rounds, syncs
 }
 
 // processCPU is this process's user and system CPU time so far.
