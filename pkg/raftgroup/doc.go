@@ -80,6 +80,24 @@
 // ever see durable state: the cached log bounds move when the batch has
 // committed.
 //
+// # Storage
+//
+// Log entries, hard state and snapshots live under group-prefixed keys
+// (keys.go) in one Pebble. A volume's file data lives in its log until a
+// snapshot covers it, so the Pebble is tuned for large values written
+// once: values of 16 KiB or more go to blob files when a memtable is
+// flushed, so compactions move references instead of rewriting the
+// data, and blocks are not compressed (file data rarely compresses and
+// Snappy cost more CPU than the disk time it saved). The latest durable
+// entries of each group (8 MiB) stay in memory in an entry cache, because
+// raft reads them back right away — to apply them, to send them to
+// followers, for their terms — and a read from Pebble copies and decodes
+// each one again; a quiesced group drops its cache. Entries cross the
+// network and the disk with as few copies as the formats allow: batches
+// and Pebble values are encoded into buffers sized up front, and decoding
+// a received batch lets entries' data alias the received bytes
+// (msgcodec.go) instead of copying them as protobuf would.
+//
 // # Batching and coalescing
 //
 // A round produces at most one Batch per destination node, carrying the
