@@ -22,6 +22,7 @@ type seqResult struct {
 	leader, follower int
 	rows             []string // labels, in table order
 	mbps             map[string][]float64
+	cpu              map[string][]time.Duration // CPU time of each run (see runCPU)
 	load             phaseLoad
 }
 
@@ -29,6 +30,15 @@ type randRow struct {
 	lat     []time.Duration
 	elapsed time.Duration
 	errs    int
+	cpu     time.Duration // see runCPU
+}
+
+// cpuPerWrite is the run's CPU time (see runCPU) per acknowledged write.
+func (r randRow) cpuPerWrite() time.Duration {
+	if len(r.lat) == 0 {
+		return 0
+	}
+	return r.cpu / time.Duration(len(r.lat))
 }
 
 func (r randRow) iops() float64 {
@@ -73,7 +83,7 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 		b.unmount(ctx, leader, benchVol, "bench-seq")
 		b.unmount(ctx, follower, benchVol, "bench-seq")
 	}()
-	r := seqResult{leader: leader, follower: follower, mbps: map[string][]float64{}}
+	r := seqResult{leader: leader, follower: follower, mbps: map[string][]float64{}, cpu: map[string][]time.Duration{}}
 	for _, t := range targets {
 		r.rows = append(r.rows, t.label)
 	}
@@ -83,6 +93,8 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 	}
 	size := int64(c.seqMiB) << 20
 	b.waitQuiet(ctx)
+	profiled := b.startProfiles(ctx, "seq")
+	defer profiled()
 	l0 := b.acct.Take()
 	for rep := range c.reps {
 		for k := range targets {
@@ -91,13 +103,16 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 				fail("%v", ctx.Err())
 			}
 			path := filepath.Join(t.dir, fmt.Sprintf("seq-%d.dat", rep))
+			a := b.acct.Take()
 			d, err := seqWrite(path, buf, size)
 			if err != nil {
 				fail("sequential write to %s (%s): %v", t.label, path, err)
 			}
+			cpu := cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime()
 			mbps := float64(size) / d.Seconds() / 1e6
 			r.mbps[t.label] = append(r.mbps[t.label], mbps)
-			progress("  %s: %.1f MB/s (%v)", t.label, mbps, d.Round(time.Millisecond))
+			r.cpu[t.label] = append(r.cpu[t.label], cpu)
+			progress("  %s: %.1f MB/s (%v), CPU %v per MiB", t.label, mbps, d.Round(time.Millisecond), (cpu / time.Duration(c.seqMiB)).Round(10*time.Microsecond))
 			if err := os.Remove(path); err != nil {
 				fail("remove %s: %v", path, err)
 			}
@@ -161,6 +176,8 @@ func (b *bench) random(ctx context.Context) randResult {
 	}
 	files[rowFollower] = filepath.Join(targets[2].dir, "rand.dat")
 	b.waitQuiet(ctx)
+	profiled := b.startProfiles(ctx, "rand")
+	defer profiled()
 	l0 := b.acct.Take()
 	for rep := range c.reps {
 		for k := range targets {
@@ -168,12 +185,14 @@ func (b *bench) random(ctx context.Context) randResult {
 			if ctx.Err() != nil {
 				fail("%v", ctx.Err())
 			}
+			a := b.acct.Take()
 			row, err := randWrite(files[t.label], buf[:block], size, c.randDur, b.rng.Int64N)
 			if err != nil {
 				fail("random writes to %s: %v", t.label, err)
 			}
+			row.cpu = cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime()
 			r.runs[t.label] = append(r.runs[t.label], row)
-			progress("  %s: %.0f IOPS, p50 %s, p99 %s", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)))
+			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()))
 		}
 	}
 	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}

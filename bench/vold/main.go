@@ -75,6 +75,8 @@ type config struct {
 	settle     time.Duration
 	quiet      time.Duration
 	verbose    bool
+	profileDir string
+	profileFor time.Duration
 }
 
 func main() {
@@ -96,6 +98,8 @@ func main() {
 	flag.DurationVar(&c.settle, "settle", 3*time.Second, "quiet time after the cluster formed and before each kill")
 	flag.DurationVar(&c.quiet, "quiet-wait", 10*time.Second, "before each phase, wait up to this long for other processes to use less than 0.25 CPUs")
 	flag.BoolVar(&c.verbose, "v", false, "print devcluster progress on stderr")
+	flag.StringVar(&c.profileDir, "profile", "", "directory for CPU profiles of every vold over the first -profile-duration of the sequential and random write phases (vold runs with --debug-pprof)")
+	flag.DurationVar(&c.profileFor, "profile-duration", 10*time.Second, "length of each -profile capture")
 	seed := flag.Uint64("seed", 1, "random seed (offsets, payloads)")
 	flag.Parse()
 	for _, s := range strings.Split(clients, ",") {
@@ -266,6 +270,10 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 		Daemons:   []string{"statd", "vold"},
 		Args:      map[string][]string{"statd": {"--node-name", "n{node}"}},
 		Bootstrap: true,
+	}
+	if c.profileDir != "" {
+		check(os.MkdirAll(c.profileDir, 0o755))
+		spec.Args["vold"] = []string{"--debug-pprof"}
 	}
 	if c.verbose {
 		spec.Logf = func(format string, args ...any) { fmt.Fprintf(os.Stderr, "devcluster: "+format+"\n", args...) }

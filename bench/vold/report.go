@@ -38,7 +38,7 @@ func (r *results) printSeq(c config) {
 	fmt.Printf("### Sequential writes into a 3-replica volume\n\n")
 	fmt.Printf("A %d MiB file created, written in 1 MiB `write` calls and fsynced, then closed and deleted, timed from the open to the end of the close; MB/s is 10⁶ bytes per second. Three targets, %d rounds interleaved (the order rotating): a plain directory on the local filesystem, and the volume's FUSE mount on the group leader's node (node %d) and on a follower's (node %d). The volume has 3 replicas on the 3 nodes and a %d MiB size limit; vold mounts with direct I/O, so each 1 MiB `write` is one Raft proposal acknowledged once committed on a quorum and applied, and a single writer never has two in flight (fsync then has nothing left to do).\n\n",
 		c.seqMiB, c.reps, s.leader, s.follower, volumeSize>>20)
-	fmt.Printf("| written to | MB/s per round | median MB/s | time per 1 MiB write | × local |\n|---|---|---:|---:|---:|\n")
+	fmt.Printf("| written to | MB/s per round | median MB/s | time per 1 MiB write | CPU per MiB | × local |\n|---|---|---:|---:|---:|---:|\n")
 	local := median(s.mbps[rowLocal])
 	ok := true
 	for _, row := range s.rows {
@@ -54,9 +54,10 @@ func (r *results) printSeq(c config) {
 			ok = ok && m/local >= seqGoal
 		}
 		per := time.Duration(float64(chunk) / (m * 1e6) * float64(time.Second))
-		fmt.Printf("| %s | %s | %.1f | %s | %s |\n", row, strings.Join(parts, ", "), m, dur(per), rat)
+		cpu := medianDur(s.cpu[row]) / time.Duration(c.seqMiB)
+		fmt.Printf("| %s | %s | %.1f | %s | %s | %s |\n", row, strings.Join(parts, ", "), m, dur(per), dur(cpu), rat)
 	}
-	fmt.Printf("\nMeanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
+	fmt.Printf("\n*CPU per MiB* is the median over the rounds of the CPU time this benchmark's writer and the whole cluster (every node's statd and vold) used during a round, per MiB written (kernel writeback threads are not counted, for either target). Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
 		s.load, seqGoal, metStr(ok), median(s.mbps[rowLeader])/local, median(s.mbps[rowFollower])/local)
 }
 
@@ -65,7 +66,7 @@ func (r *results) printRand(c config) {
 	fmt.Printf("### Synchronous random 4 KiB writes\n\n")
 	fmt.Printf("One thread writing 4 KiB blocks (`pwrite`) at random 4 KiB-aligned offsets of a preallocated %d MiB file opened with O_DSYNC, for %v per run, %d runs per target interleaved as above; the same targets (the volume mounted on node %d, the leader, and node %d, a follower). Latency is per write, over all runs. On the local filesystem each write waits for the disk (this is the disk's synchronous write rate, the context of the KV figures below); in the volume each write is a Raft proposal committed on a quorum (each replica's log write is a synced Pebble batch) and applied, plus a FUSE round trip for the fsync that O_DSYNC implies.\n\n",
 		c.randMiB, c.randDur, c.reps, s.leader, s.follower)
-	fmt.Printf("| written to | IOPS per run | median IOPS | p50 | p99 | max | × local |\n|---|---|---:|---:|---:|---:|---:|\n")
+	fmt.Printf("| written to | IOPS per run | median IOPS | p50 | p99 | max | CPU per write | × local |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
 	iops := func(row string) float64 {
 		var xs []float64
 		for _, x := range s.runs[row] {
@@ -98,9 +99,13 @@ func (r *results) printRand(c config) {
 		if len(lat) > 0 {
 			worst = slices.Max(lat)
 		}
-		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s |\n", name, strings.Join(parts, ", "), m, dur(pctl(lat, 0.5)), dur(pctl(lat, 0.99)), dur(worst), rat)
+		var cpus []time.Duration
+		for _, x := range s.runs[row] {
+			cpus = append(cpus, x.cpuPerWrite())
+		}
+		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s | %s |\n", name, strings.Join(parts, ", "), m, dur(pctl(lat, 0.5)), dur(pctl(lat, 0.99)), dur(worst), dur(medianDur(cpus)), rat)
 	}
-	fmt.Printf("\nMeanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
+	fmt.Printf("\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
 		s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
 }
 

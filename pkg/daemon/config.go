@@ -28,6 +28,10 @@ type Common struct {
 	// MetricsAddr is the loopback host:port of the Prometheus endpoint;
 	// empty disables it.
 	MetricsAddr string `toml:"metrics_addr"`
+	// DebugPprof also serves Go's profiler (/debug/pprof/) on the metrics
+	// listener, which must then be a loopback address: profiles show
+	// memory and stack contents, and collecting one costs CPU.
+	DebugPprof bool `toml:"debug_pprof"`
 }
 
 // Default paths. Every one is overridable so several nodes can share a
@@ -65,6 +69,7 @@ func bindCommonFlags(fs *pflag.FlagSet, c *Common, configPath *string, name stri
 	fs.StringVar(&c.LogLevel, "log-level", c.LogLevel, "log level: debug, info, warn, error")
 	fs.StringVar(&c.LogFormat, "log-format", c.LogFormat, "log format: text, json")
 	fs.StringVar(&c.MetricsAddr, "metrics-addr", c.MetricsAddr, "host:port for Prometheus metrics (empty disables)")
+	fs.BoolVar(&c.DebugPprof, "debug-pprof", c.DebugPprof, "also serve Go's profiler at /debug/pprof/ on the metrics address (loopback only)")
 }
 
 // loadConfig decodes the TOML file at path into cfg, strictly: unknown

@@ -20,7 +20,6 @@ import (
 	sddaemon "github.com/coreos/go-systemd/v22/daemon"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"golang.org/x/sys/unix"
@@ -179,15 +178,20 @@ func run(spec Spec, cfg Configurable) error {
 	daemonv1.RegisterDaemonServer(rt.GRPC, &infoServer{rt: rt})
 
 	var metricsSrv *http.Server
+	if c.DebugPprof && c.MetricsAddr == "" {
+		return errors.New("--debug-pprof needs --metrics-addr (a loopback address)")
+	}
 	if c.MetricsAddr != "" {
 		ml, err := net.Listen("tcp", c.MetricsAddr)
 		if err != nil {
 			return fmt.Errorf("metrics listener on %s: %w (set --metrics-addr, or empty to disable)", c.MetricsAddr, err)
 		}
-		metricsSrv = &http.Server{
-			Handler:           promhttp.HandlerFor(rt.Metrics, promhttp.HandlerOpts{Registry: rt.Metrics}),
-			ReadHeaderTimeout: 5 * time.Second,
+		handler, err := metricsHandler(rt.Metrics, ml.Addr(), c.DebugPprof)
+		if err != nil {
+			ml.Close()
+			return err
 		}
+		metricsSrv = &http.Server{Handler: handler, ReadHeaderTimeout: 5 * time.Second}
 		go metricsSrv.Serve(ml)
 		defer metricsSrv.Close()
 	}

@@ -81,22 +81,37 @@ func (b *Batch) Empty() bool {
 }
 
 // Marshal encodes the batch (protobuf wire format; see batch.go for the
-// field numbers) for transports that carry bytes.
+// field numbers) for transports that carry bytes. The buffer is sized
+// first and every message is encoded straight into it: a batch carrying
+// a 1 MiB entry costs one copy of it.
 func (b *Batch) Marshal() ([]byte, error) {
-	var out []byte
+	sizes := make([]int, len(b.Messages))
+	n := protowire.SizeTag(1) + protowire.SizeVarint(uint64(b.From))
+	for i, m := range b.Messages {
+		sizes[i] = proto.Size(m.Msg)
+		n += protowire.SizeTag(2) + protowire.SizeBytes(groupMessageSize(m.Group, sizes[i]))
+	}
+	// Heartbeats and the host's own messages are a few varints each; the
+	// estimate only saves regrowing.
+	n += 64 * (len(b.Heartbeats) + len(b.HeartbeatResps) + len(b.Acks) + len(b.AckQueries) + len(b.Removed))
+	out := make([]byte, 0, n)
 	out = protowire.AppendTag(out, 1, protowire.VarintType)
 	out = protowire.AppendVarint(out, uint64(b.From))
-	for _, m := range b.Messages {
-		msg, err := proto.Marshal(m.Msg)
+	for i, m := range b.Messages {
+		out = protowire.AppendTag(out, 2, protowire.BytesType)
+		out = protowire.AppendVarint(out, uint64(groupMessageSize(m.Group, sizes[i])))
+		out = appendVarintField(out, 1, uint64(m.Group))
+		out = protowire.AppendTag(out, 2, protowire.BytesType)
+		out = protowire.AppendVarint(out, uint64(sizes[i]))
+		start := len(out)
+		var err error
+		out, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(out, m.Msg)
 		if err != nil {
 			return nil, err
 		}
-		var sub []byte
-		sub = appendVarintField(sub, 1, uint64(m.Group))
-		sub = protowire.AppendTag(sub, 2, protowire.BytesType)
-		sub = protowire.AppendBytes(sub, msg)
-		out = protowire.AppendTag(out, 2, protowire.BytesType)
-		out = protowire.AppendBytes(out, sub)
+		if len(out)-start != sizes[i] {
+			return nil, fmt.Errorf("raftgroup: batch: message of group %d changed while it was encoded", m.Group)
+		}
 	}
 	for field, hbs := range [][]Heartbeat{3: b.Heartbeats, 4: b.HeartbeatResps} {
 		for _, h := range hbs {
@@ -134,6 +149,16 @@ func (b *Batch) Marshal() ([]byte, error) {
 	return out, nil
 }
 
+// groupMessageSize is the encoded size of a GroupMessage whose Raft
+// message encodes to msgSize bytes.
+func groupMessageSize(g GroupID, msgSize int) int {
+	n := protowire.SizeTag(2) + protowire.SizeBytes(msgSize)
+	if g != 0 {
+		n += protowire.SizeTag(1) + protowire.SizeVarint(uint64(g))
+	}
+	return n
+}
+
 func appendVarintField(b []byte, n protowire.Number, v uint64) []byte {
 	if v == 0 {
 		return b
@@ -142,7 +167,9 @@ func appendVarintField(b []byte, n protowire.Number, v uint64) []byte {
 	return protowire.AppendVarint(b, v)
 }
 
-// UnmarshalBatch decodes a batch encoded by Marshal.
+// UnmarshalBatch decodes a batch encoded by Marshal. The entries of its
+// messages alias data (they are not copied), so data must not be modified
+// afterwards.
 func UnmarshalBatch(data []byte) (*Batch, error) {
 	b := &Batch{}
 	err := eachField(data, func(n protowire.Number, v uint64, sub []byte) error {
@@ -156,8 +183,9 @@ func UnmarshalBatch(data []byte) (*Batch, error) {
 				case 1:
 					gm.Group = GroupID(v)
 				case 2:
-					gm.Msg = &pb.Message{}
-					return proto.Unmarshal(raw, gm.Msg)
+					m, err := decodeMessage(raw)
+					gm.Msg = m
+					return err
 				}
 				return nil
 			})

@@ -46,7 +46,7 @@
 //     group of the round: that is what makes a thousand groups per disk
 //     affordable (FIELD-NOTES: Pebble group-commits concurrent syncs too).
 //  2. Send: queue every message by destination node. Nothing leaves before
-//     step 1 committed.
+//     step 1 committed — with one exception, a leader's messages, below.
 //  3. Apply: restore a received snapshot (state machine and the host's own
 //     replicated metadata), apply committed entries in order — normal
 //     entries in runs through StateMachine.Apply, configuration changes one
@@ -54,11 +54,49 @@
 //  4. Advance. A leader's own acknowledgement often commits more at once,
 //     so the round repeats steps 1–4 (up to a few times) before flushing.
 //
+// A leader does not wait for its own disk before replicating: when a
+// Ready needs a sync, comes from a leader, and changes neither the term nor
+// the vote, its messages are sent before the batch is committed, so that
+// the followers' writes overlap the leader's (the Raft thesis, §10.2.1).
+// This is what etcd raft's contract allows — messages may be sent while
+// the same Ready's entries are being persisted, provided the entries of
+// earlier Readies are durable (they are: each iteration commits before
+// the next) and the latest HardState is too. The HardState a leader has
+// not yet persisted differs from the durable one only in its commit
+// index, which is not needed for safety: it only ever names entries that
+// a quorum already holds, and a restarted leader learns it again. The
+// safety argument is the thesis's: the leader's acknowledgement of its
+// own entries reaches raft only at Advance, after the sync, so an entry
+// commits only once a quorum has it on disk (with or without the leader),
+// and a caller's proposal resolves only once it is committed and applied.
+// A leader that crashes before its sync loses entries that no quorum
+// acknowledged, which raft tolerates like any lost message. Readies of
+// followers and candidates (votes, append responses) still wait for the
+// sync, and so do snapshots.
+//
 // After sending, a MsgSnap is always followed by ReportSnapshot (finished or
 // failed), and a batch the transport refuses makes the host report every
 // replica in it unreachable. Raft's storage reads (Entries, Term, ...) only
 // ever see durable state: the cached log bounds move when the batch has
 // committed.
+//
+// # Storage
+//
+// Log entries, hard state and snapshots live under group-prefixed keys
+// (keys.go) in one Pebble. A volume's file data lives in its log until a
+// snapshot covers it, so the Pebble is tuned for large values written
+// once: values of 16 KiB or more go to blob files when a memtable is
+// flushed, so compactions move references instead of rewriting the
+// data, and blocks are not compressed (file data rarely compresses and
+// Snappy cost more CPU than the disk time it saved). The latest durable
+// entries of each group (8 MiB) stay in memory in an entry cache, because
+// raft reads them back right away — to apply them, to send them to
+// followers, for their terms — and a read from Pebble copies and decodes
+// each one again; a quiesced group drops its cache. Entries cross the
+// network and the disk with as few copies as the formats allow: batches
+// and Pebble values are encoded into buffers sized up front, and decoding
+// a received batch lets entries' data alias the received bytes
+// (msgcodec.go) instead of copying them as protobuf would.
 //
 // # Batching and coalescing
 //

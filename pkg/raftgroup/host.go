@@ -16,6 +16,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/shoal-dev/shoal/pkg/store"
 )
@@ -257,7 +258,7 @@ func Open(cfg Config) (*Host, error) {
 	if cfg.DB != nil {
 		h.db = cfg.DB
 	} else {
-		popts := store.PebbleOptions(pebbleLogger{h.log.With("component", "pebble")})
+		popts := pebbleOptions(pebbleLogger{h.log.With("component", "pebble")})
 		if cfg.FS != nil {
 			popts.FS = cfg.FS
 		}
@@ -505,13 +506,18 @@ func (h *Host) pendingReady() bool {
 // the rest waits for the next round.
 const maxReadyIterations = 4
 
+// maxCommittedSizePerReady bounds the committed entries of one Ready.
+const maxCommittedSizePerReady = 16 << 20
+
 // handleReadies follows the Ready contract for every group with work, all
 // groups together so that one synced Pebble commit covers them all:
 //
 //  1. collect a Ready from each group;
 //  2. persist every Ready's snapshot, entries and hard state in one batch,
-//     synced if any Ready requires it;
-//  3. send: queue every Ready's messages into the per-node outbox;
+//     synced if any Ready requires it — except that a leader's messages
+//     are sent before that sync when they may be (sendsEarly), so that
+//     its followers write to their disks while it writes to its own;
+//  3. send: queue every (other) Ready's messages into the per-node outbox;
 //  4. apply: restore snapshots, apply committed entries (ApplyConfChange
 //     for configuration changes), serve read states;
 //  5. Advance every group.
@@ -533,8 +539,28 @@ func (h *Host) handleReadies() {
 		if len(rds) == 0 {
 			return
 		}
-		// 2. Persist.
-		b := h.db.NewBatch()
+		// 2a. A leader's messages go out now, before the sync (see
+		// sendsEarly and the package documentation).
+		early := make([]bool, len(rds))
+		anyEarly := false
+		for i := range rds {
+			if early[i] = sendsEarly(rds[i].g, &rds[i].rd); early[i] {
+				h.route(rds[i].g, rds[i].rd.Messages)
+				anyEarly = true
+			}
+		}
+		if anyEarly {
+			h.flush()
+		}
+		// 2b. Persist, into a batch sized for the entries (a growing batch
+		// copies them again each time it doubles).
+		size := 0
+		for i := range rds {
+			for _, e := range rds[i].rd.Entries {
+				size += proto.Size(e) + 64
+			}
+		}
+		b := h.db.NewBatchWithSize(size + 1024)
 		sync := false
 		commits := make([]func(), 0, len(rds))
 		for i := range rds {
@@ -565,7 +591,9 @@ func (h *Host) handleReadies() {
 		}
 		// 3. Send (into the outbox, flushed at the end of the round).
 		for i := range rds {
-			h.route(rds[i].g, rds[i].rd.Messages)
+			if !early[i] {
+				h.route(rds[i].g, rds[i].rd.Messages)
+			}
 		}
 		// 4. Apply.
 		for i := range rds {
@@ -576,6 +604,40 @@ func (h *Host) handleReadies() {
 			rds[i].g.rn.Advance(rds[i].rd)
 		}
 	}
+}
+
+// sendsEarly reports whether a Ready's messages may be sent before its
+// entries and hard state are durable: the Ready must need a sync (or there
+// is nothing to gain), come from a leader that stays leader, and change
+// neither the term nor the vote (only the commit index, which a restarted
+// leader learns again from its quorum). Etcd raft allows sending while the
+// same Ready's entries are being persisted (its documentation, and the Raft
+// thesis §10.2.1): the leader's own acknowledgement of its entries reaches
+// raft only at Advance, after the sync, so an entry still commits only
+// once a quorum has it on disk, whether or not the leader is in it.
+// Snapshots are left to the normal path (flush reports them to raft).
+func sendsEarly(g *group, rd *raft.Ready) bool {
+	if !rd.MustSync || len(rd.Messages) == 0 || !raft.IsEmptySnap(rd.Snapshot) {
+		return false
+	}
+	if st := rd.SoftState; st != nil && st.RaftState != raft.StateLeader {
+		return false
+	}
+	if g.rn.BasicStatus().RaftState != raft.StateLeader {
+		return false
+	}
+	if hs := rd.HardState; !raft.IsEmptyHardState(hs) {
+		old := g.st.hs
+		if old == nil || hs.GetTerm() != old.GetTerm() || hs.GetVote() != old.GetVote() {
+			return false
+		}
+	}
+	for _, m := range rd.Messages {
+		if m.GetType() == pb.MsgSnap {
+			return false
+		}
+	}
+	return true
 }
 
 // fail stops the host after a storage error: nothing more is persisted
@@ -854,12 +916,15 @@ func (h *Host) newKey() string {
 // raftConfig returns the RawNode configuration of replica id.
 func (h *Host) raftConfig(id ReplicaID, st *groupStorage, applied uint64) *raft.Config {
 	return &raft.Config{
-		ID:                        uint64(id),
-		ElectionTick:              h.cfg.ElectionTicks,
-		HeartbeatTick:             h.cfg.HeartbeatTicks,
-		Storage:                   st,
-		Applied:                   applied,
-		MaxSizePerMsg:             h.cfg.MaxSizePerMsg,
+		ID:            uint64(id),
+		ElectionTick:  h.cfg.ElectionTicks,
+		HeartbeatTick: h.cfg.HeartbeatTicks,
+		Storage:       st,
+		Applied:       applied,
+		MaxSizePerMsg: h.cfg.MaxSizePerMsg,
+		// Committed entries come from the entry cache; more of them per
+		// Ready means fewer rounds when large writes are pipelined.
+		MaxCommittedSizePerReady:  maxCommittedSizePerReady,
 		MaxInflightMsgs:           h.cfg.MaxInflightMsgs,
 		MaxUncommittedEntriesSize: h.cfg.MaxUncommittedBytes,
 		CheckQuorum:               true,
@@ -868,6 +933,36 @@ func (h *Host) raftConfig(id ReplicaID, st *groupStorage, applied uint64) *raft.
 		Logger:                    h.rlog,
 	}
 }
+
+// pebbleOptions tunes store.PebbleOptions for a Raft log: values are
+// mostly entries written once, read back soon (to apply, or to send to a
+// follower) and deleted by a range deletion when the log is truncated.
+//
+//   - Entries at least valueSeparationMin long go to blob files when the
+//     memtable is flushed, and compactions move only their references: a
+//     1 MiB write is written twice (WAL, blob file) instead of once more
+//     per level it passes through. Blob files die whole once truncation
+//     has deleted every entry in them.
+//   - No block compression: entries are file data or application
+//     payloads, often incompressible, and compressing them cost more CPU
+//     than the disk time it saved.
+func pebbleOptions(log pebble.Logger) *pebble.Options {
+	o := store.PebbleOptions(log)
+	o.ApplyCompressionSettings(func() pebble.DBCompressionSettings { return pebble.DBCompressionNone })
+	o.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
+		return pebble.ValueSeparationPolicy{
+			Enabled:               true,
+			MinimumSize:           valueSeparationMin,
+			MaxBlobReferenceDepth: 10,
+			RewriteMinimumAge:     5 * time.Minute,
+			TargetGarbageRatio:    0.2,
+		}
+	}
+	return o
+}
+
+// valueSeparationMin is the smallest value stored in a blob file.
+const valueSeparationMin = 16 << 10
 
 // pebbleLogger sends Pebble's messages to slog.
 type pebbleLogger struct{ log *slog.Logger }

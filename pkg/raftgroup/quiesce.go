@@ -159,6 +159,7 @@ func (h *Host) canQuiesce(g *group) bool {
 // too (a heartbeat marked Quiesce, carrying the commit index).
 func (h *Host) quiesce(g *group) {
 	g.quiesced = true
+	g.st.cache.reset() // an idle group pins no entries
 	delete(h.awake, g.id)
 	h.stats.QuiesceEntered++
 	bs := g.rn.BasicStatus()
@@ -198,6 +199,7 @@ func (h *Host) maybeQuiesceFollower(g *group) {
 		return
 	}
 	g.quiesced = true
+	g.st.cache.reset()
 	delete(h.awake, g.id)
 }
 

@@ -1,6 +1,7 @@
 package raftgroup
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -29,6 +30,11 @@ type groupStorage struct {
 	lastTerm uint64
 	// snap is the metadata of the latest stored snapshot (nil: none).
 	snap *pb.SnapshotMetadata
+	// cache holds the latest durable entries, in order and ending at last:
+	// raft reads entries back soon after they are written (to apply them,
+	// to send them to a follower) and asks for terms, and a read from
+	// Pebble copies and decodes each entry again.
+	cache entryCache
 
 	// snapshotFor, set by the group, returns a snapshot for raft to send.
 	snapshotFor func() (*pb.Snapshot, error)
@@ -151,9 +157,29 @@ func (s *groupStorage) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
 	if lo >= hi {
 		return nil, nil
 	}
+	if out, ok := s.cache.slice(lo, hi, maxSize, true); ok {
+		return out, nil
+	}
+	// NB: only the part before the cache is read from Pebble; the cached
+	// rest follows if the size limit leaves room.
+	end := hi
+	if first := s.cache.first(); first > lo && first < hi {
+		end = first
+	}
+	out, size, err := s.readEntries(lo, end, maxSize)
+	if err != nil || end == hi || uint64(len(out)) < end-lo || size >= maxSize {
+		return out, err // done, or stopped by the size limit
+	}
+	more, _ := s.cache.slice(end, hi, maxSize-size, false)
+	return append(out, more...), nil
+}
+
+// readEntries reads entries [lo, hi) from Pebble, at most maxSize bytes of
+// them but at least one, and returns them with their size.
+func (s *groupStorage) readEntries(lo, hi, maxSize uint64) ([]*pb.Entry, uint64, error) {
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: s.ks.logKey(s.g, lo), UpperBound: s.ks.logKey(s.g, hi)})
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer it.Close()
 	var (
@@ -162,27 +188,30 @@ func (s *groupStorage) Entries(lo, hi, maxSize uint64) ([]*pb.Entry, error) {
 		next = lo
 	)
 	for valid := it.First(); valid; valid = it.Next() {
-		e := &pb.Entry{}
-		if err := proto.Unmarshal(it.Value(), e); err != nil {
-			return nil, fmt.Errorf("group %d: entry: %w", s.g, err)
-		}
-		if e.GetIndex() != next {
-			return nil, fmt.Errorf("group %d: log gap at %d (found %d): %w", s.g, next, e.GetIndex(), raft.ErrUnavailable)
-		}
-		size += uint64(proto.Size(e))
-		if len(out) > 0 && size > maxSize {
+		// NB: an entry is stored as its encoding, so the value's length is
+		// its size: the limit is checked before decoding what goes over it.
+		v := it.Value()
+		if len(out) > 0 && size+uint64(len(v)) > maxSize {
 			break
 		}
+		e, err := decodeEntry(bytes.Clone(v))
+		if err != nil {
+			return nil, 0, fmt.Errorf("group %d: entry: %w", s.g, err)
+		}
+		if e.GetIndex() != next {
+			return nil, 0, fmt.Errorf("group %d: log gap at %d (found %d): %w", s.g, next, e.GetIndex(), raft.ErrUnavailable)
+		}
+		size += uint64(len(v))
 		out = append(out, e)
 		next++
 	}
 	if err := it.Error(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("group %d: entry %d missing: %w", s.g, lo, raft.ErrUnavailable)
+		return nil, 0, fmt.Errorf("group %d: entry %d missing: %w", s.g, lo, raft.ErrUnavailable)
 	}
-	return out, nil
+	return out, size, nil
 }
 
 // Term implements raft.Storage.
@@ -197,6 +226,9 @@ func (s *groupStorage) Term(i uint64) (uint64, error) {
 	case i == s.last:
 		return s.lastTerm, nil
 	}
+	if t, ok := s.cache.term(i); ok {
+		return t, nil
+	}
 	v, err := get(s.db, s.ks.logKey(s.g, i))
 	if err != nil {
 		return 0, err
@@ -204,8 +236,8 @@ func (s *groupStorage) Term(i uint64) (uint64, error) {
 	if v == nil {
 		return 0, raft.ErrUnavailable
 	}
-	e := &pb.Entry{}
-	if err := proto.Unmarshal(v, e); err != nil {
+	e, err := decodeEntry(v)
+	if err != nil {
 		return 0, err
 	}
 	return e.GetTerm(), nil
@@ -269,11 +301,7 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 			if e.GetIndex() <= trunc.index {
 				continue
 			}
-			data, err := proto.Marshal(e)
-			if err != nil {
-				return nil, err
-			}
-			if err := b.Set(s.ks.logKey(s.g, e.GetIndex()), data, nil); err != nil {
+			if err := setEntry(b, s.ks.logKey(s.g, e.GetIndex()), e); err != nil {
 				return nil, err
 			}
 		}
@@ -303,11 +331,34 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 		s.trunc, s.last, s.lastTerm = trunc, last, lastTerm
 		if snapMeta != nil {
 			s.snap = snapMeta
+			s.cache.reset()
 		}
 		if hs != nil {
 			s.hs = hs
 		}
+		var fresh []*pb.Entry
+		for _, e := range rd.Entries {
+			if e.GetIndex() > trunc.index {
+				fresh = append(fresh, e)
+			}
+		}
+		s.cache.add(fresh)
 	}, nil
+}
+
+// setEntry adds entry e at key to b, encoded straight into the batch.
+func setEntry(b *pebble.Batch, key []byte, e *pb.Entry) error {
+	n := proto.Size(e)
+	op := b.SetDeferred(len(key), n)
+	copy(op.Key, key)
+	v, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(op.Value[:0], e)
+	if err != nil {
+		return err
+	}
+	if len(v) != n || n > 0 && &v[0] != &op.Value[0] {
+		return fmt.Errorf("raftgroup: entry %d changed while it was encoded", e.GetIndex())
+	}
+	return op.Finish()
 }
 
 // stageSnapshot stores snap as the group's latest snapshot.
@@ -343,5 +394,8 @@ func (s *groupStorage) stageCompact(b *pebble.Batch, index uint64) (func(), erro
 	if err := b.Set(s.ks.groupKey(s.g, sufTruncated), t.encode(), nil); err != nil {
 		return nil, err
 	}
-	return func() { s.trunc = t }, nil
+	return func() {
+		s.trunc = t
+		s.cache.dropTo(index)
+	}, nil
 }

@@ -180,11 +180,17 @@ func TestBatchRoundTrip(t *testing.T) {
 	}
 }
 
+// FuzzUnmarshalBatch decodes and re-encodes batches; each input is also
+// decoded as a lone Raft message, by decodeMessage and by proto, which
+// must agree.
 func FuzzUnmarshalBatch(f *testing.F) {
 	b := &Batch{From: 1, Heartbeats: []Heartbeat{{Group: 1, From: 1, To: 2, Term: 1}}, Messages: []GroupMessage{{Group: 2, Msg: &pb.Message{Type: pb.MsgVote.Enum()}}}}
 	data, _ := b.Marshal()
 	f.Add(data)
+	app, _ := proto.Marshal(&pb.Message{Type: pb.MsgApp.Enum(), Term: new(uint64(2)), Entries: ents(2, 3, 4), Commit: new(uint64(3))})
+	f.Add(app)
 	f.Fuzz(func(t *testing.T, data []byte) {
+		sameAsProto(t, data)
 		b, err := UnmarshalBatch(data)
 		if err != nil {
 			return

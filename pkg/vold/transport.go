@@ -35,7 +35,7 @@ const (
 	snapLaneQueue = 4
 	// chunkSize bounds one RaftBatch message; bigger batches (snapshots)
 	// go in chunks and are joined by the receiver.
-	chunkSize = 1 << 20
+	chunkSize = 4 << 20
 	// maxBatchBytes bounds a joined batch on receipt.
 	maxBatchBytes = 2 << 30
 	// connectTimeout bounds one attempt to open a stream.

@@ -37,14 +37,26 @@ type testPeer struct {
 	trans *transport
 	pool  *peerPool
 	host  *raftgroup.Host
-	sms   sync.Map // raftgroup.GroupID -> *raftgrouptest.KV
+	sms   sync.Map // raftgroup.GroupID -> raftgroup.StateMachine (a *raftgrouptest.KV by default)
 }
 
-func testLogger(t *testing.T) *slog.Logger {
+// clusterOpts vary startClusterWith's nodes; zero fields take the
+// defaults of startCluster.
+type clusterOpts struct {
+	// dir returns a node's Pebble directory on the OS filesystem (default:
+	// an in-memory filesystem).
+	dir func() string
+	// newSM returns a group's state machine (default raftgrouptest.KV).
+	newSM func() raftgroup.StateMachine
+	// tick is the hosts' tick (default 10ms).
+	tick time.Duration
+}
+
+func testLogger(t testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func newTestCA(t *testing.T) *pki.CA {
+func newTestCA(t testing.TB) *pki.CA {
 	t.Helper()
 	ca, err := pki.NewCA("test", 24*time.Hour, time.Now())
 	if err != nil {
@@ -53,7 +65,7 @@ func newTestCA(t *testing.T) *pki.CA {
 	return ca
 }
 
-func newTestIdentity(t *testing.T, ca *pki.CA, id string) *pki.Identity {
+func newTestIdentity(t testing.TB, ca *pki.CA, id string) *pki.Identity {
 	t.Helper()
 	ident, err := ca.NewIdentity(id, []net.IP{net.ParseIP("127.0.0.1")}, time.Hour, time.Now())
 	if err != nil {
@@ -64,8 +76,19 @@ func newTestIdentity(t *testing.T, ca *pki.CA, id string) *pki.Identity {
 
 // startCluster starts one peer per ID; they find each other's addresses
 // through addrs.
-func startCluster(t *testing.T, ids ...string) []*testPeer {
+func startCluster(t testing.TB, ids ...string) []*testPeer {
 	t.Helper()
+	return startClusterWith(t, clusterOpts{}, ids...)
+}
+
+func startClusterWith(t testing.TB, o clusterOpts, ids ...string) []*testPeer {
+	t.Helper()
+	if o.newSM == nil {
+		o.newSM = func() raftgroup.StateMachine { return raftgrouptest.NewKV() }
+	}
+	if o.tick == 0 {
+		o.tick = 10 * time.Millisecond
+	}
 	ca := newTestCA(t)
 	pool := ca.Pool()
 	names := newNodeNames()
@@ -101,18 +124,22 @@ func startCluster(t *testing.T, ids ...string) []*testPeer {
 		getCA := func() *x509.CertPool { return pool }
 		p.pool = newPeerPool(getID, getCA, addrOf)
 		p.trans = newTransport(testLogger(t), p.pool.raftOpener(names))
-		h, err := raftgroup.Open(raftgroup.Config{
+		cfg := raftgroup.Config{
 			NodeID:    rid,
 			FS:        vfs.NewMem(),
 			Dir:       "/raft",
 			Transport: p.trans,
 			NewStateMachine: func(g raftgroup.GroupID) raftgroup.StateMachine {
-				kv := raftgrouptest.NewKV()
-				p.sms.Store(g, kv)
-				return kv
+				sm := o.newSM()
+				p.sms.Store(g, sm)
+				return sm
 			},
-			TickInterval: 10 * time.Millisecond,
-		})
+			TickInterval: o.tick,
+		}
+		if o.dir != nil {
+			cfg.FS, cfg.Dir = nil, o.dir()
+		}
+		h, err := raftgroup.Open(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

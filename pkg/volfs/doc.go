@@ -51,7 +51,10 @@
 //
 //   - fsync is no op at all: a mutation is acknowledged only once it has
 //     been committed (durable on a quorum) and applied, so there is nothing
-//     left to flush when fsync is called.
+//     left to flush when fsync is called (volfuse tells the kernel not to
+//     send it).
+//   - A regular file's data is kept in 1 MiB pages (data.go), so that a
+//     growing file is never reallocated and copied.
 //   - A Client.Write larger than MaxWriteChunk is split into several ops;
 //     each is atomic, the whole is not. WriteAppend writes at the file's
 //     size as of the entry, so concurrent appends from several nodes do not

@@ -13,7 +13,10 @@ func (fs *FS) CheckInvariants() error {
 	var used int64
 	nlinks := map[uint64]uint32{}
 	for _, n := range fs.inodes {
-		used += int64(len(n.data))
+		used += int64(n.data.len())
+		if err := n.data.check(); err != nil {
+			return fmt.Errorf("inode %d: %w", n.ino, err)
+		}
 		if n.isDir() {
 			nlinks[n.ino] += 2
 			if n.ino != RootIno {
@@ -33,6 +36,22 @@ func (fs *FS) CheckInvariants() error {
 		if n.nlink != nlinks[ino] {
 			return fmt.Errorf("inode %d: nlink %d, names %d", ino, n.nlink, nlinks[ino])
 		}
+	}
+	return nil
+}
+
+// check verifies the page structure: full pages but the last, which is
+// not empty, summing to the size.
+func (d *fileData) check() error {
+	total := 0
+	for i, p := range d.pages {
+		if i < len(d.pages)-1 && len(p) != pageSize || len(p) == 0 || cap(p) > pageSize {
+			return fmt.Errorf("page %d of %d has %d bytes (capacity %d)", i, len(d.pages), len(p), cap(p))
+		}
+		total += len(p)
+	}
+	if total != d.size {
+		return fmt.Errorf("pages hold %d bytes, size %d", total, d.size)
 	}
 	return nil
 }

@@ -26,7 +26,7 @@ type inode struct {
 	// have exactly one name, so one pointer is enough; it is what rename
 	// walks up to refuse moving a directory into its own subtree.
 	parent  uint64
-	data    []byte            // regular files
+	data    fileData          // regular files
 	target  string            // symbolic links
 	entries map[string]uint64 // directories
 }
@@ -42,7 +42,7 @@ func (n *inode) attr() *Attr {
 	}
 	switch {
 	case n.isRegular():
-		a.Size = uint64(len(n.data))
+		a.Size = uint64(n.data.len())
 	case n.isSymlink():
 		a.Size = uint64(len(n.target))
 	case n.isDir():
@@ -246,18 +246,18 @@ func (fs *FS) writeState(w io.Writer, withApplied bool) {
 			m = putMessage(m, fInoEntry, e)
 		}
 		size := len(m)
-		if len(n.data) > 0 {
-			size += protowire.SizeTag(fInoData) + protowire.SizeBytes(len(n.data))
+		if n.data.len() > 0 {
+			size += protowire.SizeTag(fInoData) + protowire.SizeBytes(n.data.len())
 		}
 		hdr := protowire.AppendTag(nil, fSnapInode, protowire.BytesType)
 		hdr = protowire.AppendVarint(hdr, uint64(size))
 		_, _ = w.Write(hdr)
 		_, _ = w.Write(m)
-		if len(n.data) > 0 {
+		if n.data.len() > 0 {
 			d := protowire.AppendTag(nil, fInoData, protowire.BytesType)
-			d = protowire.AppendVarint(d, uint64(len(n.data)))
+			d = protowire.AppendVarint(d, uint64(n.data.len()))
 			_, _ = w.Write(d)
-			_, _ = w.Write(n.data)
+			n.data.writeTo(w)
 		}
 		b = m
 	}
@@ -307,7 +307,7 @@ func decodeState(data []byte) (*FS, error) {
 				return fmt.Errorf("%w: inode %d missing or repeated", ErrMalformed, in.ino)
 			}
 			st.inodes[in.ino] = in
-			st.used += int64(len(in.data))
+			st.used += int64(in.data.len())
 		}
 		return nil
 	})
@@ -352,7 +352,7 @@ func decodeInode(p []byte) (*inode, error) {
 		case n == fInoData:
 			// Copied: the snapshot buffer must not stay pinned (or be
 			// mutated under us) by later writes.
-			in.data = bytes.Clone(p)
+			in.data = dataOf(p)
 		case n == fInoTarget:
 			in.target = string(p)
 		case n == fInoEntry:
@@ -389,14 +389,14 @@ func decodeInode(p []byte) (*inode, error) {
 		if in.entries == nil {
 			in.entries = map[string]uint64{}
 		}
-		if len(in.data) > 0 || in.target != "" {
+		if in.data.len() > 0 || in.target != "" {
 			return nil, fmt.Errorf("%w: directory %d with data", ErrMalformed, in.ino)
 		}
 	case ModeRegular, ModeSymlink:
 		if in.entries != nil {
 			return nil, fmt.Errorf("%w: inode %d has entries but is no directory", ErrMalformed, in.ino)
 		}
-		if len(in.data) > MaxFileSize {
+		if in.data.len() > MaxFileSize {
 			return nil, fmt.Errorf("%w: inode %d too large", ErrMalformed, in.ino)
 		}
 	default:

@@ -114,7 +114,7 @@ func (fs *FS) create(op *Op, now int64) *Result {
 		case !n.isRegular():
 			return fail(syscall.EEXIST)
 		}
-		if op.Flags&CreateTrunc != 0 && len(n.data) > 0 {
+		if op.Flags&CreateTrunc != 0 && n.data.len() > 0 {
 			fs.resize(n, 0)
 			touch(n, now)
 		}
@@ -221,7 +221,7 @@ func (fs *FS) unref(d, n *inode, now int64) {
 	}
 	n.nlink--
 	if n.nlink == 0 {
-		fs.used -= int64(len(n.data))
+		fs.used -= int64(n.data.len())
 		delete(fs.inodes, n.ino)
 	}
 }
@@ -327,23 +327,8 @@ func (fs *FS) room(grow int64) bool {
 
 // resize sets a regular file's length; new bytes are zero.
 func (fs *FS) resize(n *inode, size int) {
-	old := len(n.data)
-	fs.used += int64(size - old)
-	switch {
-	case size <= old:
-		n.data = n.data[:size]
-		// Give memory back when a file shrinks a lot.
-		if cap(n.data) > 4096 && size < cap(n.data)/4 {
-			n.data = slices.Clone(n.data)
-		}
-	case size <= cap(n.data):
-		n.data = n.data[:size]
-		clear(n.data[old:])
-	default:
-		nd := make([]byte, size, max(size, min(2*cap(n.data), size+64<<20)))
-		copy(nd, n.data)
-		n.data = nd
-	}
+	fs.used += int64(size - n.data.len())
+	n.data.resize(size)
 }
 
 func (fs *FS) setattr(op *Op, now int64) *Result {
@@ -361,7 +346,7 @@ func (fs *FS) setattr(op *Op, now int64) *Result {
 			return fail(syscall.EINVAL)
 		case op.Size > MaxFileSize:
 			return fail(syscall.EFBIG)
-		case !fs.room(int64(op.Size) - int64(len(n.data))):
+		case !fs.room(int64(op.Size) - int64(n.data.len())):
 			return fail(syscall.ENOSPC)
 		}
 	}
@@ -375,7 +360,7 @@ func (fs *FS) setattr(op *Op, now int64) *Result {
 		n.gid = op.GID
 	}
 	if op.Valid&SetSize != 0 {
-		if int(op.Size) != len(n.data) {
+		if int(op.Size) != n.data.len() {
 			fs.resize(n, int(op.Size))
 		}
 		// truncate(2) updates mtime even when the size stays.
@@ -409,7 +394,7 @@ func (fs *FS) write(op *Op, now int64) *Result {
 	}
 	off := op.Offset
 	if op.Flags&WriteAppend != 0 {
-		off = uint64(len(n.data))
+		off = uint64(n.data.len())
 	}
 	if off > MaxFileSize || uint64(len(op.Data)) > MaxFileSize-off {
 		return fail(syscall.EFBIG)
@@ -418,13 +403,11 @@ func (fs *FS) write(op *Op, now int64) *Result {
 		return attrResult(n)
 	}
 	end := int(off) + len(op.Data)
-	if !fs.room(int64(end - len(n.data))) {
+	if !fs.room(int64(end - n.data.len())) {
 		return fail(syscall.ENOSPC)
 	}
-	if end > len(n.data) {
-		fs.resize(n, end)
-	}
-	copy(n.data[off:], op.Data)
+	fs.used += int64(max(end-n.data.len(), 0))
+	n.data.writeAt(op.Data, int(off))
 	n.mtime, n.ctime = now, now
 	return attrResult(n)
 }
@@ -470,15 +453,11 @@ func (fs *FS) query(op *Op) *Result {
 		case !n.isRegular():
 			return fail(syscall.EINVAL)
 		}
-		if op.Offset >= uint64(len(n.data)) {
+		if op.Offset >= uint64(n.data.len()) {
 			return &Result{}
 		}
-		end := uint64(len(n.data))
-		if size := min(op.Size, MaxReadChunk); end-op.Offset > size {
-			end = op.Offset + size
-		}
 		// Copied: the file may change once the lock is released.
-		return &Result{Data: slices.Clone(n.data[op.Offset:end])}
+		return &Result{Data: n.data.readAt(int(op.Offset), int(min(op.Size, MaxReadChunk)))}
 	case KindReadlink:
 		n := fs.inodes[op.Ino]
 		switch {

@@ -34,8 +34,10 @@
 // ownership against the caller) and allow_other (processes of any user,
 // root in a container included, may use it); it is made with mount(2)
 // directly, as vold runs as root, falling back to fusermount. Flush and
-// fsync return at once: every acknowledged write is already durable on a
-// quorum of replicas.
+// fsync have nothing to do — every acknowledged write is already durable
+// on a quorum of replicas — so they answer ENOSYS, which the kernel takes
+// as "never ask again" and turns into success for close and fsync(2):
+// no round trip for either.
 //
 // # Lifecycle
 //

@@ -174,6 +174,9 @@ func (p Phase) Others() float64 {
 	return max(busy.Seconds(), 0) / secs
 }
 
+// OursTime returns the CPU time this benchmark and what it started used.
+func (p Phase) OursTime() time.Duration { return p.oursDelta() }
+
 // Ours returns the CPUs this benchmark and what it started used.
 func (p Phase) Ours() float64 {
 	secs := p.B.at.Sub(p.A.at).Seconds()
