@@ -217,6 +217,30 @@ func (c *moreCluster) currentTasks(service string) []*schedv1.Task {
 	return out
 }
 
+// settledTasks waits until node 1 lists want current tasks of a service,
+// all of the given version, and returns them. A command on another node
+// returns once that node sees the service converged; node 1 learns of the
+// new slots and tasks a gossip round later.
+func (c *moreCluster) settledTasks(service string, want int, version uint64) []*schedv1.Task {
+	c.t.Helper()
+	var cur []*schedv1.Task
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		cur = c.currentTasks(service)
+		ok := len(cur) == want
+		for _, tk := range cur {
+			ok = ok && tk.GetVersion() == version
+		}
+		if ok {
+			return cur
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("node 1 lists %d current tasks of %s (%v), want %d of version %d", len(cur), service, cur, want, version)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // nodeIndex returns the 1-based index of a node ID.
 func (c *moreCluster) nodeIndex(id string) int {
 	for i, n := range c.ids {
@@ -686,10 +710,7 @@ update:
 		if code != 0 || !strings.Contains(errOut, "web deployed (version 1)") {
 			t.Fatalf("first deploy: exit %d %q", code, errOut)
 		}
-		v1 := c.currentTasks("web")
-		if len(v1) != 2 {
-			t.Fatalf("%d current tasks after the first deploy, want 2", len(v1))
-		}
+		v1 := c.settledTasks("web", 2, 1)
 		for _, tk := range v1 {
 			if env := envOf(tk.GetId()); !strings.Contains(env, "COLOR=blue\n") {
 				t.Fatalf("task %s env:\n%s", tk.GetId(), env)
@@ -707,12 +728,9 @@ update:
 		if lo < 1 || hi > 2 {
 			t.Errorf("running replicas between %d and %d during the update, want 1..2", lo, hi)
 		}
+		v2 := c.settledTasks("web", 2, 2)
 		if v := c.inspect(1, "web"); v.Version != 2 || !slices.Equal(v.Spec.Env, []string{"COLOR=green"}) {
 			t.Fatalf("after the second deploy: %+v", v)
-		}
-		v2 := c.currentTasks("web")
-		if len(v2) != 2 {
-			t.Fatalf("%d current tasks after the second deploy, want 2", len(v2))
 		}
 		for _, tk := range v2 {
 			if slices.ContainsFunc(v1, func(o *schedv1.Task) bool { return o.GetId() == tk.GetId() }) {
@@ -748,7 +766,7 @@ update:
 		// Rollback still returns to the blue spec: an unchanged deploy
 		// did not overwrite the previous spec.
 		c.mustCtlWithin(2*time.Minute, 2, "service", "rollback", "web")
-		if v := c.inspect(1, "web"); !slices.Equal(v.Spec.Env, []string{"COLOR=blue"}) {
+		if v := c.inspect(2, "web"); !slices.Equal(v.Spec.Env, []string{"COLOR=blue"}) {
 			t.Errorf("rollback after an unchanged deploy: env %v, want COLOR=blue", v.Spec.Env)
 		}
 		c.mustCtl(1, "service", "rm", "web")
