@@ -100,6 +100,11 @@ $ctl dev start "$nodes"
 sleep 5
 x 1 -- shoalctl service ps hello
 echo
+# The returned node's vold rejoins the volume's group and catches up.
+for _ in $(seq 1 60); do
+  x 1 -- shoalctl volume inspect notes -o json | grep -q '"health": *"healthy"' && break
+  sleep 0.5
+done
 echo "(the volume kept taking writes; node $nodes's replica caught up)"
 x 1 -- shoalctl volume inspect notes
 
