@@ -80,6 +80,9 @@ func (r Reserve) String() string {
 	if r.Restarts > 0 {
 		s += fmt.Sprintf(" restarts=%d", r.Restarts)
 	}
+	if r.Assign.Lost != "" {
+		s += " lost=" + r.Assign.Lost
+	}
 	return s
 }
 
@@ -96,6 +99,10 @@ type AssignSlot struct {
 	Next        string
 	NextNode    string
 	NextVersion int64
+
+	// Lost is the task the write replaces because its node is seen down
+	// (Slot.Lost).
+	Lost string
 }
 
 func (a AssignSlot) String() string {
@@ -105,6 +112,9 @@ func (a AssignSlot) String() string {
 	}
 	if a.Next != "" {
 		s += fmt.Sprintf(" next=%s node=%s v%d", a.Next, orDash(a.NextNode), a.NextVersion)
+	}
+	if a.Lost != "" {
+		s += " lost=" + a.Lost
 	}
 	return s
 }

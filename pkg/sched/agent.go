@@ -94,7 +94,7 @@ func (r *Runtime) RecordHealthCheck(h HealthCheck, pass bool, at time.Time) {
 }
 
 // AgentAction is one step AgentDecide asks the node's executor to take:
-// StartTask, RestartTask, StopTask, UpdateTask, ConfirmReservation,
+// StartTask, RestartTask, StopTask, UpdateTask, ClaimTask, ConfirmReservation,
 // ReleaseReservation, RemoveTask or Requeue. Each is idempotent given the
 // runtime state: the executor ignores a start of a running container, a
 // stop of a stopped one, and so on.
@@ -127,6 +127,15 @@ type UpdateTask struct {
 	Started, Finished time.Time
 }
 
+// ClaimTask writes into a task's document that its container runs although
+// the slot write naming Against replaced it as lost (Slot.Lost): the owner
+// then gives the slot to the older of the two.
+type ClaimTask struct {
+	TaskID  string
+	Against string
+	At      time.Time
+}
+
 // ConfirmReservation makes a reservation permanent: its slot names it.
 type ConfirmReservation struct{ TaskID string }
 
@@ -157,6 +166,9 @@ func (a UpdateTask) String() string {
 	}
 	return s
 }
+func (a ClaimTask) String() string {
+	return fmt.Sprintf("claim %s: still runs, slot given to %s as if it were lost", a.TaskID, a.Against)
+}
 func (a ConfirmReservation) String() string { return "confirm " + a.TaskID }
 func (a ReleaseReservation) String() string { return "release " + a.TaskID }
 func (a RemoveTask) String() string         { return "remove " + a.TaskID }
@@ -165,6 +177,7 @@ func (StartTask) isAgentAction()          {}
 func (RestartTask) isAgentAction()        {}
 func (StopTask) isAgentAction()           {}
 func (UpdateTask) isAgentAction()         {}
+func (ClaimTask) isAgentAction()          {}
 func (ConfirmReservation) isAgentAction() {}
 func (ReleaseReservation) isAgentAction() {}
 func (RemoveTask) isAgentAction()         {}
@@ -267,6 +280,9 @@ func (d *agent) wanted(t *LocalTask) verdict {
 		return verdict{want: true}
 	}
 	if ok && sl.Stamp.Compare(t.Created) > 0 {
+		if d.contested(t, sl) {
+			return verdict{want: true}
+		}
 		if sl.Task == "" {
 			return verdict{why: "slot vacated"}
 		}
@@ -288,6 +304,28 @@ func (d *agent) wanted(t *LocalTask) verdict {
 		return verdict{why: "reservation expired: the slot never named the task"}
 	}
 	return verdict{why: "slot deleted", gone: true}
+}
+
+// contested reports whether t keeps running although the slot write sl
+// replaced it as lost: its container runs, so its node was cut off, not
+// dead (a partition that healed). Both copies run until the owner, seeing
+// t's claim, gives the slot to the older one (DESIGN.md 2: the smaller
+// (HLC, node ID) wins) or confirms the replacement; should it not answer
+// within the TTL of the claim, t is superseded after all.
+func (d *agent) contested(t *LocalTask, sl Slot) bool {
+	if sl.Lost != t.ID || sl.Task == "" || t.State.Terminal() || t.Runtime.State != RuntimeRunning {
+		return false
+	}
+	if t.Claim != sl.Task {
+		d.emit(ClaimTask{TaskID: t.ID, Against: sl.Task, At: d.now})
+		d.wakeAt(d.now.Add(d.ttl), "slot claimed back")
+		return true
+	}
+	if until := t.ClaimedAt.Add(d.ttl); d.now.Before(until) {
+		d.wakeAt(until, "slot claimed back")
+		return true
+	}
+	return false
 }
 
 func (d *agent) task(t *LocalTask) {

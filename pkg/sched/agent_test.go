@@ -111,6 +111,40 @@ func TestAgentDecide(t *testing.T) {
 			want: "",
 		},
 		{
+			name: "replaced as lost while it runs (a healed partition): keep it, claim the slot back",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Lost: "a", Stamp: stampAt(t0.Add(-time.Minute), "owner")}
+			},
+			want: "claim a: still runs, slot given to b as if it were lost\nrequeue at 00:00:10.000 (slot claimed back)\n",
+		},
+		{
+			name: "claimed: wait for the owner's answer",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Lost: "a", Stamp: stampAt(t0.Add(-time.Minute), "owner")}
+				a.task.Claim, a.task.ClaimedAt = "b", t0.Add(-time.Second)
+			},
+			want: "requeue at 00:00:09.000 (slot claimed back)\n",
+		},
+		{
+			name: "claimed, no answer within the TTL: superseded after all",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Lost: "a", Stamp: stampAt(t0.Add(-time.Minute), "owner")}
+				a.task.Claim, a.task.ClaimedAt = "b", t0.Add(-10*time.Second)
+			},
+			want: "stop a grace=10s: superseded by b\n",
+		},
+		{
+			name: "replaced as lost, container gone (the node died): superseded",
+			st:   sched.TaskRunning, rt: sched.RuntimeNone,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Lost: "a", Stamp: stampAt(t0.Add(-time.Minute), "owner")}
+			},
+			want: "update a state=stopped error=\"superseded by b\"\nrelease a\nrequeue at 01:00:00.000 (remove finished task)\n",
+		},
+		{
 			name: "superseded: stop at once",
 			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
 			build: func(a *agentView) {

@@ -75,8 +75,23 @@
 // another task, or none: the owner chose otherwise, knowing of this task or
 // not. Two owners racing for a slot both reserve and both write; the later
 // write wins everywhere, and the loser's node stops its copy. A node that
-// comes back from a partition finds its slots pointing elsewhere and stops
+// comes back after a death finds its slots pointing elsewhere and stops
 // its stale copies the same way.
+//
+// A partition is different: both sides live on, each replaces the other's
+// tasks as lost, and after the heal the later write would win and stop
+// tasks that never stopped running. So a write that replaces a task as
+// lost names it (Slot.Lost); the node of that task, if its container still
+// runs, keeps it and claims the slot back (ClaimTask: Task.Claim), and the
+// owner gives the slot to the older of the two (DESIGN.md 2: the smaller
+// (HLC, node ID) wins), so the replacement stops and the heal restores the
+// placement from before the split. An owner that does not answer within
+// the TTL of the claim lets the replacement win after all. And while
+// membership converges after a heal, node by node, an owner that has just
+// seen a node come back (Snapshot.Rejoined) does not replace the tasks of
+// nodes it still sees dead for DefaultSettle, nor those of a node that
+// claimed a slot moments ago: both are evidence that the node is alive.
+// A plain death, with no node coming back, is replaced at once.
 //
 // The owner, for its part, never places twice for one slot while an answer
 // may still come: not while a Reserve is in flight (Snapshot.InFlight), not

@@ -139,6 +139,7 @@ const (
 	fNext        = "next"
 	fNextNode    = "next_node"
 	fNextVersion = "next_version"
+	fLost        = "lost"
 )
 
 // SlotFromDoc decodes a slot document; ok is false when it does not exist.
@@ -154,6 +155,7 @@ func SlotFromDoc(service, slot string, d crdt.Doc) (Slot, bool) {
 	s.Next, _ = f[fNext].AsString()
 	s.NextNode, _ = f[fNextNode].AsString()
 	s.NextVersion, _ = f[fNextVersion].AsInt()
+	s.Lost, _ = f[fLost].AsString()
 	return s, true
 }
 
@@ -167,6 +169,7 @@ func (a AssignSlot) Fields() map[string]crdt.Value {
 		fNext:        crdt.String(a.Next),
 		fNextNode:    crdt.String(a.NextNode),
 		fNextVersion: crdt.Int(a.NextVersion),
+		fLost:        crdt.String(a.Lost),
 	}
 }
 
@@ -186,6 +189,8 @@ const (
 	fFinished   = "finished"
 	fImage      = "image"
 	fPorts      = "ports"
+	fClaim      = "claim"
+	fClaimedAt  = "claimed_at"
 )
 
 // TaskFromDoc decodes a task document; ok is false when it does not exist.
@@ -213,6 +218,8 @@ func TaskFromDoc(id string, d crdt.Doc) (Task, bool) {
 	t.Started = timeField(f, fStarted)
 	t.Finished = timeField(f, fFinished)
 	t.Image, _ = f[fImage].AsString()
+	t.Claim, _ = f[fClaim].AsString()
+	t.ClaimedAt = timeField(f, fClaimedAt)
 	if p, ok := f[fPorts].AsString(); ok && p != "" {
 		t.Ports = parsePorts(p)
 	}
@@ -263,6 +270,17 @@ func (u UpdateTask) Fields() map[string]crdt.Value {
 func (u UpdateTask) Apply(t Task) Task {
 	t.State, t.Health, t.Restarts, t.ExitCode, t.Error = u.State, u.Health, u.Restarts, u.ExitCode, u.Error
 	t.Started, t.Finished = u.Started, u.Finished
+	return t
+}
+
+// Fields are the task document fields a ClaimTask writes.
+func (c ClaimTask) Fields() map[string]crdt.Value {
+	return map[string]crdt.Value{fClaim: crdt.String(c.Against), fClaimedAt: timeValue(c.At)}
+}
+
+// Apply returns t with c's fields (what the document says after c).
+func (c ClaimTask) Apply(t Task) Task {
+	t.Claim, t.ClaimedAt = c.Against, c.At
 	return t
 }
 

@@ -30,7 +30,21 @@ type Snapshot struct {
 	InFlight []InFlight
 	// TTL is the reservation TTL (DefaultTTL when zero).
 	TTL time.Duration
+	// Rejoined is when a node last came back to life in the owner's
+	// membership view (a dead node seen alive again; zero if none).
+	// Views converge node by node after a partition heals, so for Settle
+	// after that (DefaultSettle when zero) tasks of nodes still seen
+	// dead are not replaced: they are likely alive and about to be seen
+	// so. A plain node death, with no node coming back, is not delayed.
+	Rejoined time.Time
+	Settle   time.Duration
 }
+
+// DefaultSettle is how long after a node comes back an owner waits before
+// replacing the tasks of nodes it still sees dead: about membership's
+// suspicion timeout (2s) plus a gossip round, the time other nodes' views
+// need to catch up after a heal.
+const DefaultSettle = 3 * time.Second
 
 // InFlight is a Reserve the executor is working on: its slot is left
 // alone until it finishes (accepted and slot written, or given up) or the
@@ -113,6 +127,9 @@ type reconciler struct {
 	now   time.Time
 	newID func() string
 	ttl   time.Duration
+	// settleUntil: tasks of nodes seen dead are not replaced before.
+	settle      time.Duration
+	settleUntil time.Time
 
 	svc        *Service
 	spec       ServiceSpec // current spec, with defaults
@@ -164,6 +181,10 @@ func newReconciler(s Snapshot, now time.Time, newID func() string) *reconciler {
 	}
 	if r.usage == nil {
 		r.usage = Usage{}
+	}
+	r.settle = cmp.Or(s.Settle, DefaultSettle)
+	if !s.Rejoined.IsZero() {
+		r.settleUntil = s.Rejoined.Add(r.settle)
 	}
 	r.spec = s.Service.Spec.WithDefaults()
 	r.spec.Name = s.Service.Name
@@ -472,6 +493,9 @@ func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
 	if d == nil || d.Task == "" {
 		return r.vacant(si, d)
 	}
+	if r.resolveClaim(si, d) {
+		return slotResult{}
+	}
 	t := si.cur
 	switch si.curSt {
 	case stMissing:
@@ -479,7 +503,7 @@ func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
 			r.wakeAt(d.Stamp.TS.Time().Add(r.ttl), "task document not seen yet")
 			return slotResult{busy: d.Version == r.svc.Version}
 		}
-		r.place(si, d, false, "task "+d.Task+" never appeared", 0, nil)
+		r.place(si, d, false, "task "+d.Task+" never appeared", 0, nil, "")
 	case stPending:
 		if r.current(t) {
 			return slotResult{busy: t.Version == r.svc.Version}
@@ -498,17 +522,59 @@ func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
 		if n := r.nodes[t.Node]; n != nil && n.Availability != Drain {
 			why = "node " + t.Node + " no longer meets the constraints"
 		}
-		r.place(si, d, true, why, t.Restarts, t)
+		r.place(si, d, true, why, t.Restarts, t, "")
 	case stLost:
+		if r.now.Before(r.settleUntil) {
+			r.wakeAt(r.settleUntil, "membership converging after a node came back")
+			return slotResult{}
+		}
+		// A task that just claimed its slot back (see resolveClaim) was
+		// written by its node moments ago: the node is alive, this view
+		// of it is late.
+		if t != nil && t.Claim != "" && r.now.Before(t.ClaimedAt.Add(r.settle)) {
+			r.wakeAt(t.ClaimedAt.Add(r.settle), "node of a task that claimed its slot seen dead")
+			return slotResult{}
+		}
 		restarts, node := 0, d.Node
 		if t != nil {
 			restarts, node = t.Restarts, t.Node
 		}
-		r.place(si, d, false, "node "+node+" is down", restarts, t)
+		r.place(si, d, false, "node "+node+" is down", restarts, t, d.Task)
 	case stDown:
 		return r.replaceDown(si, d, t)
 	}
 	return slotResult{}
+}
+
+// resolveClaim settles a slot whose write replaced a task as lost (Lost)
+// while that task, its node back from a partition, says it still runs
+// (Task.Claim): the older of the two keeps the slot (DESIGN.md 2: the
+// smaller (HLC, node ID) wins), and the other's node stops its copy. So a
+// heal puts back the tasks that ran before the split instead of stopping
+// every one the other side replaced. The replacement keeps the slot when
+// the old task could not have it now (outdated, its node drained or no
+// longer eligible); that is written too, without Lost, so the old task
+// stops at once. It reports whether it wrote the slot.
+func (r *reconciler) resolveClaim(si *slotInfo, d *Slot) bool {
+	if d.Lost == "" || d.Next != "" {
+		return false
+	}
+	old := r.tasks[d.Lost]
+	if old == nil || old.Claim != d.Task || old.State.Terminal() {
+		return false
+	}
+	n := r.nodes[old.Node]
+	if n == nil || !n.Alive {
+		return false // its node still looks dead here: wait for the view
+	}
+	keepOld := old.State == TaskRunning && n.Availability != Drain && r.current(old) && r.matches(n) &&
+		(si.cur == nil || old.Created.Compare(si.cur.Created) < 0)
+	a := AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Task, Node: d.Node, Version: d.Version}
+	if keepOld {
+		a.Task, a.Node, a.Version = old.ID, old.Node, old.Version
+	}
+	r.emit(a)
+	return true
 }
 
 // monitored reports whether a running task of the current version has run
@@ -573,7 +639,7 @@ func (r *reconciler) vacant(si *slotInfo, d *Slot) slotResult {
 			break
 		}
 	}
-	r.place(si, d, false, "", restarts, nil)
+	r.place(si, d, false, "", restarts, nil, "")
 	return slotResult{busy: true}
 }
 
@@ -608,7 +674,7 @@ func (r *reconciler) replaceDown(si *slotInfo, d *Slot, t *Task) slotResult {
 			return slotResult{}
 		}
 	}
-	r.place(si, d, false, "task "+t.ID+" is "+string(t.State), restarts, t)
+	r.place(si, d, false, "task "+t.ID+" is "+string(t.State), restarts, t, "")
 	return slotResult{}
 }
 
@@ -648,7 +714,7 @@ func (r *reconciler) rollout(outdated []*slotInfo, busy int) {
 		}
 		n--
 		if u.Order == StartFirst {
-			r.place(si, si.doc, true, "update", 0, si.cur)
+			r.place(si, si.doc, true, "update", 0, si.cur, "")
 			continue
 		}
 		// Stop-first: vacate the slot; its task is superseded and
@@ -659,8 +725,9 @@ func (r *reconciler) rollout(outdated []*slotInfo, busy int) {
 
 // place asks for a new task for si: as the slot's task, or asNext as a
 // replacement started next to the running one. old is the task being
-// replaced, if any.
-func (r *reconciler) place(si *slotInfo, d *Slot, asNext bool, why string, restarts int, old *Task) {
+// replaced, if any; lost names the task replaced because its node is seen
+// down (AssignSlot.Lost).
+func (r *reconciler) place(si *slotInfo, d *Slot, asNext bool, why string, restarts int, old *Task, lost string) {
 	spec, req, digest, version := r.spec, r.req, r.digest, r.svc.Version
 	if r.keepPrev(old) {
 		spec, req, digest, version = *r.prev, r.prevReq, r.prevDigest, old.Version
@@ -701,7 +768,7 @@ func (r *reconciler) place(si *slotInfo, d *Slot, asNext bool, why string, resta
 		return
 	}
 	id := r.newID()
-	assign := AssignSlot{Service: r.svc.Name, Slot: si.name, Task: id, Version: version}
+	assign := AssignSlot{Service: r.svc.Name, Slot: si.name, Task: id, Version: version, Lost: lost}
 	if asNext && d != nil {
 		assign = AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Task, Node: d.Node, Version: d.Version,
 			Next: id, NextVersion: version}

@@ -19,6 +19,7 @@ type world struct {
 	slots    []sched.Slot
 	tasks    []sched.Task
 	inflight []sched.InFlight
+	rejoined time.Time
 }
 
 func stampAt(at time.Time, node string) crdt.Stamp {
@@ -93,7 +94,7 @@ func (w *world) running(slot, node string) {
 
 func (w *world) snapshot() sched.Snapshot {
 	return sched.Snapshot{Service: w.svc, Slots: w.slots, Tasks: w.tasks, Nodes: w.nodes,
-		Usage: sched.UsageFromTasks(w.tasks), InFlight: w.inflight, TTL: 10 * time.Second}
+		Usage: sched.UsageFromTasks(w.tasks), InFlight: w.inflight, TTL: 10 * time.Second, Rejoined: w.rejoined}
 }
 
 func counter() func() string {
@@ -179,7 +180,71 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2
 				w.tasks[1].Restarts = 2
 				w.nodeRef("n2").Alive = false
 			},
-			want: "reserve web/1 task=new1 v1 as=task on=n3,n1 restarts=2\n",
+			want: "reserve web/1 task=new1 v1 as=task on=n3,n1 restarts=2 lost=t1\n",
+		},
+		{
+			name: "dead node while views converge after a node came back: wait",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.nodeRef("n2").Alive = false
+				w.rejoined = t0.Add(-time.Second) // n3 or n1 was just seen alive again
+			},
+			want: "requeue at 00:00:02.000 (membership converging after a node came back)\n",
+		},
+		{
+			name: "dead node, the last node came back long ago: replace at once",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.nodeRef("n2").Alive = false
+				w.rejoined = t0.Add(-sched.DefaultSettle)
+			},
+			want: "reserve web/1 task=new1 v1 as=task on=n3,n1 lost=t1\n",
+		},
+		{
+			name: "replaced as lost, claimed back after the heal: the older task keeps the slot",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
+				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute)).Lost = "t1"
+				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
+			},
+			want: "assign web/1 task=t1 node=n2 v1\n",
+		},
+		{
+			name: "claimed back by an outdated task: the replacement keeps the slot, without lost",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.update(func(s *sched.ServiceSpec) { s.Image = "img:2" })
+				w.svc.Converged = 2
+				for i := range w.tasks {
+					w.tasks[i].Version, w.tasks[i].SpecDigest = 2, w.svc.Spec.Digest()
+				}
+				w.tasks[1].SpecDigest = "old"
+				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
+				w.slot("1", "x", "n3", 2, t0.Add(-time.Minute)).Lost = "t1"
+				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
+			},
+			want: "assign web/1 task=x node=n3 v2\n",
+		},
+		{
+			name: "claimed back, its node still seen dead here: neither revert nor replace",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.slot("1", "t1", "n2", 1, t0.Add(-time.Second))
+				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
+				w.nodeRef("n2").Alive = false
+			},
+			want: "requeue at 00:00:02.000 (node of a task that claimed its slot seen dead)\n",
 		},
 		{
 			name: "failed task: replaced after the backoff, counting a restart",
@@ -496,7 +561,7 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 				w.svc.State = sched.ServicePaused
 				w.nodeRef("n2").Alive = false
 			},
-			want: "reserve web/1 task=new1 v1 as=task on=n3,n1\n",
+			want: "reserve web/1 task=new1 v1 as=task on=n3,n1 lost=t1\n",
 		},
 		{
 			name: "rollback done: the old tasks are current again",
@@ -526,7 +591,7 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 				w.nodeRef("n2").Alive = false
 				w.slots[0].Next, w.slots[0].NextNode, w.slots[0].NextVersion = "r", "n2", 1
 			},
-			want: "reserve web/1 task=new1 v2 as=task on=n3,n1\nassign web/0 task=-\n", // n2 is dead: slot 1 too
+			want: "reserve web/1 task=new1 v2 as=task on=n3,n1 lost=t1\nassign web/0 task=-\n", // n2 is dead: slot 1 too
 		},
 		{
 			name: "a lost replacement next to a fine task: drop it",

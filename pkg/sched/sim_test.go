@@ -111,38 +111,68 @@ func TestSimScaleDown(t *testing.T) {
 	}
 }
 
-// TestSimNodeDies: the tasks of a dead node are replaced elsewhere; when
-// it comes back its stale copies stop.
+// TestSimNodeDies: the tasks of a dead node are replaced elsewhere. When
+// it comes back, a copy whose container died with it is stale and stops;
+// one whose container ran on (the node was only cut off) claims its slot
+// back and, being the older, keeps it while the replacement stops
+// (DESIGN.md 2). Either way no slot runs twice.
 func TestSimNodeDies(t *testing.T) {
-	c := newCluster(t, 3, roomy, nil)
-	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6, CPUMillis: 500})
-	settle(t, c, "web", 5*time.Second)
-	victim := sched.Owner("web", c.NodeIDs()) // the owner dies too
-	c.Kill(victim)
-	ok := c.RunUntil(func() bool {
-		up := 0
-		for node, n := range c.Running("web") {
-			if node != victim {
-				up += n
+	for _, tc := range []struct {
+		name       string
+		containers bool // the victim's containers survive
+	}{
+		{name: "containers died with it", containers: false},
+		{name: "containers ran on", containers: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, 3, roomy, nil)
+			create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6, CPUMillis: 500})
+			settle(t, c, "web", 5*time.Second)
+			victim := sched.Owner("web", c.NodeIDs()) // the owner dies too
+			var had []string
+			for _, lt := range c.Node(victim).RunningTasks() {
+				had = append(had, lt.ID)
 			}
-		}
-		for _, sl := range c.Slots("web") {
-			if sl.Node == victim {
-				return false
+			c.Kill(victim)
+			ok := c.RunUntil(func() bool {
+				up := 0
+				for node, n := range c.Running("web") {
+					if node != victim {
+						up += n
+					}
+				}
+				for _, sl := range c.Slots("web") {
+					if sl.Node == victim {
+						return false
+					}
+				}
+				return up == 6
+			}, 20*time.Second)
+			if !ok {
+				t.Fatalf("not replaced: running %v, slots %s", c.Running("web"), slotSummary(c, "web"))
 			}
-		}
-		return up == 6
-	}, 20*time.Second)
-	if !ok {
-		t.Fatalf("not replaced: running %v, slots %s", c.Running("web"), slotSummary(c, "web"))
-	}
-	if c.Running("web")[victim] != 2 {
-		t.Fatalf("the partitioned node's containers should still run: %v", c.Running("web"))
-	}
-	c.Revive(victim)
-	settle(t, c, "web", 15*time.Second)
-	if n := c.Running("web")[victim]; n != 0 {
-		t.Fatalf("%s still runs %d stale tasks", victim, n)
+			if c.Running("web")[victim] != 2 {
+				t.Fatalf("the partitioned node's containers should still run: %v", c.Running("web"))
+			}
+			if !tc.containers {
+				for _, id := range had {
+					c.Node(victim).Crash(id, 137)
+				}
+			}
+			c.Revive(victim)
+			settle(t, c, "web", 15*time.Second)
+			var has []string
+			for _, lt := range c.Node(victim).RunningTasks() {
+				has = append(has, lt.ID)
+			}
+			want := []string(nil)
+			if tc.containers {
+				want = had
+			}
+			if !slices.Equal(has, want) {
+				t.Fatalf("%s runs %v after its return, want %v (it ran %v)", victim, has, want, had)
+			}
+		})
 	}
 }
 

@@ -152,6 +152,12 @@ type Task struct {
 	// Ports are the host-mode ports the task binds on its node.
 	Ports []Port
 	Image string
+	// Claim names the task of a slot write that replaced this one as
+	// lost while its container was in fact running (a partition, not a
+	// death); ClaimedAt is when its node said so. The owner then gives
+	// the slot to the older of the two (see Slot.Lost).
+	Claim     string
+	ClaimedAt time.Time
 }
 
 // CreatedAt is the wall time of Created.
@@ -173,6 +179,11 @@ type Slot struct {
 	Next        string
 	NextNode    string
 	NextVersion int64
+
+	// Lost is the task this write replaced because its node was seen
+	// down. Should that task still run (its node was cut off, not dead),
+	// its node keeps it and claims the slot back rather than stopping it.
+	Lost string
 
 	// Stamp is the stamp of the last write of the document.
 	Stamp crdt.Stamp

@@ -153,19 +153,13 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 		n.startTask(ctx, a.TaskID, true)
 	case sched.StopTask:
 		n.stopTask(ctx, a)
+	case sched.ClaimTask:
+		n.log.Info("task claims its slot back", "task", a.TaskID, "against", a.Against)
+		n.writeTask(ctx, a.TaskID, a.Apply, a.Fields())
 	case sched.UpdateTask:
-		n.amu.Lock()
-		lt := n.local[a.TaskID]
-		if lt != nil {
-			lt.Task = a.Apply(lt.Task)
-			n.saveRecord(lt)
-		}
-		n.amu.Unlock()
+		lt := n.writeTask(ctx, a.TaskID, a.Apply, a.Fields())
 		if lt == nil {
 			return
-		}
-		if err := n.put(ctx, sched.TaskKey(a.TaskID), a.Fields()); err != nil {
-			n.log.Warn("update task document", "task", a.TaskID, "err", err)
 		}
 		// A task that will not run again gives its address back now, not
 		// when its document is removed (an hour later): a node's /24 must
@@ -205,6 +199,25 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 		os.Remove(n.recordPath(a.TaskID))
 		os.Remove(n.logPath(a.TaskID))
 	}
+}
+
+// writeTask applies a change to a local task's record and writes its
+// fields into the task document; it returns the task (nil if unknown).
+func (n *node) writeTask(ctx context.Context, id string, apply func(sched.Task) sched.Task, fields map[string]crdtValue) *localTask {
+	n.amu.Lock()
+	lt := n.local[id]
+	if lt != nil {
+		lt.Task = apply(lt.Task)
+		n.saveRecord(lt)
+	}
+	n.amu.Unlock()
+	if lt == nil {
+		return nil
+	}
+	if err := n.put(ctx, sched.TaskKey(id), fields); err != nil {
+		n.log.Warn("write task document", "task", id, "err", err)
+	}
+	return lt
 }
 
 // startTask starts (or restarts) a task's container in the background.

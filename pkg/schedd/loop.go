@@ -139,8 +139,12 @@ func (n *node) mirrorCatchUp(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// aliveLoop follows statd's membership view: the nodes it reports alive.
+// aliveLoop follows statd's membership view: the nodes it reports alive,
+// and when a member it had reported dead came back (a partition healing:
+// the owners hold off replacing the tasks of nodes still seen dead, see
+// sched.Snapshot.Rejoined).
 func (n *node) aliveLoop(ctx context.Context) {
+	dead := map[string]bool{}
 	for {
 		cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := n.statd.Cluster.Status(cctx, &clusterv1.StatusRequest{})
@@ -150,8 +154,16 @@ func (n *node) aliveLoop(ctx context.Context) {
 			// that is only slow must not have its tasks duplicated.
 			var alive []string
 			for _, m := range st.GetMembers() {
-				if s := m.GetState(); s == "alive" || s == "suspect" {
+				switch s := m.GetState(); s {
+				case "alive", "suspect":
 					alive = append(alive, m.GetId())
+					if dead[m.GetId()] {
+						delete(dead, m.GetId())
+						n.rejoined.Store(time.Now().UnixNano())
+						n.log.Info("member back", "member", m.GetId())
+					}
+				case "dead":
+					dead[m.GetId()] = true
 				}
 			}
 			if prev := n.alive.Load(); prev == nil || strings.Join(*prev, ",") != strings.Join(alive, ",") {

@@ -117,6 +117,9 @@ func (n *node) ownerRound(ctx context.Context, now time.Time) {
 			Service: w.services[svc], Slots: w.slots[svc], Tasks: w.tasks[svc],
 			Nodes: w.nodes, Usage: usage, TTL: time.Duration(n.cfg.ReservationTTL),
 		}
+		if ns := n.rejoined.Load(); ns != 0 {
+			snap.Rejoined = time.Unix(0, ns)
+		}
 		n.omu.Lock()
 		n.pruneAcceptedLocked(svc, w.slots[svc], now)
 		for _, f := range n.inflight[svc] {

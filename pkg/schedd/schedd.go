@@ -127,6 +127,9 @@ type node struct {
 	peers    *peerPool
 	ledger   *sched.Ledger
 	alive    atomic.Pointer[[]string]
+	// rejoined is when statd last reported a dead member alive again
+	// (Unix nanoseconds; 0: never): sched.Snapshot.Rejoined.
+	rejoined atomic.Int64
 	capacity sched.Resources
 
 	kick chan struct{}

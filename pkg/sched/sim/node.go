@@ -43,18 +43,30 @@ func (n *Node) Alive() []string {
 	}
 	var out []string
 	for _, id := range n.c.order {
-		if n.c.seenAlive(id) {
+		if n.c.seenAlive(n.cfg.ID, id) {
 			out = append(out, id)
 		}
 	}
 	return out
 }
 
-// seenAlive is the cluster's liveness truth as membership reports it: a
-// node that went down is seen dead DetectDelay later.
-func (c *Cluster) seenAlive(id string) bool {
+// seenAlive is the cluster's liveness truth as membership reports it to
+// observer: a node that went down, or that a partition put on another
+// side, is seen dead DetectDelay later.
+func (c *Cluster) seenAlive(observer, id string) bool {
 	m := c.nodes[id]
-	return !m.down || c.now.Sub(m.downAt) < c.cfg.DetectDelay
+	if m.down && c.now.Sub(m.downAt) >= c.cfg.DetectDelay {
+		return false
+	}
+	return c.reachable(observer, id) || c.now.Sub(c.partAt) < c.cfg.DetectDelay
+}
+
+// reachable reports whether a partition leaves a and b on the same side.
+func (c *Cluster) reachable(a, b string) bool {
+	if c.part == nil {
+		return true
+	}
+	return c.part[a] == c.part[b]
 }
 
 func (c *Cluster) tick() {
@@ -83,11 +95,27 @@ func (n *Node) step() {
 		}
 	}
 	alive := n.Alive()
+	n.followAlive(alive)
 	for _, svc := range slices.Sorted(maps.Keys(n.c.st.services)) {
 		if sched.Owner(svc, alive) == n.cfg.ID {
 			n.reconcile(svc, alive)
 		}
 	}
+}
+
+// followAlive notes when a node this one had seen alive, then dead, is
+// seen alive again (Snapshot.Rejoined), as schedd does from statd's
+// membership.
+func (n *Node) followAlive(alive []string) {
+	now := make(map[string]bool, len(alive))
+	for _, id := range alive {
+		now[id] = true
+		if n.seen[id] && !n.wasAlive[id] {
+			n.rejoined = n.c.now
+		}
+		n.seen[id] = true
+	}
+	n.wasAlive = now
 }
 
 // Owner side.
@@ -106,7 +134,7 @@ func (n *Node) reconcile(svc string, alive []string) {
 
 func (n *Node) snapshot(svc string, alive []string) (sched.Snapshot, bool) {
 	c := n.c
-	s := sched.Snapshot{TTL: c.cfg.TTL, Usage: c.st.knownUsage()}
+	s := sched.Snapshot{TTL: c.cfg.TTL, Usage: c.st.knownUsage(), Rejoined: n.rejoined, Settle: c.cfg.Settle}
 	if v, ok := n.read(sched.ServiceKey(svc)).(*sched.Service); ok {
 		s.Service = v
 	}
@@ -207,7 +235,7 @@ func (n *Node) send(at *attempt, target string) {
 // deliver is the target's Reserve handler.
 func (c *Cluster) deliver(at *attempt, target string) {
 	t := c.nodes[target]
-	if t == nil || t.down {
+	if t == nil || t.down || !c.reachable(at.owner.cfg.ID, target) {
 		c.schedule(c.now.Add(max(0, c.cfg.RPCTimeout-c.cfg.RPCDelay)), func() {
 			at.owner.reply(at, target, false, sched.Resources{}, sched.Reject{Class: sched.RejectGone})
 		})
@@ -361,14 +389,9 @@ func (n *Node) execAgent(a sched.AgentAction) {
 			ct.state, ct.exited, ct.exitCode = sched.RuntimeExited, now, 0
 		}
 	case sched.UpdateTask:
-		lt := n.local[a.TaskID]
-		if lt == nil {
-			return
-		}
-		c.trace(n.cfg.ID, "%v", a)
-		c.Stats.StateWrites++
-		n.write(sched.TaskKey(a.TaskID), a.Fields())
-		lt.Task = a.Apply(lt.Task)
+		n.writeTask(a, a.TaskID, a.Fields(), a.Apply)
+	case sched.ClaimTask:
+		n.writeTask(a, a.TaskID, a.Fields(), a.Apply)
 	case sched.ConfirmReservation:
 		n.Ledger.Confirm(a.TaskID)
 	case sched.ReleaseReservation:
@@ -382,6 +405,19 @@ func (n *Node) execAgent(a sched.AgentAction) {
 	default:
 		panic(fmt.Sprintf("sim: unknown agent action %T", a))
 	}
+}
+
+// writeTask writes fields of a local task's document and applies the same
+// change to the node's record of it.
+func (n *Node) writeTask(a sched.AgentAction, id string, fields map[string]crdt.Value, apply func(sched.Task) sched.Task) {
+	lt := n.local[id]
+	if lt == nil {
+		return
+	}
+	n.c.trace(n.cfg.ID, "%v", a)
+	n.c.Stats.StateWrites++
+	n.write(sched.TaskKey(id), fields)
+	lt.Task = apply(lt.Task)
 }
 
 func (n *Node) start(id string) {
@@ -537,6 +573,35 @@ func (c *Cluster) Revive(id string) {
 	n := c.nodes[id]
 	n.down = false
 	n.inflight = map[string]map[string]sched.InFlight{}
+}
+
+// Partition splits the cluster into sides, each a list of node IDs (every
+// node must be on exactly one). Nodes go on acting on their side: they see
+// only its writes, reach only its nodes, and see the others dead after
+// DetectDelay; containers keep running everywhere.
+func (c *Cluster) Partition(sides ...[]string) {
+	part := map[string]int{}
+	for i, side := range sides {
+		for _, id := range side {
+			if _, dup := part[id]; dup || c.nodes[id] == nil {
+				panic("sim: bad partition side member " + id)
+			}
+			part[id] = i
+		}
+	}
+	if len(part) != len(c.nodes) {
+		panic("sim: a partition must place every node")
+	}
+	c.part, c.partAt = part, c.now
+	c.st.partition(part)
+}
+
+// Heal ends a partition: every node reads the merged history of both
+// sides at once, and the cluster's liveness truth sees everyone alive
+// again (SetAliveView can make a node's view converge later).
+func (c *Cluster) Heal() {
+	c.part = nil
+	c.st.partition(nil)
 }
 
 // SetAliveView overrides a node's liveness view (nil restores the

@@ -55,6 +55,8 @@ type Config struct {
 	DetectDelay time.Duration
 	// TTL is the reservation TTL (sched.DefaultTTL when zero).
 	TTL time.Duration
+	// Settle is Snapshot.Settle (sched.DefaultSettle when zero).
+	Settle time.Duration
 	// Retention is how long finished tasks are kept (10m when zero).
 	Retention time.Duration
 	// Images gives fake containers a behaviour per image; an image not
@@ -118,6 +120,10 @@ type Cluster struct {
 	rng   *rand.Rand
 	// admin writes (service create/update) come from this node's clock.
 	admin *hlc.Clock
+	// part maps each node to its side while a partition lasts (nil:
+	// none); partAt is when the last one began.
+	part   map[string]int
+	partAt time.Time
 
 	Stats Stats
 	// Violations lists broken invariants, with the time they were seen.
@@ -145,6 +151,11 @@ type Node struct {
 	// free capacity (fresh: the same figures, for NextCandidate).
 	observed map[string]sched.Observation
 	fresh    map[string]sched.Resources
+	// seen, wasAlive and rejoined follow the liveness view: the nodes
+	// ever seen alive, those alive at the last step, and when one came
+	// back last.
+	seen, wasAlive map[string]bool
+	rejoined       time.Time
 }
 
 type container struct {
@@ -203,6 +214,7 @@ func (c *Cluster) AddNode(nc NodeConfig) *Node {
 		lag: cmp.Or(nc.Lag, c.cfg.GossipLag), runtime: map[string]*container{},
 		local: map[string]*sched.LocalTask{}, inflight: map[string]map[string]sched.InFlight{},
 		observed: map[string]sched.Observation{}, fresh: map[string]sched.Resources{},
+		seen: map[string]bool{}, wasAlive: map[string]bool{},
 	}
 	n.clock = hlc.NewClock(func() int64 { return c.now.UnixNano() }, time.Hour)
 	c.nodes[nc.ID] = n

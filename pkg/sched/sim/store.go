@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -31,6 +33,11 @@ type store struct {
 	usageAt  uint64
 
 	writes int
+
+	// part, while a partition lasts, maps each node to its side; split
+	// lists the entries written since it began.
+	part  map[string]int
+	split []*entry
 }
 
 type entry struct {
@@ -39,6 +46,11 @@ type entry struct {
 	// own holds each writer's own writes merged, so that a lagging
 	// reader still sees what it wrote itself.
 	own map[string]crdt.Doc
+	// During a partition: base is the document as it stood when the
+	// partition began, side the writes made since on each side. A reader
+	// sees base merged with its side's writes, and no lag.
+	base crdt.Doc
+	side map[int]crdt.Doc
 }
 
 type version struct {
@@ -79,6 +91,9 @@ func (s *store) write(node, key string, delta crdt.Doc, now time.Time) {
 	if n := len(e.versions); n > 0 {
 		cur, oldVal = e.versions[n-1].doc, e.versions[n-1].val
 	}
+	if s.part != nil {
+		s.writeSide(e, cur, node, delta)
+	}
 	doc := crdt.Merge(cur, delta)
 	val := decode(key, doc)
 	e.versions = append(e.versions, version{at: now, doc: doc, val: val})
@@ -94,6 +109,38 @@ func (s *store) write(node, key string, delta crdt.Doc, now time.Time) {
 		s.account(oldVal, -1)
 		s.account(val, +1)
 	}
+}
+
+// writeSide records delta on the writer's side of the partition (on every
+// side for a writer in none, such as the CLI).
+func (s *store) writeSide(e *entry, cur crdt.Doc, node string, delta crdt.Doc) {
+	if e.side == nil {
+		e.base, e.side = cur, map[int]crdt.Doc{}
+		s.split = append(s.split, e)
+	}
+	g, in := s.part[node]
+	for _, side := range slices.Sorted(maps.Keys(groupsOf(s.part))) {
+		if !in || side == g {
+			e.side[side] = crdt.Merge(e.side[side], delta)
+		}
+	}
+}
+
+func groupsOf(part map[string]int) map[int]bool {
+	out := map[int]bool{}
+	for _, g := range part {
+		out[g] = true
+	}
+	return out
+}
+
+// partition splits the readers into sides (nil: heal, everyone sees the
+// merged history again).
+func (s *store) partition(part map[string]int) {
+	for _, e := range s.split {
+		e.base, e.side = crdt.Doc{}, nil
+	}
+	s.part, s.split = part, nil
 }
 
 // prune keeps the versions a reader lagging up to maxLag may still need.
@@ -180,6 +227,11 @@ func (s *store) read(node, key string, now time.Time, lag time.Duration) any {
 	e := s.docs[key]
 	if e == nil || len(e.versions) == 0 {
 		return nil
+	}
+	if e.side != nil && node != "" {
+		if g, in := s.part[node]; in {
+			return decode(key, crdt.Merge(e.base, e.side[g]))
+		}
 	}
 	if lag <= 0 {
 		return e.versions[len(e.versions)-1].val
