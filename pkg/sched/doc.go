@@ -90,8 +90,10 @@
 // membership converges after a heal, node by node, an owner that has just
 // seen a node come back (Snapshot.Rejoined) does not replace the tasks of
 // nodes it still sees dead for DefaultSettle, nor those of a node that
-// claimed a slot moments ago: both are evidence that the node is alive.
-// A plain death, with no node coming back, is replaced at once.
+// claimed a slot moments ago, nor a replacement whose Lost task runs on a
+// node it sees alive (the write came from the other side; that task's
+// claim is on its way): all evidence that the node is alive. A plain
+// death, with no node coming back, is replaced at once.
 //
 // The owner, for its part, never places twice for one slot while an answer
 // may still come: not while a Reserve is in flight (Snapshot.InFlight), not

@@ -535,6 +535,17 @@ func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
 			r.wakeAt(t.ClaimedAt.Add(r.settle), "node of a task that claimed its slot seen dead")
 			return slotResult{}
 		}
+		// The task this one replaced as lost is on a node this owner sees
+		// alive: the write came from the other side of a partition, so
+		// this task's node is likely alive too. Its node will claim the
+		// slot back (resolveClaim) or stop it as superseded; meanwhile
+		// that task still runs and fills the slot.
+		if old := r.tasks[d.Lost]; old != nil && !old.State.Terminal() {
+			if n := r.nodes[old.Node]; n != nil && n.Alive {
+				r.wakeAt(r.now.Add(time.Second), "slot contested: waiting for "+old.ID+" to claim it back or stop")
+				return slotResult{}
+			}
+		}
 		restarts, node := 0, d.Node
 		if t != nil {
 			restarts, node = t.Restarts, t.Node

@@ -235,6 +235,18 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2
 			want: "assign web/1 task=x node=n3 v2\n",
 		},
 		{
+			name: "replaced as lost by the other side, the task it replaced runs here: wait for its claim",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n1")
+				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
+				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute)).Lost = "t1"
+				w.nodeRef("n3").Alive = false
+			},
+			want: "requeue at 00:00:01.000 (slot contested: waiting for t1 to claim it back or stop)\n",
+		},
+		{
 			name: "claimed back, its node still seen dead here: neither revert nor replace",
 			build: func(w *world) {
 				w.running("0", "n1")

@@ -33,6 +33,12 @@ func TestSimPartitionHeal(t *testing.T) {
 			name:  "n3 sees n1 before n2, n2 still sees n3 dead",
 			views: map[string][]string{"n1": {"n1", "n2", "n3"}, "n2": {"n1", "n2"}, "n3": {"n1", "n3"}},
 		},
+		{
+			// Seen in the e2e test: the other side's writes reach n3
+			// before membership shows it anyone alive.
+			name:  "n3 gets the majority's writes before it sees anyone alive",
+			views: map[string][]string{"n3": {"n3"}},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(t, 3, roomy, nil)
