@@ -28,6 +28,8 @@ type idleResult struct {
 	window          time.Duration
 	vold, statd     []procSample
 	groups, leading []float64 // from each vold's metrics
+	awake, cacheMiB []float64 // groups not quiesced, their entry caches
+	heapMiB         []float64 // Go heap in use
 	load            phaseLoad
 	quiesceWait     time.Duration
 	quiesced        bool
@@ -111,9 +113,16 @@ func (b *bench) measureIdle(ctx context.Context, volumes int, quiesce bool) idle
 	for _, m := range b.allMetrics() {
 		r.groups = append(r.groups, m["groups"])
 		r.leading = append(r.leading, m["groups_leading"])
+		r.awake = append(r.awake, m["groups_awake"])
+		r.cacheMiB = append(r.cacheMiB, m["raft_entry_cache_bytes"]/(1<<20))
+		r.heapMiB = append(r.heapMiB, m["go_memstats_heap_inuse_bytes"]/(1<<20))
 	}
 	progress("  vold CPU %.2f%% / %.2f%% / %.2f%%, RSS %.0f / %.0f / %.0f MiB",
 		r.vold[0].cpu, r.vold[1].cpu, r.vold[2].cpu, r.vold[0].rssMB, r.vold[1].rssMB, r.vold[2].rssMB)
+	if len(r.heapMiB) == nodes {
+		progress("  vold Go heap in use %.0f / %.0f / %.0f MiB, groups awake %.0f / %.0f / %.0f, entry caches %.1f / %.1f / %.1f MiB",
+			r.heapMiB[0], r.heapMiB[1], r.heapMiB[2], r.awake[0], r.awake[1], r.awake[2], r.cacheMiB[0], r.cacheMiB[1], r.cacheMiB[2])
+	}
 	return r
 }
 

@@ -21,8 +21,9 @@ import (
 // its network namespace (devcluster's default for vold).
 const voldMetricsAddr = "127.0.0.1:9464"
 
-// metrics scrapes node i's vold metrics (shoal_vold_*), from a socket made
-// inside the node's network namespace.
+// metrics scrapes node i's vold metrics (shoal_vold_*, prefix dropped, and
+// go_memstats_heap_inuse_bytes), from a socket made inside the node's
+// network namespace.
 func (b *bench) metrics(i int) (map[string]float64, error) {
 	var conn net.Conn
 	if err := b.cl.InNetns(i, func() error {
@@ -42,7 +43,7 @@ func (b *bench) metrics(i int) (map[string]float64, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "shoal_vold_") {
+		if !strings.HasPrefix(line, "shoal_vold_") && !strings.HasPrefix(line, "go_memstats_heap_inuse_bytes ") {
 			continue
 		}
 		f := strings.Fields(line)

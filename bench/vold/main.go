@@ -98,7 +98,7 @@ func main() {
 	flag.DurationVar(&c.settle, "settle", 3*time.Second, "quiet time after the cluster formed and before each kill")
 	flag.DurationVar(&c.quiet, "quiet-wait", 10*time.Second, "before each phase, wait up to this long for other processes to use less than 0.25 CPUs")
 	flag.BoolVar(&c.verbose, "v", false, "print devcluster progress on stderr")
-	flag.StringVar(&c.profileDir, "profile", "", "directory for CPU profiles of every vold over the first -profile-duration of the sequential and random write phases (vold runs with --debug-pprof)")
+	flag.StringVar(&c.profileDir, "profile", "", "directory for CPU profiles of every vold over the first -profile-duration of the sequential and random write phases, and over -profile-duration after the idle measurement with volumes, then a heap profile (vold runs with --debug-pprof)")
 	flag.DurationVar(&c.profileFor, "profile-duration", 10*time.Second, "length of each -profile capture")
 	seed := flag.Uint64("seed", 1, "random seed (offsets, payloads)")
 	flag.Parse()
@@ -336,6 +336,9 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 		r.create = b.createMany(ctx)
 		progress("waiting for quiescence")
 		r.idleN = b.measureIdle(ctx, c.idleVols, true)
+		// After the measurement, so that profiling does not add to it.
+		b.startProfiles(ctx, "idle")()
+		b.heapProfiles(ctx, "idle")
 	}
 	return r
 }

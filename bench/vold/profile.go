@@ -27,13 +27,14 @@ func (b *bench) startProfiles(ctx context.Context, phase string) func() {
 	if b.c.profileDir == "" {
 		return func() {}
 	}
+	query := fmt.Sprintf("profile?seconds=%d", int(b.c.profileFor.Seconds()))
 	var wg sync.WaitGroup
 	for i := 1; i <= nodes; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			path := filepath.Join(b.c.profileDir, fmt.Sprintf("%s-node%d.pprof", phase, i))
-			if err := b.fetchProfile(ctx, i, path); err != nil {
+			if err := b.fetchProfile(ctx, i, query, path); err != nil {
 				progress("CPU profile of node %d's vold: %v", i, err)
 				return
 			}
@@ -43,10 +44,26 @@ func (b *bench) startProfiles(ctx context.Context, phase string) func() {
 	return wg.Wait
 }
 
-// fetchProfile gets /debug/pprof/profile from node i's vold metrics
+// heapProfiles, with -profile DIR, fetches every node's vold heap profile
+// (after a GC, so in-use figures are live memory) into
+// DIR/<phase>-heap-node<i>.pprof.
+func (b *bench) heapProfiles(ctx context.Context, phase string) {
+	if b.c.profileDir == "" {
+		return
+	}
+	for i := 1; i <= nodes; i++ {
+		path := filepath.Join(b.c.profileDir, fmt.Sprintf("%s-heap-node%d.pprof", phase, i))
+		if err := b.fetchProfile(ctx, i, "heap?gc=1", path); err != nil {
+			progress("heap profile of node %d's vold: %v", i, err)
+			continue
+		}
+		progress("  heap profile of node %d's vold: %s", i, path)
+	}
+}
+
+// fetchProfile gets /debug/pprof/<query> from node i's vold metrics
 // address (inside the node's network namespace) and writes it to path.
-func (b *bench) fetchProfile(ctx context.Context, i int, path string) error {
-	secs := int(b.c.profileFor.Seconds())
+func (b *bench) fetchProfile(ctx context.Context, i int, query, path string) error {
 	hc := &http.Client{
 		Timeout: b.c.profileFor + 30*time.Second,
 		Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
@@ -60,7 +77,7 @@ func (b *bench) fetchProfile(ctx context.Context, i int, path string) error {
 		}},
 	}
 	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", voldMetricsAddr, secs), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/%s", voldMetricsAddr, query), nil)
 	if err != nil {
 		return err
 	}

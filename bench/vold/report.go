@@ -178,7 +178,7 @@ func (r *results) localIOPS() float64 {
 func (r *results) printIdle(c config) {
 	fmt.Printf("### Idle cost of volumes\n\n")
 	a, z := r.idle0, r.idleN
-	fmt.Printf("CPU time of each node's vold (utime + stime from /proc/<pid>/stat) over %v as %% of one core, and its VmRSS at the end, with no client activity. Baseline: right after the cluster formed, with no volume (not even the KV system group). Then, after the other phases (the bench volume removed), %d volumes of 3 replicas and 1 MiB are created through the three nodes' sockets in turn, %d calls at a time, and once every vold has used under %.0f%% of a core over 3 s (waited %s%s) the same is measured; the KV system group exists by then too. *Groups* are the Raft groups each vold holds a replica of, and leads (its metrics). statd's figures are for context: it stores and watches the volume documents. One tick (10 ms) over %v is %.2f%% of a core.\n\n",
+	fmt.Printf("CPU time of each node's vold (utime + stime from /proc/<pid>/stat) over %v as %% of one core, and its VmRSS at the end, with no client activity. Baseline: right after the cluster formed, with no volume (not even the KV system group). Then, after the other phases (the bench volume removed), %d volumes of 3 replicas and 1 MiB are created through the three nodes' sockets in turn, %d calls at a time, and once every vold has used under %.0f%% of a core over 3 s (waited %s%s) the same is measured; the KV system group exists by then too. *Groups* are the Raft groups each vold holds a replica of, and leads (its metrics); the Go heap in use (after the measurement) is the part of the RSS the groups' state, caches and requests can take; the rest is Pebble's memtable and block cache (allocated outside the Go heap) and memory the Go runtime has not returned to the kernel yet, both filled by the write phases. statd's figures are for context: it stores and watches the volume documents. One tick (10 ms) over %v is %.2f%% of a core.\n\n",
 		a.window.Round(10*time.Millisecond), z.volumes, c.createPar, idleGoal, dur(z.quiesceWait), map[bool]string{true: "", false: ": never got there, measured anyway"}[z.quiesced],
 		a.window.Round(10*time.Millisecond), 1.0/cpuacct.ClockTicks/a.window.Seconds()*100)
 	if z.volumes > 0 {
@@ -187,13 +187,16 @@ func (r *results) printIdle(c config) {
 			cr.n-cr.failed, dur(cr.elapsed), float64(cr.n-cr.failed)/cr.elapsed.Seconds(), dur(pctl(cr.lat, 0.5)), dur(pctl(cr.lat, 0.99)), cr.failed,
 			map[bool]string{true: "", false: " (first: " + cr.firstErr + ")"}[cr.firstErr == ""], cr.load)
 	}
-	fmt.Printf("| node | vold CPU, no volume | vold RSS, no volume | **vold CPU, %d volumes** | vold RSS, %d volumes | groups (leading), %d volumes | statd CPU, none / %d | statd RSS, none / %d |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+	fmt.Printf("| node | vold CPU, no volume | vold RSS, no volume | **vold CPU, %d volumes** | vold RSS (Go heap in use), %d volumes | groups (leading), %d volumes | statd CPU, none / %d | statd RSS, none / %d |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
 		z.volumes, z.volumes, z.volumes, z.volumes, z.volumes)
 	worst := 0.0
 	for i := range nodes {
 		zc, zr, g, sc, sr := "–", "–", "–", fmt.Sprintf("%.2f%% / –", a.statd[i].cpu), fmt.Sprintf("%.0f / – MiB", a.statd[i].rssMB)
 		if z.volumes > 0 && i < len(z.vold) {
 			zc, zr = fmt.Sprintf("%.2f%%", z.vold[i].cpu), fmt.Sprintf("%.0f MiB", z.vold[i].rssMB)
+			if i < len(z.heapMiB) {
+				zr = fmt.Sprintf("%.0f MiB (%.0f)", z.vold[i].rssMB, z.heapMiB[i])
+			}
 			if i < len(z.groups) {
 				g = fmt.Sprintf("%.0f (%.0f)", z.groups[i], z.leading[i])
 			}
@@ -208,6 +211,10 @@ func (r *results) printIdle(c config) {
 		var rss0, rssN []float64
 		for i := range nodes {
 			rss0, rssN = append(rss0, a.vold[i].rssMB), append(rssN, z.vold[i].rssMB)
+		}
+		if len(z.awake) == nodes {
+			fmt.Printf(" Groups still awake (not quiesced) %.0f / %.0f / %.0f, log entries cached in memory %.1f / %.1f / %.1f MiB.",
+				z.awake[0], z.awake[1], z.awake[2], z.cacheMiB[0], z.cacheMiB[1], z.cacheMiB[2])
 		}
 		fmt.Printf(" %d idle volumes add %.0f MiB of RSS per vold (median; %.0f KiB per replica). **Goal ≤ %.0f%% of one core per node with %d volumes: %s** (worst node %.2f%%).",
 			z.volumes, median(rssN)-median(rss0), (median(rssN)-median(rss0))*1024/float64(z.volumes), idleGoal, z.volumes, metStr(worst <= idleGoal), worst)

@@ -200,6 +200,10 @@ type Stats struct {
 	Ticked          uint64 // group ticks (Tick calls on RawNodes)
 	QuiesceEntered  uint64
 	ProposalRetries uint64
+
+	// Gauges, at the time of the call.
+	AwakeGroups     int    // groups ticking (not quiesced)
+	EntryCacheBytes uint64 // log entries held in the groups' entry caches
 }
 
 type peer struct {
@@ -364,6 +368,10 @@ func (h *Host) Stats() Stats {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	s := h.stats
+	s.AwakeGroups = len(h.awake)
+	for _, g := range h.groups {
+		s.EntryCacheBytes += g.st.cache.bytes
+	}
 	h.inMu.Lock()
 	s.InboxOverflow = h.dropped
 	h.inMu.Unlock()

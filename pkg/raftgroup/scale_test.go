@@ -74,13 +74,27 @@ func TestHeartbeatsCoalesced(t *testing.T) {
 
 // TestQuiescedGroupsSendNothing checks that idle groups stop ticking and
 // sending: only one liveness ping per node pair per tick remains,
-// whatever the number of groups.
+// whatever the number of groups. Nor do they hold log entries in memory:
+// their entry caches are dropped, leader's and followers' alike.
 func TestQuiescedGroupsSendNothing(t *testing.T) {
 	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 12})
 	startGroups(t, c, scaleGroups)
 	for g := raftgroup.GroupID(1); g <= scaleGroups; g++ {
 		l, _, _ := c.Leader(g)
 		write(t, c, l, g, "k", "v")
+	}
+	for _, n := range c.Up() {
+		if st := c.Host(n).Stats(); st.EntryCacheBytes == 0 || st.AwakeGroups == 0 {
+			t.Fatalf("node %d right after the writes: %d groups awake, %d bytes of entries cached; want some of both", n, st.AwakeGroups, st.EntryCacheBytes)
+		}
+	}
+	idleMemory := func() {
+		t.Helper()
+		for _, n := range c.Up() {
+			if st := c.Host(n).Stats(); st.EntryCacheBytes != 0 || st.AwakeGroups != 0 {
+				t.Fatalf("node %d quiesced: %d groups awake, %d bytes of entries cached; want none", n, st.AwakeGroups, st.EntryCacheBytes)
+			}
+		}
 	}
 	allQuiet := func() bool {
 		for _, n := range c.Up() {
@@ -95,6 +109,7 @@ func TestQuiescedGroupsSendNothing(t *testing.T) {
 	if !c.RunUntil(50, allQuiet) {
 		t.Fatalf("groups did not quiesce\n%s", c.String(1))
 	}
+	idleMemory()
 	c.Net.ResetStats()
 	ticked := map[raftgroup.NodeID]uint64{}
 	for _, n := range c.Up() {
@@ -123,6 +138,7 @@ func TestQuiescedGroupsSendNothing(t *testing.T) {
 	if !c.RunUntil(50, allQuiet) {
 		t.Fatal("group 42 did not quiesce again")
 	}
+	idleMemory()
 }
 
 // TestQuiescedFollowersNoticeDeadLeader checks that a quiesced group whose

@@ -13,6 +13,8 @@ type collector struct {
 var metricHelp = map[string]string{
 	"groups":                     "Raft groups this node holds a replica of.",
 	"groups_leading":             "Raft groups whose leader is this node's replica.",
+	"groups_awake":               "Raft groups ticking on this node (not quiesced).",
+	"raft_entry_cache_bytes":     "Bytes of log entries the groups keep in memory (idle groups keep none).",
 	"mounts":                     "Volumes mounted on this node.",
 	"proposals_total":            "Proposals made through this node's replicas.",
 	"forwarded_out_total":        "Requests forwarded to other nodes' replicas.",
@@ -57,6 +59,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		}
 		emit("groups", g, uint64(len(groups)))
 		emit("groups_leading", g, uint64(leading))
+		st := h.Stats()
+		emit("groups_awake", g, uint64(st.AwakeGroups))
+		emit("raft_entry_cache_bytes", g, st.EntryCacheBytes)
 	}
 	n.mountMu.Lock()
 	emit("mounts", g, uint64(len(n.mounts)))
