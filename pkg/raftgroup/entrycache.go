@@ -11,6 +11,15 @@ import (
 // drops its cache.
 const entryCacheBytes = 8 << 20
 
+// entryCopyBelow: cached entries with less data than this are copied. A
+// follower's entries alias the whole received batch (msgcodec.go), up to
+// 4 MiB that may carry other groups' data; a busy group of small writes
+// would otherwise keep one batch alive per cached entry — far more memory
+// than entryCacheBytes counts. Copying a small entry costs little; a large
+// one is most of its batch anyway, so at most entryCacheBytes/entryCopyBelow
+// batches stay pinned per group.
+const entryCopyBelow = 256 << 10
+
 // entryCache is a group's latest durable log entries: consecutive, and
 // ending at the storage's last index whenever it is not empty. The
 // entries are raft's own (never modified, by raft or by us).
@@ -49,6 +58,10 @@ func (c *entryCache) add(ents []*pb.Entry) {
 		c.reset()
 	}
 	for _, e := range ents {
+		if len(e.GetData()) < entryCopyBelow {
+			// NB: a copy, not e with new Data: raft holds e too.
+			e = proto.CloneOf(e)
+		}
 		c.ents = append(c.ents, e)
 		c.bytes += uint64(proto.Size(e))
 	}

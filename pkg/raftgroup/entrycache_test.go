@@ -104,3 +104,31 @@ func TestEntryCacheMatchesPebble(t *testing.T) {
 		t.Fatalf("cache holds %d bytes, bound %d", s.cache.bytes, entryCacheBytes)
 	}
 }
+
+// TestEntryCacheCopiesSmallEntries checks that a cached small entry does
+// not share memory with the buffer its data came from (a follower's
+// received batch, which may be mostly other groups' data), while a large
+// one is kept as it is.
+func TestEntryCacheCopiesSmallEntries(t *testing.T) {
+	batch := make([]byte, 4<<20)
+	small := &pb.Entry{Index: new(uint64(1)), Term: new(uint64(1)), Type: pb.EntryNormal.Enum(), Data: batch[100:200:200]}
+	large := &pb.Entry{Index: new(uint64(2)), Term: new(uint64(1)), Type: pb.EntryNormal.Enum(), Data: batch[1<<20 : 2<<20 : 2<<20]}
+	var c entryCache
+	c.add([]*pb.Entry{small, large})
+	got, ok := c.slice(1, 3, 1<<30, true)
+	if !ok || len(got) != 2 {
+		t.Fatalf("slice(1, 3) = %d entries, %v; want 2, true", len(got), ok)
+	}
+	if &got[0].GetData()[0] == &batch[100] {
+		t.Errorf("the cached small entry aliases the batch it came from")
+	}
+	if !proto.Equal(got[0], small) {
+		t.Errorf("cached small entry %v, want %v", got[0], small)
+	}
+	if got[1] != large {
+		t.Errorf("the cached large entry is a copy, want raft's own")
+	}
+	if small.GetData()[0] = 7; got[0].GetData()[0] == 7 {
+		t.Errorf("the cached small entry changed with the batch")
+	}
+}
