@@ -292,6 +292,7 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 		last, lastTerm = trunc.index, trunc.term
 		snapMeta = proto.Clone(m).(*pb.SnapshotMetadata)
 	}
+	var fresh []*pb.Entry // the entries written, for the cache
 	if n := len(rd.Entries); n > 0 {
 		first := rd.Entries[0].GetIndex()
 		if first > last+1 {
@@ -304,6 +305,7 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 			if err := setEntry(b, s.ks.logKey(s.g, e.GetIndex()), e); err != nil {
 				return nil, err
 			}
+			fresh = append(fresh, e)
 		}
 		newLast := rd.Entries[n-1].GetIndex()
 		if newLast < last {
@@ -335,12 +337,6 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 		}
 		if hs != nil {
 			s.hs = hs
-		}
-		var fresh []*pb.Entry
-		for _, e := range rd.Entries {
-			if e.GetIndex() > trunc.index {
-				fresh = append(fresh, e)
-			}
 		}
 		s.cache.add(fresh)
 	}, nil

@@ -86,22 +86,18 @@ func newSystemMachine() (raftgroup.StateMachine, *kvStore) {
 
 // Apply implements raftgroup.Applier.
 func (s *kvStore) Apply(c raftgroup.Command) any {
-	var p *kvPut
-	switch m := c.Msg.(type) {
-	case *kvPut:
-		p = m
-	case *machineSet:
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.expire(c.Time.UnixNano())
-		return s.applyMachineSet(c, m)
-	default:
+	p, put := c.Msg.(*kvPut)
+	m, set := c.Msg.(*machineSet)
+	if !put && !set {
 		return nil
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := c.Time.UnixNano()
 	s.expire(now)
+	if set {
+		return s.applyMachineSet(c, m)
+	}
 	if p.IdemKey != "" {
 		if r, ok := s.idemResult(p.IdemKey); ok {
 			return r
@@ -195,9 +191,18 @@ func (s *kvStore) Restore(data []byte) error {
 		s.machines = map[string]*machineLog{}
 	}
 	for _, l := range s.machines {
-		s.machinesBytes += l.Bytes
+		for _, c := range l.Commands {
+			l.bytes += c.size()
+		}
+		s.machinesBytes += l.bytes
 	}
+	s.notify()
+	return nil
+}
+
+// notify wakes the readers waiting for a machine's log to change; s.mu is
+// held.
+func (s *kvStore) notify() {
 	close(s.changed)
 	s.changed = make(chan struct{})
-	return nil
 }

@@ -146,6 +146,19 @@ func (n *node) kvCall(ctx context.Context, kind string, req, out proto.Message) 
 	return proto.Unmarshal(resp, out)
 }
 
+// readKV returns this node's KV of system group g once it has applied
+// everything committed before the call (a ReadIndex): a linearizable read.
+func (n *node) readKV(ctx context.Context, h *raftgroup.Host, g raftgroup.GroupID) (*kvStore, error) {
+	if _, err := h.ReadIndex(ctx, g); err != nil {
+		return nil, err
+	}
+	kv := n.kvOf(g)
+	if kv == nil {
+		return nil, raftgroup.ErrGroupNotFound
+	}
+	return kv, nil
+}
+
 // localKV runs a KV request on this node's replica of system group g.
 func (n *node) localKV(ctx context.Context, g raftgroup.GroupID, kind string, payload []byte) ([]byte, error) {
 	h, err := n.raftHost()
@@ -155,12 +168,11 @@ func (n *node) localKV(ctx context.Context, g raftgroup.GroupID, kind string, pa
 	if !isSystemGroup(g) {
 		return nil, fmt.Errorf("group %d is not the system group: %w", g, errdefs.ErrInvalidArgument)
 	}
-	if kind == kindMachineSet || kind == kindMachineRead {
-		return n.localMachine(ctx, h, g, kind, payload)
-	}
 	bad := func(err error) error { return fmt.Errorf("%s payload: %v: %w", kind, err, errdefs.ErrInvalidArgument) }
 	var out proto.Message
 	switch kind {
+	case kindMachineSet, kindMachineRead:
+		return n.localMachine(ctx, h, g, kind, payload)
 	case kindKVPut:
 		var req volv1.PutRequest
 		if err := proto.Unmarshal(payload, &req); err != nil {
@@ -177,12 +189,9 @@ func (n *node) localKV(ctx context.Context, g raftgroup.GroupID, kind string, pa
 		if err := proto.Unmarshal(payload, &req); err != nil {
 			return nil, bad(err)
 		}
-		if _, err := h.ReadIndex(ctx, g); err != nil {
+		kv, err := n.readKV(ctx, h, g)
+		if err != nil {
 			return nil, err
-		}
-		kv := n.kvOf(g)
-		if kv == nil {
-			return nil, raftgroup.ErrGroupNotFound
 		}
 		resp := &volv1.GetResponse{}
 		if e, ok := kv.get(req.GetKey()); ok {

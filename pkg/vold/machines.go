@@ -72,7 +72,8 @@ func (c machineCommand) size() int64 { return int64(len(c.TypeURL) + len(c.Value
 // snapshot command.
 type machineLog struct {
 	Commands []machineCommand `json:"c"`
-	Bytes    int64            `json:"b"`
+	// bytes is the size of Commands (derived; Restore recomputes it).
+	bytes int64
 }
 
 func (l *machineLog) last() uint64 {
@@ -80,6 +81,13 @@ func (l *machineLog) last() uint64 {
 		return 0
 	}
 	return l.Commands[len(l.Commands)-1].Index
+}
+
+func (l *machineLog) size() int64 {
+	if l == nil {
+		return 0
+	}
+	return l.bytes
 }
 
 // applyMachineSet applies a Set; s.mu is held.
@@ -91,37 +99,28 @@ func (s *kvStore) applyMachineSet(c raftgroup.Command, p *machineSet) machineSet
 			return machineSetResult{Applied: r.Applied, Index: r.Revision}
 		}
 	}
-	l := s.machines[p.Machine]
-	if p.Compare && l.last() != p.Expect {
-		return machineSetResult{Index: l.last()}
+	old := s.machines[p.Machine]
+	if p.Compare && old.last() != p.Expect {
+		return machineSetResult{Index: old.last()}
 	}
 	cmd := machineCommand{Index: c.Index, Time: c.Time.UnixNano(), TypeURL: p.TypeURL, Value: p.Value, Snapshot: p.Snapshot}
+	l := old
 	if l == nil || p.Snapshot {
 		l = &machineLog{}
 	}
-	old := s.machines[p.Machine]
-	grown := s.machinesBytes - oldBytes(old) + l.Bytes + cmd.size()
-	if l.Bytes+cmd.size() > maxMachineBytes || grown > maxMachinesBytes {
+	grown := s.machinesBytes - old.size() + l.bytes + cmd.size()
+	if l.bytes+cmd.size() > maxMachineBytes || grown > maxMachinesBytes {
 		return machineSetResult{Index: old.last(), Full: true}
 	}
 	l.Commands = append(l.Commands, cmd)
-	l.Bytes += cmd.size()
+	l.bytes += cmd.size()
 	s.machines[p.Machine] = l
 	s.machinesBytes = grown
-	close(s.changed)
-	s.changed = make(chan struct{})
-	res := machineSetResult{Applied: true, Index: c.Index}
+	s.notify()
 	if idem != "" {
 		s.remember(idem, c.Time.UnixNano(), kvPutResult{Applied: true, Revision: c.Index})
 	}
-	return res
-}
-
-func oldBytes(l *machineLog) int64 {
-	if l == nil {
-		return 0
-	}
-	return l.Bytes
+	return machineSetResult{Applied: true, Index: c.Index}
 }
 
 // machineRead is a (forwarded) read of a machine's log.
@@ -191,12 +190,9 @@ func (n *node) localMachine(ctx context.Context, h *raftgroup.Host, g raftgroup.
 		if err := json.Unmarshal(payload, &req); err != nil {
 			return nil, fmt.Errorf("%s payload: %v: %w", kind, err, errdefs.ErrInvalidArgument)
 		}
-		if _, err := h.ReadIndex(ctx, g); err != nil {
+		kv, err := n.readKV(ctx, h, g)
+		if err != nil {
 			return nil, err
-		}
-		kv := n.kvOf(g)
-		if kv == nil {
-			return nil, raftgroup.ErrGroupNotFound
 		}
 		wait := time.NewTimer(min(req.Wait, machineWait))
 		defer wait.Stop()
