@@ -11,6 +11,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -204,6 +205,18 @@ func (c *volCluster) memberNodes(v *volv1.Volume) []int {
 		out = append(out, c.node(m.GetNode()))
 	}
 	return out
+}
+
+// outsideNode returns the last node that holds no replica of the volume
+// (0 if every node does).
+func (c *volCluster) outsideNode(v *volv1.Volume) int {
+	members, outside := c.memberNodes(v), 0
+	for i := 1; i <= c.Nodes(); i++ {
+		if !slices.Contains(members, i) {
+			outside = i
+		}
+	}
+	return outside
 }
 
 // converged reports whether every member of the volume is alive, has
@@ -437,13 +450,7 @@ func TestVolumes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		members := c.memberNodes(v)
-		outside := 0
-		for i := 1; i <= c.Nodes(); i++ {
-			if !containsInt(members, i) {
-				outside = i
-			}
-		}
+		members, outside := c.memberNodes(v), c.outsideNode(v)
 		if outside == 0 {
 			t.Fatalf("every node holds a replica of data: %v", members)
 		}
@@ -497,7 +504,7 @@ func TestVolumes(t *testing.T) {
 			v, err := c.inspect(outside, "data")
 			return err == nil && converged(v, 3)
 		})
-		if v, err := c.inspect(outside, "data"); err != nil || containsInt(c.memberNodes(v), outside) {
+		if v, err := c.inspect(outside, "data"); err != nil || slices.Contains(c.memberNodes(v), outside) {
 			t.Fatalf("node %d came to hold a replica of data: %v, %v", outside, v.GetMembers(), err)
 		}
 
@@ -536,12 +543,7 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 			t.Fatal(err)
 		}
 		members := c.memberNodes(v)
-		var spare, victim int
-		for i := 1; i <= 4; i++ {
-			if !containsInt(members, i) {
-				spare = i
-			}
-		}
+		spare, victim := c.outsideNode(v), 0
 		for _, n := range members {
 			if n != 1 && n != writerNode {
 				victim = n
@@ -561,7 +563,7 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 		// member makes the volume degraded.
 		waitFor(t, 30*time.Second, fmt.Sprintf("volume data degraded with node %d dead", victim), func() bool {
 			v, err := c.inspect(ask, "data")
-			return err == nil && v.GetHealth() == "degraded" && containsInt(c.memberNodes(v), victim)
+			return err == nil && v.GetHealth() == "degraded" && slices.Contains(c.memberNodes(v), victim)
 		})
 		waitFor(t, 90*time.Second, fmt.Sprintf("node %d's replica replaced on spare node %d", victim, spare), func() bool {
 			v, err := c.inspect(ask, "data")
@@ -569,7 +571,7 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 				return false
 			}
 			ms := c.memberNodes(v)
-			return len(ms) == 3 && containsInt(ms, spare) && !containsInt(ms, victim) && converged(v, 3)
+			return len(ms) == 3 && slices.Contains(ms, spare) && !slices.Contains(ms, victim) && converged(v, 3)
 		})
 		if v, err := c.inspect(ask, "data"); err != nil || v.GetHealth() != "healthy" {
 			t.Fatalf("volume data back to 3 caught-up members: health %q, %v", v.GetHealth(), err)
@@ -623,13 +625,7 @@ func testStateMachines(t *testing.T, c *volCluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	members := c.memberNodes(sys)
-	outside := 0
-	for i := 1; i <= c.Nodes(); i++ {
-		if !containsInt(members, i) {
-			outside = i
-		}
-	}
+	members, outside := c.memberNodes(sys), c.outsideNode(sys)
 	if outside == 0 {
 		t.Fatalf("every node holds a replica of the system group: %v", members)
 	}
@@ -723,15 +719,6 @@ func testStateMachines(t *testing.T, c *volCluster) {
 			t.Fatalf("the follower did not see %s", want)
 		}
 	}
-}
-
-func containsInt(xs []int, x int) bool {
-	for _, v := range xs {
-		if v == x {
-			return true
-		}
-	}
-	return false
 }
 
 // kvIn and kvOut are the porcupine history of the KV API.
