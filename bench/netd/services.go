@@ -23,6 +23,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -201,7 +202,7 @@ func httpWorker(addr netip.AddrPort, keepAlive bool) func() (func() error, func(
 			resp.Body.Close()
 			if err != nil || resp.StatusCode != http.StatusOK {
 				drop()
-				return cmpErr(err, fmt.Errorf("%s", resp.Status))
+				return cmp.Or(err, fmt.Errorf("%s", resp.Status))
 			}
 			if !keepAlive || resp.Close {
 				drop()
@@ -210,13 +211,6 @@ func httpWorker(addr netip.AddrPort, keepAlive bool) func() (func() error, func(
 		}
 		return one, drop
 	}
-}
-
-func cmpErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // dnsWorker asks server for name (type A) over UDP, one query at a time,
