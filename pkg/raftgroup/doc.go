@@ -83,12 +83,18 @@
 // # Storage
 //
 // Log entries, hard state and snapshots live under group-prefixed keys
-// (keys.go) in one Pebble. A volume's file data lives in its log until a
-// snapshot covers it, so the Pebble is tuned for large values written
-// once: values of 16 KiB or more go to blob files when a memtable is
-// flushed, so compactions move references instead of rewriting the
-// data, and blocks are not compressed (file data rarely compresses and
-// Snappy cost more CPU than the disk time it saved). The latest durable
+// (keys.go) in one Pebble, except the data of entries of 16 KiB or more
+// (Config.LargeEntry): a volume's file data lives in its log until a
+// snapshot covers it, and in Pebble each such entry was copied into the
+// WAL, the memtable and then a blob file, half of a replica's CPU for
+// sequential writes. That data goes to append-only segment files instead
+// (segments.go), written once, synced before the Pebble commit that
+// refers to it, and dropped — or kept to be written over — once
+// truncation has released every entry in a segment. Other large values
+// (snapshots) go to blob files when a memtable is flushed, so compactions
+// move references instead of rewriting them, and blocks are not
+// compressed (file data rarely compresses and Snappy cost more CPU than
+// the disk time it saved). The latest durable
 // entries of each group (8 MiB) stay in memory in an entry cache, because
 // raft reads them back right away — to apply them, to send them to
 // followers, for their terms — and a read from Pebble copies and decodes
@@ -161,8 +167,10 @@
 // change never reaches ApplyConfChange (which would panic). A replica
 // being added catches up from a snapshot; snapshots are taken by the state
 // machine every SnapshotEntries entries (the log keeps CompactionMargin
-// entries before it) and on demand when the stored one predates the
-// configuration the new replica is in.
+// entries before it), or once SnapshotBytes of entry data and four times
+// the last snapshot's size were applied (the log keeps half of those
+// entries), and on demand when the stored one predates the configuration
+// the new replica is in.
 //
 // # State machines
 //

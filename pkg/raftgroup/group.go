@@ -51,6 +51,9 @@ type group struct {
 	quiesceHint      *Heartbeat
 	retryNow         bool
 	appliedPersisted uint64
+	// logBytes counts the entry data applied since the last snapshot
+	// maybeCompact took, snapBytes is that snapshot's size.
+	logBytes, snapBytes uint64
 
 	// Pending requests of local callers.
 	proposals   map[string]*pendingProposal
@@ -164,6 +167,9 @@ func (h *Host) DestroyGroup(id GroupID) error {
 	if err := b.Commit(pebble.Sync); err != nil {
 		return fmt.Errorf("raftgroup: destroy group %d: %w", id, err)
 	}
+	if h.seg != nil {
+		h.seg.dropGroup(id)
+	}
 	delete(h.groups, id)
 	delete(h.awake, id)
 	delete(h.dirty, id)
@@ -200,7 +206,7 @@ func (h *Host) checkNew(id GroupID, local ReplicaID) error {
 
 // openGroup loads a group's replica from storage and starts its RawNode.
 func (h *Host) openGroup(id GroupID, local ReplicaID) (*group, error) {
-	st, err := loadStorage(h.db, h.ks, id)
+	st, err := loadStorage(h.db, h.ks, id, h.seg, h.cfg.LargeEntry)
 	if err != nil {
 		return nil, err
 	}
@@ -384,6 +390,9 @@ func (g *group) apply(rd *raft.Ready) {
 		}
 	}
 	if len(rd.CommittedEntries) > 0 {
+		for _, e := range rd.CommittedEntries {
+			g.logBytes += uint64(len(e.GetData()))
+		}
 		g.applyEntries(rd.CommittedEntries)
 		h.appliedSome[g.id] = g
 	}
@@ -737,23 +746,35 @@ func (g *group) takeSnapshot() (*pb.Snapshot, error) {
 }
 
 // maybeCompact snapshots and truncates the log once enough entries were
-// applied since the last snapshot.
+// applied since the last snapshot, or enough bytes: large entries (file
+// data) would otherwise keep gigabytes of log (10,000 entries of 1 MiB)
+// while the state is a fraction of it. The byte threshold grows with the
+// snapshot so that snapshotting a large state stays a bounded share of
+// the writes.
 func (g *group) maybeCompact() error {
 	var since uint64
 	if s := g.st.snap; s != nil {
 		since = s.GetIndex()
 	}
-	if g.applied < since+g.h.cfg.SnapshotEntries {
+	byBytes := g.logBytes >= max(g.h.cfg.SnapshotBytes, 4*g.snapBytes)
+	if g.applied < since+g.h.cfg.SnapshotEntries && !byBytes {
 		return nil
 	}
-	if _, err := g.takeSnapshot(); err != nil {
+	snap, err := g.takeSnapshot()
+	if err != nil {
 		return err
 	}
+	g.logBytes, g.snapBytes = 0, uint64(len(snap.GetData()))
 	idx := g.st.snap.GetIndex()
-	if idx <= g.h.cfg.CompactionMargin {
+	margin := g.h.cfg.CompactionMargin
+	if byBytes {
+		// Keep half of what the snapshot covers, not a count of entries.
+		margin = min(margin, (idx-since)/2)
+	}
+	if idx <= margin {
 		return nil
 	}
-	to := idx - g.h.cfg.CompactionMargin
+	to := idx - margin
 	if to <= g.st.trunc.index {
 		return nil
 	}

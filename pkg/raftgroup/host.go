@@ -1,6 +1,7 @@
 package raftgroup
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -65,6 +66,11 @@ type Config struct {
 	// before a snapshot the log keeps for slow followers (default 1,000).
 	SnapshotEntries  uint64
 	CompactionMargin uint64
+	// SnapshotBytes also snapshots a group once it applied this much entry
+	// data since its last snapshot, and at least four times that snapshot's
+	// size (default 256 MiB); the log then keeps half of the entries
+	// snapshotted.
+	SnapshotBytes uint64
 	// Raft flow control (defaults 1 MiB, 256, 64 MiB).
 	MaxSizePerMsg       uint64
 	MaxInflightMsgs     int
@@ -72,6 +78,13 @@ type Config struct {
 	// MaxInbox bounds the batches waiting for the loop (default 65,536);
 	// beyond it inbound batches are dropped (Raft retries).
 	MaxInbox int
+	// SegmentSize is the size from which the segment log starts a new
+	// file (default 64 MiB).
+	SegmentSize int64
+	// LargeEntry is the size from which an entry's data goes to the host's
+	// segment files (Dir/entries) instead of Pebble (default 16 KiB;
+	// negative: never). A host on a shared DB keeps every entry in Pebble.
+	LargeEntry int
 }
 
 func (c *Config) setDefaults() error {
@@ -117,6 +130,12 @@ func (c *Config) setDefaults() error {
 	if c.CompactionMargin == 0 {
 		c.CompactionMargin = 1_000
 	}
+	if c.SnapshotBytes == 0 {
+		c.SnapshotBytes = 256 << 20
+	}
+	if c.SegmentSize <= 0 {
+		c.SegmentSize = defaultSegmentSize
+	}
 	if c.MaxSizePerMsg == 0 {
 		c.MaxSizePerMsg = 1 << 20
 	}
@@ -128,6 +147,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.MaxInbox <= 0 {
 		c.MaxInbox = 1 << 16
+	}
+	if c.LargeEntry == 0 {
+		c.LargeEntry = 16 << 10
 	}
 	return nil
 }
@@ -143,6 +165,7 @@ type Host struct {
 	log   *slog.Logger
 	db    *pebble.DB
 	ownDB bool
+	seg   *segmentLog // nil: every entry in Pebble
 	ks    keyspace
 	rlog  raft.Logger
 
@@ -272,8 +295,23 @@ func Open(cfg Config) (*Host, error) {
 			return nil, fmt.Errorf("raftgroup: open pebble at %s: %w", cfg.Dir, err)
 		}
 		h.db, h.ownDB = db, true
+		if cfg.LargeEntry > 0 {
+			fs := cmp.Or[vfs.FS](cfg.FS, vfs.Default)
+			if h.seg, err = openSegmentLog(fs, fs.PathJoin(cfg.Dir, "entries")); err != nil {
+				h.db.Close()
+				return nil, err
+			}
+			h.seg.maxSize = cfg.SegmentSize
+		}
 	}
-	if err := h.loadGroups(); err != nil {
+	err := h.loadGroups()
+	if err == nil && h.seg != nil {
+		err = h.seg.dropUnreferenced()
+	}
+	if err != nil {
+		if h.seg != nil {
+			h.seg.close()
+		}
 		if h.ownDB {
 			h.db.Close()
 		}
@@ -346,6 +384,9 @@ func (h *Host) Close() error {
 	h.stopped = true
 	for _, id := range h.sortedGroups(h.groups) {
 		h.groups[id].failPending(ErrClosed)
+	}
+	if h.seg != nil {
+		h.seg.close()
 	}
 	if h.ownDB {
 		return h.db.Close()
@@ -580,6 +621,14 @@ func (h *Host) handleReadies() {
 			}
 			commits = append(commits, c)
 			sync = sync || rds[i].rd.MustSync || !raft.IsEmptySnap(rds[i].rd.Snapshot)
+		}
+		if h.seg != nil && h.seg.pending() {
+			// The entries' data before the references to it (segments.go).
+			if err := h.seg.syncPending(); err != nil {
+				b.Close()
+				h.fail(err)
+				return
+			}
 		}
 		if !b.Empty() {
 			opts := pebble.NoSync

@@ -113,9 +113,23 @@ func seedFromEnv(def uint64) uint64 {
 func TestLinearizableKV(t *testing.T) {
 	seed := seedFromEnv(31)
 	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
+	linearizableKV(t, seed, 0)
+}
+
+// TestLinearizableKVSegments is TestLinearizableKV with every entry's data
+// in the segment log (segments.go), so that its crashes, restarts,
+// snapshots and truncations go through the segment files.
+func TestLinearizableKVSegments(t *testing.T) {
+	seed := seedFromEnv(32)
+	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
+	linearizableKV(t, seed, 1)
+}
+
+func linearizableKV(t *testing.T, seed uint64, largeEntry int) {
 	c := rgt.New(t, rgt.Options{Nodes: 5, Seed: seed, CrashKeepsUnsynced: 50, Configure: func(cfg *raftgroup.Config) {
 		cfg.SnapshotEntries = 20
 		cfg.CompactionMargin = 2
+		cfg.LargeEntry = largeEntry
 	}})
 	c.Net.DropRate = 0.03
 	c.Net.MaxDelay = 2

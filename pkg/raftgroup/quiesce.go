@@ -221,6 +221,12 @@ func (h *Host) afterRound() {
 		}
 	}
 	clear(h.attention)
+	if h.seg != nil {
+		if err := h.seg.collect(h.db); err != nil {
+			h.fail(err)
+			return
+		}
+	}
 	if len(h.appliedSome) == 0 {
 		return
 	}

@@ -22,6 +22,9 @@ type groupStorage struct {
 	db *pebble.DB
 	ks keyspace
 	g  GroupID
+	// seg, when set, holds the data of entries of at least large bytes.
+	seg   *segmentLog
+	large int
 
 	// Cached durable state.
 	hs       *pb.HardState
@@ -67,9 +70,10 @@ func get(db pebble.Reader, key []byte) ([]byte, error) {
 	return out, closer.Close()
 }
 
-// loadStorage reads a group's durable raft state.
-func loadStorage(db *pebble.DB, ks keyspace, g GroupID) (*groupStorage, error) {
-	s := &groupStorage{db: db, ks: ks, g: g}
+// loadStorage reads a group's durable raft state. With seg, every entry
+// of the log is visited to report its segment references.
+func loadStorage(db *pebble.DB, ks keyspace, g GroupID, seg *segmentLog, large int) (*groupStorage, error) {
+	s := &groupStorage{db: db, ks: ks, g: g, seg: seg, large: large}
 	v, err := get(db, ks.groupKey(g, sufHardState))
 	if err != nil {
 		return nil, err
@@ -99,9 +103,21 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID) (*groupStorage, error) {
 	if err != nil {
 		return nil, err
 	}
+	if seg != nil {
+		for valid := it.First(); valid; valid = it.Next() {
+			if v := it.Value(); len(v) > 0 && v[0] == refMarker {
+				_, ref, err := decodeStored(v)
+				if err != nil {
+					it.Close()
+					return nil, fmt.Errorf("group %d: entry: %w", g, err)
+				}
+				seg.addRef(g, ks.parseLogIndex(it.Key()), ref.seg)
+			}
+		}
+	}
 	if it.Last() {
-		e := &pb.Entry{}
-		if err := proto.Unmarshal(it.Value(), e); err != nil {
+		e, _, err := decodeStored(bytes.Clone(it.Value()))
+		if err != nil {
 			it.Close()
 			return nil, fmt.Errorf("group %d: entry: %w", g, err)
 		}
@@ -188,20 +204,29 @@ func (s *groupStorage) readEntries(lo, hi, maxSize uint64) ([]*pb.Entry, uint64,
 		next = lo
 	)
 	for valid := it.First(); valid; valid = it.Next() {
-		// NB: an entry is stored as its encoding, so the value's length is
-		// its size: the limit is checked before decoding what goes over it.
+		// NB: an entry is stored as its encoding (or a reference to its data
+		// and the rest of it), so its size is known before its data is read
+		// or decoded: the limit is checked first.
 		v := it.Value()
-		if len(out) > 0 && size+uint64(len(v)) > maxSize {
+		n := uint64(len(v))
+		ref, err := peekRef(v)
+		if err != nil {
+			return nil, 0, fmt.Errorf("group %d: entry: %w", s.g, err)
+		}
+		if ref != nil {
+			n += ref.n
+		}
+		if len(out) > 0 && size+n > maxSize {
 			break
 		}
-		e, err := decodeEntry(bytes.Clone(v))
+		e, err := s.decode(bytes.Clone(v))
 		if err != nil {
 			return nil, 0, fmt.Errorf("group %d: entry: %w", s.g, err)
 		}
 		if e.GetIndex() != next {
 			return nil, 0, fmt.Errorf("group %d: log gap at %d (found %d): %w", s.g, next, e.GetIndex(), raft.ErrUnavailable)
 		}
-		size += uint64(len(v))
+		size += n
 		out = append(out, e)
 		next++
 	}
@@ -236,7 +261,7 @@ func (s *groupStorage) Term(i uint64) (uint64, error) {
 	if v == nil {
 		return 0, raft.ErrUnavailable
 	}
-	e, err := decodeEntry(v)
+	e, _, err := decodeStored(v)
 	if err != nil {
 		return 0, err
 	}
@@ -285,6 +310,11 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 		if err := b.DeleteRange(s.ks.logKey(s.g, 0), s.ks.logEnd(s.g), nil); err != nil {
 			return nil, err
 		}
+		if s.seg != nil {
+			// NB: before the entries below add theirs; the whole log goes in
+			// this synced batch, and segments are removed only after a sync.
+			s.seg.dropGroup(s.g)
+		}
 		trunc = truncState{m.GetIndex(), m.GetTerm()}
 		if err := b.Set(s.ks.groupKey(s.g, sufTruncated), trunc.encode(), nil); err != nil {
 			return nil, err
@@ -302,7 +332,16 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 			if e.GetIndex() <= trunc.index {
 				continue
 			}
-			if err := setEntry(b, s.ks.logKey(s.g, e.GetIndex()), e); err != nil {
+			key := s.ks.logKey(s.g, e.GetIndex())
+			if s.seg != nil && len(e.GetData()) >= s.large {
+				ref, err := s.seg.append(s.g, e.GetIndex(), e.GetData())
+				if err != nil {
+					return nil, err
+				}
+				if err := setRefEntry(b, key, e, ref); err != nil {
+					return nil, err
+				}
+			} else if err := setEntry(b, key, e); err != nil {
 				return nil, err
 			}
 			fresh = append(fresh, e)
@@ -393,5 +432,24 @@ func (s *groupStorage) stageCompact(b *pebble.Batch, index uint64) (func(), erro
 	return func() {
 		s.trunc = t
 		s.cache.dropTo(index)
+		if s.seg != nil {
+			s.seg.release(s.g, index)
+		}
 	}, nil
+}
+
+// decode decodes a stored entry, reading its data from the segment log
+// when it is there.
+func (s *groupStorage) decode(v []byte) (*pb.Entry, error) {
+	e, ref, err := decodeStored(v)
+	if err != nil || ref == nil {
+		return e, err
+	}
+	if s.seg == nil {
+		return nil, fmt.Errorf("entry %d: data in a segment, but this host has no segment log", e.GetIndex())
+	}
+	if e.Data, err = s.seg.read(*ref); err != nil {
+		return nil, err
+	}
+	return e, nil
 }

@@ -47,7 +47,7 @@ func persist(t *testing.T, db *pebble.DB, s *groupStorage, rd raft.Ready) {
 func TestStorage(t *testing.T) {
 	db := memDB(t)
 	ks := keyspace{prefix: []byte("x")}
-	s, err := loadStorage(db, ks, 7)
+	s, err := loadStorage(db, ks, 7, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func TestStorage(t *testing.T) {
 		t.Fatalf("term(3): %v", err)
 	}
 	// Reload: the same durable state.
-	r, err := loadStorage(db, ks, 7)
+	r, err := loadStorage(db, ks, 7, nil, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

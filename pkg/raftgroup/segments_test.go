@@ -1,0 +1,106 @@
+package raftgroup_test
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
+)
+
+// segmentFiles counts a node's live and kept (free) segment files.
+func segmentFiles(t *testing.T, c *rgt.Cluster, n raftgroup.NodeID) (live, free int) {
+	t.Helper()
+	names, err := c.Node(n).FS.List("/pebble/entries")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		switch {
+		case strings.HasSuffix(name, ".seg"):
+			live++
+		case strings.HasSuffix(name, ".free"):
+			free++
+		}
+	}
+	return live, free
+}
+
+// TestSegmentLogBoundedAndDurable writes entries whose data all go to the
+// segment log, in small segments and with frequent snapshots: the segments
+// that truncation emptied are dropped or kept for reuse, so their number
+// stays bounded; a crashed node reads its log back from the segments (its
+// entry cache is gone) and catches up; so does a node that lost the race
+// and needs a snapshot.
+func TestSegmentLogBoundedAndDurable(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 9, Configure: func(cfg *raftgroup.Config) {
+		cfg.LargeEntry = 1
+		cfg.SegmentSize = 4 << 10
+		cfg.SnapshotEntries = 20
+		cfg.CompactionMargin = 5
+	}})
+	c.CreateGroup(1, 1, 2, 3)
+	l := c.WaitLeader(1, 100)
+	value := strings.Repeat("v", 900) // about five entries per segment
+	for i := range 200 {
+		write(t, c, l, 1, fmt.Sprint("k", i%50), fmt.Sprint(value, i))
+	}
+	for _, n := range c.Up() {
+		live, free := segmentFiles(t, c, n)
+		// The log holds at most SnapshotEntries+CompactionMargin entries,
+		// about five segments, and four more are kept for reuse.
+		if live == 0 || live > 8 || free > 4 {
+			t.Errorf("node %d: %d live and %d free segment files after 200 writes", n, live, free)
+		}
+	}
+	// A follower restarts from its disk alone.
+	victim := raftgroup.NodeID(1)
+	if victim == l {
+		victim = 2
+	}
+	c.Crash(victim)
+	c.Restart(victim)
+	for i := 200; i < 230; i++ {
+		write(t, c, l, 1, fmt.Sprint("k", i%50), fmt.Sprint(value, i))
+	}
+	d := converge(t, c, 1, 1, 2, 3)
+	if got, want := d["k29"], fmt.Sprint(value, 229); got != want {
+		t.Fatalf("k29 = %.20q..., want %.20q...", got, want)
+	}
+	// The leader restarts too and serves its log from the segments.
+	c.Crash(l)
+	c.Restart(l)
+	l = c.WaitLeader(1, 200)
+	write(t, c, l, 1, "after", "restart")
+	if d := converge(t, c, 1, 1, 2, 3); len(d) != 51 {
+		t.Fatalf("%d keys after the restarts", len(d))
+	}
+}
+
+// TestSnapshotByBytes: a group whose entries are large snapshots and
+// truncates its log by the bytes applied, long before SnapshotEntries.
+func TestSnapshotByBytes(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 10, Configure: func(cfg *raftgroup.Config) {
+		cfg.SnapshotBytes = 256 << 10
+	}})
+	c.CreateGroup(1, 1, 2, 3)
+	l := c.WaitLeader(1, 100)
+	big := strings.Repeat("x", 20<<10) // in segments by default
+	for i := range 40 {
+		write(t, c, l, 1, fmt.Sprint("k", i%2), fmt.Sprint(big, i))
+	}
+	converge(t, c, 1, 1, 2, 3)
+	st, err := c.Host(l).Status(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 800 KiB applied: snapshots at 256 KiB and beyond; the state is two
+	// keys (40 KiB), so the threshold stays SnapshotBytes.
+	if st.SnapshotIndex == 0 || st.FirstIndex <= 5 {
+		t.Fatalf("no snapshot or truncation by bytes: %+v", st)
+	}
+	if live, _ := segmentFiles(t, c, l); live > 1 {
+		t.Fatalf("%d live segments for a log of at most %d entries", live, st.LastIndex-st.FirstIndex+1)
+	}
+}
