@@ -83,18 +83,17 @@
 // # Storage
 //
 // Log entries, hard state and snapshots live under group-prefixed keys
-// (keys.go) in one Pebble, except the data of entries of 16 KiB or more
-// (Config.LargeEntry): a volume's file data lives in its log until a
-// snapshot covers it, and in Pebble each such entry was copied into the
-// WAL, the memtable and then a blob file, half of a replica's CPU for
-// sequential writes. That data goes to append-only segment files instead
-// (segments.go), written once, synced before the Pebble commit that
-// refers to it, and dropped — or kept to be written over — once
-// truncation has released every entry in a segment. Other large values
-// (snapshots) go to blob files when a memtable is flushed, so compactions
-// move references instead of rewriting them, and blocks are not
-// compressed (file data rarely compresses and Snappy cost more CPU than
-// the disk time it saved). The latest durable
+// (keys.go) in one Pebble, except the data of entries and snapshots of
+// 16 KiB or more (Config.LargeEntry): a volume's file data lives in its
+// log until a snapshot covers it, and in Pebble each such entry was
+// copied into the WAL, the memtable and then a blob file, half of a
+// replica's CPU for sequential writes. That data goes to append-only
+// segment files instead (segments.go), written once, synced before the
+// Pebble commit that refers to it, and dropped — or kept to be written
+// over — once truncation and newer snapshots have released everything in
+// a segment. Pebble's blocks are not compressed (file data rarely
+// compresses and Snappy cost more CPU than the disk time it saved), and
+// what large values remain go to its blob files. The latest durable
 // entries of each group (8 MiB) stay in memory in an entry cache, because
 // raft reads them back right away — to apply them, to send them to
 // followers, for their terms — and a read from Pebble copies and decodes

@@ -50,6 +50,9 @@ type segmentLog struct {
 	// whose log references it; a group's entry stops counting once its
 	// log is truncated past that index or the group is destroyed.
 	refs map[uint64]map[GroupID]uint64
+	// snaps is the segment holding each group's stored snapshot, when it
+	// is in one.
+	snaps map[GroupID]uint64
 	// idle is set when a segment lost its last reference.
 	idle bool
 	// free are dead segment files kept to be written over (their names end
@@ -99,7 +102,7 @@ func openSegmentLog(fs vfs.FS, dir string) (*segmentLog, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftgroup: segment directory: %w", err)
 	}
-	l := &segmentLog{fs: fs, dir: dir, maxSize: defaultSegmentSize, segs: map[uint64]*segment{}, refs: map[uint64]map[GroupID]uint64{}, nextID: 1}
+	l := &segmentLog{fs: fs, dir: dir, maxSize: defaultSegmentSize, segs: map[uint64]*segment{}, refs: map[uint64]map[GroupID]uint64{}, snaps: map[GroupID]uint64{}, nextID: 1}
 	slices.Sort(names)
 	for _, name := range names {
 		if strings.HasSuffix(name, ".free") {
@@ -158,14 +161,43 @@ func (l *segmentLog) release(g GroupID, index uint64) {
 	}
 }
 
-// dropGroup drops every reference of group g (its log is gone).
-func (l *segmentLog) dropGroup(g GroupID) { l.release(g, ^uint64(0)) }
+// dropGroup drops every reference of group g (its log and snapshot are
+// gone).
+func (l *segmentLog) dropGroup(g GroupID) {
+	l.release(g, ^uint64(0))
+	if _, ok := l.snaps[g]; ok {
+		delete(l.snaps, g)
+		l.idle = true
+	}
+}
+
+// setSnapshot records that group g's stored snapshot is in seg (the
+// previous one no longer counts).
+func (l *segmentLog) setSnapshot(g GroupID, seg uint64) {
+	if old, ok := l.snaps[g]; ok && old != seg {
+		l.idle = true
+	}
+	l.snaps[g] = seg
+}
+
+// referenced reports the segments that logs or snapshots refer to.
+func (l *segmentLog) referenced() map[uint64]bool {
+	out := make(map[uint64]bool, len(l.refs)+len(l.snaps))
+	for id := range l.refs {
+		out[id] = true
+	}
+	for _, id := range l.snaps {
+		out[id] = true
+	}
+	return out
+}
 
 // dropUnreferenced removes, at start, the segments no log references:
 // nothing can reference them later.
 func (l *segmentLog) dropUnreferenced() error {
+	live := l.referenced()
 	for id, s := range l.segs {
-		if _, ok := l.refs[id]; !ok {
+		if !live[id] {
 			if err := l.remove(s); err != nil {
 				return err
 			}
@@ -174,9 +206,19 @@ func (l *segmentLog) dropUnreferenced() error {
 	return nil
 }
 
-// append writes data to the active segment (rotating it when full) and
-// returns its reference. It is durable only after syncPending.
+// append writes the data of group g's entry index to the active segment
+// and returns its reference. It is durable only after syncPending.
 func (l *segmentLog) append(g GroupID, index uint64, data []byte) (segmentRef, error) {
+	ref, err := l.write(data)
+	if err != nil {
+		return segmentRef{}, err
+	}
+	l.addRef(g, index, ref.seg)
+	return ref, nil
+}
+
+// write writes data to the active segment (rotating it when full).
+func (l *segmentLog) write(data []byte) (segmentRef, error) {
 	if l.active == nil || l.active.size > 0 && l.active.size+int64(len(data)) > l.maxSize {
 		if err := l.rotate(); err != nil {
 			return segmentRef{}, err
@@ -194,7 +236,6 @@ func (l *segmentLog) append(g GroupID, index uint64, data []byte) (segmentRef, e
 	}
 	ref := segmentRef{seg: s.id, off: uint64(s.size), n: uint64(len(data)), crc: crc32.Checksum(data, crcTable)}
 	s.size += int64(len(data))
-	l.addRef(g, index, s.id)
 	return ref, nil
 }
 
@@ -307,8 +348,9 @@ func (l *segmentLog) collect(db *pebble.DB) error {
 	}
 	l.idle = false
 	var dead []*segment
+	live := l.referenced()
 	for id, s := range l.segs {
-		if _, ok := l.refs[id]; !ok && s != l.active && s.w == nil {
+		if !live[id] && s != l.active && s.w == nil {
 			dead = append(dead, s)
 		}
 	}
@@ -366,14 +408,17 @@ func refHeaderLen(ref *segmentRef) int {
 	return 1 + binary.PutUvarint(b[:], ref.seg) + binary.PutUvarint(b[:], ref.off) + binary.PutUvarint(b[:], ref.n) + 4
 }
 
-// setRefEntry adds entry e at key to b with its data replaced by ref.
-func setRefEntry(b *pebble.Batch, key []byte, e *pb.Entry, ref segmentRef) error {
+func (ref segmentRef) header() []byte {
 	hdr := []byte{refMarker}
 	hdr = binary.AppendUvarint(hdr, ref.seg)
 	hdr = binary.AppendUvarint(hdr, ref.off)
 	hdr = binary.AppendUvarint(hdr, ref.n)
-	hdr = binary.BigEndian.AppendUint32(hdr, ref.crc)
-	v, err := proto.MarshalOptions{}.MarshalAppend(hdr, &pb.Entry{Type: e.Type, Term: e.Term, Index: e.Index})
+	return binary.BigEndian.AppendUint32(hdr, ref.crc)
+}
+
+// setRefEntry adds entry e at key to b with its data replaced by ref.
+func setRefEntry(b *pebble.Batch, key []byte, e *pb.Entry, ref segmentRef) error {
+	v, err := proto.MarshalOptions{}.MarshalAppend(ref.header(), &pb.Entry{Type: e.Type, Term: e.Term, Index: e.Index})
 	if err != nil {
 		return err
 	}

@@ -31,8 +31,8 @@ func segmentFiles(t *testing.T, c *rgt.Cluster, n raftgroup.NodeID) (live, free 
 // segment log, in small segments and with frequent snapshots: the segments
 // that truncation emptied are dropped or kept for reuse, so their number
 // stays bounded; a crashed node reads its log back from the segments (its
-// entry cache is gone) and catches up; so does a node that lost the race
-// and needs a snapshot.
+// entry cache is gone) and catches up; so does one that missed more than
+// the log keeps, from a snapshot stored in a segment.
 func TestSegmentLogBoundedAndDurable(t *testing.T) {
 	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 9, Configure: func(cfg *raftgroup.Config) {
 		cfg.LargeEntry = 1
@@ -67,6 +67,24 @@ func TestSegmentLogBoundedAndDurable(t *testing.T) {
 	d := converge(t, c, 1, 1, 2, 3)
 	if got, want := d["k29"], fmt.Sprint(value, 229); got != want {
 		t.Fatalf("k29 = %.20q..., want %.20q...", got, want)
+	}
+	// A follower that misses more than the log keeps catches up from the
+	// snapshot, which is in a segment too.
+	c.Crash(victim)
+	sent := func() (n uint64) {
+		for _, id := range c.Up() {
+			n += c.Host(id).Stats().SnapshotsSent
+		}
+		return n
+	}
+	before := sent()
+	for i := 230; i < 300; i++ {
+		write(t, c, l, 1, fmt.Sprint("k", i%50), fmt.Sprint(value, i))
+	}
+	c.Restart(victim)
+	converge(t, c, 1, 1, 2, 3)
+	if sent() == before {
+		t.Fatal("the follower caught up without a snapshot")
 	}
 	// The leader restarts too and serves its log from the segments.
 	c.Crash(l)

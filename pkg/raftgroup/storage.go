@@ -91,6 +91,17 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, seg *segmentLog, large i
 			return nil, fmt.Errorf("group %d: %w", g, err)
 		}
 	}
+	if seg != nil {
+		v, err := get(db, ks.groupKey(g, sufSnapshot))
+		if err != nil {
+			return nil, err
+		}
+		if ref, err := peekRef(v); err != nil {
+			return nil, fmt.Errorf("group %d: snapshot: %w", g, err)
+		} else if ref != nil {
+			seg.setSnapshot(g, ref.seg)
+		}
+	}
 	snap, err := s.loadSnapshot()
 	if err != nil {
 		return nil, err
@@ -142,11 +153,53 @@ func (s *groupStorage) loadSnapshot() (*pb.Snapshot, error) {
 	if err != nil || v == nil {
 		return nil, err
 	}
+	ref, err := peekRef(v)
+	if err != nil {
+		return nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
+	}
 	snap := &pb.Snapshot{}
+	if ref != nil {
+		v = v[refHeaderLen(ref):]
+	}
 	if err := proto.Unmarshal(v, snap); err != nil {
 		return nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
 	}
+	if ref != nil {
+		if s.seg == nil {
+			return nil, fmt.Errorf("group %d: snapshot in a segment, but this host has no segment log", s.g)
+		}
+		if snap.Data, err = s.seg.read(*ref); err != nil {
+			return nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
+		}
+	}
 	return pb.EnsureSnapshot(snap), nil
+}
+
+// setSnapshot adds snap to b as the group's stored snapshot. Large data
+// goes to the segment log, synced now: the batch may commit unsynced and
+// still reach the disk before the next synced commit.
+func (s *groupStorage) setSnapshot(b *pebble.Batch, snap *pb.Snapshot) error {
+	key := s.ks.groupKey(s.g, sufSnapshot)
+	if s.seg == nil || len(snap.GetData()) < s.large {
+		data, err := proto.Marshal(snap)
+		if err != nil {
+			return err
+		}
+		return b.Set(key, data, nil)
+	}
+	ref, err := s.seg.write(snap.GetData())
+	if err != nil {
+		return err
+	}
+	if err := s.seg.syncPending(); err != nil {
+		return err
+	}
+	s.seg.setSnapshot(s.g, ref.seg)
+	v, err := proto.MarshalOptions{}.MarshalAppend(ref.header(), &pb.Snapshot{Metadata: snap.GetMetadata()})
+	if err != nil {
+		return err
+	}
+	return b.Set(key, v, nil)
 }
 
 // InitialState implements raft.Storage.
@@ -300,20 +353,17 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 		// The snapshot replaces the whole log: raft only hands one over when
 		// the log does not match it.
 		m := rd.Snapshot.GetMetadata()
-		data, err := proto.Marshal(rd.Snapshot)
-		if err != nil {
-			return nil, err
-		}
-		if err := b.Set(s.ks.groupKey(s.g, sufSnapshot), data, nil); err != nil {
-			return nil, err
-		}
 		if err := b.DeleteRange(s.ks.logKey(s.g, 0), s.ks.logEnd(s.g), nil); err != nil {
 			return nil, err
 		}
 		if s.seg != nil {
-			// NB: before the entries below add theirs; the whole log goes in
-			// this synced batch, and segments are removed only after a sync.
+			// NB: before the snapshot and the entries below add theirs; the
+			// whole log goes in this synced batch, and segments are removed
+			// only after a sync.
 			s.seg.dropGroup(s.g)
+		}
+		if err := s.setSnapshot(b, rd.Snapshot); err != nil {
+			return nil, err
 		}
 		trunc = truncState{m.GetIndex(), m.GetTerm()}
 		if err := b.Set(s.ks.groupKey(s.g, sufTruncated), trunc.encode(), nil); err != nil {
@@ -398,11 +448,7 @@ func setEntry(b *pebble.Batch, key []byte, e *pb.Entry) error {
 
 // stageSnapshot stores snap as the group's latest snapshot.
 func (s *groupStorage) stageSnapshot(b *pebble.Batch, snap *pb.Snapshot) (func(), error) {
-	data, err := proto.Marshal(snap)
-	if err != nil {
-		return nil, err
-	}
-	if err := b.Set(s.ks.groupKey(s.g, sufSnapshot), data, nil); err != nil {
+	if err := s.setSnapshot(b, snap); err != nil {
 		return nil, err
 	}
 	meta := proto.Clone(snap.GetMetadata()).(*pb.SnapshotMetadata)
