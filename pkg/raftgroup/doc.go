@@ -129,9 +129,9 @@
 //
 // Quiesced followers cannot notice a dead leader by missing heartbeats, so
 // the host keeps node liveness instead: every batch counts as a sign of
-// life, and a host that has sent nothing to a peer for a heartbeat
-// interval sends an empty batch — one ping per node pair, whatever the
-// number of groups. When a peer is silent for an election timeout, every
+// life, and a host that has sent nothing to a peer for a third of an
+// election timeout sends an empty batch — one ping per node pair, whatever
+// the number of groups. When a peer is silent for an election timeout, every
 // quiesced group with a replica there wakes, and the usual election (with
 // PreVote and CheckQuorum) takes over. A restarted replica wakes its group
 // by campaigning (PreVote), which reaches the leader too.

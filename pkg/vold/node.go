@@ -202,12 +202,24 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	published := time.Now()
+	full := true
+	var reconciled time.Time
 	for {
-		n.reconcile(ctx)
+		// A round reads every volume document: with a thousand volumes that
+		// was most of an idle vold's CPU, once a second. Documents changing
+		// or a kick run it at once; the tick only retries failed creates,
+		// and every reconcileEvery catches what no document announces (a
+		// group that removed this replica).
+		if full || len(n.failed) > 0 || time.Since(reconciled) >= reconcileEvery {
+			n.reconcile(ctx)
+			reconciled = time.Now()
+		}
+		full = true
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
+			full = false
 			if time.Since(published) > 30*time.Second {
 				published = time.Now()
 				if err := n.publishNode(ctx); err != nil {
@@ -219,6 +231,9 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 		}
 	}
 }
+
+// reconcileEvery is how often reconcile runs when nothing asks for it.
+const reconcileEvery = 10 * time.Second
 
 func goWG(wg *sync.WaitGroup, fn func()) {
 	wg.Add(1)
