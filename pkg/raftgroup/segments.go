@@ -32,8 +32,9 @@ import (
 // segment files before the round's synced Pebble commit, so a reference
 // that is durable always points at durable data. A crash between the two
 // leaves unreferenced bytes, which the next start drops with their
-// segment. A segment is removed once no group's log references it and the
-// Pebble commits that dropped the references have been synced.
+// segment. A segment is removed (or kept to be written over) once no
+// group's log or stored snapshot references it and the Pebble commits that
+// dropped the references have been synced.
 //
 // All methods run on the host loop (or while the host is being opened).
 type segmentLog struct {
@@ -95,7 +96,7 @@ func openSegmentLog(fs vfs.FS, dir string) (*segmentLog, error) {
 		return nil, fmt.Errorf("raftgroup: segment directory: %w", err)
 	}
 	// The directory's own entry must be durable before any segment in it.
-	if err := (&segmentLog{fs: fs, dir: fs.PathDir(dir)}).syncDir(); err != nil {
+	if err := syncDir(fs, fs.PathDir(dir)); err != nil {
 		return nil, err
 	}
 	names, err := fs.List(dir)
@@ -251,9 +252,7 @@ func (l *segmentLog) rotate() error {
 				return fmt.Errorf("raftgroup: close segment %d: %w", a.id, err)
 			}
 		} // else syncPending closes it
-		if _, ok := l.refs[a.id]; !ok {
-			l.idle = true
-		}
+		l.idle = true // collect skips the active segment: look again
 	}
 	id := l.nextID
 	l.nextID++
@@ -276,7 +275,7 @@ func (l *segmentLog) rotate() error {
 		w.Close()
 		return fmt.Errorf("raftgroup: open segment: %w", err)
 	}
-	if err := l.syncDir(); err != nil {
+	if err := syncDir(l.fs, l.dir); err != nil {
 		w.Close()
 		r.Close()
 		return err
@@ -287,8 +286,8 @@ func (l *segmentLog) rotate() error {
 	return nil
 }
 
-func (l *segmentLog) syncDir() error {
-	d, err := l.fs.OpenDir(l.dir)
+func syncDir(fs vfs.FS, dir string) error {
+	d, err := fs.OpenDir(dir)
 	if err != nil {
 		return fmt.Errorf("raftgroup: open segment directory: %w", err)
 	}
@@ -403,11 +402,6 @@ func (l *segmentLog) close() {
 //
 //	refMarker | uvarint seg | uvarint off | uvarint n | crc32c(4) | raftpb.Entry without Data
 
-func refHeaderLen(ref *segmentRef) int {
-	var b [binary.MaxVarintLen64]byte
-	return 1 + binary.PutUvarint(b[:], ref.seg) + binary.PutUvarint(b[:], ref.off) + binary.PutUvarint(b[:], ref.n) + 4
-}
-
 func (ref segmentRef) header() []byte {
 	hdr := []byte{refMarker}
 	hdr = binary.AppendUvarint(hdr, ref.seg)
@@ -425,33 +419,29 @@ func setRefEntry(b *pebble.Batch, key []byte, e *pb.Entry, ref segmentRef) error
 	return b.Set(key, v, nil)
 }
 
-// peekRef returns the reference of a stored entry, nil if its data is
-// inline.
-func peekRef(v []byte) (*segmentRef, error) {
+// splitRef splits a stored value into the reference to its data (nil if
+// the data is inline) and the encoding that follows it.
+func splitRef(v []byte) (*segmentRef, []byte, error) {
 	if len(v) == 0 || v[0] != refMarker {
-		return nil, nil
+		return nil, v, nil
 	}
 	r := reader{b: v[1:]}
 	ref := &segmentRef{seg: r.uvarint(), off: r.uvarint(), n: r.uvarint()}
 	if r.err != nil || len(r.b) < 4 {
-		return nil, fmt.Errorf("raftgroup: segment reference: %w", errShort)
+		return nil, nil, fmt.Errorf("raftgroup: segment reference: %w", errShort)
 	}
 	ref.crc = binary.BigEndian.Uint32(r.b)
-	return ref, nil
+	return ref, r.b[4:], nil
 }
 
 // decodeStored decodes a stored entry. For an entry whose data is in a
 // segment it returns the entry without its data and the reference.
 func decodeStored(v []byte) (*pb.Entry, *segmentRef, error) {
-	if len(v) == 0 || v[0] != refMarker {
-		e, err := decodeEntry(v)
-		return e, nil, err
-	}
-	ref, err := peekRef(v)
+	ref, body, err := splitRef(v)
 	if err != nil {
 		return nil, nil, err
 	}
-	e, err := decodeEntry(v[refHeaderLen(ref):])
+	e, err := decodeEntry(body)
 	if err != nil {
 		return nil, nil, err
 	}

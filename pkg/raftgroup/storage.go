@@ -91,20 +91,16 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, seg *segmentLog, large i
 			return nil, fmt.Errorf("group %d: %w", g, err)
 		}
 	}
-	if seg != nil {
-		v, err := get(db, ks.groupKey(g, sufSnapshot))
-		if err != nil {
-			return nil, err
-		}
-		if ref, err := peekRef(v); err != nil {
-			return nil, fmt.Errorf("group %d: snapshot: %w", g, err)
-		} else if ref != nil {
-			seg.setSnapshot(g, ref.seg)
-		}
-	}
-	snap, err := s.loadSnapshot()
+	// NB: only the metadata: openGroup reads the data to restore from.
+	snap, ref, err := s.readSnapshot(false)
 	if err != nil {
 		return nil, err
+	}
+	if ref != nil {
+		if seg == nil {
+			return nil, fmt.Errorf("group %d: snapshot in a segment, but this host has no segment log", g)
+		}
+		seg.setSnapshot(g, ref.seg)
 	}
 	if snap != nil {
 		s.snap = snap.GetMetadata()
@@ -116,12 +112,12 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, seg *segmentLog, large i
 	}
 	if seg != nil {
 		for valid := it.First(); valid; valid = it.Next() {
-			if v := it.Value(); len(v) > 0 && v[0] == refMarker {
-				_, ref, err := decodeStored(v)
-				if err != nil {
-					it.Close()
-					return nil, fmt.Errorf("group %d: entry: %w", g, err)
-				}
+			ref, _, err := splitRef(it.Value())
+			if err != nil {
+				it.Close()
+				return nil, fmt.Errorf("group %d: entry: %w", g, err)
+			}
+			if ref != nil {
 				seg.addRef(g, ks.parseLogIndex(it.Key()), ref.seg)
 			}
 		}
@@ -149,30 +145,31 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, seg *segmentLog, large i
 }
 
 func (s *groupStorage) loadSnapshot() (*pb.Snapshot, error) {
+	snap, _, err := s.readSnapshot(true)
+	return snap, err
+}
+
+// readSnapshot reads the stored snapshot (nil: none) and, when its data is
+// in a segment, the reference to it; withData also reads that data.
+func (s *groupStorage) readSnapshot(withData bool) (*pb.Snapshot, *segmentRef, error) {
 	v, err := get(s.db, s.ks.groupKey(s.g, sufSnapshot))
 	if err != nil || v == nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ref, err := peekRef(v)
+	ref, body, err := splitRef(v)
 	if err != nil {
-		return nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
+		return nil, nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
 	}
 	snap := &pb.Snapshot{}
-	if ref != nil {
-		v = v[refHeaderLen(ref):]
+	if err := proto.Unmarshal(body, snap); err != nil {
+		return nil, nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
 	}
-	if err := proto.Unmarshal(v, snap); err != nil {
-		return nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
-	}
-	if ref != nil {
-		if s.seg == nil {
-			return nil, fmt.Errorf("group %d: snapshot in a segment, but this host has no segment log", s.g)
-		}
-		if snap.Data, err = s.seg.read(*ref); err != nil {
-			return nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
+	if ref != nil && withData {
+		if snap.Data, err = s.readRef(ref); err != nil {
+			return nil, nil, fmt.Errorf("group %d: snapshot: %w", s.g, err)
 		}
 	}
-	return pb.EnsureSnapshot(snap), nil
+	return pb.EnsureSnapshot(snap), ref, nil
 }
 
 // setSnapshot adds snap to b as the group's stored snapshot. Large data
@@ -262,7 +259,7 @@ func (s *groupStorage) readEntries(lo, hi, maxSize uint64) ([]*pb.Entry, uint64,
 		// or decoded: the limit is checked first.
 		v := it.Value()
 		n := uint64(len(v))
-		ref, err := peekRef(v)
+		ref, body, err := splitRef(v)
 		if err != nil {
 			return nil, 0, fmt.Errorf("group %d: entry: %w", s.g, err)
 		}
@@ -272,7 +269,10 @@ func (s *groupStorage) readEntries(lo, hi, maxSize uint64) ([]*pb.Entry, uint64,
 		if len(out) > 0 && size+n > maxSize {
 			break
 		}
-		e, err := s.decode(bytes.Clone(v))
+		e, err := decodeEntry(bytes.Clone(body))
+		if err == nil && ref != nil {
+			e.Data, err = s.readRef(ref)
+		}
 		if err != nil {
 			return nil, 0, fmt.Errorf("group %d: entry: %w", s.g, err)
 		}
@@ -484,18 +484,10 @@ func (s *groupStorage) stageCompact(b *pebble.Batch, index uint64) (func(), erro
 	}, nil
 }
 
-// decode decodes a stored entry, reading its data from the segment log
-// when it is there.
-func (s *groupStorage) decode(v []byte) (*pb.Entry, error) {
-	e, ref, err := decodeStored(v)
-	if err != nil || ref == nil {
-		return e, err
-	}
+// readRef reads data the segment log holds.
+func (s *groupStorage) readRef(ref *segmentRef) ([]byte, error) {
 	if s.seg == nil {
-		return nil, fmt.Errorf("entry %d: data in a segment, but this host has no segment log", e.GetIndex())
+		return nil, errors.New("data in a segment, but this host has no segment log")
 	}
-	if e.Data, err = s.seg.read(*ref); err != nil {
-		return nil, err
-	}
-	return e, nil
+	return s.seg.read(*ref)
 }
