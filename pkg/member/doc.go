@@ -46,7 +46,9 @@
 // is a lattice join: the table converges whatever the order, batching or
 // duplication of deliveries, which the property tests check. Dead needs a
 // strictly higher incarnation to come back, and Left is final for its
-// incarnation.
+// incarnation. One exception, below under partitions: a node takes another's
+// Dead about a member it holds alive as a suspicion, so the join holds once
+// suspicions have run out rather than at every instant.
 //
 // A node that restarts must outrank everything said about its previous
 // life without persisting anything: statd passes its start time in Unix
@@ -94,6 +96,19 @@
 // us dead, makes us refute too; the refutations spread as any news.
 // Left members are not probed: they come back by talking first, with a
 // higher incarnation.
+//
+// A heal also brings each side's verdicts on the other's members, still
+// queued for retransmission. In classic SWIM a node takes "Dead" about a
+// member of its own side, one it heard from a moment ago, from the first
+// message of the other side, and schedd replaces that member's tasks before
+// the member hears and refutes (the e2e partition test caught this). So only
+// a node's own suspicion timer kills a member it holds Alive or Suspect:
+// another's Dead starts (or leaves running) a suspicion here, which the
+// member refutes in time if it lives, while a member already Dead here, or
+// only known from a node document (never heard of), takes Dead at once. A
+// real death costs little for it: the Suspect spreads ahead of the verdict,
+// so most nodes' timers are running when it comes (the simulations see
+// about 0.1 s more until Dead on every node).
 //
 // # Structure
 //

@@ -45,6 +45,9 @@ type List struct {
 type entry struct {
 	Member
 	suspectDeadline time.Time // when State is Suspect
+	// guessed: Add made the record up and no claim about the member has
+	// come since, so there is nothing to hold against a verdict of Dead.
+	guessed bool
 }
 
 // bcast is an update waiting to be piggybacked. There is at most one per
@@ -110,7 +113,7 @@ func (l *List) Add(id, addr string) {
 			l.changedLocked(e)
 		}
 	} else {
-		e := &entry{Member: Member{ID: id, Addr: addr, State: Alive, Since: l.clk.Now()}}
+		e := &entry{Member: Member{ID: id, Addr: addr, State: Alive, Since: l.clk.Now()}, guessed: true}
 		l.insertLocked(e)
 		l.changedLocked(e)
 	}
@@ -290,6 +293,19 @@ func (l *List) applyLocked(u Update, from string, now time.Time) bool {
 		return l.applySelfLocked(u)
 	}
 	e := l.members[u.ID]
+	if e != nil && !e.guessed && u.State == Dead && (e.State == Alive || e.State == Suspect) {
+		// Only this node's own suspicion timer kills a member it holds
+		// alive; another's verdict is a suspicion here (see the package
+		// doc, "Partitions and returning nodes"). A suspicion already
+		// running goes on to its own end.
+		u.State = Suspect
+	}
+	return l.setLocked(e, u, from, now)
+}
+
+// setLocked makes u, if it supersedes it, the record of e (a new member if
+// e is nil) and reports whether the table changed.
+func (l *List) setLocked(e *entry, u Update, from string, now time.Time) bool {
 	if e == nil {
 		e = &entry{Member: Member{ID: u.ID, Addr: u.Addr, Incarnation: u.Incarnation, State: u.State, Since: now}}
 		l.insertLocked(e)
@@ -301,7 +317,7 @@ func (l *List) applyLocked(u Update, from string, now time.Time) bool {
 		if u.State != e.State {
 			e.Since = now
 		}
-		e.Incarnation, e.State = u.Incarnation, u.State
+		e.Incarnation, e.State, e.guessed = u.Incarnation, u.State, false
 		if u.Addr != "" {
 			e.Addr = u.Addr
 		}

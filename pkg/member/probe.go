@@ -172,7 +172,7 @@ func (l *List) expireLocked(now time.Time) {
 		}
 		d := e.Update()
 		d.State = Dead
-		if l.applyLocked(d, "", now) {
+		if l.setLocked(e, d, "", now) {
 			l.stats.DeadDeclared++
 			l.log.Info("member: dead", "id", id, "incarnation", d.Incarnation)
 		}

@@ -56,7 +56,7 @@ func newSchedCluster(t *testing.T) *schedCluster {
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("SHOAL_E2E_LOGS") != "" {
 			for i := 1; i <= c.Nodes(); i++ {
-				for _, d := range []string{"schedd"} {
+				for _, d := range []string{"statd", "schedd"} {
 					if b, err := os.ReadFile(c.LogPath(i, d)); err == nil {
 						lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 						t.Logf("node %d %s log:\n%s", i, d, strings.Join(lines[max(0, len(lines)-logTail):], "\n"))
