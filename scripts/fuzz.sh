@@ -3,14 +3,15 @@
 # allows one target per run). A run that ends with "context deadline
 # exceeded" and no failing input is Go's fuzz coordinator missing its own
 # -fuzztime deadline (a known flake on a loaded machine, not a finding): it
-# is run once more. Any other failure, or a failing input, fails at once.
+# is run again, up to twice. Any other failure, or a failing input, fails at
+# once.
 set -uo pipefail
 go=${GO:-go}
 fuzztime=${FUZZTIME:-10s}
 for t in "$@"; do
   pkg=${t%%:*}
   fn=${t##*:}
-  for attempt in 1 2; do
+  for attempt in 1 2 3; do
     echo "fuzz $pkg $fn ($fuzztime)"
     out=$("$go" test -run='^$' -fuzz="^$fn\$" -fuzztime="$fuzztime" "./$pkg" 2>&1)
     rc=$?
@@ -18,7 +19,7 @@ for t in "$@"; do
     if ((rc == 0)); then
       break
     fi
-    if ((attempt == 1)) && grep -q 'context deadline exceeded' <<<"$out" && ! grep -q 'Failing input written to' <<<"$out"; then
+    if ((attempt < 3)) && grep -q 'context deadline exceeded' <<<"$out" && ! grep -q 'Failing input written to' <<<"$out"; then
       echo "fuzz $pkg $fn: the fuzz coordinator overran its deadline without a finding; running it again"
       continue
     fi
