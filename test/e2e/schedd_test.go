@@ -484,73 +484,94 @@ func TestScheduler(t *testing.T) {
 			}
 			return v
 		}
-		var sent0, rejected0 [3]int64
-		for i := 1; i <= 3; i++ {
-			d := info(i)
-			sent0[i-1], rejected0[i-1] = counter(d, "reserves_sent"), counter(d, "reserves_rejected")
-		}
-		capMem, _ := strconv.ParseInt(info(1)["capacity_memory"], 10, 64)
-		per := capMem/2 - 1<<20 // two tasks fit a node, three do not
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		var violation string
-		var samples int
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				for i := 1; i <= 3; i++ {
-					d := info(i)
-					used, _ := strconv.ParseInt(d["reserved_memory"], 10, 64)
-					capa, _ := strconv.ParseInt(d["capacity_memory"], 10, 64)
-					if d != nil {
-						samples++
-					}
-					if used > capa {
-						violation = fmt.Sprintf("node %d reserved %d of %d bytes", i, used, capa)
-					}
-				}
-				time.Sleep(20 * time.Millisecond)
+		// Whether a second owner places before the first one's slot
+		// documents reach it depends on gossip timing (the node that
+		// created the service may own it and place at once), so a run
+		// without a race is repeated, a bounded number of times; every
+		// run must be free of overcommit.
+		race := func(attempt int) bool {
+			name := fmt.Sprintf("big%d", attempt)
+			var sent0, rejected0 [3]int64
+			for i := 1; i <= 3; i++ {
+				d := info(i)
+				sent0[i-1], rejected0[i-1] = counter(d, "reserves_sent"), counter(d, "reserves_rejected")
 			}
-		}()
-		c.mustCtl(3, "service", "create", "big", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "6", "--memory", strconv.FormatInt(per, 10), "--", "sleep", "1000000")
-		waitFor(t, 30*time.Second, "6 containers, 2 per node", func() bool {
-			cs := c.containers("big")
-			return len(cs[1]) == 2 && len(cs[2]) == 2 && len(cs[3]) == 2
-		})
-		time.Sleep(2 * time.Second)
-		close(stop)
-		wg.Wait()
-		if violation != "" {
-			t.Fatalf("overcommit observed: %s", violation)
-		}
-		if samples < 50 {
-			t.Fatalf("only %d ledger samples", samples)
-		}
-		// The race happened: at least two owners placed (nodes 1 and 2,
-		// and the service's own owner if it is node 3), and the targets'
-		// ledgers turned some of their Reserves down.
-		var rejected int64
-		var sent [3]int64
-		owners := 0
-		for i := 1; i <= 3; i++ {
-			d := info(i)
-			sent[i-1] = counter(d, "reserves_sent") - sent0[i-1]
-			rejected += counter(d, "reserves_rejected") - rejected0[i-1]
-			if sent[i-1] > 0 {
-				owners++
+			capMem, _ := strconv.ParseInt(info(1)["capacity_memory"], 10, 64)
+			per := capMem/2 - 1<<20 // two tasks fit a node, three do not
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			var violation string
+			var samples int
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					for i := 1; i <= 3; i++ {
+						d := info(i)
+						used, _ := strconv.ParseInt(d["reserved_memory"], 10, 64)
+						capa, _ := strconv.ParseInt(d["capacity_memory"], 10, 64)
+						if d != nil {
+							samples++
+						}
+						if used > capa {
+							violation = fmt.Sprintf("node %d reserved %d of %d bytes", i, used, capa)
+						}
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+			c.mustCtl(3, "service", "create", name, "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "6", "--memory", strconv.FormatInt(per, 10), "--", "sleep", "1000000")
+			waitFor(t, 30*time.Second, "6 containers, 2 per node", func() bool {
+				cs := c.containers(name)
+				return len(cs[1]) == 2 && len(cs[2]) == 2 && len(cs[3]) == 2
+			})
+			time.Sleep(2 * time.Second)
+			close(stop)
+			wg.Wait()
+			if violation != "" {
+				t.Fatalf("overcommit observed: %s", violation)
 			}
+			if samples < 50 {
+				t.Fatalf("only %d ledger samples", samples)
+			}
+			// The race happened: at least two owners placed (nodes 1 and 2,
+			// and the service's own owner if it is node 3), and the targets'
+			// ledgers turned some of their Reserves down.
+			var rejected int64
+			var sent [3]int64
+			owners := 0
+			for i := 1; i <= 3; i++ {
+				d := info(i)
+				sent[i-1] = counter(d, "reserves_sent") - sent0[i-1]
+				rejected += counter(d, "reserves_rejected") - rejected0[i-1]
+				if sent[i-1] > 0 {
+					owners++
+				}
+			}
+			t.Logf("attempt %d: Reserves sent by nodes 1, 2, 3: %v; rejected: %d", attempt, sent, rejected)
+			return owners >= 2 && rejected > 0
 		}
-		t.Logf("Reserves sent by nodes 1, 2, 3: %v; rejected: %d", sent, rejected)
-		if owners < 2 || rejected == 0 {
-			t.Fatalf("Reserves sent by nodes 1, 2, 3: %v, %d rejected: want two owners placing and some rejects, or no race was tested", sent, rejected)
+		raced := false
+		for attempt := 1; attempt <= 4 && !raced; attempt++ {
+			raced = race(attempt)
+			name := fmt.Sprintf("big%d", attempt)
+			c.mustCtl(1, "service", "rm", name)
+			waitFor(t, 30*time.Second, "the containers of "+name+" removed", func() bool {
+				n := 0
+				for _, m := range c.existing(name) {
+					n += len(m)
+				}
+				return n == 0
+			})
 		}
-		c.mustCtl(1, "service", "rm", "big")
+		if !raced {
+			t.Fatalf("in 4 runs never two owners placing with some Reserves rejected: no race was tested")
+		}
 	})
 
 	t.Run("CorruptBlobRejected", func(t *testing.T) {
