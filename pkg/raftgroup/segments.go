@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"hash/crc32"
 	iofs "io/fs"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -108,8 +107,8 @@ func openSegmentLog(fs vfs.FS, dir string) (*segmentLog, error) {
 	for _, name := range names {
 		if strings.HasSuffix(name, ".free") {
 			if len(l.free) < maxFreeSegments {
-				l.free = append(l.free, filepath.Join(dir, name))
-			} else if err := fs.Remove(filepath.Join(dir, name)); err != nil {
+				l.free = append(l.free, fs.PathJoin(dir, name))
+			} else if err := fs.Remove(fs.PathJoin(dir, name)); err != nil {
 				return nil, fmt.Errorf("raftgroup: remove segment: %w", err)
 			}
 			continue
@@ -122,7 +121,7 @@ func openSegmentLog(fs vfs.FS, dir string) (*segmentLog, error) {
 		if err != nil {
 			continue
 		}
-		f, err := fs.Open(filepath.Join(dir, name))
+		f, err := fs.Open(fs.PathJoin(dir, name))
 		if err != nil {
 			l.close()
 			return nil, fmt.Errorf("raftgroup: open segment: %w", err)
@@ -256,7 +255,7 @@ func (l *segmentLog) rotate() error {
 	}
 	id := l.nextID
 	l.nextID++
-	path := filepath.Join(l.dir, segmentName(id))
+	path := l.fs.PathJoin(l.dir, segmentName(id))
 	var w vfs.File
 	var err error
 	if n := len(l.free); n > 0 {
@@ -373,7 +372,7 @@ func (l *segmentLog) remove(s *segment) error {
 		s.w.Close()
 	}
 	s.r.Close()
-	path := filepath.Join(l.dir, segmentName(s.id))
+	path := l.fs.PathJoin(l.dir, segmentName(s.id))
 	if len(l.free) < maxFreeSegments {
 		free := strings.TrimSuffix(path, ".seg") + ".free"
 		if err := l.fs.Rename(path, free); err != nil {

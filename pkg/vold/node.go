@@ -202,7 +202,7 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	published := time.Now()
-	full := true
+	asked := true // by a document change or a kick, not the tick
 	var reconciled time.Time
 	for {
 		// A round reads every volume document: with a thousand volumes that
@@ -210,16 +210,16 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 		// or a kick run it at once; the tick only retries failed creates,
 		// and every reconcileEvery catches what no document announces (a
 		// group that removed this replica).
-		if full || len(n.failed) > 0 || time.Since(reconciled) >= reconcileEvery {
+		if asked || len(n.failed) > 0 || time.Since(reconciled) >= reconcileEvery {
 			n.reconcile(ctx)
 			reconciled = time.Now()
 		}
-		full = true
+		asked = true
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
-			full = false
+			asked = false
 			if time.Since(published) > 30*time.Second {
 				published = time.Now()
 				if err := n.publishNode(ctx); err != nil {

@@ -489,8 +489,7 @@ func TestScheduler(t *testing.T) {
 		// created the service may own it and place at once), so a run
 		// without a race is repeated, a bounded number of times; every
 		// run must be free of overcommit.
-		race := func(attempt int) bool {
-			name := fmt.Sprintf("big%d", attempt)
+		race := func(name string) bool {
 			var sent0, rejected0 [3]int64
 			for i := 1; i <= 3; i++ {
 				d := info(i)
@@ -553,13 +552,13 @@ func TestScheduler(t *testing.T) {
 					owners++
 				}
 			}
-			t.Logf("attempt %d: Reserves sent by nodes 1, 2, 3: %v; rejected: %d", attempt, sent, rejected)
+			t.Logf("%s: Reserves sent by nodes 1, 2, 3: %v; rejected: %d", name, sent, rejected)
 			return owners >= 2 && rejected > 0
 		}
 		raced := false
 		for attempt := 1; attempt <= 4 && !raced; attempt++ {
-			raced = race(attempt)
 			name := fmt.Sprintf("big%d", attempt)
+			raced = race(name)
 			c.mustCtl(1, "service", "rm", name)
 			waitFor(t, 30*time.Second, "the containers of "+name+" removed", func() bool {
 				n := 0
