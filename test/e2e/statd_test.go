@@ -351,7 +351,16 @@ func TestCLIStateCommands(t *testing.T) {
 	}
 	n.mustCtl("state", "rm", "/app/web", "ratio")
 	out = n.mustCtl("state", "get", "/app/web", "--meta")
-	if strings.Contains(out, "0.5") || !strings.Contains(out, "ratio") {
+	// Rows, not substrings: a stamp such as 02:57:10.542… contains "0.5".
+	valueRow, tombstone := false, false
+	for _, line := range strings.Split(out, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "ratio" {
+			valueRow = valueRow || f[1] == "float"
+			tombstone = tombstone || f[2] == "true"
+		}
+	}
+	if valueRow || !tombstone {
 		t.Fatalf("field delete (value gone, tombstone in meta):\n%s", out)
 	}
 	n.mustCtl("state", "rm", "/app/db")
