@@ -2,6 +2,7 @@ package raftgroup
 
 import (
 	"fmt"
+	"slices"
 
 	pb "go.etcd.io/raft/v3/raftpb"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -81,10 +82,17 @@ func (b *Batch) Empty() bool {
 }
 
 // Marshal encodes the batch (protobuf wire format; see batch.go for the
-// field numbers) for transports that carry bytes. The buffer is sized
-// first and every message is encoded straight into it: a batch carrying
-// a 1 MiB entry costs one copy of it.
+// field numbers) for transports that carry bytes.
 func (b *Batch) Marshal() ([]byte, error) {
+	return b.AppendMarshal(nil)
+}
+
+// AppendMarshal appends Marshal's encoding of the batch to dst, so that a
+// transport can put several batches (and its own framing) into one buffer
+// it reuses. dst is grown once, to the size computed first, and every
+// message is encoded straight into it: a batch carrying a 1 MiB entry
+// costs one copy of it. On error it returns dst as it was.
+func (b *Batch) AppendMarshal(dst []byte) ([]byte, error) {
 	sizes := make([]int, len(b.Messages))
 	n := protowire.SizeTag(1) + protowire.SizeVarint(uint64(b.From))
 	for i, m := range b.Messages {
@@ -94,7 +102,7 @@ func (b *Batch) Marshal() ([]byte, error) {
 	// Heartbeats and the host's own messages are a few varints each; the
 	// estimate only saves regrowing.
 	n += 64 * (len(b.Heartbeats) + len(b.HeartbeatResps) + len(b.Acks) + len(b.AckQueries) + len(b.Removed))
-	out := make([]byte, 0, n)
+	out := slices.Grow(dst, n)
 	out = protowire.AppendTag(out, 1, protowire.VarintType)
 	out = protowire.AppendVarint(out, uint64(b.From))
 	for i, m := range b.Messages {
@@ -107,10 +115,10 @@ func (b *Batch) Marshal() ([]byte, error) {
 		var err error
 		out, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(out, m.Msg)
 		if err != nil {
-			return nil, err
+			return dst, err
 		}
 		if len(out)-start != sizes[i] {
-			return nil, fmt.Errorf("raftgroup: batch: message of group %d changed while it was encoded", m.Group)
+			return dst, fmt.Errorf("raftgroup: batch: message of group %d changed while it was encoded", m.Group)
 		}
 	}
 	for field, hbs := range [][]Heartbeat{3: b.Heartbeats, 4: b.HeartbeatResps} {

@@ -26,7 +26,7 @@ var metricHelp = map[string]string{
 	"raft_batches_sent_total":    "Raft batches sent to other nodes.",
 	"raft_bytes_sent_total":      "Bytes of Raft batches sent to other nodes.",
 	"raft_batches_dropped_total": "Raft batches dropped (queue full or peer unreachable).",
-	"raft_stream_failures_total": "Raft streams that failed to open or broke.",
+	"raft_stream_failures_total": "Raft connections that failed to open or broke.",
 }
 
 func newCollector(n *node) *collector {

@@ -102,7 +102,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	// creating them here lets metrics and the API read them freely.
 	n.mirror = client.NewMirror(st, rt.Log.With("component", "mirror"), volumesPrefix, mountsPrefix, nodesPrefix)
 	n.pool = newPeerPool(n.identity.Cert, n.identity.CA, n.peerAddr)
-	n.trans = newTransport(rt.Log.With("component", "transport"), n.pool.raftOpener(n.names))
+	n.trans = newTransport(rt.Log.With("component", "transport"), n.pool.raftDialer(n.names))
 	n.peer = &peerServer{log: rt.Log.With("component", "peer"), names: n.names, deliver: n.deliver, forward: n.serveForward}
 	volv1.RegisterVolumesServer(rt.GRPC, &volumesAPI{n: n})
 	volv1.RegisterKVServer(rt.GRPC, &kvAPI{n: n})
@@ -174,8 +174,9 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 	if err != nil {
 		return err
 	}
-	srv := newPeerGRPC(n.log.With("component", "peer"), n.identity.Cert, n.identity.CA, n.peer)
-	goWG(wg, func() { _ = srv.Serve(lis) })
+	srv := newPeerGRPC(n.log.With("component", "peer"), n.peer)
+	plis := n.peer.peerListener(lis, n.identity.Cert, n.identity.CA)
+	goWG(wg, func() { _ = srv.Serve(plis) })
 	goWG(wg, func() { <-ctx.Done(); srv.Stop() })
 
 	for !n.mirror.Ready() || n.members.Load() == nil {

@@ -1,17 +1,20 @@
 package vold
 
 import (
+	"bufio"
 	"context"
+	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
@@ -27,13 +30,18 @@ import (
 // request forwarding between volds.
 const DefaultPeerPort = 7472
 
-// maxPeerMessage bounds a VolPeer message (a forwarded write, a Raft
-// chunk is smaller).
+// raftProto is the ALPN protocol of Raft connections on the peer port
+// (transport.go); the rest of its connections are VolPeer's gRPC. A vold
+// that speaks another version of it refuses the handshake.
+const raftProto = "shoal-raft/1"
+
+// maxPeerMessage bounds a VolPeer message (a forwarded write).
 const maxPeerMessage = 64 << 20
 
-// peerServer serves shoal.vol.v1.VolPeer. Every call must come with a
+// peerServer serves the peer port: Raft connections and
+// shoal.vol.v1.VolPeer. Every connection and call must come with a
 // cluster certificate; the calling node is the certificate's, never a
-// field of the message.
+// field of a message.
 type peerServer struct {
 	volv1.UnimplementedVolPeerServer
 	log *slog.Logger
@@ -46,20 +54,21 @@ type peerServer struct {
 
 // Flow-control windows of VolPeer connections, fixed. gRPC's default
 // estimates the bandwidth-delay product by answering data with pings:
-// about one ping and one ack per Raft batch for a lone synchronous writer,
+// about one ping and one ack per message for a lone synchronous caller,
 // two more frames, syscalls and wake-ups on each side of every hop. A fixed
 // window as large as the estimate could grow to (16 MiB) costs nothing on
-// these links, and holds a 4 MiB chunk of a snapshot in flight.
+// these links, and holds a forwarded 1 MiB write in flight many times.
 const (
 	peerStreamWindow = 16 << 20
 	peerConnWindow   = 32 << 20
 )
 
-// newPeerGRPC returns the mutual-TLS gRPC server of VolPeer.
-func newPeerGRPC(log *slog.Logger, id func() *pki.Identity, ca func() *x509.CertPool, svc volv1.VolPeerServer) *grpc.Server {
+// newPeerGRPC returns the gRPC server of VolPeer; it serves the
+// connections of a peerListener, whose handshake it trusts.
+func newPeerGRPC(log *slog.Logger, svc volv1.VolPeerServer) *grpc.Server {
 	unary, stream := rpc.ServerInterceptors(log)
 	srv := grpc.NewServer(
-		grpc.Creds(credentials.NewTLS(pki.ServerConfig(id, ca))),
+		grpc.Creds(rpc.HandshakenTLS()),
 		grpc.ChainUnaryInterceptor(unary, peerauth.Unary),
 		grpc.ChainStreamInterceptor(stream, peerauth.Stream),
 		grpc.MaxRecvMsgSize(maxPeerMessage),
@@ -72,37 +81,44 @@ func newPeerGRPC(log *slog.Logger, id func() *pki.Identity, ca func() *x509.Cert
 	return srv
 }
 
-// Raft receives one node's batches for as long as it keeps the stream.
-func (s *peerServer) Raft(stream volv1.VolPeer_RaftServer) error {
-	id, err := peerauth.NodeID(stream.Context())
-	if err != nil {
-		return err
+// peerListener wraps the peer port's listener: it does the mutual-TLS
+// handshakes, serves Raft connections itself and hands the others to
+// newPeerGRPC's server, which closes it (and with it the Raft
+// connections) when it stops.
+func (s *peerServer) peerListener(lis net.Listener, id func() *pki.Identity, ca func() *x509.CertPool) *rpc.ALPNListener {
+	return rpc.NewALPNListener(lis, pki.ServerConfig(id, ca), map[string]func(*tls.Conn){raftProto: s.serveRaft}, s.log)
+}
+
+// serveRaft receives one node's batches for as long as it keeps the
+// connection.
+func (s *peerServer) serveRaft(c *tls.Conn) {
+	id, ok := pki.PeerNodeID(c.ConnectionState())
+	if !ok {
+		// Debug: anyone can connect, and must not be able to fill the log.
+		s.log.Debug("raft connection without a cluster certificate refused", "remote_addr", c.RemoteAddr().String())
+		return
 	}
 	from, err := s.names.add(id)
 	if err != nil {
-		return err
+		s.log.Info("raft connection refused", "remote_addr", c.RemoteAddr().String(), "err", err)
+		return
 	}
-	var r raftReceiver
+	r := bufio.NewReaderSize(c, receiveBuffer)
 	for {
-		m, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return stream.SendAndClose(&volv1.RaftAck{})
-		}
+		b, err := readFrame(r)
 		if err != nil {
-			return err
-		}
-		b, err := r.add(m)
-		if err != nil {
-			return fmt.Errorf("raft batch from %s: %v: %w", id, err, errdefs.ErrInvalidArgument)
-		}
-		if b == nil {
-			continue
+			lvl := slog.LevelDebug
+			if errors.Is(err, errdefs.ErrInvalidArgument) {
+				lvl = slog.LevelInfo
+			}
+			s.log.Log(context.Background(), lvl, "raft connection closed", "from", id, "err", err)
+			return
 		}
 		// NB: the sender is who the certificate says, whatever the batch
 		// claims.
 		b.From = from
-		if s.deliver == nil || !s.deliver(from, b) {
-			continue // not running yet: Raft retransmits
+		if s.deliver != nil {
+			s.deliver(from, b) // false: not running yet, Raft retransmits
 		}
 	}
 }
@@ -178,14 +194,49 @@ func (p *peerPool) Close() {
 	}
 }
 
-// raftOpener opens Raft streams through the pool.
-func (p *peerPool) raftOpener(names *nodeNames) streamOpener {
-	return func(ctx context.Context, to raftgroup.NodeID) (volv1.VolPeer_RaftClient, error) {
-		c, err := p.client(names.name(to))
+// raftDialer opens Raft connections: TCP to the node's peer port, then
+// the TLS handshake with protocol raftProto, in which the server must
+// present that node's certificate.
+func (p *peerPool) raftDialer(names *nodeNames) raftDialer {
+	return func(ctx context.Context, to raftgroup.NodeID) (net.Conn, error) {
+		node := names.name(to)
+		addr, err := p.addr(node)
 		if err != nil {
 			return nil, err
 		}
-		return c.Raft(ctx)
+		d := net.Dialer{
+			KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 5 * time.Second, Count: 3},
+			// A peer that is gone without a reset leaves sent data
+			// unacknowledged, and keepalives do not run while it is; the
+			// user timeout is what ends such a connection, as gRPC's
+			// client set it to its keepalive timeout.
+			ControlContext: func(_ context.Context, _, _ string, rc syscall.RawConn) error {
+				var serr error
+				err := rc.Control(func(fd uintptr) {
+					serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(writeTimeout/time.Millisecond))
+				})
+				return errors.Join(err, serr)
+			},
+		}
+		raw, err := d.DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		cfg := pki.ClientConfig(p.id, p.ca, node)
+		cfg.NextProtos = []string{raftProto}
+		// Frames are written whole; small records at the start of a
+		// connection only cost more of them.
+		cfg.DynamicRecordSizingDisabled = true
+		c := tls.Client(raw, cfg)
+		if err := c.HandshakeContext(ctx); err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("raft handshake with node %s at %s: %w", node, addr, err)
+		}
+		if got := c.ConnectionState().NegotiatedProtocol; got != raftProto {
+			raw.Close()
+			return nil, fmt.Errorf("node %s at %s negotiated %q, not %s: it runs another vold version", node, addr, got, raftProto)
+		}
+		return c, nil
 	}
 }
 

@@ -5,10 +5,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/binary"
+	"errors"
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,18 +30,23 @@ import (
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
-// testPeer is one node of an in-process cluster: a VolPeer server on
-// loopback with a real certificate, a transport and a Raft host.
+// testPeer is one node of an in-process cluster: a peer port on loopback
+// (Raft connections and VolPeer) with a real certificate, a transport and
+// a Raft host.
 type testPeer struct {
 	id    string
 	rid   raftgroup.NodeID
 	ident *pki.Identity
+	ca    *pki.CA
 	addr  string
 	srv   *grpc.Server
 	trans *transport
 	pool  *peerPool
 	host  *raftgroup.Host
 	sms   sync.Map // raftgroup.GroupID -> raftgroup.StateMachine (a *raftgrouptest.KV by default)
+	// tap, when set, gets the batches the peer receives instead of its
+	// host.
+	tap atomic.Pointer[func(from raftgroup.NodeID, b *raftgroup.Batch)]
 }
 
 // clusterOpts vary startClusterWith's nodes; zero fields take the
@@ -106,7 +115,7 @@ func startClusterWith(t testing.TB, o clusterOpts, ids ...string) []*testPeer {
 	ctx, cancel := context.WithCancel(context.Background())
 	var peers []*testPeer
 	for _, id := range ids {
-		p := &testPeer{id: id, ident: newTestIdentity(t, ca, id)}
+		p := &testPeer{id: id, ident: newTestIdentity(t, ca, id), ca: ca}
 		rid, err := names.add(id)
 		if err != nil {
 			t.Fatal(err)
@@ -123,7 +132,7 @@ func startClusterWith(t testing.TB, o clusterOpts, ids ...string) []*testPeer {
 		getID := func() *pki.Identity { return p.ident }
 		getCA := func() *x509.CertPool { return pool }
 		p.pool = newPeerPool(getID, getCA, addrOf)
-		p.trans = newTransport(testLogger(t), p.pool.raftOpener(names))
+		p.trans = newTransport(testLogger(t), p.pool.raftDialer(names))
 		cfg := raftgroup.Config{
 			NodeID:    rid,
 			FS:        vfs.NewMem(),
@@ -145,11 +154,19 @@ func startClusterWith(t testing.TB, o clusterOpts, ids ...string) []*testPeer {
 		}
 		p.host = h
 		svc := &peerServer{log: testLogger(t), names: names, deliver: func(from raftgroup.NodeID, b *raftgroup.Batch) bool {
+			if tap := p.tap.Load(); tap != nil {
+				(*tap)(from, b)
+				return true
+			}
 			h.Deliver(from, b)
 			return true
 		}}
-		p.srv = newPeerGRPC(testLogger(t), getID, getCA, svc)
-		go p.srv.Serve(lis)
+		// Forward answers with the caller's node, as the certificate says.
+		svc.forward = func(_ context.Context, from string, _ *volv1.ForwardRequest) (*volv1.ForwardResponse, error) {
+			return &volv1.ForwardResponse{Payload: []byte(from)}, nil
+		}
+		p.srv = newPeerGRPC(testLogger(t), svc)
+		go p.srv.Serve(svc.peerListener(lis, getID, getCA))
 		go h.Run(ctx)
 		peers = append(peers, p)
 	}
@@ -203,10 +220,21 @@ func TestTransportReplicatesOverMutualTLS(t *testing.T) {
 	if peers[0].trans.sentBatches.Load() == 0 {
 		t.Fatalf("no batches counted as sent")
 	}
+	// Forward shares the port, over gRPC, and knows its caller.
+	c, err := peers[0].pool.client(peers[1].id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := c.Forward(ctx, &volv1.ForwardRequest{Kind: kindStatus})
+	if err != nil || string(resp.GetPayload()) != peers[0].id {
+		t.Fatalf("Forward from %s: %q, %v", peers[0].id, resp.GetPayload(), err)
+	}
 }
 
 func TestPeerRejectsCallersWithoutClusterCertificate(t *testing.T) {
 	peers := startCluster(t, "a1")
+	var delivered atomic.Int32
+	peers[0].tapBatches(func(raftgroup.NodeID, *raftgroup.Batch) { delivered.Add(1) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -223,7 +251,19 @@ func TestPeerRejectsCallersWithoutClusterCertificate(t *testing.T) {
 		t.Fatalf("call without a certificate: got %v, want UNAUTHENTICATED", err)
 	}
 
-	// A certificate from another cluster's CA fails the handshake.
+	// A Raft connection without a client certificate is closed unread.
+	rc, err := tls.Dial("tcp", peers[0].addr, &tls.Config{MinVersion: tls.VersionTLS13, InsecureSkipVerify: true, NextProtos: []string{raftProto}})
+	if err != nil {
+		t.Fatalf("raft handshake without a certificate: %v", err)
+	}
+	if p := rc.ConnectionState().NegotiatedProtocol; p != raftProto {
+		t.Fatalf("negotiated %q, want %q", p, raftProto)
+	}
+	_, _ = rc.Write(testFrame(t, &raftgroup.Batch{From: 0xb2, AckQueries: []raftgroup.GroupID{1}}))
+	requireClosed(t, rc)
+
+	// A certificate from another cluster's CA fails the handshake, for
+	// gRPC and for Raft.
 	other := newTestCA(t)
 	stranger := newTestIdentity(t, other, "b2")
 	scfg := pki.ClientConfig(func() *pki.Identity { return stranger }, func() *x509.CertPool { return other.Pool() }, "")
@@ -233,13 +273,16 @@ func TestPeerRejectsCallersWithoutClusterCertificate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sconn.Close()
-	stream, err := volv1.NewVolPeerClient(sconn).Raft(ctx)
-	if err == nil {
-		_ = stream.Send(&volv1.RaftBatch{})
-		_, err = stream.CloseAndRecv()
+	if _, err := volv1.NewVolPeerClient(sconn).Forward(ctx, &volv1.ForwardRequest{Kind: kindStatus}); err == nil {
+		t.Fatalf("call with a foreign certificate was accepted")
 	}
-	if err == nil {
-		t.Fatalf("raft stream with a foreign certificate was accepted")
+	rcfg := scfg.Clone()
+	rcfg.NextProtos = []string{raftProto}
+	if rc, err := tls.Dial("tcp", peers[0].addr, rcfg); err == nil {
+		// In TLS 1.3 the client finishes first; the server's refusal
+		// comes with the first read.
+		_, _ = rc.Write(testFrame(t, &raftgroup.Batch{From: 0xb2, AckQueries: []raftgroup.GroupID{1}}))
+		requireClosed(t, rc)
 	}
 
 	// Plain text is refused too.
@@ -250,6 +293,38 @@ func TestPeerRejectsCallersWithoutClusterCertificate(t *testing.T) {
 	defer pconn.Close()
 	if _, err := volv1.NewVolPeerClient(pconn).Forward(ctx, &volv1.ForwardRequest{}); err == nil {
 		t.Fatalf("plain-text call was accepted")
+	}
+	if n := delivered.Load(); n != 0 {
+		t.Fatalf("%d batches from callers without a cluster certificate were delivered", n)
+	}
+}
+
+// tapBatches routes the batches p receives to fn instead of its host.
+func (p *testPeer) tapBatches(fn func(from raftgroup.NodeID, b *raftgroup.Batch)) {
+	p.tap.Store(&fn)
+}
+
+// testFrame is b as the transport frames it.
+func testFrame(t testing.TB, b *raftgroup.Batch) []byte {
+	t.Helper()
+	out, err := b.AppendMarshal([]byte{0, 0, 0, 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	binary.BigEndian.PutUint32(out, uint32(len(out)-4))
+	return out
+}
+
+// requireClosed fails unless the other end closes c (reading ends in an
+// error other than a timeout).
+func requireClosed(t testing.TB, c net.Conn) {
+	t.Helper()
+	defer c.Close()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := c.Read(make([]byte, 1))
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		t.Fatalf("connection left open: read returned %v", err)
 	}
 }
 
@@ -265,7 +340,7 @@ func TestSendNeverBlocksAndReportsUnreachable(t *testing.T) {
 	ident := newTestIdentity(t, ca, "a1")
 	pool := newPeerPool(func() *pki.Identity { return ident }, ca.Pool, func(string) (string, error) { return dead, nil })
 	defer pool.Close()
-	tr := newTransport(testLogger(t), pool.raftOpener(newNodeNames()))
+	tr := newTransport(testLogger(t), pool.raftDialer(newNodeNames()))
 	defer tr.Close()
 	failed := false
 	deadline := time.Now().Add(10 * time.Second)
@@ -283,60 +358,137 @@ func TestSendNeverBlocksAndReportsUnreachable(t *testing.T) {
 	}
 }
 
-// chunkRecorder is a Raft client stream that records what is sent.
-type chunkRecorder struct {
-	volv1.VolPeer_RaftClient
-	msgs []*volv1.RaftBatch
-}
+func TestLargeAndCoalescedBatchesArriveIntact(t *testing.T) {
+	peers := startCluster(t, "a1", "b2")
+	var mu sync.Mutex
+	var snaps [][]byte
+	var acks []uint64
+	peers[1].tapBatches(func(from raftgroup.NodeID, b *raftgroup.Batch) {
+		if from != peers[0].rid || b.From != from {
+			t.Errorf("batch from %x (claims %x), want %x", from, b.From, peers[0].rid)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, m := range b.Messages {
+			if m.Msg.GetType() == pb.MsgSnap {
+				snaps = append(snaps, m.Msg.GetSnapshot().GetData())
+			}
+		}
+		for _, a := range b.Acks {
+			acks = append(acks, a.Applied)
+		}
+	})
 
-func (r *chunkRecorder) Send(m *volv1.RaftBatch) error {
-	r.msgs = append(r.msgs, &volv1.RaftBatch{Batch: bytes.Clone(m.GetBatch()), More: m.GetMore()})
-	return nil
-}
-
-func TestLargeBatchTravelsInChunks(t *testing.T) {
-	snap := bytes.Repeat([]byte("snapshot"), (3*chunkSize)/8+5)
+	// Larger than any old chunk, and than a gRPC message could be.
+	snap := make([]byte, 20<<20)
+	for i := range snap {
+		snap[i] = byte(i * 7 / 5)
+	}
 	typ := pb.MsgSnap
-	b := &raftgroup.Batch{From: 0xa1, Messages: []raftgroup.GroupMessage{{Group: 3, Msg: &pb.Message{
+	big := &raftgroup.Batch{From: peers[0].rid, Messages: []raftgroup.GroupMessage{{Group: 3, Msg: &pb.Message{
 		Type:     &typ,
 		To:       new(uint64),
 		Snapshot: &pb.Snapshot{Data: snap, Metadata: &pb.SnapshotMetadata{}},
 	}}}}
-	data, err := b.Marshal()
-	if err != nil {
+	if err := peers[0].trans.Send(peers[1].rid, big); err != nil {
 		t.Fatal(err)
 	}
-	var rec chunkRecorder
-	if err := sendChunks(&rec, data); err != nil {
-		t.Fatal(err)
+	// Queued faster than the lane connects, so they go out together.
+	const small = 100
+	for i := range small {
+		b := &raftgroup.Batch{From: peers[0].rid, Acks: []raftgroup.ApplyAck{{Group: 5, Replica: 1, Applied: uint64(i + 1)}}}
+		if err := peers[0].trans.Send(peers[1].rid, b); err != nil {
+			t.Fatalf("send %d: %v", i, err)
+		}
 	}
-	if len(rec.msgs) != 4 {
-		t.Fatalf("%d bytes went in %d messages, want 4", len(data), len(rec.msgs))
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		mu.Lock()
+		done := len(snaps) >= 1 && len(acks) >= small
+		mu.Unlock()
+		if done {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("received %d snapshots and %d small batches, want 1 and %d", len(snaps), len(acks), small)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
-	var r raftReceiver
-	var got *raftgroup.Batch
-	for i, m := range rec.msgs {
-		out, err := r.add(m)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(snaps) != 1 || !bytes.Equal(snaps[0], snap) {
+		t.Fatalf("snapshot differs from the one sent (%d received)", len(snaps))
+	}
+	for i, a := range acks {
+		if a != uint64(i+1) {
+			t.Fatalf("small batches out of order: %v", acks)
+		}
+	}
+	if len(acks) != small {
+		t.Fatalf("received %d small batches, want %d", len(acks), small)
+	}
+}
+
+func TestMalformedFrameClosesOnlyItsConnection(t *testing.T) {
+	peers := startCluster(t, "a1")
+	var mu sync.Mutex
+	var got []raftgroup.NodeID
+	peers[0].tapBatches(func(from raftgroup.NodeID, b *raftgroup.Batch) {
+		mu.Lock()
+		got = append(got, b.From)
+		mu.Unlock()
+	})
+	sender := newTestIdentity(t, peers[0].ca, "d4")
+	dial := func() *tls.Conn {
+		cfg := pki.ClientConfig(func() *pki.Identity { return sender }, peers[0].ca.Pool, peers[0].id)
+		cfg.NextProtos = []string{raftProto}
+		c, err := tls.Dial("tcp", peers[0].addr, cfg)
 		if err != nil {
-			t.Fatalf("chunk %d: %v", i, err)
+			t.Fatal(err)
 		}
-		if (out != nil) != (i == len(rec.msgs)-1) {
-			t.Fatalf("chunk %d: batch complete = %v", i, out != nil)
+		return c
+	}
+	good := testFrame(t, &raftgroup.Batch{From: 0x99, AckQueries: []raftgroup.GroupID{1}})
+	for name, frame := range map[string][]byte{
+		"over 2 GiB": {0xff, 0xff, 0xff, 0xff},
+		"garbage":    append([]byte{0, 0, 0, 16}, bytes.Repeat([]byte{0xff}, 16)...),
+	} {
+		c := dial()
+		if _, err := c.Write(append(frame, good...)); err != nil {
+			t.Fatalf("%s: %v", name, err)
 		}
-		got = out
+		requireClosed(t, c)
 	}
-	if len(got.Messages) != 1 || !bytes.Equal(got.Messages[0].Msg.GetSnapshot().GetData(), snap) {
-		t.Fatalf("joined batch differs from the one sent")
+	mu.Lock()
+	n := len(got)
+	mu.Unlock()
+	if n != 0 {
+		t.Fatalf("malformed frames delivered %d batches", n)
 	}
-	// A small batch is one message, and the receiver takes it at once.
-	small, _ := (&raftgroup.Batch{From: 0xa1}).Marshal()
-	rec.msgs = nil
-	_ = sendChunks(&rec, small)
-	if len(rec.msgs) != 1 || rec.msgs[0].GetMore() {
-		t.Fatalf("small batch sent as %d messages", len(rec.msgs))
+
+	// The server still takes other connections, and the sender is the
+	// certificate's node whatever the batch says.
+	c := dial()
+	defer c.Close()
+	if _, err := c.Write(good); err != nil {
+		t.Fatal(err)
 	}
-	if out, err := r.add(rec.msgs[0]); err != nil || out == nil {
-		t.Fatalf("small batch: %v, %v", out, err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		mu.Lock()
+		got := slices.Clone(got)
+		mu.Unlock()
+		if len(got) > 0 {
+			if len(got) != 1 || got[0] != 0xd4 {
+				t.Fatalf("delivered batches from %x, want one from d4", got)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("well-formed batch not delivered after malformed ones")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

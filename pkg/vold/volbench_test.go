@@ -14,7 +14,7 @@ import (
 )
 
 // BenchmarkVolumeWrites measures a volume's write path in one process:
-// three nodes with the real Raft transport (gRPC over mutual TLS on
+// three nodes with the real Raft transport (framed mutual TLS on
 // loopback) and Pebble on disk, the volume mounted with volfuse on the
 // group leader's node. It reports CPU time per MiB or per write (the
 // whole process: all three nodes, the FUSE server and the writer's

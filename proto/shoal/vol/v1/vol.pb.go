@@ -1621,97 +1621,6 @@ func (x *MachineCommand) GetTime() *timestamppb.Timestamp {
 	return nil
 }
 
-type RaftBatch struct {
-	state protoimpl.MessageState `protogen:"open.v1"`
-	// batch is raftgroup.Batch.Marshal's encoding, or a chunk of it: a
-	// large batch (a snapshot) travels in several messages, every one but
-	// the last with more set, and the receiver joins them.
-	Batch         []byte `protobuf:"bytes,1,opt,name=batch,proto3" json:"batch,omitempty"`
-	More          bool   `protobuf:"varint,2,opt,name=more,proto3" json:"more,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *RaftBatch) Reset() {
-	*x = RaftBatch{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RaftBatch) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RaftBatch) ProtoMessage() {}
-
-func (x *RaftBatch) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RaftBatch.ProtoReflect.Descriptor instead.
-func (*RaftBatch) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{27}
-}
-
-func (x *RaftBatch) GetBatch() []byte {
-	if x != nil {
-		return x.Batch
-	}
-	return nil
-}
-
-func (x *RaftBatch) GetMore() bool {
-	if x != nil {
-		return x.More
-	}
-	return false
-}
-
-type RaftAck struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
-}
-
-func (x *RaftAck) Reset() {
-	*x = RaftAck{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
-	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-	ms.StoreMessageInfo(mi)
-}
-
-func (x *RaftAck) String() string {
-	return protoimpl.X.MessageStringOf(x)
-}
-
-func (*RaftAck) ProtoMessage() {}
-
-func (x *RaftAck) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
-	if x != nil {
-		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
-		if ms.LoadMessageInfo() == nil {
-			ms.StoreMessageInfo(mi)
-		}
-		return ms
-	}
-	return mi.MessageOf(x)
-}
-
-// Deprecated: Use RaftAck.ProtoReflect.Descriptor instead.
-func (*RaftAck) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{28}
-}
-
 type ForwardRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Group uint64                 `protobuf:"varint,1,opt,name=group,proto3" json:"group,omitempty"`
@@ -1729,7 +1638,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1741,7 +1650,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1754,7 +1663,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{29}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForwardRequest) GetGroup() uint64 {
@@ -1794,7 +1703,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[30]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +1715,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[30]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +1728,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{30}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForwardResponse) GetPayload() []byte {
@@ -1942,11 +1851,7 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\x05index\x18\x01 \x01(\x04R\x05index\x12.\n" +
 	"\acommand\x18\x02 \x01(\v2\x14.google.protobuf.AnyR\acommand\x12\x1a\n" +
 	"\bsnapshot\x18\x03 \x01(\bR\bsnapshot\x12.\n" +
-	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"5\n" +
-	"\tRaftBatch\x12\x14\n" +
-	"\x05batch\x18\x01 \x01(\fR\x05batch\x12\x12\n" +
-	"\x04more\x18\x02 \x01(\bR\x04more\"\t\n" +
-	"\aRaftAck\"f\n" +
+	"\x04time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\"f\n" +
 	"\x0eForwardRequest\x12\x14\n" +
 	"\x05group\x18\x01 \x01(\x04R\x05group\x12\x12\n" +
 	"\x04kind\x18\x02 \x01(\tR\x04kind\x12\x18\n" +
@@ -1970,9 +1875,8 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\tListLocks\x12\x1e.shoal.vol.v1.ListLocksRequest\x1a\x1f.shoal.vol.v1.ListLocksResponse2\x90\x01\n" +
 	"\rStateMachines\x12:\n" +
 	"\x03Set\x12\x18.shoal.vol.v1.SetRequest\x1a\x19.shoal.vol.v1.SetResponse\x12C\n" +
-	"\x05Watch\x12\x1a.shoal.vol.v1.WatchRequest\x1a\x1c.shoal.vol.v1.MachineCommand0\x012\x8b\x01\n" +
-	"\aVolPeer\x128\n" +
-	"\x04Raft\x12\x17.shoal.vol.v1.RaftBatch\x1a\x15.shoal.vol.v1.RaftAck(\x01\x12F\n" +
+	"\x05Watch\x12\x1a.shoal.vol.v1.WatchRequest\x1a\x1c.shoal.vol.v1.MachineCommand0\x012Q\n" +
+	"\aVolPeer\x12F\n" +
 	"\aForward\x12\x1c.shoal.vol.v1.ForwardRequest\x1a\x1d.shoal.vol.v1.ForwardResponseB5Z3github.com/shoal-dev/shoal/proto/shoal/vol/v1;volv1b\x06proto3"
 
 var (
@@ -1987,7 +1891,7 @@ func file_shoal_vol_v1_vol_proto_rawDescGZIP() []byte {
 	return file_shoal_vol_v1_vol_proto_rawDescData
 }
 
-var file_shoal_vol_v1_vol_proto_msgTypes = make([]protoimpl.MessageInfo, 31)
+var file_shoal_vol_v1_vol_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_shoal_vol_v1_vol_proto_goTypes = []any{
 	(*Member)(nil),                // 0: shoal.vol.v1.Member
 	(*Volume)(nil),                // 1: shoal.vol.v1.Volume
@@ -2016,25 +1920,23 @@ var file_shoal_vol_v1_vol_proto_goTypes = []any{
 	(*SetResponse)(nil),           // 24: shoal.vol.v1.SetResponse
 	(*WatchRequest)(nil),          // 25: shoal.vol.v1.WatchRequest
 	(*MachineCommand)(nil),        // 26: shoal.vol.v1.MachineCommand
-	(*RaftBatch)(nil),             // 27: shoal.vol.v1.RaftBatch
-	(*RaftAck)(nil),               // 28: shoal.vol.v1.RaftAck
-	(*ForwardRequest)(nil),        // 29: shoal.vol.v1.ForwardRequest
-	(*ForwardResponse)(nil),       // 30: shoal.vol.v1.ForwardResponse
-	(*timestamppb.Timestamp)(nil), // 31: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 32: google.protobuf.Duration
-	(*anypb.Any)(nil),             // 33: google.protobuf.Any
+	(*ForwardRequest)(nil),        // 27: shoal.vol.v1.ForwardRequest
+	(*ForwardResponse)(nil),       // 28: shoal.vol.v1.ForwardResponse
+	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
+	(*anypb.Any)(nil),             // 31: google.protobuf.Any
 }
 var file_shoal_vol_v1_vol_proto_depIdxs = []int32{
 	0,  // 0: shoal.vol.v1.Volume.members:type_name -> shoal.vol.v1.Member
-	31, // 1: shoal.vol.v1.Volume.created:type_name -> google.protobuf.Timestamp
+	29, // 1: shoal.vol.v1.Volume.created:type_name -> google.protobuf.Timestamp
 	1,  // 2: shoal.vol.v1.ListVolumesResponse.volumes:type_name -> shoal.vol.v1.Volume
-	31, // 3: shoal.vol.v1.Lease.expires:type_name -> google.protobuf.Timestamp
-	32, // 4: shoal.vol.v1.AcquireLockRequest.ttl:type_name -> google.protobuf.Duration
-	32, // 5: shoal.vol.v1.RenewLockRequest.ttl:type_name -> google.protobuf.Duration
+	29, // 3: shoal.vol.v1.Lease.expires:type_name -> google.protobuf.Timestamp
+	30, // 4: shoal.vol.v1.AcquireLockRequest.ttl:type_name -> google.protobuf.Duration
+	30, // 5: shoal.vol.v1.RenewLockRequest.ttl:type_name -> google.protobuf.Duration
 	16, // 6: shoal.vol.v1.ListLocksResponse.leases:type_name -> shoal.vol.v1.Lease
-	33, // 7: shoal.vol.v1.SetRequest.command:type_name -> google.protobuf.Any
-	33, // 8: shoal.vol.v1.MachineCommand.command:type_name -> google.protobuf.Any
-	31, // 9: shoal.vol.v1.MachineCommand.time:type_name -> google.protobuf.Timestamp
+	31, // 7: shoal.vol.v1.SetRequest.command:type_name -> google.protobuf.Any
+	31, // 8: shoal.vol.v1.MachineCommand.command:type_name -> google.protobuf.Any
+	29, // 9: shoal.vol.v1.MachineCommand.time:type_name -> google.protobuf.Timestamp
 	2,  // 10: shoal.vol.v1.Volumes.CreateVolume:input_type -> shoal.vol.v1.CreateVolumeRequest
 	3,  // 11: shoal.vol.v1.Volumes.ListVolumes:input_type -> shoal.vol.v1.ListVolumesRequest
 	5,  // 12: shoal.vol.v1.Volumes.InspectVolume:input_type -> shoal.vol.v1.InspectVolumeRequest
@@ -2049,26 +1951,24 @@ var file_shoal_vol_v1_vol_proto_depIdxs = []int32{
 	21, // 21: shoal.vol.v1.KV.ListLocks:input_type -> shoal.vol.v1.ListLocksRequest
 	23, // 22: shoal.vol.v1.StateMachines.Set:input_type -> shoal.vol.v1.SetRequest
 	25, // 23: shoal.vol.v1.StateMachines.Watch:input_type -> shoal.vol.v1.WatchRequest
-	27, // 24: shoal.vol.v1.VolPeer.Raft:input_type -> shoal.vol.v1.RaftBatch
-	29, // 25: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
-	1,  // 26: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
-	4,  // 27: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
-	1,  // 28: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
-	7,  // 29: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
-	9,  // 30: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
-	11, // 31: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
-	13, // 32: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
-	15, // 33: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
-	16, // 34: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
-	16, // 35: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
-	20, // 36: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
-	22, // 37: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
-	24, // 38: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
-	26, // 39: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
-	28, // 40: shoal.vol.v1.VolPeer.Raft:output_type -> shoal.vol.v1.RaftAck
-	30, // 41: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
-	26, // [26:42] is the sub-list for method output_type
-	10, // [10:26] is the sub-list for method input_type
+	27, // 24: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
+	1,  // 25: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
+	4,  // 26: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
+	1,  // 27: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
+	7,  // 28: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
+	9,  // 29: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
+	11, // 30: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
+	13, // 31: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
+	15, // 32: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
+	16, // 33: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
+	16, // 34: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
+	20, // 35: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
+	22, // 36: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
+	24, // 37: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
+	26, // 38: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
+	28, // 39: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
+	25, // [25:40] is the sub-list for method output_type
+	10, // [10:25] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -2085,7 +1985,7 @@ func file_shoal_vol_v1_vol_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_vol_v1_vol_proto_rawDesc), len(file_shoal_vol_v1_vol_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   31,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

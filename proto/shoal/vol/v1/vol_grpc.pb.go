@@ -815,7 +815,6 @@ var StateMachines_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	VolPeer_Raft_FullMethodName    = "/shoal.vol.v1.VolPeer/Raft"
 	VolPeer_Forward_FullMethodName = "/shoal.vol.v1.VolPeer/Forward"
 )
 
@@ -823,11 +822,11 @@ const (
 //
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
-// VolPeer carries Raft traffic and forwarded requests between volds.
+// VolPeer carries forwarded requests between volds. It shares its port
+// with the Raft transport, which is not gRPC: a client that negotiates
+// "shoal-raft/1" by ALPN in the mutual-TLS handshake sends length-prefixed
+// raftgroup batches on the connection instead (pkg/vold/transport.go).
 type VolPeerClient interface {
-	// Raft streams raftgroup batches from the caller's node to the
-	// receiver's; one stream per node pair and direction.
-	Raft(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RaftBatch, RaftAck], error)
 	// Forward runs a request on the receiver, which holds a replica of the
 	// group: filesystem mutations and queries for nodes that mount a volume
 	// without holding a replica, KV and lock calls, membership changes.
@@ -841,19 +840,6 @@ type volPeerClient struct {
 func NewVolPeerClient(cc grpc.ClientConnInterface) VolPeerClient {
 	return &volPeerClient{cc}
 }
-
-func (c *volPeerClient) Raft(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RaftBatch, RaftAck], error) {
-	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &VolPeer_ServiceDesc.Streams[0], VolPeer_Raft_FullMethodName, cOpts...)
-	if err != nil {
-		return nil, err
-	}
-	x := &grpc.GenericClientStream[RaftBatch, RaftAck]{ClientStream: stream}
-	return x, nil
-}
-
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type VolPeer_RaftClient = grpc.ClientStreamingClient[RaftBatch, RaftAck]
 
 func (c *volPeerClient) Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
@@ -869,11 +855,11 @@ func (c *volPeerClient) Forward(ctx context.Context, in *ForwardRequest, opts ..
 // All implementations must embed UnimplementedVolPeerServer
 // for forward compatibility.
 //
-// VolPeer carries Raft traffic and forwarded requests between volds.
+// VolPeer carries forwarded requests between volds. It shares its port
+// with the Raft transport, which is not gRPC: a client that negotiates
+// "shoal-raft/1" by ALPN in the mutual-TLS handshake sends length-prefixed
+// raftgroup batches on the connection instead (pkg/vold/transport.go).
 type VolPeerServer interface {
-	// Raft streams raftgroup batches from the caller's node to the
-	// receiver's; one stream per node pair and direction.
-	Raft(grpc.ClientStreamingServer[RaftBatch, RaftAck]) error
 	// Forward runs a request on the receiver, which holds a replica of the
 	// group: filesystem mutations and queries for nodes that mount a volume
 	// without holding a replica, KV and lock calls, membership changes.
@@ -888,9 +874,6 @@ type VolPeerServer interface {
 // pointer dereference when methods are called.
 type UnimplementedVolPeerServer struct{}
 
-func (UnimplementedVolPeerServer) Raft(grpc.ClientStreamingServer[RaftBatch, RaftAck]) error {
-	return status.Error(codes.Unimplemented, "method Raft not implemented")
-}
 func (UnimplementedVolPeerServer) Forward(context.Context, *ForwardRequest) (*ForwardResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forward not implemented")
 }
@@ -914,13 +897,6 @@ func RegisterVolPeerServer(s grpc.ServiceRegistrar, srv VolPeerServer) {
 	}
 	s.RegisterService(&VolPeer_ServiceDesc, srv)
 }
-
-func _VolPeer_Raft_Handler(srv interface{}, stream grpc.ServerStream) error {
-	return srv.(VolPeerServer).Raft(&grpc.GenericServerStream[RaftBatch, RaftAck]{ServerStream: stream})
-}
-
-// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
-type VolPeer_RaftServer = grpc.ClientStreamingServer[RaftBatch, RaftAck]
 
 func _VolPeer_Forward_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(ForwardRequest)
@@ -952,12 +928,6 @@ var VolPeer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _VolPeer_Forward_Handler,
 		},
 	},
-	Streams: []grpc.StreamDesc{
-		{
-			StreamName:    "Raft",
-			Handler:       _VolPeer_Raft_Handler,
-			ClientStreams: true,
-		},
-	},
+	Streams:  []grpc.StreamDesc{},
 	Metadata: "shoal/vol/v1/vol.proto",
 }
