@@ -18,7 +18,7 @@ func TestEntryCacheMatchesPebble(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	db := memDB(t)
 	ks := keyspace{prefix: []byte("c")}
-	s, err := loadStorage(db, ks, 1, nil, 0)
+	s, err := loadStorage(db, ks, 1, memJournal(t), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestEntryCacheMatchesPebble(t *testing.T) {
 		default:
 			s.cache.reset() // as quiescence does
 		}
-		fresh, err := loadStorage(db, ks, 1, nil, 0)
+		fresh, err := loadStorage(db, ks, 1, memJournal(t), 0)
 		if err != nil {
 			t.Fatal(err)
 		}

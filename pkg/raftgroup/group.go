@@ -7,7 +7,6 @@ import (
 	"slices"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/confchange"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -120,7 +119,7 @@ func (h *Host) CreateGroup(id GroupID, local ReplicaID, members []Member) error 
 	_ = b.Set(h.ks.groupKey(id, sufSnapshot), snapBytes, nil)
 	_ = b.Set(h.ks.groupKey(id, sufTruncated), truncState{bootIndex, bootTerm}.encode(), nil)
 	_ = b.Set(h.ks.groupKey(id, sufHardState), hs, nil)
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := h.commit(b, true); err != nil {
 		return fmt.Errorf("raftgroup: create group %d: %w", id, err)
 	}
 	_, err = h.openGroup(id, local)
@@ -139,7 +138,10 @@ func (h *Host) JoinGroup(id GroupID, local ReplicaID) error {
 	if err := h.checkNew(id, local); err != nil {
 		return err
 	}
-	if err := h.db.Set(h.ks.groupKey(id, sufMeta), replicaRecord{replica: local}.encode(), pebble.Sync); err != nil {
+	b := h.db.NewBatch()
+	defer b.Close()
+	_ = b.Set(h.ks.groupKey(id, sufMeta), replicaRecord{replica: local}.encode(), nil)
+	if err := h.commit(b, true); err != nil {
 		return fmt.Errorf("raftgroup: join group %d: %w", id, err)
 	}
 	_, err := h.openGroup(id, local)
@@ -164,12 +166,10 @@ func (h *Host) DestroyGroup(id GroupID) error {
 	defer b.Close()
 	_ = b.DeleteRange(h.ks.groupPrefix(id), h.ks.groupEnd(id), nil)
 	_ = b.Set(h.ks.tombstoneKey(id), binary.AppendUvarint(nil, uint64(g.replica)), nil)
-	if err := b.Commit(pebble.Sync); err != nil {
+	if err := h.commit(b, true); err != nil {
 		return fmt.Errorf("raftgroup: destroy group %d: %w", id, err)
 	}
-	if h.seg != nil {
-		h.seg.dropGroup(id)
-	}
+	h.jnl.dropGroup(id)
 	delete(h.groups, id)
 	delete(h.awake, id)
 	delete(h.dirty, id)
@@ -206,7 +206,7 @@ func (h *Host) checkNew(id GroupID, local ReplicaID) error {
 
 // openGroup loads a group's replica from storage and starts its RawNode.
 func (h *Host) openGroup(id GroupID, local ReplicaID) (*group, error) {
-	st, err := loadStorage(h.db, h.ks, id, h.seg, h.cfg.LargeEntry)
+	st, err := loadStorage(h.db, h.ks, id, h.jnl, h.cfg.LargeEntry)
 	if err != nil {
 		return nil, err
 	}
@@ -737,7 +737,7 @@ func (g *group) takeSnapshot() (*pb.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := g.h.commit(b, false); err != nil {
 		return nil, err
 	}
 	commit()
@@ -784,7 +784,7 @@ func (g *group) maybeCompact() error {
 	if err != nil {
 		return err
 	}
-	if err := b.Commit(pebble.NoSync); err != nil {
+	if err := g.h.commit(b, false); err != nil {
 		return err
 	}
 	commit()

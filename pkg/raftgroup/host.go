@@ -26,14 +26,10 @@ import (
 type Config struct {
 	// NodeID is this host's node (non-zero). The transport addresses it.
 	NodeID NodeID
-	// DB is a Pebble database to share (the host does not close it). When
-	// nil, the host opens Dir (on FS, or the OS filesystem) with
-	// store.PebbleOptions and closes it on Close.
-	DB  *pebble.DB
+	// Dir (on FS, or the OS filesystem) holds the host's Pebble and, in
+	// Dir/entries, its journal (journal.go).
 	Dir string
 	FS  vfs.FS
-	// KeyPrefix namespaces the host's keys in a shared DB.
-	KeyPrefix []byte
 	// Transport sends batches to other hosts.
 	Transport Transport
 	// NewStateMachine returns the (empty) state machine of a group. The host
@@ -78,12 +74,12 @@ type Config struct {
 	// MaxInbox bounds the batches waiting for the loop (default 65,536);
 	// beyond it inbound batches are dropped (Raft retries).
 	MaxInbox int
-	// SegmentSize is the size from which the segment log starts a new
+	// SegmentSize is the size from which the journal starts a new segment
 	// file (default 64 MiB).
 	SegmentSize int64
-	// LargeEntry is the size from which an entry's data goes to the host's
-	// segment files (Dir/entries) instead of Pebble (default 16 KiB;
-	// negative: never). A host on a shared DB keeps every entry in Pebble.
+	// LargeEntry is the size from which an entry's data stays in the
+	// journal, referenced from Pebble, instead of being copied into Pebble
+	// (default 16 KiB; negative: never).
 	LargeEntry int
 }
 
@@ -97,8 +93,8 @@ func (c *Config) setDefaults() error {
 	if c.NewStateMachine == nil {
 		return errors.New("raftgroup: NewStateMachine is required")
 	}
-	if c.DB == nil && c.Dir == "" {
-		return errors.New("raftgroup: DB or Dir is required")
+	if c.Dir == "" {
+		return errors.New("raftgroup: Dir is required")
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -161,13 +157,12 @@ func (c *Config) setDefaults() error {
 // deterministic test) holds mu for a whole round. The public methods only
 // queue work for the next round (inMu) or take mu briefly.
 type Host struct {
-	cfg   Config
-	log   *slog.Logger
-	db    *pebble.DB
-	ownDB bool
-	seg   *segmentLog // nil: every entry in Pebble
-	ks    keyspace
-	rlog  raft.Logger
+	cfg  Config
+	log  *slog.Logger
+	db   *pebble.DB
+	jnl  *journal
+	ks   keyspace
+	rlog raft.Logger
 
 	// session and seq make generated proposal keys unique across restarts.
 	session uint64
@@ -258,7 +253,6 @@ func Open(cfg Config) (*Host, error) {
 	h := &Host{
 		cfg:         cfg,
 		log:         cfg.Logger.With("node", uint64(cfg.NodeID)),
-		ks:          keyspace{prefix: append([]byte(nil), cfg.KeyPrefix...)},
 		wake:        make(chan struct{}, 1),
 		closing:     make(chan struct{}),
 		groups:      map[GroupID]*group{},
@@ -282,42 +276,45 @@ func Open(cfg Config) (*Host, error) {
 		}
 		h.session = binary.BigEndian.Uint64(b[:])
 	}
-	if cfg.DB != nil {
-		h.db = cfg.DB
-	} else {
-		popts := pebbleOptions(pebbleLogger{h.log.With("component", "pebble")})
-		if cfg.FS != nil {
-			popts.FS = cfg.FS
-		}
-		db, err := pebble.Open(cfg.Dir, popts)
-		popts.Cache.Unref()
-		if err != nil {
-			return nil, fmt.Errorf("raftgroup: open pebble at %s: %w", cfg.Dir, err)
-		}
-		h.db, h.ownDB = db, true
-		if cfg.LargeEntry > 0 {
-			fs := cmp.Or[vfs.FS](cfg.FS, vfs.Default)
-			if h.seg, err = openSegmentLog(fs, fs.PathJoin(cfg.Dir, "entries")); err != nil {
-				h.db.Close()
-				return nil, err
-			}
-			h.seg.maxSize = cfg.SegmentSize
-		}
+	popts := pebbleOptions(pebbleLogger{h.log.With("component", "pebble")})
+	fs := cmp.Or[vfs.FS](cfg.FS, vfs.Default)
+	popts.FS = fs
+	db, err := pebble.Open(cfg.Dir, popts)
+	popts.Cache.Unref()
+	if err != nil {
+		return nil, fmt.Errorf("raftgroup: open pebble at %s: %w", cfg.Dir, err)
 	}
-	err := h.loadGroups()
-	if err == nil && h.seg != nil {
-		err = h.seg.dropUnreferenced()
+	h.db = db
+	if h.jnl, err = openJournal(fs, fs.PathJoin(cfg.Dir, "entries")); err != nil {
+		db.Close()
+		return nil, err
+	}
+	h.jnl.maxSize = cfg.SegmentSize
+	n, err := h.jnl.replay(db, h.ks)
+	if n > 0 {
+		h.log.Info("replayed the raft journal", "batches", n)
+	}
+	if err == nil {
+		err = h.loadGroups()
+	}
+	if err == nil {
+		err = h.jnl.dropUnreferenced()
 	}
 	if err != nil {
-		if h.seg != nil {
-			h.seg.close()
-		}
-		if h.ownDB {
-			h.db.Close()
-		}
+		h.jnl.close()
+		h.db.Close()
 		return nil, err
 	}
 	return h, nil
+}
+
+// commit writes b to the journal (and syncs it if sync), then to Pebble.
+// Every write of the host goes through it: Pebble has no WAL of its own.
+func (h *Host) commit(b *pebble.Batch, sync bool) error {
+	if err := h.jnl.batch(b, h.ks, sync); err != nil {
+		return err
+	}
+	return b.Commit(pebble.NoSync)
 }
 
 // loadGroups reopens every group with a replica record.
@@ -385,13 +382,8 @@ func (h *Host) Close() error {
 	for _, id := range h.sortedGroups(h.groups) {
 		h.groups[id].failPending(ErrClosed)
 	}
-	if h.seg != nil {
-		h.seg.close()
-	}
-	if h.ownDB {
-		return h.db.Close()
-	}
-	return nil
+	h.jnl.close()
+	return h.db.Close()
 }
 
 // NodeID returns the host's node.
@@ -622,21 +614,11 @@ func (h *Host) handleReadies() {
 			commits = append(commits, c)
 			sync = sync || rds[i].rd.MustSync || !raft.IsEmptySnap(rds[i].rd.Snapshot)
 		}
-		if h.seg != nil && h.seg.pending() {
-			// The entries' data before the references to it (segments.go).
-			if err := h.seg.syncPending(); err != nil {
-				b.Close()
-				h.fail(err)
-				return
-			}
-		}
 		if !b.Empty() {
-			opts := pebble.NoSync
 			if sync {
-				opts = pebble.Sync
 				h.stats.Syncs++
 			}
-			if err := b.Commit(opts); err != nil {
+			if err := h.commit(b, sync); err != nil {
 				b.Close()
 				h.fail(fmt.Errorf("persist ready: %w", err))
 				return
@@ -1003,8 +985,11 @@ func (h *Host) raftConfig(id ReplicaID, st *groupStorage, applied uint64) *raft.
 //   - No block compression: entries are file data or application
 //     payloads, often incompressible, and compressing them cost more CPU
 //     than the disk time it saved.
+//   - No WAL: the host's journal is its write-ahead log (journal.go), and
+//     replays into Pebble what a crash took from its memtables.
 func pebbleOptions(log pebble.Logger) *pebble.Options {
 	o := store.PebbleOptions(log)
+	o.DisableWAL = true
 	o.ApplyCompressionSettings(func() pebble.DBCompressionSettings { return pebble.DBCompressionNone })
 	o.Experimental.ValueSeparationPolicy = func() pebble.ValueSeparationPolicy {
 		return pebble.ValueSeparationPolicy{

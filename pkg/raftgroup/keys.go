@@ -2,7 +2,7 @@ package raftgroup
 
 import "encoding/binary"
 
-// Key layout (all under Config.KeyPrefix):
+// Key layout (all under the keyspace's prefix, empty in a host):
 //
 //	prefix 0x01 group(8) 0x01             local replica record (replicaMeta)
 //	prefix 0x01 group(8) 0x02             HardState
@@ -11,6 +11,7 @@ import "encoding/binary"
 //	prefix 0x01 group(8) 0x05             applied index (advisory)
 //	prefix 0x01 group(8) 0x10 index(8)    log entry (raftpb.Entry)
 //	prefix 0x02 group(8)                  tombstone: the greatest replica ID destroyed here
+//	prefix 0x03                           sequence number of the last journal record applied
 //
 // Integers are big-endian so that a group's keys and its log sort
 // together and in index order: one range deletion drops a group, one
@@ -18,6 +19,7 @@ import "encoding/binary"
 const (
 	tagGroup     = 0x01
 	tagTombstone = 0x02
+	tagJournal   = 0x03
 
 	sufMeta      = 0x01
 	sufHardState = 0x02
@@ -56,6 +58,12 @@ func (k keyspace) logKey(g GroupID, index uint64) []byte {
 
 // logEnd bounds the log of g (exclusive).
 func (k keyspace) logEnd(g GroupID) []byte { return k.groupKey(g, sufLog+1) }
+
+// seqKey holds the sequence number of the journal's batch record that
+// wrote it (every batch writes it): after a crash, how far Pebble got.
+func (k keyspace) seqKey() []byte {
+	return append(append([]byte(nil), k.prefix...), tagJournal)
+}
 
 func (k keyspace) tombstoneKey(g GroupID) []byte {
 	b := append([]byte(nil), k.prefix...)

@@ -3,7 +3,6 @@ package raftgroup
 import (
 	"encoding/binary"
 
-	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/tracker"
 )
@@ -229,11 +228,9 @@ func (h *Host) afterRound() {
 		}
 	}
 	clear(h.attention)
-	if h.seg != nil {
-		if err := h.seg.collect(h.db); err != nil {
-			h.fail(err)
-			return
-		}
+	if err := h.jnl.collect(h.db); err != nil {
+		h.fail(err)
+		return
 	}
 	if len(h.appliedSome) == 0 {
 		return
@@ -252,7 +249,7 @@ func (h *Host) afterRound() {
 		done = append(done, g)
 	}
 	if !b.Empty() {
-		if err := b.Commit(pebble.NoSync); err != nil {
+		if err := h.commit(b, false); err != nil {
 			h.fail(err)
 			return
 		}

@@ -22,8 +22,9 @@ type groupStorage struct {
 	db *pebble.DB
 	ks keyspace
 	g  GroupID
-	// seg, when set, holds the data of entries of at least large bytes.
-	seg   *segmentLog
+	// jnl holds the data of entries of at least large bytes (large <= 0:
+	// none) and of large snapshots.
+	jnl   *journal
 	large int
 
 	// Cached durable state.
@@ -70,10 +71,10 @@ func get(db pebble.Reader, key []byte) ([]byte, error) {
 	return out, closer.Close()
 }
 
-// loadStorage reads a group's durable raft state. With seg, every entry
-// of the log is visited to report its segment references.
-func loadStorage(db *pebble.DB, ks keyspace, g GroupID, seg *segmentLog, large int) (*groupStorage, error) {
-	s := &groupStorage{db: db, ks: ks, g: g, seg: seg, large: large}
+// loadStorage reads a group's durable raft state. Every entry of the log
+// is visited to report its references to the journal.
+func loadStorage(db *pebble.DB, ks keyspace, g GroupID, jnl *journal, large int) (*groupStorage, error) {
+	s := &groupStorage{db: db, ks: ks, g: g, jnl: jnl, large: large}
 	v, err := get(db, ks.groupKey(g, sufHardState))
 	if err != nil {
 		return nil, err
@@ -97,10 +98,7 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, seg *segmentLog, large i
 		return nil, err
 	}
 	if ref != nil {
-		if seg == nil {
-			return nil, fmt.Errorf("group %d: snapshot in a segment, but this host has no segment log", g)
-		}
-		seg.setSnapshot(g, ref.seg)
+		jnl.setSnapshot(g, ref.seg)
 	}
 	if snap != nil {
 		s.snap = snap.GetMetadata()
@@ -110,16 +108,14 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, seg *segmentLog, large i
 	if err != nil {
 		return nil, err
 	}
-	if seg != nil {
-		for valid := it.First(); valid; valid = it.Next() {
-			ref, _, err := splitRef(it.Value())
-			if err != nil {
-				it.Close()
-				return nil, fmt.Errorf("group %d: entry: %w", g, err)
-			}
-			if ref != nil {
-				seg.addRef(g, ks.parseLogIndex(it.Key()), ref.seg)
-			}
+	for valid := it.First(); valid; valid = it.Next() {
+		ref, _, err := splitRef(it.Value())
+		if err != nil {
+			it.Close()
+			return nil, fmt.Errorf("group %d: entry: %w", g, err)
+		}
+		if ref != nil {
+			jnl.addRef(g, ks.parseLogIndex(it.Key()), ref.seg)
 		}
 	}
 	if it.Last() {
@@ -173,25 +169,21 @@ func (s *groupStorage) readSnapshot(withData bool) (*pb.Snapshot, *segmentRef, e
 }
 
 // setSnapshot adds snap to b as the group's stored snapshot. Large data
-// goes to the segment log, synced now: the batch may commit unsynced and
-// still reach the disk before the next synced commit.
+// goes to the journal as a blob (which the journal syncs before b).
 func (s *groupStorage) setSnapshot(b *pebble.Batch, snap *pb.Snapshot) error {
 	key := s.ks.groupKey(s.g, sufSnapshot)
-	if s.seg == nil || len(snap.GetData()) < s.large {
+	if s.large <= 0 || len(snap.GetData()) < s.large {
 		data, err := proto.Marshal(snap)
 		if err != nil {
 			return err
 		}
 		return b.Set(key, data, nil)
 	}
-	ref, err := s.seg.write(snap.GetData())
+	ref, err := s.jnl.blob(snap.GetData())
 	if err != nil {
 		return err
 	}
-	if err := s.seg.syncPending(); err != nil {
-		return err
-	}
-	s.seg.setSnapshot(s.g, ref.seg)
+	s.jnl.setSnapshot(s.g, ref.seg)
 	v, err := proto.MarshalOptions{}.MarshalAppend(ref.header(), &pb.Snapshot{Metadata: snap.GetMetadata()})
 	if err != nil {
 		return err
@@ -356,12 +348,10 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 		if err := b.DeleteRange(s.ks.logKey(s.g, 0), s.ks.logEnd(s.g), nil); err != nil {
 			return nil, err
 		}
-		if s.seg != nil {
-			// NB: before the snapshot and the entries below add theirs; the
-			// whole log goes in this synced batch, and segments are removed
-			// only after a sync.
-			s.seg.dropGroup(s.g)
-		}
+		// NB: before the snapshot and the entries below add theirs; the
+		// whole log goes in this synced batch, and segments are removed only
+		// once Pebble flushed it.
+		s.jnl.dropGroup(s.g)
 		if err := s.setSnapshot(b, rd.Snapshot); err != nil {
 			return nil, err
 		}
@@ -383,8 +373,8 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 				continue
 			}
 			key := s.ks.logKey(s.g, e.GetIndex())
-			if s.seg != nil && len(e.GetData()) >= s.large {
-				ref, err := s.seg.append(s.g, e.GetIndex(), e.GetData())
+			if s.large > 0 && len(e.GetData()) >= s.large {
+				ref, err := s.jnl.appendEntry(s.g, e.GetIndex(), e.GetData())
 				if err != nil {
 					return nil, err
 				}
@@ -478,16 +468,11 @@ func (s *groupStorage) stageCompact(b *pebble.Batch, index uint64) (func(), erro
 	return func() {
 		s.trunc = t
 		s.cache.dropTo(index)
-		if s.seg != nil {
-			s.seg.release(s.g, index)
-		}
+		s.jnl.release(s.g, index)
 	}, nil
 }
 
-// readRef reads data the segment log holds.
+// readRef reads data the journal holds.
 func (s *groupStorage) readRef(ref *segmentRef) ([]byte, error) {
-	if s.seg == nil {
-		return nil, errors.New("data in a segment, but this host has no segment log")
-	}
-	return s.seg.read(*ref)
+	return s.jnl.read(*ref)
 }

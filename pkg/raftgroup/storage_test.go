@@ -23,6 +23,17 @@ func memDB(t *testing.T) *pebble.DB {
 	return db
 }
 
+// memJournal returns an empty journal on an in-memory filesystem.
+func memJournal(t *testing.T) *journal {
+	t.Helper()
+	j, err := openJournal(vfs.NewMem(), "/entries")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(j.close)
+	return j
+}
+
 func ents(term uint64, lo, hi uint64) []*pb.Entry {
 	var out []*pb.Entry
 	for i := lo; i <= hi; i++ {
@@ -47,7 +58,7 @@ func persist(t *testing.T, db *pebble.DB, s *groupStorage, rd raft.Ready) {
 func TestStorage(t *testing.T) {
 	db := memDB(t)
 	ks := keyspace{prefix: []byte("x")}
-	s, err := loadStorage(db, ks, 7, nil, 0)
+	s, err := loadStorage(db, ks, 7, memJournal(t), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +121,7 @@ func TestStorage(t *testing.T) {
 		t.Fatalf("term(3): %v", err)
 	}
 	// Reload: the same durable state.
-	r, err := loadStorage(db, ks, 7, nil, 0)
+	r, err := loadStorage(db, ks, 7, memJournal(t), 0)
 	if err != nil {
 		t.Fatal(err)
 	}
