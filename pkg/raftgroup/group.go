@@ -41,15 +41,14 @@ type group struct {
 
 	// learned routes replicas not (yet) in meta.members: a new replica
 	// learns its leader's node from the leader's first message.
-	learned          map[ReplicaID]NodeID
-	leader           ReplicaID
-	removed          bool
-	broken           error
-	quiesced         bool
-	idleTicks        int
-	quiesceHint      *Heartbeat
-	retryNow         bool
-	appliedPersisted uint64
+	learned     map[ReplicaID]NodeID
+	leader      ReplicaID
+	removed     bool
+	broken      error
+	quiesced    bool
+	idleTicks   int
+	quiesceHint *Heartbeat
+	retryNow    bool
 	// logBytes counts the entry data applied since the last snapshot
 	// maybeCompact took, snapBytes is that snapshot's size.
 	logBytes, snapBytes uint64
@@ -232,11 +231,6 @@ func (h *Host) openGroup(id GroupID, local ReplicaID) (*group, error) {
 		if err := g.restoreState(snap); err != nil {
 			return nil, err
 		}
-	}
-	if v, err := get(h.db, h.ks.groupKey(id, sufApplied)); err != nil {
-		return nil, err
-	} else if v != nil {
-		g.appliedPersisted, _ = binary.Uvarint(v)
 	}
 	st.snapshotFor = g.snapshotForSend
 	rn, err := raft.NewRawNode(h.raftConfig(local, st, g.applied))

@@ -207,7 +207,8 @@ type Host struct {
 // Stats are counters of a host's activity (for tests and metrics).
 type Stats struct {
 	Rounds          uint64
-	Syncs           uint64 // synced Pebble commits (one per round with durable writes)
+	Syncs           uint64 // synced journal writes (one per round with durable writes)
+	Commits         uint64 // batches written to the journal and Pebble, synced or not
 	BatchesSent     uint64
 	MessagesSent    uint64 // Raft messages sent, heartbeats included
 	HeartbeatsSent  uint64 // coalesced heartbeats and responses
@@ -311,6 +312,7 @@ func Open(cfg Config) (*Host, error) {
 // commit writes b to the journal (and syncs it if sync), then to Pebble.
 // Every write of the host goes through it: Pebble has no WAL of its own.
 func (h *Host) commit(b *pebble.Batch, sync bool) error {
+	h.stats.Commits++
 	if err := h.jnl.batch(b, h.ks, sync); err != nil {
 		return err
 	}

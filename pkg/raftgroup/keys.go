@@ -8,7 +8,7 @@ import "encoding/binary"
 //	prefix 0x01 group(8) 0x02             HardState
 //	prefix 0x01 group(8) 0x03             truncated state: index(8) term(8)
 //	prefix 0x01 group(8) 0x04             latest snapshot (raftpb.Snapshot)
-//	prefix 0x01 group(8) 0x05             applied index (advisory)
+//	prefix 0x01 group(8) 0x05             (was the applied index: never read, no longer written)
 //	prefix 0x01 group(8) 0x10 index(8)    log entry (raftpb.Entry)
 //	prefix 0x02 group(8)                  tombstone: the greatest replica ID destroyed here
 //	prefix 0x03                           sequence number of the last journal record applied
@@ -25,7 +25,6 @@ const (
 	sufHardState = 0x02
 	sufTruncated = 0x03
 	sufSnapshot  = 0x04
-	sufApplied   = 0x05
 	sufLog       = 0x10
 )
 

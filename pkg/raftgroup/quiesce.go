@@ -1,8 +1,6 @@
 package raftgroup
 
 import (
-	"encoding/binary"
-
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/tracker"
 )
@@ -237,26 +235,6 @@ func (h *Host) afterRound() {
 	}
 	ids := h.sortedGroups(h.appliedSome)
 	clear(h.appliedSome)
-	b := h.db.NewBatch()
-	defer b.Close()
-	var done []*group
-	for _, id := range ids {
-		g := h.groups[id]
-		if g == nil || g.applied <= g.appliedPersisted {
-			continue
-		}
-		_ = b.Set(h.ks.groupKey(id, sufApplied), binary.AppendUvarint(nil, g.applied), nil)
-		done = append(done, g)
-	}
-	if !b.Empty() {
-		if err := h.commit(b, false); err != nil {
-			h.fail(err)
-			return
-		}
-		for _, g := range done {
-			g.appliedPersisted = g.applied
-		}
-	}
 	for _, id := range ids {
 		g := h.groups[id]
 		if g == nil || g.broken != nil || g.removed {

@@ -398,8 +398,13 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 		}
 	}
 	var hs *pb.HardState
-	if !raft.IsEmptyHardState(rd.HardState) {
-		hs = proto.Clone(rd.HardState).(*pb.HardState)
+	// NB: a HardState whose term and vote did not change is not written: of
+	// its commit index raft needs no durable copy (a restarted replica
+	// learns it again from its leader, and loadStorage never reports one
+	// below the stored snapshot), and writing it cost every replica a
+	// journal record and a Pebble write for every commit it heard of.
+	if newHS := rd.HardState; !raft.IsEmptyHardState(newHS) && (s.hs == nil || newHS.GetTerm() != s.hs.GetTerm() || newHS.GetVote() != s.hs.GetVote()) {
+		hs = proto.Clone(newHS).(*pb.HardState)
 		data, err := proto.Marshal(hs)
 		if err != nil {
 			return nil, err

@@ -115,7 +115,7 @@ func BenchmarkVolumeWrites(b *testing.B) {
 		}
 		defer f.Close()
 		rng := rand.New(rand.NewPCG(1, 2))
-		batches0, rounds0, syncs0 := hostStats(peers)
+		batches0, rounds0, syncs0, commits0 := hostStats(peers)
 		cpu0 := processCPU()
 		for b.Loop() {
 			if _, err := f.WriteAt(buf[:4096], rng.Int64N(size/4096)*4096); err != nil {
@@ -123,21 +123,23 @@ func BenchmarkVolumeWrites(b *testing.B) {
 			}
 		}
 		cpu := processCPU() - cpu0
-		batches, rounds, syncs := hostStats(peers)
+		batches, rounds, syncs, commits := hostStats(peers)
 		b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-µs/op")
 		b.ReportMetric(float64(batches-batches0)/float64(b.N), "batches/op")
 		b.ReportMetric(float64(rounds-rounds0)/float64(b.N), "rounds/op")
 		b.ReportMetric(float64(syncs-syncs0)/float64(b.N), "syncs/op")
+		b.ReportMetric(float64(commits-commits0)/float64(b.N), "commits/op")
 	})
 }
 
-// hostStats sums the hosts' batches sent, rounds and synced commits.
-func hostStats(peers []*testPeer) (batches, rounds, syncs uint64) {
+// hostStats sums the hosts' batches sent, rounds, synced journal writes
+// and journal writes.
+func hostStats(peers []*testPeer) (batches, rounds, syncs, commits uint64) {
 	for _, p := range peers {
 		st := p.host.Stats()
-		batches, rounds, syncs = batches+st.BatchesSent, rounds+st.Rounds, syncs+st.Syncs
+		batches, rounds, syncs, commits = batches+st.BatchesSent, rounds+st.Rounds, syncs+st.Syncs, commits+st.Commits
 	}
-	return batches, rounds, syncs
+	return batches, rounds, syncs, commits
 }
 
 // processCPU is this process's user and system CPU time so far.
