@@ -2,9 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"syscall"
 	"time"
 
@@ -12,10 +16,14 @@ import (
 )
 
 // target is where one row of the write measurements writes: the local
-// filesystem, or a volume's mount on some node.
+// filesystem, or a volume's mount on some node. writers > 1 runs that many
+// writers at once, each on its own file: the local filesystem with three
+// is what the one disk gives each of a volume's three replicas when they
+// all write, the ceiling of a volume on this machine.
 type target struct {
-	label string
-	dir   string
+	label   string
+	dir     string
+	writers int
 }
 
 type seqResult struct {
@@ -27,10 +35,11 @@ type seqResult struct {
 }
 
 type randRow struct {
-	lat     []time.Duration
+	lat     []time.Duration // of every writer
 	elapsed time.Duration
 	errs    int
 	cpu     time.Duration // see runCPU
+	writers int           // 0 means 1
 }
 
 // cpuPerWrite is the run's CPU time (see runCPU) per acknowledged write.
@@ -41,11 +50,12 @@ func (r randRow) cpuPerWrite() time.Duration {
 	return r.cpu / time.Duration(len(r.lat))
 }
 
+// iops is the rate of one writer (the mean of several).
 func (r randRow) iops() float64 {
 	if r.elapsed <= 0 {
 		return 0
 	}
-	return float64(len(r.lat)) / r.elapsed.Seconds()
+	return float64(len(r.lat)) / float64(max(r.writers, 1)) / r.elapsed.Seconds()
 }
 
 type randResult struct {
@@ -57,9 +67,13 @@ type randResult struct {
 
 const (
 	rowLocal    = "local filesystem"
+	rowLocal3   = "local filesystem, three writers at once (each)"
 	rowLeader   = "volume, mounted on the leader's node"
 	rowFollower = "volume, mounted on a follower's node"
 )
+
+// localWriters is the writer count of rowLocal3: one per replica.
+const localWriters = 3
 
 // mountTargets mounts the bench volume on its leader's and a follower's
 // node and returns the three targets (local first) and the two nodes.
@@ -70,7 +84,7 @@ func (b *bench) mountTargets(ctx context.Context, user string) ([]target, int, i
 	check(err)
 	fp, err := b.mount(ctx, follower, benchVol, user)
 	check(err)
-	return []target{{rowLocal, b.local}, {rowLeader, lp}, {rowFollower, fp}}, leader, follower
+	return []target{{rowLocal, b.local, 1}, {rowLocal3, b.local, localWriters}, {rowLeader, lp, 1}, {rowFollower, fp, 1}}, leader, follower
 }
 
 // sequential writes c.seqMiB MiB in 1 MiB writes, then fsyncs, to each
@@ -102,24 +116,44 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 			if ctx.Err() != nil {
 				fail("%v", ctx.Err())
 			}
-			path := filepath.Join(t.dir, fmt.Sprintf("seq-%d.dat", rep))
-			a := b.acct.Take()
-			d, err := seqWrite(path, buf, size)
-			if err != nil {
-				fail("sequential write to %s (%s): %v", t.label, path, err)
+			paths := make([]string, t.writers)
+			for w := range paths {
+				paths[w] = filepath.Join(t.dir, fmt.Sprintf("seq-%d-%d.dat", rep, w))
 			}
-			cpu := cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime()
+			a := b.acct.Take()
+			d, err := together(t.writers, func(w int) (time.Duration, error) { return seqWrite(paths[w], buf, size) })
+			if err != nil {
+				fail("sequential write to %s: %v", t.label, err)
+			}
+			// CPU per MiB written, MB/s per writer.
+			cpu := cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime() / time.Duration(t.writers)
 			mbps := float64(size) / d.Seconds() / 1e6
 			r.mbps[t.label] = append(r.mbps[t.label], mbps)
 			r.cpu[t.label] = append(r.cpu[t.label], cpu)
 			progress("  %s: %.1f MB/s (%v), CPU %v per MiB", t.label, mbps, d.Round(time.Millisecond), (cpu / time.Duration(c.seqMiB)).Round(10*time.Microsecond))
-			if err := os.Remove(path); err != nil {
-				fail("remove %s: %v", path, err)
+			for _, path := range paths {
+				if err := os.Remove(path); err != nil {
+					fail("remove %s: %v", path, err)
+				}
 			}
 		}
 	}
 	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
 	return r
+}
+
+// together runs fn for n writers at once and returns the longest time one
+// took, or the first error.
+func together(n int, fn func(w int) (time.Duration, error)) (time.Duration, error) {
+	ds := make([]time.Duration, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for w := range n {
+		wg.Add(1)
+		go func() { defer wg.Done(); ds[w], errs[w] = fn(w) }()
+	}
+	wg.Wait()
+	return slices.Max(ds), errors.Join(errs...)
 }
 
 // seqWrite creates path, writes size bytes of buf in len(buf) writes,
@@ -164,17 +198,25 @@ func (b *bench) random(ctx context.Context) randResult {
 	for i := range buf {
 		buf[i] = byte(b.rng.Uint32())
 	}
-	// One file on the local filesystem, one in the volume (both mounts
-	// see the same file).
-	files := map[string]string{}
-	for _, t := range targets[:2] {
-		path := filepath.Join(t.dir, "rand.dat")
+	// Files on the local filesystem (one per writer of the three-writer
+	// row, the first also the one-writer row's), one in the volume (both
+	// mounts see the same file).
+	files := map[string][]string{}
+	var made []string
+	for w := range localWriters {
+		path := filepath.Join(b.local, fmt.Sprintf("rand-%d.dat", w))
+		files[rowLocal3] = append(files[rowLocal3], path)
+		made = append(made, path)
+	}
+	files[rowLocal] = files[rowLocal3][:1]
+	files[rowLeader] = []string{filepath.Join(targets[2].dir, "rand.dat")}
+	files[rowFollower] = []string{filepath.Join(targets[3].dir, "rand.dat")}
+	made = append(made, files[rowLeader][0])
+	for _, path := range made {
 		if _, err := seqWrite(path, buf, size); err != nil {
 			fail("preallocate %s: %v", path, err)
 		}
-		files[t.label] = path
 	}
-	files[rowFollower] = filepath.Join(targets[2].dir, "rand.dat")
 	b.waitQuiet(ctx)
 	profiled := b.startProfiles(ctx, "rand")
 	defer profiled()
@@ -186,17 +228,35 @@ func (b *bench) random(ctx context.Context) randResult {
 				fail("%v", ctx.Err())
 			}
 			a := b.acct.Take()
-			row, err := randWrite(files[t.label], buf[:block], size, c.randDur, b.rng.Int64N)
+			rows := make([]randRow, t.writers)
+			seeds := make([]uint64, t.writers)
+			for w := range seeds {
+				seeds[w] = b.rng.Uint64()
+			}
+			_, err := together(t.writers, func(w int) (time.Duration, error) {
+				rng := rand.New(rand.NewPCG(seeds[w], 1))
+				var err error
+				rows[w], err = randWrite(files[t.label][w], buf[:block], size, c.randDur, rng.Int64N)
+				return 0, err
+			})
 			if err != nil {
 				fail("random writes to %s: %v", t.label, err)
 			}
+			// One row for all writers: IOPS per writer, CPU per write.
+			row := rows[0]
+			for _, x := range rows[1:] {
+				row.lat = append(row.lat, x.lat...)
+				row.errs += x.errs
+				row.elapsed = max(row.elapsed, x.elapsed)
+			}
+			row.writers = t.writers
 			row.cpu = cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime()
 			r.runs[t.label] = append(r.runs[t.label], row)
 			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()))
 		}
 	}
 	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
-	for _, p := range []string{files[rowLocal], files[rowLeader]} {
+	for _, p := range made {
 		if err := os.Remove(p); err != nil {
 			fail("remove %s: %v", p, err)
 		}
