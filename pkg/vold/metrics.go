@@ -11,22 +11,23 @@ type collector struct {
 }
 
 var metricHelp = map[string]string{
-	"groups":                     "Raft groups this node holds a replica of.",
-	"groups_leading":             "Raft groups whose leader is this node's replica.",
-	"groups_awake":               "Raft groups ticking on this node (not quiesced).",
-	"raft_entry_cache_bytes":     "Bytes of log entries the groups keep in memory (idle groups keep none).",
-	"mounts":                     "Volumes mounted on this node.",
-	"proposals_total":            "Proposals made through this node's replicas.",
-	"forwarded_out_total":        "Requests forwarded to other nodes' replicas.",
-	"forwarded_in_total":         "Requests other nodes forwarded here.",
-	"forward_errors_total":       "Forwarded requests that failed.",
-	"replicas_created_total":     "Replicas created or joined on this node.",
-	"replicas_destroyed_total":   "Replicas destroyed on this node.",
-	"replicas_replaced_total":    "Dead replicas this node replaced as leader.",
-	"raft_batches_sent_total":    "Raft batches sent to other nodes.",
-	"raft_bytes_sent_total":      "Bytes of Raft batches sent to other nodes.",
-	"raft_batches_dropped_total": "Raft batches dropped (queue full or peer unreachable).",
-	"raft_stream_failures_total": "Raft connections that failed to open or broke.",
+	"groups":                       "Raft groups this node holds a replica of.",
+	"groups_leading":               "Raft groups whose leader is this node's replica.",
+	"groups_awake":                 "Raft groups ticking on this node (not quiesced).",
+	"raft_entry_cache_bytes":       "Bytes of log entries the groups keep in memory (idle groups keep none).",
+	"mounts":                       "Volumes mounted on this node.",
+	"proposals_total":              "Proposals made through this node's replicas.",
+	"forwarded_out_total":          "Requests forwarded to other nodes' replicas.",
+	"forwarded_in_total":           "Requests other nodes forwarded here.",
+	"forward_errors_total":         "Forwarded requests that failed.",
+	"replicas_created_total":       "Replicas created or joined on this node.",
+	"replicas_destroyed_total":     "Replicas destroyed on this node.",
+	"replicas_replaced_total":      "Dead replicas this node replaced as leader.",
+	"raft_batches_sent_total":      "Raft batches sent to other nodes.",
+	"raft_bytes_sent_total":        "Bytes of Raft batches sent to other nodes.",
+	"raft_batches_sent_here_total": "Raft batches the Raft loop wrote to an idle connection itself (no hand-off to the connection's goroutine).",
+	"raft_batches_dropped_total":   "Raft batches dropped (queue full or peer unreachable).",
+	"raft_stream_failures_total":   "Raft connections that failed to open or broke.",
 }
 
 func newCollector(n *node) *collector {
@@ -75,6 +76,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit("replicas_replaced_total", ct, n.stats.replaced.Load())
 	emit("raft_batches_sent_total", ct, n.trans.sentBatches.Load())
 	emit("raft_bytes_sent_total", ct, n.trans.sentBytes.Load())
+	emit("raft_batches_sent_here_total", ct, n.trans.sentHere.Load())
 	emit("raft_batches_dropped_total", ct, n.trans.dropped.Load())
 	emit("raft_stream_failures_total", ct, n.trans.failures.Load())
 }

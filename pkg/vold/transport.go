@@ -36,7 +36,14 @@ import (
 // and one for snapshots, so that a large snapshot being sent never holds
 // up the heartbeats of every other group between the same two nodes. A
 // lane writes whatever is queued when it wakes (up to coalesceBytes) in
-// one write.
+// one write. But when a lane is connected, idle and has nothing queued,
+// Send writes a small batch (most are: votes, appends of small entries,
+// their answers) itself (sendHere): its frame fits the socket's buffer, so
+// the write does not wait, and the lane's goroutine is not woken for it.
+// On this project's 2-core VM, where waking a goroutine in another
+// process costs about what handling the message does, that made a
+// replicated synchronous 4 KiB write 15-25% faster and 10-20% cheaper in
+// CPU (bench/vold, alternating with and without).
 //
 // Send fails (and the host reports the batch's replicas unreachable, which
 // is what makes Raft pause and probe them) when the lane's queue is full
@@ -66,6 +73,10 @@ const (
 	// without a reset (it is also the TCP user timeout, see
 	// peerPool.raftDialer).
 	writeTimeout = 10 * time.Second
+	// hereMax bounds a batch Send writes itself, and hereTimeout how long
+	// that write may take (see sendHere).
+	hereMax     = 64 << 10
+	hereTimeout = 50 * time.Millisecond
 	// receiveBuffer is the receiver's read buffer.
 	receiveBuffer = 64 << 10
 )
@@ -93,6 +104,8 @@ type transport struct {
 
 	// Counters for metrics.
 	sentBatches, sentBytes, dropped, failures atomic.Uint64
+	// sentHere counts the batches Send wrote itself (sendHere).
+	sentHere atomic.Uint64
 }
 
 type outPeer struct {
@@ -108,7 +121,15 @@ type lane struct {
 	// down is set from a failure until the backoff before the next attempt
 	// has passed: Send fails at once meanwhile.
 	down atomic.Bool
-	// buf holds the frames of one write; only the lane's goroutine uses it.
+	// mu is held while frames are written to conn: by the lane's
+	// goroutine, or by Send writing a batch itself (sendHere).
+	mu sync.Mutex
+	// conn is the lane's connection while its session runs (guarded by mu).
+	conn net.Conn
+	// pending counts the batches queued and not yet written: Send writes
+	// itself only when none are, so that batches stay in order.
+	pending atomic.Int64
+	// buf holds the frames of one write (guarded by mu).
 	buf []byte
 }
 
@@ -131,13 +152,67 @@ func (t *transport) Send(to raftgroup.NodeID, b *raftgroup.Batch) error {
 		t.dropped.Add(1)
 		return errPeerDown
 	}
+	if l == p.normal && dataSize(b) <= hereMax {
+		if sent, err := l.sendHere(b); sent {
+			return err
+		}
+	}
+	l.pending.Add(1)
 	select {
 	case l.q <- b:
 		return nil
 	default:
+		l.pending.Add(-1)
 		t.dropped.Add(1)
 		return errQueueFull
 	}
+}
+
+// sendHere writes b on the caller's goroutine when the lane is connected,
+// idle and has nothing queued, sparing the hand-off to the lane's
+// goroutine; it reports whether it did (and the error if the write
+// failed). A frame of a batch this small fits the socket's buffer, so the
+// write does not wait; a peer that reads nothing breaks the connection
+// after hereTimeout, as the lane would after writeTimeout.
+func (l *lane) sendHere(b *raftgroup.Batch) (bool, error) {
+	if l.pending.Load() != 0 || !l.mu.TryLock() {
+		return false, nil
+	}
+	defer l.mu.Unlock()
+	if l.conn == nil || l.pending.Load() != 0 {
+		return false, nil
+	}
+	buf, n := l.appendFrame(l.buf[:0], b, 0)
+	l.buf = buf[:0]
+	if n == 0 {
+		return true, nil // not encodable: dropped, as the lane would
+	}
+	err := l.conn.SetWriteDeadline(time.Now().Add(hereTimeout))
+	if err == nil {
+		_, err = l.conn.Write(buf)
+	}
+	if err != nil {
+		// The lane's next write fails too and reconnects.
+		l.conn.Close()
+		l.t.dropped.Add(1)
+		return true, fmt.Errorf("raft transport: %w: %w", err, errdefs.ErrUnavailable)
+	}
+	l.t.sentBatches.Add(1)
+	l.t.sentHere.Add(1)
+	l.t.sentBytes.Add(uint64(len(buf)))
+	return true, nil
+}
+
+// dataSize is the size of the entries' data that b carries, most of its
+// encoding when it is large.
+func dataSize(b *raftgroup.Batch) int {
+	n := 0
+	for _, m := range b.Messages {
+		for _, e := range m.Msg.GetEntries() {
+			n += len(e.GetData())
+		}
+	}
+	return n
 }
 
 func hasSnapshot(b *raftgroup.Batch) bool {
@@ -219,6 +294,7 @@ func (l *lane) drain() {
 	for {
 		select {
 		case <-l.q:
+			l.pending.Add(-1)
 			l.t.dropped.Add(1)
 		default:
 			return
@@ -241,6 +317,7 @@ func (l *lane) session(ctx context.Context) (bool, error) {
 	conn, err := l.t.dial(dctx, l.to)
 	cancel()
 	if err != nil {
+		l.pending.Add(-1)
 		l.t.dropped.Add(1)
 		return false, err
 	}
@@ -248,6 +325,14 @@ func (l *lane) session(ctx context.Context) (bool, error) {
 	// Closing the connection is what interrupts a write when the
 	// transport closes.
 	defer context.AfterFunc(ctx, func() { conn.Close() })()
+	l.mu.Lock()
+	l.conn = conn
+	l.mu.Unlock()
+	defer func() {
+		l.mu.Lock()
+		l.conn = nil
+		l.mu.Unlock()
+	}()
 	for {
 		n, err := l.write(conn, b)
 		if err != nil {
@@ -265,16 +350,21 @@ func (l *lane) session(ctx context.Context) (bool, error) {
 // write sends b and whatever else is queued, up to coalesceBytes, in one
 // write; it returns the number of batches it sent or, on error, lost.
 func (l *lane) write(conn net.Conn, b *raftgroup.Batch) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	taken := 1
 	buf, n := l.appendFrame(l.buf[:0], b, 0)
 more:
 	for len(buf) < coalesceBytes {
 		select {
 		case b = <-l.q:
+			taken++
 			buf, n = l.appendFrame(buf, b, n)
 		default:
 			break more
 		}
 	}
+	defer l.pending.Add(-int64(taken))
 	var err error
 	for p := buf; len(p) > 0 && err == nil; {
 		// A deadline per chunk rather than per write: a large snapshot on
