@@ -192,8 +192,11 @@ func (l *lane) sendHere(b *raftgroup.Batch) (bool, error) {
 		_, err = l.conn.Write(buf)
 	}
 	if err != nil {
-		// The lane's next write fails too and reconnects.
+		// NB: the lane's goroutine waits for a batch, not on the connection:
+		// with conn unset the next Send queues, which wakes it to find the
+		// connection broken and make a new one.
 		l.conn.Close()
+		l.conn = nil
 		l.t.dropped.Add(1)
 		return true, fmt.Errorf("raft transport: %w: %w", err, errdefs.ErrUnavailable)
 	}

@@ -44,6 +44,9 @@ type testPeer struct {
 	pool  *peerPool
 	host  *raftgroup.Host
 	sms   sync.Map // raftgroup.GroupID -> raftgroup.StateMachine (a *raftgrouptest.KV by default)
+	// restartServer stops the peer's server, closing its connections, and
+	// serves again on the same address.
+	restartServer func() error
 	// tap, when set, gets the batches the peer receives instead of its
 	// host.
 	tap atomic.Pointer[func(from raftgroup.NodeID, b *raftgroup.Batch)]
@@ -167,6 +170,16 @@ func startClusterWith(t testing.TB, o clusterOpts, ids ...string) []*testPeer {
 		}
 		p.srv = newPeerGRPC(testLogger(t), svc)
 		go p.srv.Serve(svc.peerListener(lis, getID, getCA))
+		p.restartServer = func() error {
+			p.srv.Stop() // closes every connection
+			lis, err := net.Listen("tcp", p.addr)
+			if err != nil {
+				return err
+			}
+			p.srv = newPeerGRPC(testLogger(t), svc)
+			go p.srv.Serve(svc.peerListener(lis, getID, getCA))
+			return nil
+		}
 		go h.Run(ctx)
 		peers = append(peers, p)
 	}
@@ -494,6 +507,58 @@ func TestSendWritesHereInOrder(t *testing.T) {
 	}
 	if len(got) != 100 {
 		t.Fatalf("received %d batches, want 100", len(got))
+	}
+}
+
+// TestLaneReconnectsAfterThePeerRestarts: a connection the peer closed
+// fails the write Send makes itself, and the lane then connects again, so
+// batches flow once the peer is back.
+func TestLaneReconnectsAfterThePeerRestarts(t *testing.T) {
+	peers := startCluster(t, "a1", "b2")
+	var mu sync.Mutex
+	var got []uint64
+	peers[1].tapBatches(func(_ raftgroup.NodeID, b *raftgroup.Batch) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, a := range b.Acks {
+			got = append(got, a.Applied)
+		}
+	})
+	send := func(i int) error {
+		return peers[0].trans.Send(peers[1].rid, &raftgroup.Batch{From: peers[0].rid, Acks: []raftgroup.ApplyAck{{Group: 5, Replica: 1, Applied: uint64(i)}}})
+	}
+	arrived := func(i int) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Contains(got, uint64(i))
+	}
+	for i := 1; i <= 2; i++ { // the second one written by Send itself
+		if err := send(i); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(10 * time.Second); !arrived(i); time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("batch %d did not arrive", i)
+			}
+		}
+	}
+	if err := peers[1].restartServer(); err != nil {
+		t.Fatal(err)
+	}
+	// Sends fail for a while (the old connection is broken, then the lane
+	// backs off); one must arrive within a few backoffs.
+	for i, deadline := 3, time.Now().Add(15*time.Second); ; i++ {
+		_ = send(i)
+		time.Sleep(20 * time.Millisecond)
+		mu.Lock()
+		n := len(got)
+		mu.Unlock()
+		if n > 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no batch arrived after the peer restarted (%d sends)", i-2)
+		}
 	}
 }
 
