@@ -35,8 +35,7 @@ import (
 // data of large entries is written once instead of into a WAL, a memtable
 // and a blob file.
 //
-// Records (little-endian where it matters is not a concern: all integers
-// big-endian):
+// Records (integers big-endian):
 //
 //	header crc32c(4) | kind(1) | segment id(8) | seq(8) | length(4) | payload crc32c(4)
 //	payload (length bytes)
@@ -65,7 +64,8 @@ import (
 //
 // Segments written by earlier versions (".seg") hold blobs without record
 // framing; they are read through references and dropped like the others,
-// never scanned.
+// never scanned. (Those versions' Pebble had its own WAL, which Pebble
+// replays on open whatever its options; replay's flush then persists it.)
 //
 // All methods run on the host loop (or while the host is being opened).
 type journal struct {
