@@ -443,44 +443,62 @@ func TestLargeAndCoalescedBatchesArriveIntact(t *testing.T) {
 	}
 }
 
+// numbered sends numbered batches from peers[0] to peers[1] (the number
+// rides in an ApplyAck) and records the numbers peers[1] receives.
+type numbered struct {
+	from, to *testPeer
+	mu       sync.Mutex
+	got      []uint64
+}
+
+func newNumbered(from, to *testPeer) *numbered {
+	n := &numbered{from: from, to: to}
+	to.tapBatches(func(_ raftgroup.NodeID, b *raftgroup.Batch) {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		for _, a := range b.Acks {
+			n.got = append(n.got, a.Applied)
+		}
+	})
+	return n
+}
+
+func (n *numbered) send(i int) error {
+	return n.from.trans.Send(n.to.rid, &raftgroup.Batch{From: n.from.rid, Acks: []raftgroup.ApplyAck{{Group: 5, Replica: 1, Applied: uint64(i)}}})
+}
+
+// received returns the numbers received so far, in order of arrival.
+func (n *numbered) received() []uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.got)
+}
+
+// wait waits until k numbers arrived.
+func (n *numbered) wait(t *testing.T, k int) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); len(n.received()) < k; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("received %d batches, want %d", len(n.received()), k)
+		}
+	}
+}
+
 // TestSendWritesHereInOrder: once a lane is connected and idle, Send
 // writes a small batch itself; while the lane's goroutine has batches to
 // write, Send queues behind them; either way batches arrive in order.
 func TestSendWritesHereInOrder(t *testing.T) {
 	peers := startCluster(t, "a1", "b2")
-	var mu sync.Mutex
-	var got []uint64
-	peers[1].tapBatches(func(_ raftgroup.NodeID, b *raftgroup.Batch) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, a := range b.Acks {
-			got = append(got, a.Applied)
-		}
-	})
+	n := newNumbered(peers[0], peers[1])
 	send := func(i int) {
 		t.Helper()
-		b := &raftgroup.Batch{From: peers[0].rid, Acks: []raftgroup.ApplyAck{{Group: 5, Replica: 1, Applied: uint64(i)}}}
-		if err := peers[0].trans.Send(peers[1].rid, b); err != nil {
+		if err := n.send(i); err != nil {
 			t.Fatalf("send %d: %v", i, err)
-		}
-	}
-	received := func(n int) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(5 * time.Millisecond) {
-			mu.Lock()
-			k := len(got)
-			mu.Unlock()
-			if k >= n {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("received %d batches, want %d", k, n)
-			}
 		}
 	}
 	tr := peers[0].trans
 	send(1) // connects the lane
-	received(1)
+	n.wait(t, 1)
 	here := tr.sentHere.Load()
 	send(2)
 	if tr.sentHere.Load() != here+1 {
@@ -497,9 +515,8 @@ func TestSendWritesHereInOrder(t *testing.T) {
 	for i := 51; i <= 100; i++ {
 		send(i)
 	}
-	received(100)
-	mu.Lock()
-	defer mu.Unlock()
+	n.wait(t, 100)
+	got := n.received()
 	for i, a := range got {
 		if a != uint64(i+1) {
 			t.Fatalf("batches out of order: %v", got)
@@ -515,50 +532,24 @@ func TestSendWritesHereInOrder(t *testing.T) {
 // batches flow once the peer is back.
 func TestLaneReconnectsAfterThePeerRestarts(t *testing.T) {
 	peers := startCluster(t, "a1", "b2")
-	var mu sync.Mutex
-	var got []uint64
-	peers[1].tapBatches(func(_ raftgroup.NodeID, b *raftgroup.Batch) {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, a := range b.Acks {
-			got = append(got, a.Applied)
-		}
-	})
-	send := func(i int) error {
-		return peers[0].trans.Send(peers[1].rid, &raftgroup.Batch{From: peers[0].rid, Acks: []raftgroup.ApplyAck{{Group: 5, Replica: 1, Applied: uint64(i)}}})
-	}
-	arrived := func(i int) bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return slices.Contains(got, uint64(i))
-	}
+	n := newNumbered(peers[0], peers[1])
 	for i := 1; i <= 2; i++ { // the second one written by Send itself
-		if err := send(i); err != nil {
+		if err := n.send(i); err != nil {
 			t.Fatal(err)
 		}
-		for deadline := time.Now().Add(10 * time.Second); !arrived(i); time.Sleep(5 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("batch %d did not arrive", i)
-			}
-		}
+		n.wait(t, i)
 	}
 	if err := peers[1].restartServer(); err != nil {
 		t.Fatal(err)
 	}
 	// Sends fail for a while (the old connection is broken, then the lane
 	// backs off); one must arrive within a few backoffs.
-	for i, deadline := 3, time.Now().Add(15*time.Second); ; i++ {
-		_ = send(i)
-		time.Sleep(20 * time.Millisecond)
-		mu.Lock()
-		n := len(got)
-		mu.Unlock()
-		if n > 2 {
-			break
-		}
+	for i, deadline := 3, time.Now().Add(15*time.Second); len(n.received()) <= 2; i++ {
 		if time.Now().After(deadline) {
-			t.Fatalf("no batch arrived after the peer restarted (%d sends)", i-2)
+			t.Fatalf("no batch arrived after the peer restarted (%d sends)", i-3)
 		}
+		_ = n.send(i)
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 
