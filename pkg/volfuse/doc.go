@@ -46,7 +46,10 @@
 // server keeps serving its open files until they close (Wait). A process
 // killed while serving leaves a dead mount whose every access fails with
 // ENOTCONN; CleanStale detaches it so that a restarted vold can mount at
-// the same path.
+// the same path. A process killed while one of its own threads waited on
+// its mount cannot finish dying and leaves a mount that answers nothing;
+// CleanStale aborts its FUSE connection (fusectl) first, which fails the
+// waiting requests and lets the process go.
 //
 // # Not supported
 //

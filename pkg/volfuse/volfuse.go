@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -125,14 +127,36 @@ func (s *Server) Unmount() error {
 // the kernel has released the mount).
 func (s *Server) Wait() { s.srv.Wait() }
 
-// CleanStale removes a dead FUSE mount at dir: one whose server died (a
-// killed vold) so that every access fails with ENOTCONN ("transport
-// endpoint is not connected"). It detaches it lazily so that a new server
-// can mount at the same path. A live mount, or no mount, is left alone.
+// CleanStale detaches a FUSE mount at dir whose server is gone (a killed
+// vold), so that a new server can mount at the same path. A live mount,
+// or no mount, is left alone.
+//
+// A killed server's mount answers ENOTCONN ("transport endpoint is not
+// connected"). But a server killed while a thread of its own waited on
+// its mount (a stat or lookup there, as go-fuse makes when it mounts)
+// never finishes dying: the kernel waits, uninterruptibly, for an answer
+// only that process could give, so the process keeps the connection open
+// and every access to the mount, the new server's included, waits too.
+// So a mount that does not answer a stat within staleAfter counts as dead
+// as well, and its FUSE connection is aborted (fusectl) before it is
+// detached: that fails every request waiting on it and lets the old
+// server exit.
 func CleanStale(dir string) error {
-	_, err := os.Stat(dir)
-	if err == nil || !errors.Is(err, syscall.ENOTCONN) && !errors.Is(err, syscall.ECONNABORTED) {
+	conn, ok := fuseMountConn(dir)
+	if !ok {
 		return nil
+	}
+	stat := make(chan error, 1)
+	go func() { _, err := os.Stat(dir); stat <- err }()
+	select {
+	case err := <-stat:
+		if err == nil || !errors.Is(err, syscall.ENOTCONN) && !errors.Is(err, syscall.ECONNABORTED) {
+			return nil
+		}
+	case <-time.After(staleAfter):
+		if err := abortConn(conn); err != nil {
+			return fmt.Errorf("volfuse: %s does not answer: %w", dir, err)
+		}
 	}
 	if uerr := unix.Unmount(dir, unix.MNT_DETACH); uerr != nil {
 		return fmt.Errorf("volfuse: clean stale mount %s: %w", dir, uerr)
@@ -143,19 +167,68 @@ func CleanStale(dir string) error {
 	return nil
 }
 
-// isMountPoint reports whether dir is listed as a mount point.
-func isMountPoint(dir string) bool {
+// staleAfter is how long CleanStale waits for a mount to answer.
+const staleAfter = 2 * time.Second
+
+// fusectlDir is where the kernel lists FUSE connections (fusectl).
+const fusectlDir = "/sys/fs/fuse/connections"
+
+// fuseMountConn returns the FUSE connection of the mount at dir (the
+// minor number of its device), if dir is a FUSE mount point.
+func fuseMountConn(dir string) (string, bool) {
+	m, ok := mountAt(dir)
+	if !ok || !strings.HasPrefix(m.fstype, "fuse") {
+		return "", false
+	}
+	_, minor, ok := strings.Cut(m.dev, ":")
+	return minor, ok
+}
+
+// mountInfo is what /proc/self/mountinfo says of a mount.
+type mountInfo struct {
+	dev    string // major:minor
+	fstype string
+}
+
+// mountAt returns the mount at dir, the one on top if several are.
+func mountAt(dir string) (mountInfo, bool) {
 	b, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
-		return false
+		return mountInfo{}, false
 	}
+	var m mountInfo
+	found := false
 	for line := range strings.Lines(string(b)) {
+		// id parent major:minor root mountpoint options... - fstype source super
 		f := strings.Fields(line)
-		if len(f) > 4 && unescapeMountPath(f[4]) == dir {
-			return true
+		sep := slices.Index(f, "-")
+		if sep < 5 || sep+1 >= len(f) || unescapeMountPath(f[4]) != dir {
+			continue
+		}
+		m, found = mountInfo{dev: f[2], fstype: f[sep+1]}, true
+	}
+	return m, found
+}
+
+// abortConn aborts FUSE connection conn, mounting fusectl first where the
+// system has not.
+func abortConn(conn string) error {
+	path := filepath.Join(fusectlDir, conn, "abort")
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if err := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
+			return fmt.Errorf("mount fusectl: %w", err)
 		}
 	}
-	return false
+	if err := os.WriteFile(path, []byte("1"), 0); err != nil {
+		return fmt.Errorf("abort FUSE connection %s: %w", conn, err)
+	}
+	return nil
+}
+
+// isMountPoint reports whether dir is listed as a mount point.
+func isMountPoint(dir string) bool {
+	_, ok := mountAt(dir)
+	return ok
 }
 
 // unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).

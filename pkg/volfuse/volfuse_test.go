@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -372,7 +373,7 @@ func TestUnmountBusy(t *testing.T) {
 // leaves it: ENOTCONN), cleans the mount point, and mounts there again.
 func TestCleanStale(t *testing.T) {
 	if dir := os.Getenv("VOLFUSE_TEST_SERVE"); dir != "" {
-		serveForever(dir)
+		serveForever(dir, false)
 		return
 	}
 	needFUSE(t)
@@ -412,7 +413,69 @@ func TestCleanStale(t *testing.T) {
 	if _, err := os.Stat(dir); err != nil {
 		t.Fatalf("after CleanStale: %v", err)
 	}
-	// Remount at the same path.
+	remountWorks(t, dir)
+}
+
+// TestCleanStaleAfterSelfDeadlock kills a server while a thread of its
+// own waits on its mount for an answer that never comes (a vold whose
+// group has no quorum when it mounts): the killed process cannot finish
+// dying, keeps the connection open, and its mount neither answers nor
+// says ENOTCONN. CleanStale must still clean it (aborting the
+// connection), which lets the old process exit, and a new mount works.
+func TestCleanStaleAfterSelfDeadlock(t *testing.T) {
+	if dir := os.Getenv("VOLFUSE_TEST_SERVE_STUCK"); dir != "" {
+		serveForever(dir, true)
+		return
+	}
+	needFUSE(t)
+	dir := t.TempDir()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCleanStaleAfterSelfDeadlock$")
+	cmd.Env = append(os.Environ(), "VOLFUSE_TEST_SERVE_STUCK="+dir)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	check(t, err)
+	check(t, cmd.Start())
+	exited := make(chan error, 1)
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		if conn, ok := volfuse.FuseMountConnForTest(dir); ok {
+			_ = volfuse.AbortConnForTest(conn)
+		}
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		<-exited
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		t.Fatalf("helper: %q %v", line, err)
+	}
+	go func() { exited <- cmd.Wait() }()
+	check(t, cmd.Process.Kill())
+	select {
+	case <-exited:
+		t.Fatal("the killed server exited: its thread was not stuck on its mount, nothing to test")
+	case <-time.After(time.Second):
+	}
+	done := make(chan error, 1)
+	go func() { done <- volfuse.CleanStale(dir) }()
+	select {
+	case err := <-done:
+		check(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("CleanStale hangs on the stuck mount")
+	}
+	select {
+	case <-exited:
+		exited <- nil // for the cleanup
+	case <-time.After(10 * time.Second):
+		t.Fatal("the killed server is still stuck after CleanStale")
+	}
+	remountWorks(t, dir)
+}
+
+// remountWorks mounts a fresh server at dir, where a stale mount was
+// cleaned, and writes through it.
+func remountWorks(t *testing.T, dir string) {
+	t.Helper()
 	srv, err := volfuse.Mount(dir, &volfs.Client{B: volfstest.NewLocal()}, volfuse.Options{})
 	check(t, err)
 	t.Cleanup(func() {
@@ -424,10 +487,26 @@ func TestCleanStale(t *testing.T) {
 	check(t, os.WriteFile(filepath.Join(dir, "again"), []byte("ok"), 0o644))
 }
 
+// stuckBackend answers until stuck is set, then never.
+type stuckBackend struct {
+	volfs.Backend
+	stuck atomic.Bool
+}
+
+func (b *stuckBackend) Query(ctx context.Context, req []byte) ([]byte, error) {
+	if b.stuck.Load() {
+		select {}
+	}
+	return b.Backend.Query(ctx, req)
+}
+
 // serveForever is the helper process of TestCleanStale: it mounts a
-// volume with one file at dir and serves until killed.
-func serveForever(dir string) {
-	c := &volfs.Client{B: volfstest.NewLocal()}
+// volume with one file at dir and serves until killed. With stuck, once
+// mounted, its filesystem stops answering queries and one of its own
+// goroutines looks a file up there (and waits forever).
+func serveForever(dir string, stuck bool) {
+	b := &stuckBackend{Backend: volfstest.NewLocal()}
+	c := &volfs.Client{B: b}
 	ctx := context.Background()
 	a, err := c.Create(ctx, volfs.RootIno, "hello", 0o644, 0, 0, 0)
 	if err == nil {
@@ -440,6 +519,11 @@ func serveForever(dir string) {
 	if _, err := volfuse.Mount(dir, c, volfuse.Options{}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
+	}
+	if stuck {
+		b.stuck.Store(true)
+		go func() { _, _ = os.Stat(filepath.Join(dir, "hello")) }()
+		time.Sleep(200 * time.Millisecond) // until the kernel has sent the lookup
 	}
 	fmt.Println("ready")
 	select {}

@@ -1,0 +1,7 @@
+package volfuse
+
+// For the tests' cleanup of a mount left stuck.
+var (
+	FuseMountConnForTest = fuseMountConn
+	AbortConnForTest     = abortConn
+)
