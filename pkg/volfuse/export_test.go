@@ -1,7 +1,10 @@
 package volfuse
 
-// For the tests' cleanup of a mount left stuck.
+// For the tests' cleanup of a mount left stuck, and of fusectl.
 var (
+	IsMountPointForTest  = isMountPoint
 	FuseMountConnForTest = fuseMountConn
 	AbortConnForTest     = abortConn
 )
+
+const FusectlDirForTest = fusectlDir

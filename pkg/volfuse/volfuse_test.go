@@ -428,6 +428,10 @@ func TestCleanStaleAfterSelfDeadlock(t *testing.T) {
 		return
 	}
 	needFUSE(t)
+	if !volfuse.IsMountPointForTest(volfuse.FusectlDirForTest) {
+		// CleanStale mounts fusectl where nothing had: undo that.
+		t.Cleanup(func() { _ = unix.Unmount(volfuse.FusectlDirForTest, 0) })
+	}
 	dir := t.TempDir()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestCleanStaleAfterSelfDeadlock$")
 	cmd.Env = append(os.Environ(), "VOLFUSE_TEST_SERVE_STUCK="+dir)
