@@ -94,6 +94,8 @@ type StateMachine interface {
 	// entry (nil is fine); the result is handed to the proposer. An error is
 	// fatal for the group (it stops applying: the state machine is assumed
 	// corrupt), so report per-command failures in the results instead.
+	// The entries' data is the state machine's to keep: the host never
+	// changes or reuses it after handing it over.
 	Apply(entries []Entry) ([][]byte, error)
 	// Snapshot serialises the whole state as of the last applied entry.
 	Snapshot() ([]byte, error)

@@ -41,10 +41,16 @@ func (fs *FS) CheckInvariants() error {
 }
 
 // check verifies the page structure: full pages but the last, which is
-// not empty, summing to the size.
+// not empty, summing to the size; shared pages without room to grow.
 func (d *fileData) check() error {
+	if len(d.shared) != len(d.pages) {
+		return fmt.Errorf("%d pages, %d shared flags", len(d.pages), len(d.shared))
+	}
 	total := 0
 	for i, p := range d.pages {
+		if d.shared[i] && cap(p) != len(p) {
+			return fmt.Errorf("shared page %d has room to grow into (%d bytes, capacity %d)", i, len(p), cap(p))
+		}
 		if i < len(d.pages)-1 && len(p) != pageSize || len(p) == 0 || cap(p) > pageSize {
 			return fmt.Errorf("page %d of %d has %d bytes (capacity %d)", i, len(d.pages), len(p), cap(p))
 		}

@@ -104,7 +104,9 @@ func (fs *FS) Applied() uint64 {
 
 // Apply implements raftgroup.StateMachine. It never fails: an op that
 // does not decode or does not apply yields a result with an errno, the
-// same on every replica.
+// same on every replica. A file may keep a write's bytes in place (see
+// fileData), so entries' data must never change afterwards, as
+// raftgroup.StateMachine promises.
 func (fs *FS) Apply(entries []raftgroup.Entry) ([][]byte, error) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
