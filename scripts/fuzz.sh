@@ -5,15 +5,22 @@
 # -fuzztime deadline (a known flake on a loaded machine, not a finding): it
 # is run again, up to twice. Any other failure, or a failing input, fails at
 # once.
+#
+# Minimizing each new interesting input may take up to a minute by default
+# and counts against -fuzztime: it stalled FuzzApply runs for 20 s and
+# more (no executions counted), and a run still minimizing at its end
+# overran the deadline. A second is enough for a short run (a failing
+# input is still written, less minimized).
 set -uo pipefail
 go=${GO:-go}
 fuzztime=${FUZZTIME:-10s}
+minimizetime=${FUZZMINIMIZETIME:-1s}
 for t in "$@"; do
   pkg=${t%%:*}
   fn=${t##*:}
   for attempt in 1 2 3; do
     echo "fuzz $pkg $fn ($fuzztime)"
-    out=$("$go" test -run='^$' -fuzz="^$fn\$" -fuzztime="$fuzztime" "./$pkg" 2>&1)
+    out=$("$go" test -run='^$' -fuzz="^$fn\$" -fuzztime="$fuzztime" -fuzzminimizetime="$minimizetime" "./$pkg" 2>&1)
     rc=$?
     printf '%s\n' "$out"
     if ((rc == 0)); then
