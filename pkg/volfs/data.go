@@ -41,16 +41,15 @@ func (d *fileData) resize(size int) {
 		d.shared = d.shared[:keep]
 		if keep > 0 {
 			n := size - (keep-1)*pageSize
-			// A shared page keeps no room past its end: growing it again
-			// must copy it, not write into the memory it shares.
-			last := d.pages[keep-1][:n:n]
-			if !d.shared[keep-1] {
-				last = d.pages[keep-1][:n]
-			}
-			// Give memory back when the last page shrank a lot.
-			if cap(last) > 4096 && len(last) < cap(last)/4 {
+			last := d.pages[keep-1][:n]
+			switch {
+			case d.shared[keep-1]:
+				// No room past its end: growing it again must copy it,
+				// not write into the memory it shares.
+				last = last[:n:n]
+			case cap(last) > 4096 && n < cap(last)/4:
+				// Give memory back when the last page shrank a lot.
 				last = slices.Clone(last)
-				d.shared[keep-1] = false
 			}
 			d.pages[keep-1] = last
 		}

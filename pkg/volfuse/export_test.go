@@ -1,10 +1,6 @@
 package volfuse
 
-// For the tests' cleanup of a mount left stuck, and of fusectl.
-var (
-	IsMountPointForTest  = isMountPoint
-	FuseMountConnForTest = fuseMountConn
-	AbortConnForTest     = abortConn
-)
+// For the tests' cleanup of fusectl.
+var IsMountPointForTest = isMountPoint
 
 const FusectlDirForTest = fusectlDir

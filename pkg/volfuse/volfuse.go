@@ -7,13 +7,14 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 
 	"github.com/shoal-dev/shoal/pkg/volfs"
@@ -177,37 +178,21 @@ const fusectlDir = "/sys/fs/fuse/connections"
 // minor number of its device), if dir is a FUSE mount point.
 func fuseMountConn(dir string) (string, bool) {
 	m, ok := mountAt(dir)
-	if !ok || !strings.HasPrefix(m.fstype, "fuse") {
+	if !ok || !strings.HasPrefix(m.FSType, "fuse") {
 		return "", false
 	}
-	_, minor, ok := strings.Cut(m.dev, ":")
-	return minor, ok
-}
-
-// mountInfo is what /proc/self/mountinfo says of a mount.
-type mountInfo struct {
-	dev    string // major:minor
-	fstype string
+	return strconv.Itoa(m.Minor), true
 }
 
 // mountAt returns the mount at dir, the one on top if several are.
-func mountAt(dir string) (mountInfo, bool) {
-	b, err := os.ReadFile("/proc/self/mountinfo")
-	if err != nil {
-		return mountInfo{}, false
+func mountAt(dir string) (*mountinfo.Info, bool) {
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		return m.Mountpoint != dir, false
+	})
+	if err != nil || len(ms) == 0 {
+		return nil, false
 	}
-	var m mountInfo
-	found := false
-	for line := range strings.Lines(string(b)) {
-		// id parent major:minor root mountpoint options... - fstype source super
-		f := strings.Fields(line)
-		sep := slices.Index(f, "-")
-		if sep < 5 || sep+1 >= len(f) || unescapeMountPath(f[4]) != dir {
-			continue
-		}
-		m, found = mountInfo{dev: f[2], fstype: f[sep+1]}, true
-	}
-	return m, found
+	return ms[len(ms)-1], true
 }
 
 // abortConn aborts FUSE connection conn, mounting fusectl first where the
@@ -229,39 +214,6 @@ func abortConn(conn string) error {
 func isMountPoint(dir string) bool {
 	_, ok := mountAt(dir)
 	return ok
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if v, ok := octal(s[i+1 : i+4]); ok {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func octal(s string) (byte, bool) {
-	if len(s) != 3 {
-		return 0, false
-	}
-	v := 0
-	for _, c := range s {
-		if c < '0' || c > '7' {
-			return 0, false
-		}
-		v = v*8 + int(c-'0')
-	}
-	return byte(v), v < 256
 }
 
 // volume is what every node of a mount shares.

@@ -379,12 +379,7 @@ func TestCleanStale(t *testing.T) {
 	needFUSE(t)
 	dir := t.TempDir()
 	check(t, volfuse.CleanStale(dir)) // nothing mounted: a no-op
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCleanStale$")
-	cmd.Env = append(os.Environ(), "VOLFUSE_TEST_SERVE="+dir)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	check(t, err)
-	check(t, cmd.Start())
+	cmd := startServer(t, "TestCleanStale", "VOLFUSE_TEST_SERVE="+dir)
 	killed := false
 	t.Cleanup(func() {
 		if !killed {
@@ -393,10 +388,6 @@ func TestCleanStale(t *testing.T) {
 		}
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "ready" {
-		t.Fatalf("helper: %q %v", line, err)
-	}
 	if got := readFile(t, filepath.Join(dir, "hello")); got != "hi" {
 		t.Fatalf("helper's mount reads %q", got)
 	}
@@ -407,7 +398,7 @@ func TestCleanStale(t *testing.T) {
 	check(t, cmd.Process.Kill())
 	_ = cmd.Wait()
 	killed = true
-	_, err = os.Stat(dir)
+	_, err := os.Stat(dir)
 	wantErrno(t, "stat dead mount", err, syscall.ENOTCONN)
 	check(t, volfuse.CleanStale(dir))
 	if _, err := os.Stat(dir); err != nil {
@@ -433,25 +424,17 @@ func TestCleanStaleAfterSelfDeadlock(t *testing.T) {
 		t.Cleanup(func() { _ = unix.Unmount(volfuse.FusectlDirForTest, 0) })
 	}
 	dir := t.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCleanStaleAfterSelfDeadlock$")
-	cmd.Env = append(os.Environ(), "VOLFUSE_TEST_SERVE_STUCK="+dir)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.StdoutPipe()
-	check(t, err)
-	check(t, cmd.Start())
+	cmd := startServer(t, "TestCleanStaleAfterSelfDeadlock", "VOLFUSE_TEST_SERVE_STUCK="+dir)
 	exited := make(chan error, 1)
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		if conn, ok := volfuse.FuseMountConnForTest(dir); ok {
-			_ = volfuse.AbortConnForTest(conn)
+		_ = volfuse.CleanStale(dir) // what the test checks; here only to clean up
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			t.Error("the killed server never exited")
 		}
-		_ = unix.Unmount(dir, unix.MNT_DETACH)
-		<-exited
 	})
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || strings.TrimSpace(line) != "ready" {
-		t.Fatalf("helper: %q %v", line, err)
-	}
 	go func() { exited <- cmd.Wait() }()
 	check(t, cmd.Process.Kill())
 	select {
@@ -474,6 +457,25 @@ func TestCleanStaleAfterSelfDeadlock(t *testing.T) {
 		t.Fatal("the killed server is still stuck after CleanStale")
 	}
 	remountWorks(t, dir)
+}
+
+// startServer runs test name in a child process with env added, and
+// waits for it to print "ready" (its mount is up).
+func startServer(t *testing.T, name, env string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$")
+	cmd.Env = append(os.Environ(), env)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.StdoutPipe()
+	check(t, err)
+	check(t, cmd.Start())
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatalf("helper: %q %v", line, err)
+	}
+	return cmd
 }
 
 // remountWorks mounts a fresh server at dir, where a stale mount was
