@@ -149,11 +149,11 @@ func (c *Client) Write(ctx context.Context, ino uint64, off int64, data []byte, 
 		op.Flags = WriteAppend
 	}
 	done := 0
-	for {
+	for i := 0; ; i++ {
 		n := min(len(data)-done, MaxWriteChunk)
 		op.Offset = uint64(off) + uint64(done)
 		op.Data = data[done : done+n]
-		if _, err := c.attr(ctx, &op); err != nil {
+		if _, err := c.attr(chunkKey(ctx, i), &op); err != nil {
 			return done, err
 		}
 		done += n

@@ -30,10 +30,19 @@
 // restarts. Writes larger than volfs.MaxWriteChunk (1 MiB, also the FUSE
 // max_write) are split into several ops by the Client.
 //
+// The adapter implements the FUSE protocol directly (fuse.RawFileSystem)
+// and keeps no table of its own: a node id is the volfs inode number, and
+// a file handle holds an open file's only state (O_APPEND), so every
+// request can be answered by a process that saw none of the lookups and
+// opens before it — which taking over a live FUSE session needs. Only
+// directory listings are kept, from OPENDIR to RELEASEDIR, so that a
+// listing read in several requests is consistent; a directory handle
+// whose listing is unknown (opened by another process) lists afresh.
+//
 // The mount uses default_permissions (the kernel checks mode bits and
 // ownership against the caller) and allow_other (processes of any user,
 // root in a container included, may use it); it is made with mount(2)
-// directly, as vold runs as root, falling back to fusermount. Flush and
+// directly, as vold runs as root (no fusermount). Flush and
 // fsync have nothing to do — every acknowledged write is already durable
 // on a quorum of replicas — so they answer ENOSYS, which the kernel takes
 // as "never ask again" and turns into success for close and fsync(2):
@@ -43,10 +52,24 @@
 //
 // Mount serves until Unmount; a busy mount (open files, a working
 // directory inside) is detached lazily rather than left in place, and the
-// server keeps serving its open files until they close (Wait). A process
-// killed while serving leaves a dead mount whose every access fails with
-// ENOTCONN; CleanStale detaches it so that a restarted vold can mount at
-// the same path. A process killed while one of its own threads waited on
+// server keeps serving its open files until they close (Wait).
+//
+// A mount can outlive its server (session.go): the kernel keeps a FUSE
+// session while any process has its /dev/fuse file open, so a server that
+// hands a copy (Server.Session) to another process (pkg/fdhold) can die,
+// and a new server takes the session over (Adopt). Processes using the
+// mount wait meanwhile; the requests the dead server had read and not
+// answered, the kernel sends again when asked (FUSE_NOTIFY_RESEND, Linux
+// 6.9+), and each carries the key of its first sending
+// (volfs.RequestKey: the session's ID and the kernel's request number),
+// so that a mutation the group had applied is not applied twice. go-fuse
+// reads INIT before serving and the kernel sends it once per session, so
+// the server reads the session's saved INIT from a socket, whose
+// descriptor number is then given the session's /dev/fuse file.
+//
+// A process killed while serving a mount that nobody else holds leaves a
+// dead mount whose every access fails with ENOTCONN; CleanStale detaches
+// it so that a restarted vold can mount at the same path. A process killed while one of its own threads waited on
 // its mount cannot finish dying and leaves a mount that answers nothing;
 // CleanStale aborts its FUSE connection (fusectl) first, which fails the
 // waiting requests and lets the process go.

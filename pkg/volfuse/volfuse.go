@@ -2,6 +2,8 @@ package volfuse
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -9,10 +11,11 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
-	"github.com/hanwen/go-fuse/v2/fs"
 	"github.com/hanwen/go-fuse/v2/fuse"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
@@ -44,10 +47,79 @@ type Server struct {
 	dir string
 	srv *fuse.Server
 	log *slog.Logger
+	vol *volume
+	// fd is this server's own copy of the session's /dev/fuse file (the
+	// server reads from another), and init the session's INIT request:
+	// what Session hands on.
+	fd        int
+	init      []byte
+	conn      int
+	closeOnce sync.Once
 }
 
 // Mount serves c's volume at dir (an existing directory) until Unmount.
 func Mount(dir string, c *volfs.Client, opts Options) (*Server, error) {
+	s, mo := newServer(dir, c, opts, newSessionID())
+	fd, init, err := mountSession(dir, &mo)
+	if err != nil {
+		return nil, fmt.Errorf("volfuse: mount %s: %w", dir, err)
+	}
+	if err := s.serve(fd, init, true, mo); err != nil {
+		unix.Close(fd)
+		_ = unix.Unmount(dir, unix.MNT_DETACH)
+		return nil, fmt.Errorf("volfuse: mount %s: %w", dir, err)
+	}
+	s.log.Info("volume mounted", "fsname", opts.FsName)
+	return s, nil
+}
+
+// Adopt serves again the session of the mount at dir that an earlier
+// server (a vold since restarted) handed on (Server.Session): the mount
+// and the files open on it carry on. Requests the earlier server read and
+// never answered are sent again by the kernel; a kernel that cannot
+// (before Linux 6.9) would leave them waiting forever, so there Adopt
+// refuses. sess.FD stays the caller's.
+func Adopt(dir string, sess Session, c *volfs.Client, opts Options) (*Server, error) {
+	if conn := MountedConn(dir); conn != sess.Conn {
+		return nil, fmt.Errorf("volfuse: adopt %s: the mount there is not the session's (connection %d, want %d)", dir, conn, sess.Conn)
+	}
+	if m := initMinor(sess.Init); m < resendMinor {
+		return nil, fmt.Errorf("volfuse: adopt %s: the kernel's FUSE protocol 7.%d cannot resend the requests left unanswered (7.%d can)", dir, m, resendMinor)
+	}
+	fd, err := unix.FcntlInt(sess.FD.Fd(), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("volfuse: adopt %s: %w", dir, err)
+	}
+	if sess.ID == "" {
+		return nil, fmt.Errorf("volfuse: adopt %s: session without an ID", dir)
+	}
+	s, mo := newServer(dir, c, opts, sess.ID)
+	if err := s.serve(fd, sess.Init, false, mo); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("volfuse: adopt %s: %w", dir, err)
+	}
+	s.log.Info("volume mount taken over", "fsname", opts.FsName)
+	return s, nil
+}
+
+// MountedConn returns the FUSE connection of the mount at dir, or -1 when
+// dir is not a FUSE mount point.
+func MountedConn(dir string) int {
+	m, ok := mountAt(dir)
+	if !ok || !strings.HasPrefix(m.FSType, "fuse") {
+		return -1
+	}
+	return m.Minor
+}
+
+// newSessionID draws the name of a new session.
+func newSessionID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func newServer(dir string, c *volfs.Client, opts Options, session string) (*Server, fuse.MountOptions) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -58,49 +130,56 @@ func Mount(dir string, c *volfs.Client, opts Options) (*Server, error) {
 		opts.Name = "shoal"
 	}
 	log := opts.Logger.With("mountpoint", dir)
-	root := &node{vol: &volume{c: c, log: log, cached: opts.CachedIO}}
-	// Zero timeouts: the kernel asks again for every lookup and stat, so
-	// a change made through another node is seen at once. Correctness
-	// across nodes matters more here than saving round trips.
-	var zero time.Duration
-	fo := &fs.Options{
-		EntryTimeout:    &zero,
-		AttrTimeout:     &zero,
-		NegativeTimeout: &zero,
-		RootStableAttr:  &fs.StableAttr{Ino: volfs.RootIno, Gen: generation},
-		// Permissions come from the inodes (default_permissions), never
-		// from go-fuse's defaults.
-		NullPermissions: true,
-		Logger:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
-		MountOptions: fuse.MountOptions{
-			// The kernel enforces mode bits (default_permissions), and
-			// processes of any user — root in a container included — may
-			// use the mount (allow_other; vold runs as root).
-			AllowOther: true,
-			Options:    []string{"default_permissions"},
-			FsName:     opts.FsName,
-			Name:       opts.Name,
-			// One op per write up to the chunk size Client uses anyway.
-			MaxWrite: volfs.MaxWriteChunk,
-			// READDIRPLUS would look up every entry of a listing (one
-			// linearizable read each) whether or not it is needed.
-			DisableReadDirPlus: true,
-			// vold runs as root: mount(2) directly, fusermount as fallback.
-			DirectMount: true,
-			Debug:       opts.Debug,
-			Logger:      slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-		},
+	vol := &volume{c: c, log: log, cached: opts.CachedIO, session: session}
+	mo := fuse.MountOptions{
+		// The kernel enforces mode bits (default_permissions), and
+		// processes of any user — root in a container included — may
+		// use the mount (allow_other; vold runs as root).
+		AllowOther: true,
+		Options:    []string{"default_permissions"},
+		FsName:     opts.FsName,
+		Name:       opts.Name,
+		// One op per write up to the chunk size Client uses anyway.
+		MaxWrite: volfs.MaxWriteChunk,
+		// READDIRPLUS would look up every entry of a listing (one
+		// linearizable read each) whether or not it is needed.
+		DisableReadDirPlus: true,
+		Debug:              opts.Debug,
+		Logger:             slog.NewLogLogger(log.Handler(), slog.LevelDebug),
 	}
-	srv, err := fs.Mount(dir, root, fo)
+	return &Server{dir: dir, log: log, vol: vol, fd: -1}, mo
+}
+
+// serve serves session fd (which the server then owns).
+func (s *Server) serve(fd int, init []byte, fresh bool, mo fuse.MountOptions) error {
+	srv, err := serveSession(s.log, newRawFS(s.vol), fd, init, fresh, mo)
 	if err != nil {
-		return nil, fmt.Errorf("volfuse: mount %s: %w", dir, err)
+		return err
 	}
-	log.Info("volume mounted", "fsname", opts.FsName)
-	return &Server{dir: dir, srv: srv, log: log}, nil
+	s.srv, s.fd, s.init, s.conn = srv, fd, init, MountedConn(s.dir)
+	return nil
 }
 
 // Dir returns the mount point.
 func (s *Server) Dir() string { return s.dir }
+
+// Session returns what a later server needs to serve this mount again
+// (Adopt): a copy of its /dev/fuse file, which the caller closes, and its
+// INIT. Whoever holds the copy keeps the mount alive after this process
+// is gone.
+func (s *Server) Session() (Session, error) {
+	fd, err := unix.FcntlInt(uintptr(s.fd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return Session{}, fmt.Errorf("volfuse: session of %s: %w", s.dir, err)
+	}
+	return Session{FD: os.NewFile(uintptr(fd), "/dev/fuse"), Init: s.init, ID: s.vol.session, Conn: s.conn}, nil
+}
+
+// Detach readies the server for its process's exit while the session
+// lives on (Session): from now on a request that fails for any reason but
+// a file system error (the backend is shutting down) is left unanswered,
+// for the next server to get again from the kernel.
+func (s *Server) Detach() { s.vol.detached.Store(true) }
 
 // Unmount unmounts the volume. When the mount is busy (a process has a
 // file open or its working directory inside), it detaches it lazily
@@ -108,7 +187,7 @@ func (s *Server) Dir() string { return s.dir }
 // server keeps serving the open files until they are closed (Wait returns
 // then).
 func (s *Server) Unmount() error {
-	err := s.srv.Unmount()
+	err := unix.Unmount(s.dir, 0)
 	if err == nil {
 		s.log.Info("volume unmounted")
 		return nil
@@ -126,7 +205,10 @@ func (s *Server) Unmount() error {
 
 // Wait blocks until the server has stopped serving (after Unmount, once
 // the kernel has released the mount).
-func (s *Server) Wait() { s.srv.Wait() }
+func (s *Server) Wait() {
+	s.srv.Wait()
+	s.closeOnce.Do(func() { unix.Close(s.fd) })
+}
 
 // CleanStale detaches a FUSE mount at dir whose server is gone (a killed
 // vold), so that a new server can mount at the same path. A live mount,
@@ -143,8 +225,8 @@ func (s *Server) Wait() { s.srv.Wait() }
 // detached: that fails every request waiting on it and lets the old
 // server exit.
 func CleanStale(dir string) error {
-	conn, ok := fuseMountConn(dir)
-	if !ok {
+	conn := MountedConn(dir)
+	if conn < 0 {
 		return nil
 	}
 	stat := make(chan error, 1)
@@ -174,16 +256,6 @@ const staleAfter = 2 * time.Second
 // fusectlDir is where the kernel lists FUSE connections (fusectl).
 const fusectlDir = "/sys/fs/fuse/connections"
 
-// fuseMountConn returns the FUSE connection of the mount at dir (the
-// minor number of its device), if dir is a FUSE mount point.
-func fuseMountConn(dir string) (string, bool) {
-	m, ok := mountAt(dir)
-	if !ok || !strings.HasPrefix(m.FSType, "fuse") {
-		return "", false
-	}
-	return strconv.Itoa(m.Minor), true
-}
-
 // mountAt returns the mount at dir, the one on top if several are.
 func mountAt(dir string) (*mountinfo.Info, bool) {
 	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
@@ -197,15 +269,15 @@ func mountAt(dir string) (*mountinfo.Info, bool) {
 
 // abortConn aborts FUSE connection conn, mounting fusectl first where the
 // system has not.
-func abortConn(conn string) error {
-	path := filepath.Join(fusectlDir, conn, "abort")
+func abortConn(conn int) error {
+	path := filepath.Join(fusectlDir, strconv.Itoa(conn), "abort")
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		if err := unix.Mount("fusectl", fusectlDir, "fusectl", 0, ""); err != nil && !errors.Is(err, unix.EBUSY) {
 			return fmt.Errorf("mount fusectl: %w", err)
 		}
 	}
 	if err := os.WriteFile(path, []byte("1"), 0); err != nil {
-		return fmt.Errorf("abort FUSE connection %s: %w", conn, err)
+		return fmt.Errorf("abort FUSE connection %d: %w", conn, err)
 	}
 	return nil
 }
@@ -221,6 +293,10 @@ type volume struct {
 	c      *volfs.Client
 	log    *slog.Logger
 	cached bool
+	// session names the FUSE session (Session.ID).
+	session string
+	// detached: see Server.Detach.
+	detached atomic.Bool
 }
 
 // errno maps a Client error for the kernel, logging failures that are
@@ -231,16 +307,12 @@ func (v *volume) errno(op string, err error) syscall.Errno {
 	}
 	e := volfs.Errno(err)
 	var plain syscall.Errno
+	if !errors.As(err, &plain) && v.detached.Load() {
+		// Left for the next server (the kernel sends it again).
+		select {}
+	}
 	if !errors.As(err, &plain) && !errors.Is(err, context.Canceled) {
 		v.log.Warn("volume request failed", "op", op, "err", err)
 	}
 	return e
-}
-
-// ctxCaller returns the uid and gid of the process making a request.
-func ctxCaller(ctx context.Context) (uint32, uint32) {
-	if c, ok := fuse.FromContext(ctx); ok {
-		return c.Uid, c.Gid
-	}
-	return 0, 0
 }
