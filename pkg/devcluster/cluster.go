@@ -633,6 +633,19 @@ func (c *Cluster) Kill(ctx context.Context, i int, name string) error {
 	return c.killProc(ctx, i, name)
 }
 
+// Stop stops node i's process name gracefully, as `systemctl stop` would:
+// SIGTERM, and SIGKILL if it has not exited within grace. Stopping what
+// does not run is not an error.
+func (c *Cluster) Stop(ctx context.Context, i int, name string, grace time.Duration) error {
+	if err := c.CheckNode(i); err != nil {
+		return err
+	}
+	if _, err := c.procDef(i, name); err != nil {
+		return err
+	}
+	return c.stopProc(ctx, i, name, grace)
+}
+
 // Command returns a command that runs argv on node i once started with
 // StartIn: argv[0] is looked up in BinDir first, then $PATH; the
 // environment is ours with BinDir first in PATH and SHOAL_RUN_DIR set to

@@ -317,16 +317,22 @@ func alive(pid int, start uint64) bool {
 // killWait sends SIGKILL to pid (if it is still the process started at
 // start) and waits until it is gone.
 func killWait(ctx context.Context, pid int, start uint64) error {
+	return signalWait(ctx, pid, start, unix.SIGKILL, 10*time.Second)
+}
+
+// signalWait sends sig to pid (if it is still the process that started
+// at start) and waits up to wait for it to exit.
+func signalWait(ctx context.Context, pid int, start uint64, sig unix.Signal, wait time.Duration) error {
 	if !alive(pid, start) {
 		return nil
 	}
-	if err := unix.Kill(pid, unix.SIGKILL); err != nil && !errors.Is(err, unix.ESRCH) {
+	if err := unix.Kill(pid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
 		return fmt.Errorf("kill %d: %w", pid, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(wait)
 	for alive(pid, start) {
 		if time.Now().After(deadline) {
-			return fmt.Errorf("process %d did not die within 10s of SIGKILL", pid)
+			return fmt.Errorf("process %d did not exit within %v of %v", pid, wait, sig)
 		}
 		select {
 		case <-ctx.Done():
@@ -346,6 +352,24 @@ func (c *Cluster) killProc(ctx context.Context, i int, name string) error {
 	}
 	if err := killWait(ctx, pid, start); err != nil {
 		return fmt.Errorf("node %d: %s: %w", i, name, err)
+	}
+	os.Remove(path)
+	return nil
+}
+
+// stopProc stops node i's process name as a service manager would: SIGTERM,
+// then SIGKILL if it has not exited within grace.
+func (c *Cluster) stopProc(ctx context.Context, i int, name string, grace time.Duration) error {
+	path := c.pidPath(i, name)
+	pid, start, err := readPidFile(path)
+	if err != nil {
+		return nil // never started, or already gone
+	}
+	if err := signalWait(ctx, pid, start, unix.SIGTERM, grace); err != nil {
+		c.logf("node %d: %s: %v; killing it", i, name, err)
+		if err := killWait(ctx, pid, start); err != nil {
+			return fmt.Errorf("node %d: %s: %w", i, name, err)
+		}
 	}
 	os.Remove(path)
 	return nil

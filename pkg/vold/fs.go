@@ -40,9 +40,10 @@ func (b *volumeBackend) doc() (*volumeDoc, error) {
 	return d, nil
 }
 
-// Mutate implements volfs.Backend. The idempotency key is drawn once per
-// call, so that the local attempt and retries on other members apply the
-// op at most once.
+// Mutate implements volfs.Backend. The idempotency key is the request's
+// (volfs.RequestKey: a FUSE request resent to a restarted vold keeps it),
+// else drawn once per call, so that the local attempt and retries on
+// other members apply the op at most once.
 func (b *volumeBackend) Mutate(ctx context.Context, op []byte) ([]byte, error) {
 	d, err := b.doc()
 	if err != nil {
@@ -50,7 +51,11 @@ func (b *volumeBackend) Mutate(ctx context.Context, op []byte) ([]byte, error) {
 	}
 	ctx, cancel := interruptible(ctx)
 	defer cancel()
-	return b.n.route(ctx, d, kindFSMutate, op, newKey())
+	key := volfs.RequestKey(ctx)
+	if key == "" {
+		key = newKey()
+	}
+	return b.n.route(ctx, d, kindFSMutate, op, key)
 }
 
 // Query implements volfs.Backend.

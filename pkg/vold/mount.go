@@ -13,6 +13,7 @@ import (
 	"github.com/containerd/errdefs"
 
 	"github.com/shoal-dev/shoal/pkg/volfs"
+	"github.com/shoal-dev/shoal/pkg/volfuse"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
@@ -20,20 +21,17 @@ import (
 // number of users (tasks); the users are recorded in
 // /volumemounts/<name>/<node>, written only by that node, so that
 // RemoveVolume anywhere sees who uses a volume and a restarted vold knows
-// what to mount again. The FUSE server dies with the process; at start,
-// vold clears stale mount points and remounts what still has users.
+// what to mount again. A mount's FUSE session outlives vold when a holder
+// keeps it (fuse.go): the next vold serves it again. Otherwise the FUSE
+// server dies with the process, and at start vold clears stale mount
+// points and remounts what still has users.
 
 // mount is one mounted volume on this node.
 type mount struct {
 	name  string
 	path  string
 	users map[string]bool
-	srv   fuseServer
-}
-
-// fuseServer is a live FUSE mount.
-type fuseServer interface {
-	Unmount() error
+	srv   *volfuse.Server
 }
 
 func (n *node) mountPath(name string) string { return filepath.Join(n.cfg.MountDir, name) }
@@ -52,7 +50,7 @@ func (n *node) mount(ctx context.Context, name, user string) (string, error) {
 	}
 	n.mountMu.Lock()
 	defer n.mountMu.Unlock()
-	m, err := n.mountLocked(name)
+	m, err := n.mountLocked(name, nil)
 	if err != nil {
 		return "", err
 	}
@@ -71,26 +69,41 @@ func (n *node) mount(ctx context.Context, name, user string) (string, error) {
 	return m.path, nil
 }
 
-// mountLocked returns the volume's mount, mounting it if needed.
-func (n *node) mountLocked(name string) (*mount, error) {
+// mountLocked returns the volume's mount, mounting it if needed: serving
+// kept session sess again when there is one.
+func (n *node) mountLocked(name string, sess *volfuse.Session) (*mount, error) {
 	if m := n.mounts[name]; m != nil {
 		return m, nil
 	}
 	path := n.mountPath(name)
-	if err := os.MkdirAll(path, 0o755); err != nil {
-		return nil, fmt.Errorf("mount point for volume %q: %w", name, err)
+	c := &volfs.Client{B: &volumeBackend{n: n, name: name}}
+	var (
+		srv *volfuse.Server
+		err error
+	)
+	if sess != nil {
+		srv, err = adoptFUSE(n.log, path, name, *sess, c)
+		if err != nil {
+			return nil, fmt.Errorf("serve the kept mount of volume %q at %s: %w", name, path, err)
+		}
+	} else {
+		if err := os.MkdirAll(path, 0o755); err != nil {
+			return nil, fmt.Errorf("mount point for volume %q: %w", name, err)
+		}
+		srv, err = mountFUSE(n.log, path, name, c)
+		if err != nil {
+			return nil, fmt.Errorf("mount volume %q at %s: %w", name, path, err)
+		}
+		n.log.Info("volume mounted", "volume", name, "path", path)
 	}
-	srv, err := mountFUSE(n.log, path, name, &volfs.Client{B: &volumeBackend{n: n, name: name}})
-	if err != nil {
-		return nil, fmt.Errorf("mount volume %q at %s: %w", name, path, err)
-	}
+	n.sess.put(name, srv)
 	m := &mount{name: name, path: path, users: map[string]bool{}, srv: srv}
 	n.mounts[name] = m
-	n.log.Info("volume mounted", "volume", name, "path", path)
 	return m, nil
 }
 
 func (n *node) unmountLocked(m *mount) {
+	n.sess.remove(m.name)
 	if err := m.srv.Unmount(); err != nil {
 		n.log.Warn("unmount volume", "volume", m.name, "path", m.path, "err", err)
 	} else {
@@ -221,12 +234,16 @@ func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error
 	return out, nil
 }
 
-// restoreMounts clears stale mount points and mounts again the volumes
-// that still have users on this node.
+// restoreMounts serves again the mounts a holder kept, clears the stale
+// ones and mounts again the volumes that still have users on this node.
 func (n *node) restoreMounts(ctx context.Context) {
-	if err := cleanStaleMounts(n.cfg.MountDir); err != nil {
-		n.log.Warn("clean stale mounts", "dir", n.cfg.MountDir, "err", err)
+	kept := n.sess.take()
+	type restore struct {
+		name  string
+		users []string
+		sess  *volfuse.Session
 	}
+	var todo []restore
 	suffix := "/" + n.id
 	for _, d := range n.mirror.List(mountsPrefix) {
 		key := d.GetKey()
@@ -245,19 +262,73 @@ func (n *node) restoreMounts(ctx context.Context) {
 			cancel()
 			continue
 		}
+		r := restore{name: name, users: users}
+		if s, ok := kept[name]; ok {
+			// Only the session still mounted at the volume's path is
+			// served again (the mount may have been detached meanwhile).
+			if volfuse.MountedConn(n.mountPath(name)) == s.Conn {
+				r.sess = &s
+				delete(kept, name)
+			}
+		}
+		todo = append(todo, r)
+	}
+	// Sessions nobody will serve again are dropped, which ends them: the
+	// stale mounts then answer ENOTCONN at once and are cleared.
+	for name, s := range kept {
+		s.FD.Close()
+		n.sess.remove(name)
+		n.log.Info("kept FUSE session dropped", "volume", name)
+	}
+	live := map[string]bool{}
+	for _, r := range todo {
+		if r.sess != nil {
+			live[r.name] = true
+		}
+	}
+	if err := cleanStaleMounts(n.cfg.MountDir, live); err != nil {
+		n.log.Warn("clean stale mounts", "dir", n.cfg.MountDir, "err", err)
+	}
+	for _, r := range todo {
 		n.mountMu.Lock()
-		m, err := n.mountLocked(name)
+		m, err := n.mountLocked(r.name, r.sess)
+		if err != nil && r.sess != nil {
+			// Could not serve it again: end it and mount afresh.
+			n.log.Warn("take over kept mount", "volume", r.name, "err", err)
+			n.sess.remove(r.name)
+			r.sess.FD.Close()
+			if cerr := volfuse.CleanStale(n.mountPath(r.name)); cerr != nil {
+				n.log.Warn("clean stale mount", "volume", r.name, "err", cerr)
+			}
+			m, err = n.mountLocked(r.name, nil)
+		} else if r.sess != nil {
+			r.sess.FD.Close()
+		}
 		if err == nil {
-			for _, u := range users {
+			for _, u := range r.users {
 				m.users[u] = true
 			}
 		}
 		n.mountMu.Unlock()
 		if err != nil {
-			n.log.Warn("remount volume", "volume", name, "err", err)
+			n.log.Warn("remount volume", "volume", r.name, "err", err)
 			continue
 		}
-		n.log.Info("volume remounted", "volume", name, "users", strings.Join(users, ","))
+		n.log.Info("volume remounted", "volume", r.name, "users", strings.Join(r.users, ","), "kept", r.sess != nil)
+	}
+}
+
+// detachMounts prepares the mounts for vold's exit when a holder keeps
+// them: requests that fail from now on (the Raft host is closing) are
+// left unanswered, for the next vold to answer.
+func (n *node) detachMounts() {
+	if !n.sess.kept() {
+		return
+	}
+	n.mountMu.Lock()
+	defer n.mountMu.Unlock()
+	for _, m := range n.mounts {
+		m.srv.Detach()
 	}
 }
 

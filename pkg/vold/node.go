@@ -58,6 +58,8 @@ type node struct {
 	// mounts are this node's FUSE mounts (mount.go).
 	mountMu sync.Mutex
 	mounts  map[string]*mount
+	// sess keeps mounts' FUSE sessions across restarts (fuse.go).
+	sess *sessions
 
 	// reconcile state: groups whose create/join failed, by error text, so
 	// the log says it once.
@@ -109,6 +111,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	volv1.RegisterStateMachinesServer(rt.GRPC, &machinesAPI{n: n})
 	rt.Details = n.details
 	rt.Metrics.MustRegister(newCollector(n))
+	n.sess = connectSessions(rt.Log.With("component", "fuse"), cfg.KeepMounts, n.holderSocket())
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -119,9 +122,15 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		}
 	}()
 	return func(context.Context) error {
+		// Kept mounts stay mounted for the next vold; what they ask
+		// from now on waits for it.
+		n.detachMounts()
 		cancel()
 		wg.Wait()
-		n.unmountAll()
+		if !n.sess.kept() {
+			n.unmountAll()
+		}
+		n.sess.close()
 		n.trans.Close()
 		var err error
 		if h := n.host.Load(); h != nil {

@@ -39,12 +39,14 @@ package vold
 
 import (
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/spf13/pflag"
 
 	"github.com/shoal-dev/shoal/pkg/daemon"
+	"github.com/shoal-dev/shoal/pkg/fdhold"
 )
 
 // Config is shoal-vold's configuration (/etc/shoal/vold.toml).
@@ -70,6 +72,9 @@ type Config struct {
 	// MountDir holds the FUSE mounts of volumes (default
 	// <state-dir>/mounts).
 	MountDir string `toml:"mount_dir"`
+	// KeepMounts hands each mount's FUSE session to a holder process, so
+	// that mounts outlive a vold restart (see fuse.go).
+	KeepMounts bool `toml:"keep_mounts"`
 }
 
 // Spec describes shoal-vold to the daemon runtime.
@@ -99,6 +104,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 				RepairInterval: daemon.Duration(2 * time.Second),
 				CreateTimeout:  daemon.Duration(30 * time.Second),
 				RaftTick:       daemon.Duration(100 * time.Millisecond),
+				KeepMounts:     true,
 			}
 		},
 		Flags: func(fs *pflag.FlagSet, cfg any) {
@@ -110,13 +116,22 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 			fs.Int64Var(&c.Capacity, "capacity-bytes", c.Capacity, "bytes of volumes this node may host (0: the free space of the state dir)")
 			fs.Var(&c.RaftTick, "raft-tick", "Raft tick (election timeout is 10 ticks); the same on every node")
 			fs.StringVar(&c.MountDir, "mount-dir", c.MountDir, "directory of the volumes' FUSE mounts (default <state-dir>/mounts)")
+			fs.BoolVar(&c.KeepMounts, "keep-mounts", c.KeepMounts, "keep volume mounts alive across vold restarts (a holder process keeps their FUSE sessions)")
 		},
 		Start: start,
 	}
 }
 
 // Main runs shoal-vold.
-func Main(args []string) int { return daemon.Main(Spec(), args) }
+func Main(args []string) int {
+	if len(args) > 0 && args[0] == fdhold.Command {
+		return fdhold.Main(args[1:])
+	}
+	if exe, err := os.Executable(); err == nil {
+		holderExe = exe
+	}
+	return daemon.Main(Spec(), args)
+}
 
 var errNotReady = fmt.Errorf("this node's vold is not ready: is the node in a cluster (`shoalctl cluster status`)? %w", errdefs.ErrUnavailable)
 
