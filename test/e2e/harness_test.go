@@ -21,6 +21,9 @@ import (
 var binDir string
 
 func TestMain(m *testing.M) {
+	if dir := os.Getenv(k9WriterEnv); dir != "" {
+		os.Exit(k9Writer(dir))
+	}
 	binDir = os.Getenv("SHOAL_BIN_DIR")
 	cleanup := func() {}
 	if binDir == "" {
