@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/hanwen/go-fuse/v2/fuse"
@@ -170,4 +171,25 @@ func readRetry(fd int, buf []byte) (int, error) {
 			return n, err
 		}
 	}
+}
+
+// pollHackName is the file go-fuse answers for itself (LOOKUP, OPEN,
+// POLL) to let a mount's owner get the kernel's first POLL answered.
+const pollHackName = ".go-fuse-epoll-hack"
+
+// stopPolls makes the kernel stop sending POLL to the session. Go's
+// runtime adds every file it opens to its epoll, and for a FUSE file that
+// sends POLL to the server and waits for the answer while holding one of
+// the runtime's processors: a process that serves a mount and opens files
+// on it (tests; vold never does) can have every processor waiting so.
+// Answered ENOSYS once, the kernel never asks again for the connection.
+// Raw system calls here, which let go of the processor.
+func stopPolls(dir string) error {
+	fd, err := unix.Open(filepath.Join(dir, pollHackName), unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("open %s: %w", pollHackName, err)
+	}
+	defer unix.Close(fd)
+	_, _ = unix.Poll([]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLOUT}}, 0)
+	return nil
 }

@@ -69,6 +69,11 @@ func Mount(dir string, c *volfs.Client, opts Options) (*Server, error) {
 		_ = unix.Unmount(dir, unix.MNT_DETACH)
 		return nil, fmt.Errorf("volfuse: mount %s: %w", dir, err)
 	}
+	if err := stopPolls(dir); err != nil {
+		_ = s.Unmount()
+		s.Wait()
+		return nil, fmt.Errorf("volfuse: mount %s: %w", dir, err)
+	}
 	s.log.Info("volume mounted", "fsname", opts.FsName)
 	return s, nil
 }
