@@ -39,6 +39,9 @@ func (n *node) mountPath(name string) string { return filepath.Join(n.cfg.MountD
 // mount mounts volume name on this node (once) for user and returns the
 // host path.
 func (n *node) mount(ctx context.Context, name, user string) (string, error) {
+	if err := n.awaitRestore(ctx); err != nil {
+		return "", err
+	}
 	if d := n.volumeDoc(name); d == nil {
 		d, err := n.readVolume(ctx, name)
 		if err != nil {
@@ -115,6 +118,9 @@ func (n *node) unmountLocked(m *mount) {
 // unmount drops user's use of a volume on this node; the last user
 // unmounts it. Dropping a user that is not there is not an error.
 func (n *node) unmount(ctx context.Context, name, user string) error {
+	if err := n.awaitRestore(ctx); err != nil {
+		return err
+	}
 	n.mountMu.Lock()
 	defer n.mountMu.Unlock()
 	m := n.mounts[name]
@@ -234,9 +240,21 @@ func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error
 	return out, nil
 }
 
+// awaitRestore waits until restoreMounts has run: a mount asked for right
+// after a restart must find the kept one rather than mount over it.
+func (n *node) awaitRestore(ctx context.Context) error {
+	select {
+	case <-n.restored:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("this node's vold is still restoring its mounts (%w): %w", ctx.Err(), errdefs.ErrUnavailable)
+	}
+}
+
 // restoreMounts serves again the mounts a holder kept, clears the stale
 // ones and mounts again the volumes that still have users on this node.
 func (n *node) restoreMounts(ctx context.Context) {
+	defer close(n.restored)
 	kept := n.sess.take()
 	type restore struct {
 		name  string

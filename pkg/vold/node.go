@@ -60,6 +60,8 @@ type node struct {
 	mounts  map[string]*mount
 	// sess keeps mounts' FUSE sessions across restarts (fuse.go).
 	sess *sessions
+	// restored is closed once restoreMounts has run.
+	restored chan struct{}
 
 	// reconcile state: groups whose create/join failed, by error text, so
 	// the log says it once.
@@ -97,7 +99,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	n := &node{
 		cfg: cfg, log: rt.Log, rt: rt, statd: st, names: newNodeNames(),
 		ready: make(chan struct{}), kick: make(chan struct{}, 1),
-		kvs: map[raftgroup.GroupID]*kvStore{}, mounts: map[string]*mount{},
+		kvs: map[raftgroup.GroupID]*kvStore{}, mounts: map[string]*mount{}, restored: make(chan struct{}),
 		failed: map[raftgroup.GroupID]string{},
 	}
 	// The mirror, peer pool and transport need no identity until used:
