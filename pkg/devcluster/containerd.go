@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -309,20 +310,13 @@ func findShims(address string) []shimProc {
 // cgroupMounts returns the mount points of the cgroup hierarchies (v1
 // controllers, named hierarchies and the v2 unified one).
 func cgroupMounts() ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(mountinfo.FSTypeFilter("cgroup", "cgroup2"))
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		sep := slices.Index(f, "-")
-		if sep < 0 || sep+1 >= len(f) || len(f) < 5 {
-			continue
-		}
-		if t := f[sep+1]; t == "cgroup" || t == "cgroup2" {
-			out = append(out, unescapeMount(f[4]))
-		}
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Mountpoint
 	}
 	return out, nil
 }

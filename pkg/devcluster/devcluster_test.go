@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"golang.org/x/sys/unix"
 )
 
 // binDir holds the binaries under test: $SHOAL_BIN_DIR, or built once by
@@ -547,12 +548,33 @@ func TestSubnets(t *testing.T) {
 	}
 }
 
-func TestMountinfoUnescape(t *testing.T) {
-	if got := unescapeMount(`/var/lib/a\040b`); got != "/var/lib/a b" {
-		t.Errorf("unescapeMount = %q", got)
+// TestMountsUnder: a mount whose path mountinfo escapes (a space) is
+// found under its parent and detached.
+func TestMountsUnder(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("mounting needs root")
 	}
-	if got := unescapeMount(`/plain`); got != "/plain" {
-		t.Errorf("unescapeMount = %q", got)
+	root := t.TempDir()
+	dir := filepath.Join(root, "a b")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, ""); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
+	got, err := mountsOfType("tmpfs", root)
+	if err != nil || len(got) != 1 || got[0] != dir {
+		t.Fatalf("mountsOfType(tmpfs, %s) = %q, %v", root, got, err)
+	}
+	if got, _ := mountsOfType("ext4", root); len(got) != 0 {
+		t.Fatalf("mountsOfType(ext4) = %q", got)
+	}
+	if err := unmountUnder(root); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := mountsUnder(root); len(got) != 0 {
+		t.Fatalf("after unmountUnder: %q", got)
 	}
 }
 

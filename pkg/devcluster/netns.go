@@ -19,6 +19,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
 
@@ -382,51 +383,25 @@ func mountsUnder(dirs ...string) ([]string, error) {
 // mountsOfType lists the mount points at or below dirs of file system
 // type fstype ("": any), deepest first.
 func mountsOfType(fstype string, dirs ...string) ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo.GetMounts(func(m *mountinfo.Info) (skip, stop bool) {
+		if fstype != "" && m.FSType != fstype {
+			return true, false
+		}
+		for _, d := range dirs {
+			if m.Mountpoint == d || strings.HasPrefix(m.Mountpoint, d+"/") {
+				return false, false
+			}
+		}
+		return true, false
+	})
 	if err != nil {
 		return nil, err
 	}
-	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		if fstype != "" {
-			// The file system type follows the "-" separator.
-			sep := slices.Index(f, "-")
-			if sep < 0 || sep+1 >= len(f) || f[sep+1] != fstype {
-				continue
-			}
-		}
-		mp := unescapeMount(f[4])
-		for _, d := range dirs {
-			if mp == d || strings.HasPrefix(mp, d+"/") {
-				out = append(out, mp)
-				break
-			}
-		}
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = m.Mountpoint
 	}
 	// Deeper paths first: a child mount must go before its parent.
 	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
 	return out, nil
-}
-
-// unescapeMount decodes the octal escapes (\040 for a space) of mountinfo.
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			if v, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(v))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
