@@ -84,6 +84,24 @@ sleep 3
 x 3 -- shoalctl volume inspect notes
 
 echo
+echo "== restart the volume daemon under the scribe: the mount outlives vold, the task only pauses"
+task_field() { x 1 -- shoalctl service ps scribe -o json | grep -m1 "\"$1\"" | cut -d'"' -f4; }
+for _ in $(seq 1 60); do
+  [ "$(task_field state)" = running ] && break
+  sleep 0.5
+done
+scribe=$(task_field id)
+snode=$(x 1 -- shoalctl node ls | awk -v id="$(task_field node)" '$1==id{print $2}')
+$ctl dev kill "${snode#n}" vold
+sleep 2
+$ctl dev start "${snode#n}" vold
+sleep 3
+x 1 -- shoalctl service ps scribe
+if [ "$(task_field id)" = "$scribe" ]; then
+  echo "(the same task $scribe, never restarted: vold on $snode came back and served its mount again)"
+fi
+
+echo
 echo "== kill node $nodes (its daemons and containers); its replica moves"
 $ctl dev kill "$nodes"
 for _ in $(seq 1 60); do
