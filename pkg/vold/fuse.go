@@ -1,7 +1,6 @@
 package vold
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -37,14 +36,6 @@ type sessions struct {
 	mu  sync.Mutex
 	c   *fdhold.Client // nil: not kept
 	log *slog.Logger
-}
-
-// heldSession is what vold stores with a session's file.
-type heldSession struct {
-	Init []byte `json:"init"`
-	ID   string `json:"id"`
-	Conn int    `json:"conn"`
-	Path string `json:"path"`
 }
 
 // connectSessions connects to (or starts) the holder when mounts are to
@@ -83,8 +74,7 @@ func (s *sessions) put(name string, srv *volfuse.Server) {
 		return
 	}
 	defer sess.FD.Close()
-	meta, _ := json.Marshal(heldSession{Init: sess.Init, ID: sess.ID, Conn: sess.Conn, Path: srv.Dir()})
-	if err := s.c.Put(name, sess.FD, meta); err != nil {
+	if err := s.c.Put(name, sess.FD, sess.Meta()); err != nil {
 		s.log.Warn("FUSE session not kept", "volume", name, "err", err)
 	}
 }
@@ -115,14 +105,14 @@ func (s *sessions) take() map[string]volfuse.Session {
 		return out
 	}
 	for _, h := range held {
-		var m heldSession
-		if err := json.Unmarshal(h.Meta, &m); err != nil {
+		sess, err := volfuse.SessionFromMeta(h.File, h.Meta)
+		if err != nil {
 			s.log.Warn("kept FUSE session unreadable; dropping it", "volume", h.Name, "err", err)
 			h.File.Close()
 			_ = s.c.Remove(h.Name)
 			continue
 		}
-		out[h.Name] = volfuse.Session{FD: h.File, Init: m.Init, ID: m.ID, Conn: m.Conn}
+		out[h.Name] = sess
 	}
 	return out
 }

@@ -262,6 +262,7 @@ func (n *node) restoreMounts(ctx context.Context) {
 		sess  *volfuse.Session
 	}
 	var todo []restore
+	live := map[string]bool{} // mounts to serve again: not stale
 	suffix := "/" + n.id
 	for _, d := range n.mirror.List(mountsPrefix) {
 		key := d.GetKey()
@@ -287,6 +288,7 @@ func (n *node) restoreMounts(ctx context.Context) {
 			if volfuse.MountedConn(n.mountPath(name)) == s.Conn {
 				r.sess = &s
 				delete(kept, name)
+				live[name] = true
 			}
 		}
 		todo = append(todo, r)
@@ -298,29 +300,23 @@ func (n *node) restoreMounts(ctx context.Context) {
 		n.sess.remove(name)
 		n.log.Info("kept FUSE session dropped", "volume", name)
 	}
-	live := map[string]bool{}
-	for _, r := range todo {
-		if r.sess != nil {
-			live[r.name] = true
-		}
-	}
 	if err := cleanStaleMounts(n.cfg.MountDir, live); err != nil {
 		n.log.Warn("clean stale mounts", "dir", n.cfg.MountDir, "err", err)
 	}
 	for _, r := range todo {
 		n.mountMu.Lock()
 		m, err := n.mountLocked(r.name, r.sess)
-		if err != nil && r.sess != nil {
-			// Could not serve it again: end it and mount afresh.
-			n.log.Warn("take over kept mount", "volume", r.name, "err", err)
-			n.sess.remove(r.name)
-			r.sess.FD.Close()
-			if cerr := volfuse.CleanStale(n.mountPath(r.name)); cerr != nil {
-				n.log.Warn("clean stale mount", "volume", r.name, "err", cerr)
+		if r.sess != nil {
+			r.sess.FD.Close() // the server has its own copy
+			if err != nil {
+				// Could not serve it again: end it and mount afresh.
+				n.log.Warn("take over kept mount", "volume", r.name, "err", err)
+				n.sess.remove(r.name)
+				if cerr := volfuse.CleanStale(n.mountPath(r.name)); cerr != nil {
+					n.log.Warn("clean stale mount", "volume", r.name, "err", cerr)
+				}
+				m, err = n.mountLocked(r.name, nil)
 			}
-			m, err = n.mountLocked(r.name, nil)
-		} else if r.sess != nil {
-			r.sess.FD.Close()
 		}
 		if err == nil {
 			for _, u := range r.users {

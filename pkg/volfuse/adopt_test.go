@@ -163,8 +163,7 @@ func serveSessionChild(spec string) {
 		if err != nil {
 			fail(err)
 		}
-		meta := fmt.Appendf(nil, "%d %s", sess.Conn, sess.ID)
-		if err := holder.Put("vol", sess.FD, append(meta, append([]byte{','}, sess.Init...)...)); err != nil {
+		if err := holder.Put("vol", sess.FD, sess.Meta()); err != nil {
 			fail(err)
 		}
 		sess.FD.Close()
@@ -173,12 +172,10 @@ func serveSessionChild(spec string) {
 		if err != nil || len(held) != 1 {
 			fail(fmt.Errorf("take: %v %v", held, err))
 		}
-		var sess volfuse.Session
-		connText, init, _ := strings.Cut(string(held[0].Meta), ",")
-		if _, err := fmt.Sscan(connText, &sess.Conn, &sess.ID); err != nil {
+		sess, err := volfuse.SessionFromMeta(held[0].File, held[0].Meta)
+		if err != nil {
 			fail(err)
 		}
-		sess.FD, sess.Init = held[0].File, []byte(init)
 		if _, err := volfuse.Adopt(dir, sess, c, volfuse.Options{}); err != nil {
 			fail(err)
 		}

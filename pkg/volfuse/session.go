@@ -2,6 +2,7 @@ package volfuse
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -36,6 +37,28 @@ type Session struct {
 	// the mount), which tells whether the mount at a path is still this
 	// session's.
 	Conn int
+}
+
+// sessionMeta is a Session less its file, as Meta encodes it.
+type sessionMeta struct {
+	Init []byte `json:"init"`
+	ID   string `json:"id"`
+	Conn int    `json:"conn"`
+}
+
+// Meta encodes what a holder keeps of the session beside its file.
+func (s Session) Meta() []byte {
+	b, _ := json.Marshal(sessionMeta{Init: s.Init, ID: s.ID, Conn: s.Conn})
+	return b
+}
+
+// SessionFromMeta returns the session of file f that Meta encoded as meta.
+func SessionFromMeta(f *os.File, meta []byte) (Session, error) {
+	var m sessionMeta
+	if err := json.Unmarshal(meta, &m); err != nil {
+		return Session{}, fmt.Errorf("volfuse: session: %w", err)
+	}
+	return Session{FD: f, Init: m.Init, ID: m.ID, Conn: m.Conn}, nil
 }
 
 const (

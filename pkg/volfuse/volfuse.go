@@ -91,12 +91,12 @@ func Adopt(dir string, sess Session, c *volfs.Client, opts Options) (*Server, er
 	if m := initMinor(sess.Init); m < resendMinor {
 		return nil, fmt.Errorf("volfuse: adopt %s: the kernel's FUSE protocol 7.%d cannot resend the requests left unanswered (7.%d can)", dir, m, resendMinor)
 	}
+	if sess.ID == "" {
+		return nil, fmt.Errorf("volfuse: adopt %s: session without an ID", dir)
+	}
 	fd, err := unix.FcntlInt(sess.FD.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		return nil, fmt.Errorf("volfuse: adopt %s: %w", dir, err)
-	}
-	if sess.ID == "" {
-		return nil, fmt.Errorf("volfuse: adopt %s: session without an ID", dir)
 	}
 	s, mo := newServer(dir, c, opts, sess.ID)
 	if err := s.serve(fd, sess.Init, false, mo); err != nil {
@@ -312,11 +312,12 @@ func (v *volume) errno(op string, err error) syscall.Errno {
 	}
 	e := volfs.Errno(err)
 	var plain syscall.Errno
-	if !errors.As(err, &plain) && v.detached.Load() {
+	fsError := errors.As(err, &plain)
+	if !fsError && v.detached.Load() {
 		// Left for the next server (the kernel sends it again).
 		select {}
 	}
-	if !errors.As(err, &plain) && !errors.Is(err, context.Canceled) {
+	if !fsError && !errors.Is(err, context.Canceled) {
 		v.log.Warn("volume request failed", "op", op, "err", err)
 	}
 	return e
