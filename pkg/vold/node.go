@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -84,6 +85,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	if err := cfg.check(); err != nil {
 		return nil, err
 	}
+	rt.Log.Debug("go scheduler", "gomaxprocs", applyMaxProcs(cfg.MaxProcs), "cpus", runtime.NumCPU())
 	if cfg.MountDir == "" {
 		cfg.MountDir = filepath.Join(cfg.StateDir, "mounts")
 	}

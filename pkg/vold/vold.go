@@ -75,6 +75,10 @@ type Config struct {
 	// KeepMounts hands each mount's FUSE session to a holder process, so
 	// that mounts outlive a vold restart (see fuse.go).
 	KeepMounts bool `toml:"keep_mounts"`
+	// MaxProcs is the Go scheduler's processor count (GOMAXPROCS) of the
+	// shoal-vold binary; 0 picks one for each four CPUs, at least one,
+	// unless the GOMAXPROCS environment variable is set. See maxProcs.
+	MaxProcs int `toml:"max_procs"`
 }
 
 // Spec describes shoal-vold to the daemon runtime.
@@ -117,6 +121,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 			fs.Var(&c.RaftTick, "raft-tick", "Raft tick (election timeout is 10 ticks); the same on every node")
 			fs.StringVar(&c.MountDir, "mount-dir", c.MountDir, "directory of the volumes' FUSE mounts (default <state-dir>/mounts)")
 			fs.BoolVar(&c.KeepMounts, "keep-mounts", c.KeepMounts, "keep volume mounts alive across vold restarts (a holder process keeps their FUSE sessions)")
+			fs.IntVar(&c.MaxProcs, "max-procs", c.MaxProcs, "processors the Go scheduler runs vold's goroutines on (0: one per four CPUs, at least one, unless GOMAXPROCS is set)")
 		},
 		Start: start,
 	}
@@ -130,6 +135,7 @@ func Main(args []string) int {
 	if exe, err := os.Executable(); err == nil {
 		holderExe = exe
 	}
+	ownProcess = true
 	return daemon.Main(Spec(), args)
 }
 
@@ -138,6 +144,9 @@ var errNotReady = fmt.Errorf("this node's vold is not ready: is the node in a cl
 func (c *Config) check() error {
 	if c.PeerPort == 0 || c.PeerPort > 65535 {
 		return fmt.Errorf("peer_port %d: want 1-65535", c.PeerPort)
+	}
+	if c.MaxProcs < 0 {
+		return fmt.Errorf("max_procs %d: want 0 (automatic) or more", c.MaxProcs)
 	}
 	if c.ReplaceAfter <= 0 || c.RepairInterval <= 0 || c.CreateTimeout <= 0 || c.RaftTick <= 0 {
 		return fmt.Errorf("replace_after, repair_interval, create_timeout and raft_tick must be positive")

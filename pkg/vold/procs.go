@@ -1,0 +1,44 @@
+package vold
+
+import (
+	"os"
+	"runtime"
+)
+
+// ownProcess is set by Main: only the shoal-vold binary sets the Go
+// scheduler's processor count, never a test that runs vold in its process.
+var ownProcess bool
+
+// maxProcs is the GOMAXPROCS vold runs with for the configured value
+// (0: automatic) on a machine of cpus CPUs, and whether to set it at all.
+//
+// Why fewer processors than CPUs: vold's work is one Raft host loop and
+// short request handlers that hand each other messages, so a second
+// processor mostly buys wake-ups — an idle processor's thread woken to
+// spin for the goroutine just readied, and futex and nanosleep calls —
+// while statd, schedd, netd and the workloads want the same CPUs. On the
+// project's 2-CPU VMs one processor cut the CPU of a 4 KiB synchronous
+// write through a volume by a fifth and raised its rate by 10–20%
+// (docs/VOLUMES.md). Syscalls (fdatasync, socket and FUSE I/O) still run
+// in parallel: the runtime hands a processor blocked in one to another
+// thread.
+func maxProcs(configured, cpus int, env string) (int, bool) {
+	switch {
+	case configured > 0:
+		return configured, true
+	case env != "":
+		return 0, false
+	default:
+		return max(1, cpus/4), true
+	}
+}
+
+func applyMaxProcs(configured int) int {
+	if !ownProcess {
+		return runtime.GOMAXPROCS(0)
+	}
+	if n, ok := maxProcs(configured, runtime.NumCPU(), os.Getenv("GOMAXPROCS")); ok {
+		runtime.GOMAXPROCS(n)
+	}
+	return runtime.GOMAXPROCS(0)
+}

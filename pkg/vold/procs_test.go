@@ -1,0 +1,28 @@
+package vold
+
+import "testing"
+
+func TestMaxProcs(t *testing.T) {
+	for _, c := range []struct {
+		configured, cpus int
+		env              string
+		want             int
+		set              bool
+	}{
+		{0, 1, "", 1, true},
+		{0, 2, "", 1, true},
+		{0, 8, "", 2, true},
+		{0, 64, "", 16, true},
+		{0, 8, "4", 0, false}, // GOMAXPROCS in the environment wins over automatic
+		{3, 8, "4", 3, true},  // the configuration wins over the environment
+		{5, 2, "", 5, true},
+	} {
+		got, set := maxProcs(c.configured, c.cpus, c.env)
+		if got != c.want || set != c.set {
+			t.Errorf("maxProcs(%d, %d, %q) = %d, %v; want %d, %v", c.configured, c.cpus, c.env, got, set, c.want, c.set)
+		}
+	}
+	if err := (&Config{PeerPort: 1, ReplaceAfter: 1, RepairInterval: 1, CreateTimeout: 1, RaftTick: 1, MaxProcs: -1}).check(); err == nil {
+		t.Error("check accepted max_procs -1")
+	}
+}
