@@ -1,6 +1,9 @@
 package vold
 
-import "testing"
+import (
+	"slices"
+	"testing"
+)
 
 func TestMaxProcs(t *testing.T) {
 	for _, c := range []struct {
@@ -24,5 +27,28 @@ func TestMaxProcs(t *testing.T) {
 	}
 	if err := (&Config{PeerPort: 1, ReplaceAfter: 1, RepairInterval: 1, CreateTimeout: 1, RaftTick: 1, MaxProcs: -1}).check(); err == nil {
 		t.Error("check accepted max_procs -1")
+	}
+}
+
+func TestWithGODEBUG(t *testing.T) {
+	for _, c := range []struct {
+		env     []string
+		want    []string
+		changed bool
+	}{
+		{[]string{"A=1"}, []string{"A=1", "GODEBUG=madvdontneed=0"}, true},
+		{[]string{"GODEBUG="}, []string{"GODEBUG=madvdontneed=0"}, true},
+		{[]string{"GODEBUG=gctrace=1", "B=2"}, []string{"GODEBUG=madvdontneed=0,gctrace=1", "B=2"}, true},
+		{[]string{"GODEBUG=gctrace=1,madvdontneed=1"}, []string{"GODEBUG=gctrace=1,madvdontneed=1"}, false}, // the operator's choice stays
+		{[]string{"GODEBUG=madvdontneed=0"}, []string{"GODEBUG=madvdontneed=0"}, false},
+	} {
+		in := slices.Clone(c.env)
+		got, changed := withGODEBUG(in, freeMemoryLazily)
+		if !slices.Equal(got, c.want) || changed != c.changed {
+			t.Errorf("withGODEBUG(%q) = %q, %v; want %q, %v", c.env, got, changed, c.want, c.changed)
+		}
+		if !slices.Equal(in, c.env) {
+			t.Errorf("withGODEBUG(%q) changed its argument to %q", c.env, in)
+		}
 	}
 }

@@ -134,6 +134,7 @@ func Main(args []string) int {
 	}
 	if exe, err := os.Executable(); err == nil {
 		holderExe = exe
+		reexecWithGODEBUG(exe)
 	}
 	ownProcess = true
 	return daemon.Main(Spec(), args)
