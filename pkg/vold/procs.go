@@ -18,8 +18,8 @@ var ownProcess bool
 // spin for the goroutine just readied, and futex and nanosleep calls —
 // while statd, schedd, netd and the workloads want the same CPUs. On the
 // project's 2-CPU VMs one processor cut the CPU of a 4 KiB synchronous
-// write through a volume by a fifth and raised its rate by 10–20%
-// (docs/VOLUMES.md). Syscalls (fdatasync, socket and FUSE I/O) still run
+// write through a volume by 13–15% and raised its rate by 4–14%, and the
+// CPU of sequential writes by 9–16% (docs/VOLUMES.md). Syscalls (fdatasync, socket and FUSE I/O) still run
 // in parallel: the runtime hands a processor blocked in one to another
 // thread.
 func maxProcs(configured, cpus int, env string) (int, bool) {
