@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -20,6 +19,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/shoal-dev/shoal/pkg/daemon"
 	"github.com/shoal-dev/shoal/pkg/rpc"
 )
 
@@ -109,22 +109,16 @@ func isExecutable(path string) bool {
 	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
 }
 
-// dropEnv lists variables a node's processes must not inherit: they
-// belong to whoever started us (systemd activation, journald) or are set
-// per node.
-var dropEnv = []string{"SHOAL_RUN_DIR", "LISTEN_PID", "LISTEN_FDS", "LISTEN_FDNAMES", "NOTIFY_SOCKET", "WATCHDOG_PID", "WATCHDOG_USEC", "JOURNAL_STREAM", "PATH"}
+// dropEnv lists variables a node's processes must not inherit besides
+// systemd's (daemon.ChildEnv): they belong to whoever started us
+// (journald) or are set per node.
+var dropEnv = []string{"SHOAL_RUN_DIR", "JOURNAL_STREAM", "PATH"}
 
 // env returns the environment of a command on node i: ours, with BinDir
 // first in PATH and SHOAL_RUN_DIR set to the node's run dir, plus
 // Spec.Env and extra.
 func (c *Cluster) env(i int, extra ...string) []string {
-	var out []string
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if !slices.Contains(dropEnv, k) {
-			out = append(out, kv)
-		}
-	}
+	out := daemon.ChildEnv(os.Environ(), dropEnv...)
 	path := c.spec.BinDir
 	if p := os.Getenv("PATH"); p != "" {
 		path += ":" + p

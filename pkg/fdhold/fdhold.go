@@ -28,6 +28,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/shoal-dev/shoal/pkg/daemon"
 )
 
 // Command is the first argument that makes a daemon's executable run as
@@ -79,6 +81,7 @@ func Connect(socket, exe string) (*Client, error) {
 	defer devnull.Close()
 	cmd := exec.Command(exe, Command, socket)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = devnull, devnull, devnull
+	cmd.Env = daemon.ChildEnv(os.Environ())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("fdhold: start holder: %w", err)

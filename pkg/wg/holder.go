@@ -14,7 +14,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -25,6 +24,8 @@ import (
 	"golang.zx2c4.com/wireguard/device"
 	"golang.zx2c4.com/wireguard/ipc"
 	"golang.zx2c4.com/wireguard/tun"
+
+	"github.com/shoal-dev/shoal/pkg/daemon"
 )
 
 // SocketDir holds the UAPI sockets of userspace WireGuard devices
@@ -174,11 +175,6 @@ type HolderOptions struct {
 	Env []string
 }
 
-// serviceManagerEnv is the caller's systemd protocol state; the holder
-// must not inherit it (it would be a second process notifying, or owning
-// socket-activation fds, on the caller's behalf).
-var serviceManagerEnv = []string{"NOTIFY_SOCKET", "WATCHDOG_USEC", "WATCHDOG_PID", "LISTEN_FDS", "LISTEN_PID", "LISTEN_FDNAMES"}
-
 // StartHolder is StartHolderWith with default options.
 func StartHolder(exe string, args []string, iface string) (pid int, err error) {
 	return StartHolderWith(exe, args, iface, HolderOptions{})
@@ -224,10 +220,7 @@ func StartHolderWith(exe string, args []string, iface string, opts HolderOptions
 	cmd := exec.Command(exe, args...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, out, out
 	cmd.Dir = "/"
-	cmd.Env = append(slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		k, _, _ := strings.Cut(kv, "=")
-		return slices.Contains(serviceManagerEnv, k)
-	}), opts.Env...)
+	cmd.Env = append(daemon.ChildEnv(os.Environ()), opts.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := InNetns(opts.Netns, cmd.Start); err != nil {
 		return 0, fmt.Errorf("wg: start holder %s: %w", iface, err)
