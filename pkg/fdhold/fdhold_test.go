@@ -1,11 +1,15 @@
 package fdhold
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // startHolder runs a holder in this process, as the holder process would.
@@ -168,5 +172,48 @@ func TestPutReplacesAndBadMessagesAreRefused(t *testing.T) {
 	}
 	if err := c.ack(); err == nil {
 		t.Fatal("an unknown message was accepted")
+	}
+}
+
+// TestMain lets Connect start this test binary as the holder.
+func TestMain(m *testing.M) {
+	if len(os.Args) > 1 && os.Args[1] == Command {
+		os.Exit(Main(os.Args[2:]))
+	}
+	os.Exit(m.Run())
+}
+
+// TestConnectStartsAHolderWithoutTheServiceEnv: a holder started under
+// systemd must not inherit the service's notify socket or activation.
+func TestConnectStartsAHolderWithoutTheServiceEnv(t *testing.T) {
+	t.Setenv("NOTIFY_SOCKET", "/run/systemd/notify") // as under Type=notify
+	t.Setenv("SHOAL_FDHOLD_TEST", "1")
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sock := filepath.Join(t.TempDir(), "fds.sock")
+	c, err := Connect(sock, exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	raw, err := c.conn.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) { cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil || credErr != nil {
+		t.Fatal(err, credErr)
+	}
+	t.Cleanup(func() { _ = unix.Kill(int(cred.Pid), unix.SIGKILL) })
+	environ, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", cred.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := "\x00" + string(environ)
+	if strings.Contains(env, "\x00NOTIFY_SOCKET=") || !strings.Contains(env, "\x00SHOAL_FDHOLD_TEST=1\x00") {
+		t.Errorf("holder (pid %d) environment: %q", cred.Pid, environ)
 	}
 }
