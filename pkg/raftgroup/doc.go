@@ -75,6 +75,17 @@
 // followers and candidates (votes, append responses) still wait for the
 // sync, and so do snapshots.
 //
+// Nor does a Ready's apply always wait for its own sync: when every entry
+// it commits is already durable on this replica (and on a quorum, being
+// committed) and none is a configuration change or snapshot, those
+// entries are applied, and their proposers answered, before the Ready's
+// new entries are persisted (appliesEarly) — as etcd's server applies
+// concurrently with its WAL write. Otherwise a leader's round that learns
+// one batch is committed and appends the next would answer the first only
+// after syncing the second. What a replica has applied stays within its
+// durable log, so a snapshot or a restart never finds the state machine
+// ahead of it.
+//
 // After sending, a MsgSnap is always followed by ReportSnapshot (finished or
 // failed), and a batch the transport refuses makes the host report every
 // replica in it unreachable. Raft's storage reads (Entries, Term, ...) only

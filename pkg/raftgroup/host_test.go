@@ -2,7 +2,10 @@ package raftgroup_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
@@ -345,4 +348,120 @@ func TestTransferLeadership(t *testing.T) {
 	}
 	write(t, c, to, 1, "b", "2")
 	converge(t, c, 1, 1, 2, 3)
+}
+
+// syncHookFS calls onSync before every sync of a journal segment file.
+type syncHookFS struct {
+	vfs.FS
+	onSync func()
+}
+
+type syncHookFile struct {
+	vfs.File
+	fs *syncHookFS
+}
+
+func (fs *syncHookFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
+	if err != nil || !strings.Contains(name, "/entries/") {
+		return f, err
+	}
+	return syncHookFile{File: f, fs: fs}, nil
+}
+
+func (fs *syncHookFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.Create(name, c)
+	return fs.wrap(name, f, err)
+}
+
+func (fs *syncHookFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
+	f, err := fs.FS.ReuseForWrite(oldname, newname, c)
+	return fs.wrap(newname, f, err)
+}
+
+func (f syncHookFile) hook() {
+	if f.fs.onSync != nil {
+		f.fs.onSync()
+	}
+}
+
+func (f syncHookFile) SyncData() error { f.hook(); return f.File.SyncData() }
+func (f syncHookFile) Sync() error     { f.hook(); return f.File.Sync() }
+
+// TestCommittedAnsweredBeforeNextSync: a leader round that learns a
+// proposal is committed and appends the next proposal answers the first
+// before it syncs the second (appliesEarly) — its proposer does not wait
+// for another write's sync — and both still commit everywhere.
+func TestCommittedAnsweredBeforeNextSync(t *testing.T) {
+	hooks := map[raftgroup.NodeID]*syncHookFS{}
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 11, Configure: func(cfg *raftgroup.Config) {
+		h := &syncHookFS{FS: cfg.FS}
+		hooks[cfg.NodeID] = h
+		cfg.FS = h
+	}})
+	c.CreateGroup(1, 1, 2, 3)
+	leader := c.WaitLeader(1, 100)
+	write(t, c, leader, 1, "warm", "up")
+	c.RunTicks(3)
+	var followers []raftgroup.NodeID
+	for _, n := range c.Up() {
+		if n != leader {
+			followers = append(followers, n)
+		}
+	}
+	before := c.Host(leader).Stats().EarlyApplies
+
+	// The leader appends, sends and syncs the first proposal; the
+	// followers append, sync and acknowledge it; the acknowledgements
+	// wait in the leader's inbox.
+	f1 := c.Host(leader).Submit(1, raftgroup.Proposal{Data: put("a", "1")})
+	c.Host(leader).Round()
+	c.Net.Deliver()
+	for _, n := range followers {
+		c.Host(n).Round()
+	}
+	c.Net.Deliver()
+	if isDone(f1) {
+		t.Fatal("first proposal answered before the followers' acknowledgements were handled")
+	}
+
+	// One leader round: the acknowledgements commit the first proposal,
+	// and the second is appended and synced.
+	f2 := c.Host(leader).Submit(1, raftgroup.Proposal{Data: put("b", "2")})
+	syncs, answeredAtSync := 0, false
+	hooks[leader].onSync = func() {
+		if syncs == 0 {
+			answeredAtSync = isDone(f1)
+		}
+		syncs++
+	}
+	c.Host(leader).Round()
+	hooks[leader].onSync = nil
+	if syncs == 0 {
+		t.Fatalf("the leader's round synced nothing\n%s", c.String(1))
+	}
+	if !answeredAtSync {
+		t.Fatalf("the committed proposal was answered only after the next proposal's sync\n%s", c.String(1))
+	}
+	if got := c.Host(leader).Stats().EarlyApplies - before; got == 0 {
+		t.Fatal("EarlyApplies did not count the round")
+	}
+	if _, err := rgt.Await(c, f1, 10); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rgt.Await(c, f2, 50); err != nil {
+		t.Fatal(err)
+	}
+	data := converge(t, c, 1, c.Up()...)
+	if data["a"] != "1" || data["b"] != "2" {
+		t.Fatalf("replicas hold %v", data)
+	}
+}
+
+func isDone[T any](f *raftgroup.Future[T]) bool {
+	select {
+	case <-f.Done():
+		return true
+	default:
+		return false
+	}
 }
