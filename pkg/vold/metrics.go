@@ -28,6 +28,9 @@ var metricHelp = map[string]string{
 	"raft_batches_sent_here_total": "Raft batches the Raft loop wrote to an idle connection itself (no hand-off to the connection's goroutine).",
 	"raft_batches_dropped_total":   "Raft batches dropped (queue full or peer unreachable).",
 	"raft_stream_failures_total":   "Raft connections that failed to open or broke.",
+	"raft_rounds_total":            "Rounds of the Raft loop (each handles what arrived since the last for every group).",
+	"raft_syncs_total":             "Synced journal writes (at most one per round).",
+	"raft_early_applies_total":     "Readies whose committed entries were applied before the Ready's own entries were synced.",
 }
 
 func newCollector(n *node) *collector {
@@ -63,6 +66,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		st := h.Stats()
 		emit("groups_awake", g, uint64(st.AwakeGroups))
 		emit("raft_entry_cache_bytes", g, st.EntryCacheBytes)
+		emit("raft_rounds_total", ct, st.Rounds)
+		emit("raft_syncs_total", ct, st.Syncs)
+		emit("raft_early_applies_total", ct, st.EarlyApplies)
 	}
 	n.mountMu.Lock()
 	emit("mounts", g, uint64(len(n.mounts)))
