@@ -24,6 +24,8 @@ type target struct {
 	label   string
 	dir     string
 	writers int
+	// total: the row's IOPS are those of all its writers together.
+	total bool
 }
 
 type seqResult struct {
@@ -40,6 +42,10 @@ type randRow struct {
 	errs    int
 	cpu     time.Duration // see runCPU
 	writers int           // 0 means 1
+	total   bool          // IOPS of all writers together, not per writer
+	// syncs and rounds are the journal syncs and Raft rounds of the
+	// three volds together per write (volume rows; from their metrics).
+	syncs, rounds float64
 }
 
 // cpuPerWrite is the run's CPU time (see runCPU) per acknowledged write.
@@ -50,12 +56,17 @@ func (r randRow) cpuPerWrite() time.Duration {
 	return r.cpu / time.Duration(len(r.lat))
 }
 
-// iops is the rate of one writer (the mean of several).
+// iops is the rate of one writer (the mean of several), or of all of
+// them together for a total row.
 func (r randRow) iops() float64 {
 	if r.elapsed <= 0 {
 		return 0
 	}
-	return float64(len(r.lat)) / float64(max(r.writers, 1)) / r.elapsed.Seconds()
+	n := float64(len(r.lat))
+	if !r.total {
+		n /= float64(max(r.writers, 1))
+	}
+	return n / r.elapsed.Seconds()
 }
 
 type randResult struct {
@@ -70,6 +81,12 @@ const (
 	rowLocal3   = "local filesystem, three writers at once (each)"
 	rowLeader   = "volume, mounted on the leader's node"
 	rowFollower = "volume, mounted on a follower's node"
+	// The several-writer rows of the random writes (-rand-writers): the
+	// rate of concurrent synchronous writers, which a volume's leader
+	// commits together (one journal sync and one message per follower for
+	// whatever is pending), against the same number on the local disk.
+	rowLocalMany  = "local filesystem, several writers at once (total)"
+	rowLeaderMany = "volume on the leader's node, several writers at once (total)"
 )
 
 // localWriters is the writer count of rowLocal3: one per replica.
@@ -84,7 +101,7 @@ func (b *bench) mountTargets(ctx context.Context, user string) ([]target, int, i
 	check(err)
 	fp, err := b.mount(ctx, follower, benchVol, user)
 	check(err)
-	return []target{{rowLocal, b.local, 1}, {rowLocal3, b.local, localWriters}, {rowLeader, lp, 1}, {rowFollower, fp, 1}}, leader, follower
+	return []target{{label: rowLocal, dir: b.local, writers: 1}, {label: rowLocal3, dir: b.local, writers: localWriters}, {label: rowLeader, dir: lp, writers: 1}, {label: rowFollower, dir: fp, writers: 1}}, leader, follower
 }
 
 // sequential writes c.seqMiB MiB in 1 MiB writes, then fsyncs, to each
@@ -189,6 +206,9 @@ func (b *bench) random(ctx context.Context) randResult {
 		b.unmount(ctx, leader, benchVol, "bench-rand")
 		b.unmount(ctx, follower, benchVol, "bench-rand")
 	}()
+	if n := c.randWriters; n > 1 {
+		targets = append(targets, target{label: rowLocalMany, dir: b.local, writers: n, total: true}, target{label: rowLeaderMany, dir: targets[2].dir, writers: n, total: true})
+	}
 	r := randResult{leader: leader, follower: follower, runs: map[string][]randRow{}}
 	for _, t := range targets {
 		r.rows = append(r.rows, t.label)
@@ -203,15 +223,23 @@ func (b *bench) random(ctx context.Context) randResult {
 	// mounts see the same file).
 	files := map[string][]string{}
 	var made []string
-	for w := range localWriters {
+	for w := range max(localWriters, c.randWriters) {
 		path := filepath.Join(b.local, fmt.Sprintf("rand-%d.dat", w))
-		files[rowLocal3] = append(files[rowLocal3], path)
+		files[rowLocalMany] = append(files[rowLocalMany], path)
 		made = append(made, path)
 	}
-	files[rowLocal] = files[rowLocal3][:1]
+	files[rowLocal3] = files[rowLocalMany][:localWriters]
+	files[rowLocal] = files[rowLocalMany][:1]
 	files[rowLeader] = []string{filepath.Join(targets[2].dir, "rand.dat")}
 	files[rowFollower] = []string{filepath.Join(targets[3].dir, "rand.dat")}
 	made = append(made, files[rowLeader][0])
+	for w := range c.randWriters {
+		if c.randWriters > 1 {
+			path := filepath.Join(targets[2].dir, fmt.Sprintf("rand-%d.dat", w))
+			files[rowLeaderMany] = append(files[rowLeaderMany], path)
+			made = append(made, path)
+		}
+	}
 	for _, path := range made {
 		if _, err := seqWrite(path, buf, size); err != nil {
 			fail("preallocate %s: %v", path, err)
@@ -226,6 +254,10 @@ func (b *bench) random(ctx context.Context) randResult {
 			t := targets[(k+rep)%len(targets)]
 			if ctx.Err() != nil {
 				fail("%v", ctx.Err())
+			}
+			var m0 []raftCounters
+			if t.dir != b.local {
+				m0 = b.raftCounters(ctx)
 			}
 			a := b.acct.Take()
 			rows := make([]randRow, t.writers)
@@ -249,10 +281,17 @@ func (b *bench) random(ctx context.Context) randResult {
 				row.errs += x.errs
 				row.elapsed = max(row.elapsed, x.elapsed)
 			}
-			row.writers = t.writers
+			row.writers, row.total = t.writers, t.total
 			row.cpu = cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime()
+			if m0 != nil && len(row.lat) > 0 {
+				m1 := b.raftCounters(ctx)
+				for i := range m1 {
+					row.syncs += float64(m1[i].syncs-m0[i].syncs) / float64(len(row.lat))
+					row.rounds += float64(m1[i].rounds-m0[i].rounds) / float64(len(row.lat))
+				}
+			}
 			r.runs[t.label] = append(r.runs[t.label], row)
-			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()))
+			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write, %.2f journal syncs and %.2f Raft rounds per write", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()), row.syncs, row.rounds)
 		}
 	}
 	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}

@@ -59,24 +59,25 @@ const (
 )
 
 type config struct {
-	bin        string
-	seqMiB     int
-	reps       int
-	randMiB    int
-	randDur    time.Duration
-	failovers  int
-	idleVols   int
-	idleWindow time.Duration
-	createPar  int
-	quiesceMax time.Duration
-	kvDur      time.Duration
-	kvClients  []int
-	timeout    time.Duration
-	settle     time.Duration
-	quiet      time.Duration
-	verbose    bool
-	profileDir string
-	profileFor time.Duration
+	bin         string
+	seqMiB      int
+	reps        int
+	randMiB     int
+	randDur     time.Duration
+	randWriters int
+	failovers   int
+	idleVols    int
+	idleWindow  time.Duration
+	createPar   int
+	quiesceMax  time.Duration
+	kvDur       time.Duration
+	kvClients   []int
+	timeout     time.Duration
+	settle      time.Duration
+	quiet       time.Duration
+	verbose     bool
+	profileDir  string
+	profileFor  time.Duration
 }
 
 func main() {
@@ -87,6 +88,7 @@ func main() {
 	flag.IntVar(&c.reps, "reps", 3, "interleaved repetitions of the sequential and random write runs")
 	flag.IntVar(&c.randMiB, "rand-file-mib", 16, "size of the file the random writes go to")
 	flag.DurationVar(&c.randDur, "rand-duration", 3*time.Second, "length of each random write run")
+	flag.IntVar(&c.randWriters, "rand-writers", 4, "writers at once, a file each, of the random writes' several-writer rows (local filesystem and the leader's mount); 0 or 1 leaves those rows out")
 	flag.IntVar(&c.failovers, "failovers", 3, "leader kill-and-restart cycles")
 	flag.IntVar(&c.idleVols, "idle-volumes", 1000, "idle volumes created for the idle cost")
 	flag.DurationVar(&c.idleWindow, "idle", 10*time.Second, "length of each idle CPU measurement")

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"fmt"
 	"io"
@@ -8,6 +9,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -61,12 +64,12 @@ func (b *bench) heapProfiles(ctx context.Context, phase string) {
 	}
 }
 
-// fetchProfile gets /debug/pprof/<query> from node i's vold metrics
-// address (inside the node's network namespace) and writes it to path.
-func (b *bench) fetchProfile(ctx context.Context, i int, query, path string) error {
+// nodeGet gets path from node i's vold metrics address (inside the
+// node's network namespace); the caller closes the body.
+func (b *bench) nodeGet(ctx context.Context, i int, path string, timeout time.Duration) (io.ReadCloser, error) {
 	hc := &http.Client{
-		Timeout: b.c.profileFor + 30*time.Second,
-		Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		Timeout: timeout,
+		Transport: &http.Transport{DisableKeepAlives: true, DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			var conn net.Conn
 			err := b.cl.InNetns(i, func() error {
 				var err error
@@ -76,25 +79,67 @@ func (b *bench) fetchProfile(ctx context.Context, i int, query, path string) err
 			return conn, err
 		}},
 	}
-	defer hc.CloseIdleConnections()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s/debug/pprof/%s", voldMetricsAddr, query), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("http://%s%s", voldMetricsAddr, path), nil)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		return fmt.Errorf("%s: %s", resp.Status, msg)
+		resp.Body.Close()
+		return nil, fmt.Errorf("%s: %s", resp.Status, msg)
 	}
+	return resp.Body, nil
+}
+
+// raftCounters is what a vold's metrics say of its Raft loop so far.
+type raftCounters struct{ syncs, rounds uint64 }
+
+// raftCounters reads every node's vold Raft counters (zero for a node
+// that does not answer).
+func (b *bench) raftCounters(ctx context.Context) []raftCounters {
+	out := make([]raftCounters, nodes)
+	for i := range out {
+		body, err := b.nodeGet(ctx, i+1, "/metrics", 5*time.Second)
+		if err != nil {
+			progress("metrics of node %d's vold: %v", i+1, err)
+			continue
+		}
+		sc := bufio.NewScanner(body)
+		for sc.Scan() {
+			name, v, ok := strings.Cut(sc.Text(), " ")
+			if !ok {
+				continue
+			}
+			n, _ := strconv.ParseFloat(v, 64)
+			switch name {
+			case "shoal_vold_raft_syncs_total":
+				out[i].syncs = uint64(n)
+			case "shoal_vold_raft_rounds_total":
+				out[i].rounds = uint64(n)
+			}
+		}
+		body.Close()
+	}
+	return out
+}
+
+// fetchProfile gets /debug/pprof/<query> from node i's vold and writes it
+// to path.
+func (b *bench) fetchProfile(ctx context.Context, i int, query, path string) error {
+	body, err := b.nodeGet(ctx, i, "/debug/pprof/"+query, b.c.profileFor+30*time.Second)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
 	f, err := os.Create(path)
 	if err != nil {
 		return err
 	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
+	if _, err := io.Copy(f, body); err != nil {
 		f.Close()
 		return err
 	}
