@@ -3,6 +3,7 @@ package vold
 import (
 	"context"
 	"fmt"
+	"github.com/shoal-dev/shoal/pkg/hugeheap"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -86,6 +87,13 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		return nil, err
 	}
 	rt.Log.Debug("go scheduler", "gomaxprocs", applyMaxProcs(cfg.MaxProcs), "cpus", runtime.NumCPU())
+	if ownProcess && cfg.HugePages {
+		if n, err := hugeheap.Enable(hugePremap); err != nil {
+			rt.Log.Info("transparent huge pages not advised", "err", err)
+		} else {
+			rt.Log.Debug("transparent huge pages advised", "mappings", n)
+		}
+	}
 	if cfg.MountDir == "" {
 		cfg.MountDir = filepath.Join(cfg.StateDir, "mounts")
 	}

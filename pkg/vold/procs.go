@@ -42,3 +42,9 @@ func applyMaxProcs(configured int) int {
 	}
 	return runtime.GOMAXPROCS(0)
 }
+
+// hugePremap is the heap address space mapped ahead when huge pages are
+// advised (hugeheap.Enable): it is never touched unless used, and spares
+// a fresh volume's first writes the small pages of heap growth that the
+// next collection has not advised yet.
+const hugePremap = 256 << 20
