@@ -86,7 +86,7 @@ fuzz:
 e2e: build
 	SHOAL_BIN_DIR=$(CURDIR)/bin $(GO) test -count=1 -timeout 20m ./test/e2e/...
 
-bench: build
+bench: deps build
 	./bench/run.sh
 
 # test-image writes bin/busybox.tar: an OCI archive of local/busybox:latest
