@@ -3,7 +3,6 @@ package vold
 import (
 	"context"
 	"fmt"
-	"github.com/shoal-dev/shoal/pkg/hugeheap"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -14,6 +13,7 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/daemon"
+	"github.com/shoal-dev/shoal/pkg/hugeheap"
 	"github.com/shoal-dev/shoal/pkg/peerauth"
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
