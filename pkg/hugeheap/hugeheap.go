@@ -68,36 +68,35 @@ func AnonymousRW(maps []byte) []Mapping {
 }
 
 var (
-	mu      sync.Mutex
-	advised = map[Mapping]bool{}
-	enabled bool
+	// mu guards advised; enableMu makes Enable run once at a time.
+	mu       sync.Mutex
+	advised  = map[Mapping]bool{}
+	enableMu sync.Mutex
+	enabled  bool
 )
 
 // Enable advises huge pages for the process's anonymous memory now and
 // after every garbage collection from now on. premap bytes of heap
 // address space are mapped first (0: none). It returns how many mappings
 // it advised now; an error means the kernel refused (no THP support), and
-// nothing is left running.
+// nothing is left running. Later calls do nothing.
 func Enable(premap int) (int, error) {
-	mu.Lock()
+	enableMu.Lock()
+	defer enableMu.Unlock()
 	if enabled {
-		mu.Unlock()
 		return 0, nil
 	}
-	mu.Unlock()
 	if premap > 0 {
-		ballast := make([]byte, premap)
-		runtime.KeepAlive(ballast)
-		ballast = nil
+		// Allocated, never touched, dropped: the heap's mapping grows by
+		// it, and it is advised below before anything uses it.
+		runtime.KeepAlive(make([]byte, premap))
 		runtime.GC()
 	}
 	n, err := advise()
 	if err != nil {
 		return n, err
 	}
-	mu.Lock()
 	enabled = true
-	mu.Unlock()
 	afterEveryGC(func() { _, _ = advise() })
 	return n, nil
 }
