@@ -234,11 +234,12 @@ func (b *bench) random(ctx context.Context) randResult {
 	files[rowFollower] = []string{filepath.Join(targets[3].dir, "rand.dat")}
 	made = append(made, files[rowLeader][0])
 	for w := range c.randWriters {
-		if c.randWriters > 1 {
-			path := filepath.Join(targets[2].dir, fmt.Sprintf("rand-%d.dat", w))
-			files[rowLeaderMany] = append(files[rowLeaderMany], path)
-			made = append(made, path)
+		if c.randWriters < 2 {
+			break // no several-writer rows
 		}
+		path := filepath.Join(targets[2].dir, fmt.Sprintf("rand-%d.dat", w))
+		files[rowLeaderMany] = append(files[rowLeaderMany], path)
+		made = append(made, path)
 	}
 	for _, path := range made {
 		if _, err := seqWrite(path, buf, size); err != nil {

@@ -72,50 +72,64 @@ func (r *results) printRand(c config) {
 	fmt.Printf("One thread writing 4 KiB blocks (`pwrite`) at random 4 KiB-aligned offsets of a preallocated %d MiB file opened with O_DSYNC, for %v per run, %d runs per target interleaved as above (three writers at once write a file each); the same targets (the volume mounted on node %d, the leader, and node %d, a follower). Latency is per write, over all runs. On the local filesystem each write waits for the disk (this is the disk's synchronous write rate, the context of the KV figures below); in the volume each write is a Raft proposal committed on a quorum (each replica's log write is a record synced in its raft journal) and applied; the mount answers FSYNC with ENOSYS, so O_DSYNC costs no second round trip.\n\n",
 		c.randMiB, c.randDur, c.reps, s.leader, s.follower)
 	fmt.Printf("| written to | IOPS per run | median IOPS | p50 | p99 | max | CPU per write | journal syncs / Raft rounds per write | × local | × each of three local writers |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
-	iops := func(row string) float64 {
-		var xs []float64
-		for _, x := range s.runs[row] {
-			xs = append(xs, x.iops())
-		}
-		return median(xs)
-	}
+	iops := s.medianIOPS
 	local, local3 := iops(rowLocal), iops(rowLocal3)
 	ok := true
 	for _, row := range s.rows {
 		if row == rowLocalMany || row == rowLeaderMany {
 			continue // printRandMany
 		}
-		var parts []string
-		var lat []time.Duration
-		errs := 0
-		for _, x := range s.runs[row] {
-			parts = append(parts, fmt.Sprintf("%.0f", x.iops()))
-			lat = append(lat, x.lat...)
-			errs += x.errs
-		}
+		sum := s.summary(row)
 		m := iops(row)
 		rat, rat3 := "–", "–"
 		if isVolume(row) {
 			rat, rat3 = fmt.Sprintf("%.2f×", m/local), fmt.Sprintf("%.2f×", m/local3)
 			ok = ok && m/local >= randGoal
 		}
-		name := row
-		if errs > 0 {
-			name += fmt.Sprintf(" (%d failed writes)", errs)
-		}
 		var worst time.Duration
-		if len(lat) > 0 {
-			worst = slices.Max(lat)
+		if len(sum.lat) > 0 {
+			worst = slices.Max(sum.lat)
 		}
-		var cpus []time.Duration
-		for _, x := range s.runs[row] {
-			cpus = append(cpus, x.cpuPerWrite())
-		}
-		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", name, strings.Join(parts, ", "), m, dur(pctl(lat, 0.5)), dur(pctl(lat, 0.99)), dur(worst), dur(medianDur(cpus)), s.raftPerWrite(row), rat, rat3)
+		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", sum.name, sum.perRun, m, dur(pctl(sum.lat, 0.5)), dur(pctl(sum.lat, 0.99)), dur(worst), dur(sum.cpu), s.raftPerWrite(row), rat, rat3)
 	}
 	fmt.Printf("\n%s IOPS are per writer.\n\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. *Journal syncs / Raft rounds per write*: the medians over the runs of the three volds' synced journal writes and Raft loop rounds together (shoal_vold_raft_syncs_total, shoal_vold_raft_rounds_total) per write; three syncs per write means none was shared. Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
 		threeWritersNote, s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
-	r.printRandMany(c, iops)
+	r.printRandMany(c)
+}
+
+// medianIOPS is a row's median IOPS over its runs.
+func (s randResult) medianIOPS(row string) float64 {
+	var xs []float64
+	for _, x := range s.runs[row] {
+		xs = append(xs, x.iops())
+	}
+	return median(xs)
+}
+
+// rowSummary is what both random-write tables print of a row's runs.
+type rowSummary struct {
+	name   string          // the row, with its failed writes if any
+	perRun string          // IOPS of each run
+	lat    []time.Duration // of every write of every run
+	cpu    time.Duration   // median CPU per write
+}
+
+func (s randResult) summary(row string) rowSummary {
+	var parts []string
+	var cpus []time.Duration
+	sum := rowSummary{name: row}
+	errs := 0
+	for _, x := range s.runs[row] {
+		parts = append(parts, fmt.Sprintf("%.0f", x.iops()))
+		sum.lat = append(sum.lat, x.lat...)
+		cpus = append(cpus, x.cpuPerWrite())
+		errs += x.errs
+	}
+	if errs > 0 {
+		sum.name += fmt.Sprintf(" (%d failed writes)", errs)
+	}
+	sum.perRun, sum.cpu = strings.Join(parts, ", "), medianDur(cpus)
+	return sum
 }
 
 // raftPerWrite is a volume row's journal syncs and Raft rounds per write
@@ -135,34 +149,22 @@ func (s randResult) raftPerWrite(row string) string {
 
 // printRandMany prints the several-writer rows: not the goal's measure
 // (one writer), but what a database with concurrent commits gets.
-func (r *results) printRandMany(c config, iops func(string) float64) {
+func (r *results) printRandMany(c config) {
 	s := r.rnd
 	if len(s.runs[rowLeaderMany]) == 0 {
 		return
 	}
 	fmt.Printf("The same with %d writers at once, each writing its own file in the same way (the local files, and %d files in the volume through the leader's mount), in the same interleaved runs. IOPS are those of all writers together. Not the goal's measure, which is one writer: what a service with concurrent synchronous writers (a database's commits) gets, since the leader commits together whatever is pending — one journal record and sync per replica and one message per follower — where each local writer's write waits for its own sync.\n\n", c.randWriters, c.randWriters)
 	fmt.Printf("| written to | IOPS per run | median IOPS | p50 | p99 | CPU per write | journal syncs / Raft rounds per write | × local, same writers |\n|---|---|---:|---:|---:|---:|---:|---:|\n")
-	local := iops(rowLocalMany)
+	local := s.medianIOPS(rowLocalMany)
 	for _, row := range []string{rowLocalMany, rowLeaderMany} {
-		var parts []string
-		var lat []time.Duration
-		var cpus []time.Duration
-		errs := 0
-		for _, x := range s.runs[row] {
-			parts = append(parts, fmt.Sprintf("%.0f", x.iops()))
-			lat = append(lat, x.lat...)
-			cpus = append(cpus, x.cpuPerWrite())
-			errs += x.errs
-		}
-		name := row
-		if errs > 0 {
-			name += fmt.Sprintf(" (%d failed writes)", errs)
-		}
+		sum := s.summary(row)
+		m := s.medianIOPS(row)
 		rat := "–"
 		if row == rowLeaderMany && local > 0 {
-			rat = fmt.Sprintf("%.2f×", iops(row)/local)
+			rat = fmt.Sprintf("%.2f×", m/local)
 		}
-		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s | %s |\n", name, strings.Join(parts, ", "), iops(row), dur(pctl(lat, 0.5)), dur(pctl(lat, 0.99)), dur(medianDur(cpus)), s.raftPerWrite(row), rat)
+		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s | %s |\n", sum.name, sum.perRun, m, dur(pctl(sum.lat, 0.5)), dur(pctl(sum.lat, 0.99)), dur(sum.cpu), s.raftPerWrite(row), rat)
 	}
 	fmt.Printf("\n")
 }
@@ -225,13 +227,7 @@ func (r *results) printKV(c config) {
 	fmt.Printf("\nNo goal is set for the KV API; *other CPU* is the CPUs other processes used during the run.\n\n")
 }
 
-func (r *results) localIOPS() float64 {
-	var xs []float64
-	for _, x := range r.rnd.runs[rowLocal] {
-		xs = append(xs, x.iops())
-	}
-	return median(xs)
-}
+func (r *results) localIOPS() float64 { return r.rnd.medianIOPS(rowLocal) }
 
 func (r *results) printIdle(c config) {
 	fmt.Printf("### Idle cost of volumes\n\n")
