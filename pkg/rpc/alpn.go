@@ -1,6 +1,7 @@
 package rpc
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -175,7 +176,8 @@ func (l *ALPNListener) untrack(raw net.Conn) {
 // or hands the connection to Accept.
 func (l *ALPNListener) serve(raw net.Conn) {
 	defer l.wg.Done()
-	c := tls.Server(raw, l.cfg)
+	ra := &readAhead{Conn: raw}
+	c := tls.Server(ra, l.cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), HandshakeTimeout)
 	err := c.HandshakeContext(ctx)
 	cancel()
@@ -186,6 +188,7 @@ func (l *ALPNListener) serve(raw net.Conn) {
 		return
 	}
 	if h := l.handlers[c.ConnectionState().NegotiatedProtocol]; h != nil {
+		ra.r = bufio.NewReaderSize(raw, handlerReadAhead)
 		h(c)
 		l.untrack(raw)
 		// NB: closing raw rather than c sends no close_notify, which could
@@ -200,6 +203,28 @@ func (l *ALPNListener) serve(raw net.Conn) {
 	case <-l.done:
 		raw.Close()
 	}
+}
+
+// handlerReadAhead is what a handler's connection reads from the socket
+// at once (see readAhead).
+const handlerReadAhead = 256 << 10
+
+// readAhead sits under the TLS of an accepted connection. tls.Conn reads
+// about one record (16 KiB of data at most) per read syscall; once r is
+// set, which serve does for the handlers' connections after their
+// handshake, whatever the socket holds is read at once, up to r's size.
+// gRPC's connections, buffered above TLS already and many of them idle,
+// read straight through.
+type readAhead struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *readAhead) Read(p []byte) (int, error) {
+	if c.r == nil {
+		return c.Conn.Read(p)
+	}
+	return c.r.Read(p)
 }
 
 // HandshakenTLS returns the transport credentials of a grpc.Server that

@@ -227,7 +227,7 @@ func (p *peerPool) raftDialer(names *nodeNames) raftDialer {
 		// Frames are written whole; small records at the start of a
 		// connection only cost more of them.
 		cfg.DynamicRecordSizingDisabled = true
-		c := tls.Client(raw, cfg)
+		c := newGatheredTLS(raw, cfg)
 		if err := c.HandshakeContext(ctx); err != nil {
 			raw.Close()
 			return nil, fmt.Errorf("raft handshake with node %s at %s: %w", node, addr, err)

@@ -36,7 +36,9 @@ import (
 // and one for snapshots, so that a large snapshot being sent never holds
 // up the heartbeats of every other group between the same two nodes. A
 // lane writes whatever is queued when it wakes (up to coalesceBytes) in
-// one write. But when a lane is connected, idle and has nothing queued,
+// one write, which reaches the socket as one write syscall, not one per
+// TLS record (gatherConn), and the receiver reads what its socket holds
+// at once (rpc.ALPNListener's read-ahead). But when a lane is connected, idle and has nothing queued,
 // Send writes a small batch (most are: votes, appends of small entries,
 // their answers) itself (sendHere): its frame fits the socket's buffer, so
 // the write does not wait, and the lane's goroutine is not woken for it.
