@@ -309,11 +309,20 @@ type snapshotData struct {
 }
 
 func (s *snapshotData) encode() []byte {
+	b := s.header()
+	if s.hasFSM {
+		return append(b, s.fsm...)
+	}
+	return b
+}
+
+// header is the encoding up to the state machine's snapshot, which follows
+// it to the end.
+func (s *snapshotData) header() []byte {
 	b := []byte{snapV1}
 	b = appendBytes(b, s.meta.encode())
 	if s.hasFSM {
-		b = append(b, 1)
-		return append(b, s.fsm...)
+		return append(b, 1)
 	}
 	return append(b, 0)
 }

@@ -696,6 +696,20 @@ func (g *group) snapshotForSend() (*pb.Snapshot, error) {
 	return snap, nil
 }
 
+// snapshotData encodes the group's meta and its state machine's snapshot.
+func (g *group) snapshotData() ([]byte, error) {
+	sd := snapshotData{meta: g.meta, hasFSM: true}
+	if a, ok := g.fsm.(SnapshotAppender); ok {
+		return a.AppendSnapshot(sd.header())
+	}
+	data, err := g.fsm.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	sd.fsm = data
+	return sd.encode(), nil
+}
+
 // takeSnapshot snapshots the state machine at the applied index and
 // stores it as the group's latest snapshot.
 func (g *group) takeSnapshot() (*pb.Snapshot, error) {
@@ -708,17 +722,16 @@ func (g *group) takeSnapshot() (*pb.Snapshot, error) {
 	if s := g.st.snap; s != nil && s.GetIndex() >= g.applied {
 		return g.st.loadSnapshot()
 	}
-	data, err := g.fsm.Snapshot()
-	if err != nil {
-		return nil, err
-	}
 	term, err := g.st.Term(g.applied)
 	if err != nil {
 		return nil, err
 	}
-	sd := snapshotData{meta: g.meta, hasFSM: true, fsm: data}
+	data, err := g.snapshotData()
+	if err != nil {
+		return nil, err
+	}
 	snap := &pb.Snapshot{
-		Data: sd.encode(),
+		Data: data,
 		Metadata: &pb.SnapshotMetadata{
 			Index:     new(g.applied),
 			Term:      new(term),

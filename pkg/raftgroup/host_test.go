@@ -14,6 +14,9 @@ import (
 func put(k, v string) []byte { return rgt.KVOp{Op: "put", Key: k, Value: v}.Encode() }
 
 func kvOf(c *rgt.Cluster, n raftgroup.NodeID, g raftgroup.GroupID) *rgt.KV {
+	if a, ok := c.SM(n, g).(*rgt.AppendingKV); ok {
+		return a.KV
+	}
 	return c.SM(n, g).(*rgt.KV)
 }
 
@@ -146,11 +149,25 @@ func TestCrashRestartCatchesUp(t *testing.T) {
 	}
 }
 
+// A replica that missed compacted entries gets a snapshot, from a state
+// machine that returns it (Snapshot) or appends it to the host's header
+// (SnapshotAppender).
 func TestCatchUpBySnapshot(t *testing.T) {
-	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 5, Configure: func(cfg *raftgroup.Config) {
+	t.Run("Snapshot", func(t *testing.T) { testCatchUpBySnapshot(t, false) })
+	t.Run("AppendSnapshot", func(t *testing.T) { testCatchUpBySnapshot(t, true) })
+}
+
+func testCatchUpBySnapshot(t *testing.T, appending bool) {
+	opts := rgt.Options{Nodes: 3, Seed: 5, Configure: func(cfg *raftgroup.Config) {
 		cfg.SnapshotEntries = 10
 		cfg.CompactionMargin = 2
-	}})
+	}}
+	if appending {
+		opts.NewStateMachine = func(raftgroup.NodeID, raftgroup.GroupID) raftgroup.StateMachine {
+			return &rgt.AppendingKV{KV: rgt.NewKV()}
+		}
+	}
+	c := rgt.New(t, opts)
 	// Sends to the crashed node fail: the leader reports it unreachable
 	// (and its snapshots as failed) instead of losing batches silently.
 	c.Net.SendErrors = true
@@ -188,6 +205,11 @@ func TestCatchUpBySnapshot(t *testing.T) {
 	l = c.WaitLeader(1, 100)
 	write(t, c, l, 1, "after", "y")
 	converge(t, c, 1, 1, 2, 3)
+	if appending {
+		if a := c.SM(l, 1).(*rgt.AppendingKV).Appends.Load(); a == 0 {
+			t.Fatal("the leader's snapshots were not appended by its state machine")
+		}
+	}
 }
 
 func TestPartitionedMinorityCannotCommit(t *testing.T) {

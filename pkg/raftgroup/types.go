@@ -103,6 +103,14 @@ type StateMachine interface {
 	Restore(data []byte) error
 }
 
+// SnapshotAppender is a StateMachine that can append its snapshot (what
+// Snapshot returns) to a buffer. The host uses it when it can: a large
+// state is then copied once, into the buffer the host stores, not a second
+// time behind the host's own header.
+type SnapshotAppender interface {
+	AppendSnapshot(dst []byte) ([]byte, error)
+}
+
 // Result is the outcome of an applied proposal.
 type Result struct {
 	// Index is the log index the proposal was applied at.

@@ -137,3 +137,6 @@ func (n *node) setLimit(ctx context.Context, name string, d *volumeDoc) error {
 	c := &volfs.Client{B: &volumeBackend{n: n, name: name, fixed: d}}
 	return c.SetLimit(ctx, d.SizeBytes)
 }
+
+// A volume's snapshot (its whole filesystem, data included) is copied once.
+var _ raftgroup.SnapshotAppender = (*volfs.FS)(nil)

@@ -202,12 +202,16 @@ const snapshotVersion = 1
 // Snapshot implements raftgroup.StateMachine: the whole state, inodes in
 // number order and directory entries in name order, so equal states give
 // equal bytes.
-func (fs *FS) Snapshot() ([]byte, error) {
+func (fs *FS) Snapshot() ([]byte, error) { return fs.AppendSnapshot(nil) }
+
+// AppendSnapshot implements raftgroup.SnapshotAppender: Snapshot's bytes
+// appended to dst, whose room is made once, for the whole state.
+func (fs *FS) AppendSnapshot(dst []byte) ([]byte, error) {
 	fs.mu.RLock()
 	defer fs.mu.RUnlock()
-	var buf bytes.Buffer
+	buf := bytes.NewBuffer(dst)
 	buf.Grow(int(fs.used) + 128*len(fs.inodes))
-	fs.writeState(&buf, true)
+	fs.writeState(buf, true)
 	return buf.Bytes(), nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 )
@@ -95,6 +96,21 @@ func (kv *KV) Snapshot() ([]byte, error) {
 	kv.mu.RLock()
 	defer kv.mu.RUnlock()
 	return json.Marshal(kvSnap{Data: kv.data, Applied: kv.applied})
+}
+
+// AppendingKV is a KV that also implements raftgroup.SnapshotAppender,
+// for tests of the host's path for such machines.
+type AppendingKV struct {
+	*KV
+	// Appends counts AppendSnapshot's calls.
+	Appends atomic.Int64
+}
+
+// AppendSnapshot implements raftgroup.SnapshotAppender.
+func (a *AppendingKV) AppendSnapshot(dst []byte) ([]byte, error) {
+	a.Appends.Add(1)
+	b, err := a.KV.Snapshot()
+	return append(dst, b...), err
 }
 
 type kvSnap struct {
