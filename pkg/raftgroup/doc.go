@@ -86,6 +86,14 @@
 // durable log, so a snapshot or a restart never finds the state machine
 // ahead of it.
 //
+// A leader holds back the appends that only carry a new commit index
+// when no follower waits for them: every entry they commit was proposed
+// on the leader's node and waits for no quorum to apply it. The next
+// append to that follower carries the index anyway, and the next tick
+// sends what is still held (lazycommit.go). A follower's own proposals
+// and quorum-waiting ones are told at once; reads on followers go
+// through a ReadIndex, whose heartbeat carries the index.
+//
 // After sending, a MsgSnap is always followed by ReportSnapshot (finished or
 // failed), and a batch the transport refuses makes the host report every
 // replica in it unreachable. Raft's storage reads (Entries, Term, ...) only

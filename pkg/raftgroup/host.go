@@ -191,6 +191,8 @@ type Host struct {
 	peersStale bool
 	out        map[NodeID]*Batch
 	snapsSent  []sentSnap
+	// held are the commit notices held back (lazycommit.go).
+	held map[heldKey]heldNotice
 	// acks lists, per node, the groups whose applied index to report.
 	acks map[NodeID]map[GroupID]*group
 	// appliedSome lists groups that applied entries this round.
@@ -220,6 +222,10 @@ type Stats struct {
 	QuiesceEntered  uint64
 	ProposalRetries uint64
 	EarlyApplies    uint64 // Readies applied before their sync (appliesEarly)
+	// NoticesHeld counts the commit notices held back (lazycommit.go), and
+	// NoticesReleased those of them sent at a tick rather than superseded.
+	NoticesHeld     uint64
+	NoticesReleased uint64
 
 	// Gauges, at the time of the call.
 	AwakeGroups     int    // groups ticking (not quiesced)
@@ -263,6 +269,7 @@ func Open(cfg Config) (*Host, error) {
 		busy:        map[GroupID]*group{},
 		peers:       map[NodeID]*peer{},
 		out:         map[NodeID]*Batch{},
+		held:        map[heldKey]heldNotice{},
 		acks:        map[NodeID]map[GroupID]*group{},
 		appliedSome: map[GroupID]*group{},
 		attention:   map[GroupID]*group{},
@@ -589,7 +596,7 @@ func (h *Host) handleReadies() {
 		anyEarly := false
 		for i := range rds {
 			if early[i] = sendsEarly(rds[i].g, &rds[i].rd); early[i] {
-				h.route(rds[i].g, rds[i].rd.Messages)
+				h.route(rds[i].g, rds[i].rd.Messages, noticeHolder(rds[i].g, &rds[i].rd))
 				anyEarly = true
 			}
 		}
@@ -645,7 +652,7 @@ func (h *Host) handleReadies() {
 		// 3. Send (into the outbox, flushed at the end of the round).
 		for i := range rds {
 			if !early[i] {
-				h.route(rds[i].g, rds[i].rd.Messages)
+				h.route(rds[i].g, rds[i].rd.Messages, noticeHolder(rds[i].g, &rds[i].rd))
 			}
 		}
 		// 4. Apply.
@@ -757,8 +764,9 @@ func (h *Host) outbox(n NodeID) *Batch {
 }
 
 // route queues a group's outbound Raft messages by destination node,
-// coalescing plain heartbeats.
-func (h *Host) route(g *group, msgs []*pb.Message) {
+// coalescing plain heartbeats, and holds back the commit notices hold
+// allows (nil: none; see lazycommit.go).
+func (h *Host) route(g *group, msgs []*pb.Message, hold func(NodeID) bool) {
 	for _, m := range msgs {
 		to := ReplicaID(m.GetTo())
 		n, ok := g.nodeOf(to)
@@ -769,6 +777,15 @@ func (h *Host) route(g *group, msgs []*pb.Message) {
 			}
 			h.markDirty(g)
 			continue
+		}
+		if m.GetType() == pb.MsgApp {
+			// Any append carries the commit index: a held notice is moot.
+			delete(h.held, heldKey{g.id, to})
+			if hold != nil && commitNotice(m) && hold(n) {
+				h.held[heldKey{g.id, to}] = heldNotice{n: n, msg: m}
+				h.stats.NoticesHeld++
+				continue
+			}
 		}
 		var b *Batch
 		if m.GetType() != pb.MsgSnap {

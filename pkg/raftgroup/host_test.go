@@ -55,6 +55,23 @@ func write(t *testing.T, c *rgt.Cluster, n raftgroup.NodeID, g raftgroup.GroupID
 	return res
 }
 
+// settledGroup creates group 1 on nodes 1 to 3 and returns its leader and
+// followers once a write went through and a few ticks passed.
+func settledGroup(t *testing.T, c *rgt.Cluster) (raftgroup.NodeID, []raftgroup.NodeID) {
+	t.Helper()
+	c.CreateGroup(1, 1, 2, 3)
+	leader := c.WaitLeader(1, 100)
+	write(t, c, leader, 1, "warm", "up")
+	c.RunTicks(3)
+	var followers []raftgroup.NodeID
+	for _, n := range c.Up() {
+		if n != leader {
+			followers = append(followers, n)
+		}
+	}
+	return leader, followers
+}
+
 // converge ticks until every live replica of g applied the same index and
 // holds the same data, and returns that data.
 func converge(t *testing.T, c *rgt.Cluster, g raftgroup.GroupID, nodes ...raftgroup.NodeID) map[string]string {
@@ -420,16 +437,7 @@ func TestCommittedAnsweredBeforeNextSync(t *testing.T) {
 		hooks[cfg.NodeID] = h
 		cfg.FS = h
 	}})
-	c.CreateGroup(1, 1, 2, 3)
-	leader := c.WaitLeader(1, 100)
-	write(t, c, leader, 1, "warm", "up")
-	c.RunTicks(3)
-	var followers []raftgroup.NodeID
-	for _, n := range c.Up() {
-		if n != leader {
-			followers = append(followers, n)
-		}
-	}
+	leader, followers := settledGroup(t, c)
 	before := c.Host(leader).Stats().EarlyApplies
 
 	// The leader appends, sends and syncs the first proposal; the

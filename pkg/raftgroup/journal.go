@@ -376,16 +376,30 @@ func (j *journal) addRef(g GroupID, index, seg uint64) {
 }
 
 // release drops group g's references up to index (its log was truncated).
-func (j *journal) release(g GroupID, index uint64) {
+// It reports whether a segment lost its last reference.
+func (j *journal) release(g GroupID, index uint64) bool {
+	dropped := false
 	for seg, m := range j.refs {
 		if i, ok := m[g]; ok && i <= index {
 			delete(m, g)
 			if len(m) == 0 {
 				delete(j.refs, seg)
 				j.released()
+				dropped = true
 			}
 		}
 	}
+	return dropped
+}
+
+// releasedWritten notes that the references just dropped were dropped by
+// the batch written last: its record, not the next one, is what must be
+// durable before their segments go. A truncation is often a group's last
+// write before it falls idle, and no next record may come for a long
+// time. (The host's loop stages and writes one batch at a time, so no
+// release of a batch not yet written is pending.)
+func (j *journal) releasedWritten() {
+	j.releasedAt, j.releasePending = max(j.releasedAt, j.seq), false
 }
 
 // dropGroup drops every reference of group g (its log and snapshot are

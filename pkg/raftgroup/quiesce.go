@@ -10,6 +10,7 @@ import (
 // retries and liveness pings.
 func (h *Host) tickOnce() {
 	h.tick++
+	h.releaseNotices()
 	h.checkLiveness()
 	for _, id := range h.sortedGroups(h.awake) {
 		g := h.awake[id]

@@ -473,7 +473,10 @@ func (s *groupStorage) stageCompact(b *pebble.Batch, index uint64) (func(), erro
 	return func() {
 		s.trunc = t
 		s.cache.dropTo(index)
-		s.jnl.release(s.g, index)
+		if s.jnl.release(s.g, index) {
+			// The commit closure runs once b is written (maybeCompact).
+			s.jnl.releasedWritten()
+		}
 	}, nil
 }
 

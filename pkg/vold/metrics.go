@@ -11,26 +11,28 @@ type collector struct {
 }
 
 var metricHelp = map[string]string{
-	"groups":                       "Raft groups this node holds a replica of.",
-	"groups_leading":               "Raft groups whose leader is this node's replica.",
-	"groups_awake":                 "Raft groups ticking on this node (not quiesced).",
-	"raft_entry_cache_bytes":       "Bytes of log entries the groups keep in memory (idle groups keep none).",
-	"mounts":                       "Volumes mounted on this node.",
-	"proposals_total":              "Proposals made through this node's replicas.",
-	"forwarded_out_total":          "Requests forwarded to other nodes' replicas.",
-	"forwarded_in_total":           "Requests other nodes forwarded here.",
-	"forward_errors_total":         "Forwarded requests that failed.",
-	"replicas_created_total":       "Replicas created or joined on this node.",
-	"replicas_destroyed_total":     "Replicas destroyed on this node.",
-	"replicas_replaced_total":      "Dead replicas this node replaced as leader.",
-	"raft_batches_sent_total":      "Raft batches sent to other nodes.",
-	"raft_bytes_sent_total":        "Bytes of Raft batches sent to other nodes.",
-	"raft_batches_sent_here_total": "Raft batches the Raft loop wrote to an idle connection itself (no hand-off to the connection's goroutine).",
-	"raft_batches_dropped_total":   "Raft batches dropped (queue full or peer unreachable).",
-	"raft_stream_failures_total":   "Raft connections that failed to open or broke.",
-	"raft_rounds_total":            "Rounds of the Raft loop (each handles what arrived since the last for every group).",
-	"raft_syncs_total":             "Synced journal writes (at most one per round).",
-	"raft_early_applies_total":     "Readies whose committed entries were applied before the Ready's own entries were synced.",
+	"groups":                             "Raft groups this node holds a replica of.",
+	"groups_leading":                     "Raft groups whose leader is this node's replica.",
+	"groups_awake":                       "Raft groups ticking on this node (not quiesced).",
+	"raft_entry_cache_bytes":             "Bytes of log entries the groups keep in memory (idle groups keep none).",
+	"mounts":                             "Volumes mounted on this node.",
+	"proposals_total":                    "Proposals made through this node's replicas.",
+	"forwarded_out_total":                "Requests forwarded to other nodes' replicas.",
+	"forwarded_in_total":                 "Requests other nodes forwarded here.",
+	"forward_errors_total":               "Forwarded requests that failed.",
+	"replicas_created_total":             "Replicas created or joined on this node.",
+	"replicas_destroyed_total":           "Replicas destroyed on this node.",
+	"replicas_replaced_total":            "Dead replicas this node replaced as leader.",
+	"raft_batches_sent_total":            "Raft batches sent to other nodes.",
+	"raft_bytes_sent_total":              "Bytes of Raft batches sent to other nodes.",
+	"raft_batches_sent_here_total":       "Raft batches the Raft loop wrote to an idle connection itself (no hand-off to the connection's goroutine).",
+	"raft_batches_dropped_total":         "Raft batches dropped (queue full or peer unreachable).",
+	"raft_stream_failures_total":         "Raft connections that failed to open or broke.",
+	"raft_rounds_total":                  "Rounds of the Raft loop (each handles what arrived since the last for every group).",
+	"raft_syncs_total":                   "Synced journal writes (at most one per round).",
+	"raft_early_applies_total":           "Readies whose committed entries were applied before the Ready's own entries were synced.",
+	"raft_commit_notices_held_total":     "Commit-only appends a leader held back because no follower waits for them (superseded by the next append or sent at the next tick).",
+	"raft_commit_notices_released_total": "Held commit-only appends sent at a tick rather than superseded by an append.",
 }
 
 func newCollector(n *node) *collector {
@@ -69,6 +71,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit("raft_rounds_total", ct, st.Rounds)
 		emit("raft_syncs_total", ct, st.Syncs)
 		emit("raft_early_applies_total", ct, st.EarlyApplies)
+		emit("raft_commit_notices_held_total", ct, st.NoticesHeld)
+		emit("raft_commit_notices_released_total", ct, st.NoticesReleased)
 	}
 	n.mountMu.Lock()
 	emit("mounts", g, uint64(len(n.mounts)))
