@@ -88,7 +88,9 @@ func (s *journalStore) apply(t *testing.T, o op) {
 	}
 	if o.trunc > 0 {
 		// As stageCompact's commit does, once the batch is written.
-		s.j.release(1, uint64(o.trunc-1))
+		if s.j.release(1, uint64(o.trunc-1)) {
+			s.j.releasedWritten()
+		}
 	}
 }
 
