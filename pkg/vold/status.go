@@ -23,13 +23,16 @@ const statusTimeout = 2 * time.Second
 
 // replicaStatus is one replica's live status (VolPeer.Forward "status").
 type replicaStatus struct {
-	Node        string `json:"node"`
-	Replica     uint64 `json:"replica"`
-	Role        string `json:"role"`
-	Leader      string `json:"leader,omitempty"`
-	Term        uint64 `json:"term"`
-	Commit      uint64 `json:"commit"`
-	Applied     uint64 `json:"applied"`
+	Node    string `json:"node"`
+	Replica uint64 `json:"replica"`
+	Role    string `json:"role"`
+	Leader  string `json:"leader,omitempty"`
+	Term    uint64 `json:"term"`
+	Commit  uint64 `json:"commit"`
+	Applied uint64 `json:"applied"`
+	// LastIndex is the last entry of the replica's log: durable here,
+	// maybe not applied yet (see inspect).
+	LastIndex   uint64 `json:"last_index,omitempty"`
 	Digest      string `json:"digest,omitempty"`
 	UsedBytes   int64  `json:"used_bytes"`
 	Initialized bool   `json:"initialized"`
@@ -51,7 +54,7 @@ func (n *node) localStatus(g raftgroup.GroupID) (replicaStatus, error) {
 	}
 	rs := replicaStatus{
 		Node: n.id, Replica: uint64(st.Replica), Role: st.Role, Term: st.Term,
-		Commit: st.Commit, Applied: st.Applied, Initialized: st.Initialized, Voters: st.Voters,
+		Commit: st.Commit, Applied: st.Applied, LastIndex: st.LastIndex, Initialized: st.Initialized, Voters: st.Voters,
 	}
 	if !st.Initialized {
 		rs.Role = "joining"
@@ -101,6 +104,14 @@ func (n *node) localStatus(g raftgroup.GroupID) (replicaStatus, error) {
 	return rs, nil
 }
 
+// holdsCommitted reports whether a replica holds everything its leader
+// committed, applied or in its log. The log counts only in the leader's
+// term: a replica back from a partition may hold entries of an older one
+// past the commit, until the leader's appends replace them.
+func holdsCommitted(st replicaStatus, leaderCommit, leaderTerm uint64) bool {
+	return st.Applied >= leaderCommit || st.Term == leaderTerm && st.LastIndex >= leaderCommit
+}
+
 // memberStatus asks the member on node for its replica's status.
 func (n *node) memberStatus(ctx context.Context, node string, g raftgroup.GroupID) (replicaStatus, error) {
 	if node == n.id {
@@ -141,9 +152,13 @@ func (n *node) volumeProto(name string, d *volumeDoc) *volv1.Volume {
 }
 
 // inspect renders a volume with the live status of every member, asked in
-// parallel. Health: healthy when every member is alive, answers and has
-// applied everything the leader committed; degraded when a quorum of
-// members answers and there is a leader; unavailable otherwise.
+// parallel. Health: healthy when every member is alive, answers and
+// holds everything the leader committed (applied, or in its log: a
+// leader tells followers of a commit that only its own node waits for
+// with its next append or tick, so a follower of a busy volume often
+// holds its last entry unapplied); degraded when a quorum of members
+// answers and there is a leader; unavailable otherwise. Lag is of the
+// applied index.
 func (n *node) inspect(ctx context.Context, name string, d *volumeDoc) *volv1.Volume {
 	v := n.volumeProto(name, d)
 	type answer struct {
@@ -161,7 +176,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc) *volv1.Vo
 		}()
 	}
 	wg.Wait()
-	var leaderCommit, maxCommit uint64
+	var leaderCommit, leaderTerm, maxCommit uint64
 	for _, a := range answers {
 		if a.err != nil {
 			continue
@@ -169,7 +184,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc) *volv1.Vo
 		maxCommit = max(maxCommit, a.st.Commit)
 		if a.st.Role == "leader" {
 			v.Leader = a.st.Node
-			leaderCommit = a.st.Commit
+			leaderCommit, leaderTerm = a.st.Commit, a.st.Term
 			v.UsedBytes = a.st.UsedBytes
 		}
 	}
@@ -186,7 +201,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc) *volv1.Vo
 		leaderCommit = maxCommit
 	}
 	v.Commit = leaderCommit
-	answering, caughtUp := 0, 0
+	answering, current := 0, 0
 	for i, m := range d.Members {
 		pm := v.Members[i]
 		a := answers[i]
@@ -206,13 +221,13 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc) *volv1.Vo
 		}
 		if pm.Alive && a.st.Initialized {
 			answering++
-			if pm.Lag == 0 {
-				caughtUp++
+			if holdsCommitted(a.st, leaderCommit, leaderTerm) {
+				current++
 			}
 		}
 	}
 	switch {
-	case caughtUp == len(d.Members) && v.Leader != "":
+	case current == len(d.Members) && v.Leader != "":
 		v.Health = "healthy"
 	case answering >= len(d.Members)/2+1 && v.Leader != "":
 		v.Health = "degraded"
