@@ -50,7 +50,7 @@ func commitNotice(m *pb.Message) bool {
 // change, an entry without a proposer (a new leader's empty entry), or a
 // proposal that waits for a quorum to apply it.
 func noticeHolder(g *group, rd *raft.Ready) (hold func(n NodeID) bool) {
-	if len(rd.CommittedEntries) == 0 || raft.IsEmptyHardState(rd.HardState) {
+	if len(rd.Messages) == 0 || len(rd.CommittedEntries) == 0 || raft.IsEmptyHardState(rd.HardState) {
 		return nil
 	}
 	if rd.CommittedEntries[len(rd.CommittedEntries)-1].GetIndex() != rd.HardState.GetCommit() {
