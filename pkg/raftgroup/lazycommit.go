@@ -72,14 +72,7 @@ func noticeHolder(g *group, rd *raft.Ready) (hold func(n NodeID) bool) {
 			proposers = append(proposers, env.proposer)
 		}
 	}
-	return func(n NodeID) bool {
-		for _, p := range proposers {
-			if p == n {
-				return false
-			}
-		}
-		return true
-	}
+	return func(n NodeID) bool { return !slices.Contains(proposers, n) }
 }
 
 // releaseNotices queues every held commit notice for sending.
