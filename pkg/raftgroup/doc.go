@@ -94,6 +94,15 @@
 // and quorum-waiting ones are told at once; reads on followers go
 // through a ReadIndex, whose heartbeat carries the index.
 //
+// A leader also defers the appends to the followers its quorum does not
+// need — with three replicas, one of the two followers: the one that is
+// behind or, among equals, has the greater replica ID; never the one on
+// whose node the entries were proposed — for up to Config.DeferAppends
+// (2ms), so that this spare follower writes and syncs several entries
+// at once instead of contending, once per entry, with the two syncs a
+// write waits for (deferappend.go). Heartbeats and everything else go at
+// once; an entry still commits only on a quorum's disks.
+//
 // After sending, a MsgSnap is always followed by ReportSnapshot (finished or
 // failed), and a batch the transport refuses makes the host report every
 // replica in it unreachable. Raft's storage reads (Entries, Term, ...) only

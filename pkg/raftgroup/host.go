@@ -77,6 +77,10 @@ type Config struct {
 	// SegmentSize is the size from which the journal starts a new segment
 	// file (default 64 MiB).
 	SegmentSize int64
+	// DeferAppends is how long a leader may hold back appends to the
+	// followers its quorum does not need (deferappend.go; default 2ms,
+	// negative: never).
+	DeferAppends time.Duration
 	// LargeEntry is the size from which an entry's data stays in the
 	// journal, referenced from Pebble, instead of being copied into Pebble
 	// (default 16 KiB; negative: never).
@@ -104,6 +108,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.TickInterval <= 0 {
 		c.TickInterval = 100 * time.Millisecond
+	}
+	if c.DeferAppends == 0 {
+		c.DeferAppends = 2 * time.Millisecond
 	}
 	if c.ElectionTicks <= 0 {
 		c.ElectionTicks = 10
@@ -193,6 +200,9 @@ type Host struct {
 	snapsSent  []sentSnap
 	// held are the commit notices held back (lazycommit.go).
 	held map[heldKey]heldNotice
+	// deferred are the appends held back from spare followers
+	// (deferappend.go).
+	deferred map[heldKey]*deferredAppends
 	// acks lists, per node, the groups whose applied index to report.
 	acks map[NodeID]map[GroupID]*group
 	// appliedSome lists groups that applied entries this round.
@@ -226,6 +236,10 @@ type Stats struct {
 	// NoticesReleased those of them sent at a tick rather than superseded.
 	NoticesHeld     uint64
 	NoticesReleased uint64
+	// AppendsDeferred counts the appends held back from spare followers
+	// (deferappend.go), DeferredSent the queues of them sent.
+	AppendsDeferred uint64
+	DeferredSent    uint64
 
 	// Gauges, at the time of the call.
 	AwakeGroups     int    // groups ticking (not quiesced)
@@ -270,6 +284,7 @@ func Open(cfg Config) (*Host, error) {
 		peers:       map[NodeID]*peer{},
 		out:         map[NodeID]*Batch{},
 		held:        map[heldKey]heldNotice{},
+		deferred:    map[heldKey]*deferredAppends{},
 		acks:        map[NodeID]map[GroupID]*group{},
 		appliedSome: map[GroupID]*group{},
 		attention:   map[GroupID]*group{},
@@ -426,6 +441,11 @@ func (h *Host) Stats() Stats {
 func (h *Host) Run(ctx context.Context) error {
 	t := time.NewTicker(h.cfg.TickInterval)
 	defer t.Stop()
+	// due wakes the loop when deferred appends are due (deferappend.go).
+	due := time.NewTimer(time.Hour)
+	due.Stop()
+	defer due.Stop()
+	armed := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -435,10 +455,16 @@ func (h *Host) Run(ctx context.Context) error {
 		case <-t.C:
 			h.Tick()
 		case <-h.wake:
+		case <-due.C:
+			armed = false
 		}
 		h.Round()
 		if err := h.Err(); err != nil {
 			return err
+		}
+		if d, ok := h.nextDeferredRelease(); ok && !armed {
+			due.Reset(d)
+			armed = true
 		}
 	}
 }
@@ -535,6 +561,7 @@ func (h *Host) Round() {
 	}
 	h.handleReadies()
 	h.afterRound()
+	h.releaseDeferred(false)
 	h.flush()
 	if h.err == nil && h.pendingReady() {
 		h.signal()
@@ -596,7 +623,7 @@ func (h *Host) handleReadies() {
 		anyEarly := false
 		for i := range rds {
 			if early[i] = sendsEarly(rds[i].g, &rds[i].rd); early[i] {
-				h.route(rds[i].g, rds[i].rd.Messages, noticeHolder(rds[i].g, &rds[i].rd))
+				h.route(rds[i].g, rds[i].rd.Messages, noticeHolder(rds[i].g, &rds[i].rd), h.spareFollowers(rds[i].g, &rds[i].rd))
 				anyEarly = true
 			}
 		}
@@ -652,7 +679,7 @@ func (h *Host) handleReadies() {
 		// 3. Send (into the outbox, flushed at the end of the round).
 		for i := range rds {
 			if !early[i] {
-				h.route(rds[i].g, rds[i].rd.Messages, noticeHolder(rds[i].g, &rds[i].rd))
+				h.route(rds[i].g, rds[i].rd.Messages, noticeHolder(rds[i].g, &rds[i].rd), h.spareFollowers(rds[i].g, &rds[i].rd))
 			}
 		}
 		// 4. Apply.
@@ -766,7 +793,7 @@ func (h *Host) outbox(n NodeID) *Batch {
 // route queues a group's outbound Raft messages by destination node,
 // coalescing plain heartbeats, and holds back the commit notices hold
 // allows (nil: none; see lazycommit.go).
-func (h *Host) route(g *group, msgs []*pb.Message, hold func(NodeID) bool) {
+func (h *Host) route(g *group, msgs []*pb.Message, hold func(NodeID) bool, spare []ReplicaID) {
 	for _, m := range msgs {
 		to := ReplicaID(m.GetTo())
 		n, ok := g.nodeOf(to)
@@ -781,6 +808,9 @@ func (h *Host) route(g *group, msgs []*pb.Message, hold func(NodeID) bool) {
 		if m.GetType() == pb.MsgApp {
 			// Any append carries the commit index: a held notice is moot.
 			delete(h.held, heldKey{g.id, to})
+			if h.deferAppend(g, n, m, spare) {
+				continue
+			}
 			if hold != nil && commitNotice(m) && hold(n) {
 				h.held[heldKey{g.id, to}] = heldNotice{n: n, msg: m}
 				h.stats.NoticesHeld++

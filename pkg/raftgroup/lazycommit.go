@@ -59,20 +59,31 @@ func noticeHolder(g *group, rd *raft.Ready) (hold func(n NodeID) bool) {
 	if g.rn.BasicStatus().RaftState != raft.StateLeader {
 		return nil
 	}
+	proposers, ok := plainProposers(rd.CommittedEntries)
+	if !ok {
+		return nil
+	}
+	return func(n NodeID) bool { return !slices.Contains(proposers, n) }
+}
+
+// plainProposers returns the nodes that proposed entries, and false if
+// some entry is a configuration change, an entry without a proposer (a new
+// leader's empty entry) or a proposal that waits for a quorum to apply it.
+func plainProposers(entries []*pb.Entry) ([]NodeID, bool) {
 	var proposers []NodeID
-	for _, e := range rd.CommittedEntries {
+	for _, e := range entries {
 		if e.GetType() != pb.EntryNormal || len(e.GetData()) == 0 {
-			return nil
+			return nil, false
 		}
 		env, err := decodeEnvelope(e.GetData())
 		if err != nil || env.quorum {
-			return nil
+			return nil, false
 		}
-		if len(proposers) == 0 || proposers[len(proposers)-1] != env.proposer {
+		if !slices.Contains(proposers, env.proposer) {
 			proposers = append(proposers, env.proposer)
 		}
 	}
-	return func(n NodeID) bool { return !slices.Contains(proposers, n) }
+	return proposers, true
 }
 
 // releaseNotices queues every held commit notice for sending.

@@ -26,20 +26,28 @@ func stepUntil[T any](c *rgt.Cluster, f *raftgroup.Future[T], max int) bool {
 	}
 }
 
-func appliedOn(t *testing.T, c *rgt.Cluster, n raftgroup.NodeID) uint64 {
+// statusOn returns node n's status of group 1.
+func statusOn(t *testing.T, c *rgt.Cluster, n raftgroup.NodeID) raftgroup.GroupStatus {
 	t.Helper()
 	st, err := c.Host(n).Status(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st.Applied
+	return st
+}
+
+func appliedOn(t *testing.T, c *rgt.Cluster, n raftgroup.NodeID) uint64 {
+	t.Helper()
+	return statusOn(t, c, n).Applied
 }
 
 // A leader holds the notice of a commit that only its own proposers wait
 // for until the next append or tick; a follower's own proposal, and one
 // that waits for a quorum to apply it, are answered without a tick.
 func TestCommitNoticesHeldUntilNeeded(t *testing.T) {
-	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 11})
+	// Deferred appends (tested on their own) would keep the next append
+	// from one of the followers.
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 11, Configure: func(cfg *raftgroup.Config) { cfg.DeferAppends = -1 }})
 	l, followers := settledGroup(t, c)
 
 	// The leader's own write: answered without a tick, and the followers

@@ -11,6 +11,7 @@ import (
 func (h *Host) tickOnce() {
 	h.tick++
 	h.releaseNotices()
+	h.releaseDeferred(true)
 	h.checkLiveness()
 	for _, id := range h.sortedGroups(h.awake) {
 		g := h.awake[id]

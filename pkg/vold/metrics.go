@@ -73,6 +73,8 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit("raft_early_applies_total", ct, st.EarlyApplies)
 		emit("raft_commit_notices_held_total", ct, st.NoticesHeld)
 		emit("raft_commit_notices_released_total", ct, st.NoticesReleased)
+		emit("raft_appends_deferred_total", ct, st.AppendsDeferred)
+		emit("raft_deferred_sends_total", ct, st.DeferredSent)
 	}
 	n.mountMu.Lock()
 	emit("mounts", g, uint64(len(n.mounts)))
