@@ -33,6 +33,8 @@ var metricHelp = map[string]string{
 	"raft_early_applies_total":           "Readies whose committed entries were applied before the Ready's own entries were synced.",
 	"raft_commit_notices_held_total":     "Commit-only appends a leader held back because no follower waits for them (superseded by the next append or sent at the next tick).",
 	"raft_commit_notices_released_total": "Held commit-only appends sent at a tick rather than superseded by an append.",
+	"raft_appends_deferred_total":        "Appends a leader held back from followers its quorum did not need (sent together after a short wait).",
+	"raft_deferred_sends_total":          "Queues of deferred appends sent to a follower.",
 }
 
 func newCollector(n *node) *collector {
