@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -284,15 +285,19 @@ func (b *bench) random(ctx context.Context) randResult {
 			}
 			row.writers, row.total = t.writers, t.total
 			row.cpu = cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime()
+			var byNode []string
 			if m0 != nil && len(row.lat) > 0 {
 				m1 := b.raftCounters(ctx)
 				for i := range m1 {
-					row.syncs += float64(m1[i].syncs-m0[i].syncs) / float64(len(row.lat))
-					row.rounds += float64(m1[i].rounds-m0[i].rounds) / float64(len(row.lat))
+					s := float64(m1[i].syncs-m0[i].syncs) / float64(len(row.lat))
+					r := float64(m1[i].rounds-m0[i].rounds) / float64(len(row.lat))
+					row.syncs += s
+					row.rounds += r
+					byNode = append(byNode, fmt.Sprintf("%.2f/%.2f", s, r))
 				}
 			}
 			r.runs[t.label] = append(r.runs[t.label], row)
-			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write, %.2f journal syncs and %.2f Raft rounds per write", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()), row.syncs, row.rounds)
+			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write, %.2f journal syncs and %.2f Raft rounds per write (node 1/2/3: %s)", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()), row.syncs, row.rounds, strings.Join(byNode, ", "))
 		}
 	}
 	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}

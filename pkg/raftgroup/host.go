@@ -457,13 +457,23 @@ func (h *Host) Run(ctx context.Context) error {
 		case <-h.wake:
 		case <-due.C:
 			armed = false
+			if d, ok := h.nextDeferredRelease(); !ok || d > 0 {
+				// A round released them, or released the older ones.
+				if ok {
+					due.Reset(d)
+					armed = true
+				}
+				continue
+			}
 		}
 		h.Round()
 		if err := h.Err(); err != nil {
 			return err
 		}
+		// While work flows, the next round (a proposal, an answer) releases
+		// what is due; the timer, set later, only catches an idle host.
 		if d, ok := h.nextDeferredRelease(); ok && !armed {
-			due.Reset(d)
+			due.Reset(d + h.cfg.DeferAppends)
 			armed = true
 		}
 	}
