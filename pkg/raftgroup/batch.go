@@ -33,7 +33,8 @@ type Batch struct {
 	Messages []GroupMessage
 	// Heartbeats are coalesced MsgHeartbeats (one struct per group, no
 	// per-message envelope); a Quiesce heartbeat also tells the follower
-	// that the leader has gone quiet.
+	// that the leader has gone quiet, and a Notice heartbeat only carries
+	// a commit index and wants no answer (lazycommit.go).
 	Heartbeats []Heartbeat
 	// HeartbeatResps are coalesced MsgHeartbeatResps.
 	HeartbeatResps []Heartbeat
@@ -60,6 +61,7 @@ type Heartbeat struct {
 	Term     uint64
 	Commit   uint64
 	Quiesce  bool
+	Notice   bool
 }
 
 // ApplyAck reports that Replica of Group applied up to Applied.
@@ -131,6 +133,9 @@ func (b *Batch) AppendMarshal(dst []byte) ([]byte, error) {
 			sub = appendVarintField(sub, 5, h.Commit)
 			if h.Quiesce {
 				sub = appendVarintField(sub, 6, 1)
+			}
+			if h.Notice {
+				sub = appendVarintField(sub, 7, 1)
 			}
 			out = protowire.AppendTag(out, protowire.Number(field), protowire.BytesType)
 			out = protowire.AppendBytes(out, sub)
@@ -220,6 +225,8 @@ func UnmarshalBatch(data []byte) (*Batch, error) {
 					h.Commit = v
 				case 6:
 					h.Quiesce = v != 0
+				case 7:
+					h.Notice = v != 0
 				}
 				return nil
 			})

@@ -203,6 +203,9 @@ type Host struct {
 	// deferred are the appends held back from spare followers
 	// (deferappend.go).
 	deferred map[heldKey]*deferredAppends
+	// noticed counts, per group, the notice heartbeats received this
+	// round, whose answers are not sent.
+	noticed map[GroupID]int
 	// acks lists, per node, the groups whose applied index to report.
 	acks map[NodeID]map[GroupID]*group
 	// appliedSome lists groups that applied entries this round.
@@ -240,6 +243,9 @@ type Stats struct {
 	// (deferappend.go), DeferredSent the queues of them sent.
 	AppendsDeferred uint64
 	DeferredSent    uint64
+	// NoticeHeartbeats counts the commit notices sent as heartbeats that
+	// want no answer (lazycommit.go).
+	NoticeHeartbeats uint64
 
 	// Gauges, at the time of the call.
 	AwakeGroups     int    // groups ticking (not quiesced)
@@ -285,6 +291,7 @@ func Open(cfg Config) (*Host, error) {
 		out:         map[NodeID]*Batch{},
 		held:        map[heldKey]heldNotice{},
 		deferred:    map[heldKey]*deferredAppends{},
+		noticed:     map[GroupID]int{},
 		acks:        map[NodeID]map[GroupID]*group{},
 		appliedSome: map[GroupID]*group{},
 		attention:   map[GroupID]*group{},
@@ -570,6 +577,7 @@ func (h *Host) Round() {
 		h.tickOnce()
 	}
 	h.handleReadies()
+	clear(h.noticed)
 	h.afterRound()
 	h.releaseDeferred(false)
 	h.flush()
@@ -826,6 +834,17 @@ func (h *Host) route(g *group, msgs []*pb.Message, hold func(NodeID) bool, spare
 				h.stats.NoticesHeld++
 				continue
 			}
+			if hb, ok := noticeHeartbeat(g, m); ok {
+				b := h.outbox(n)
+				b.Heartbeats = append(b.Heartbeats, hb)
+				h.stats.NoticeHeartbeats++
+				continue
+			}
+		}
+		if m.GetType() == pb.MsgHeartbeatResp && len(m.GetContext()) == 0 && h.noticed[g.id] > 0 {
+			// The answer to a notice heartbeat, which wants none.
+			h.noticed[g.id]--
+			continue
 		}
 		var b *Batch
 		if m.GetType() != pb.MsgSnap {
@@ -965,6 +984,9 @@ func (h *Host) receive(b *Batch) {
 			To:     new(uint64(hb.To)),
 			Term:   new(hb.Term),
 			Commit: new(hb.Commit),
+		}
+		if hb.Notice {
+			h.noticed[hb.Group]++
 		}
 		if g := h.step(from, hb.Group, m, !hb.Quiesce); g != nil && hb.Quiesce {
 			hint := hb

@@ -7,6 +7,7 @@ import (
 
 	"go.etcd.io/raft/v3"
 	pb "go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 )
 
 // Lazy commit notices. When a leader commits entries, etcd raft at once
@@ -84,6 +85,26 @@ func plainProposers(entries []*pb.Entry) ([]NodeID, bool) {
 		}
 	}
 	return proposers, true
+}
+
+// noticeHeartbeat returns the notice heartbeat that may replace the commit
+// notice m (see above): the follower must be replicating and have
+// acknowledged every entry up to the one the notice follows, and at least
+// up to the commit index it carries.
+func noticeHeartbeat(g *group, m *pb.Message) (Heartbeat, bool) {
+	if !commitNotice(m) || len(m.GetContext()) > 0 {
+		return Heartbeat{}, false
+	}
+	ok := false
+	g.rn.WithProgress(func(id uint64, _ raft.ProgressType, pr tracker.Progress) {
+		if id == m.GetTo() {
+			ok = pr.State == tracker.StateReplicate && pr.Match == m.GetIndex() && pr.Match >= m.GetCommit()
+		}
+	})
+	if !ok {
+		return Heartbeat{}, false
+	}
+	return Heartbeat{Group: g.id, From: ReplicaID(m.GetFrom()), To: ReplicaID(m.GetTo()), Term: m.GetTerm(), Commit: m.GetCommit(), Notice: true}, true
 }
 
 // releaseNotices queues every held commit notice for sending.

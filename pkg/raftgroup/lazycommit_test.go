@@ -1,6 +1,7 @@
 package raftgroup_test
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
@@ -111,6 +112,51 @@ func TestCommitNoticesHeldUntilNeeded(t *testing.T) {
 	c.Tick()
 	d := converge(t, c, 1, c.Up()...)
 	if d["a"] != "3" || d["b"] != "1" || d["c"] != "1" {
+		t.Fatalf("data %v", d)
+	}
+}
+
+// A follower's own write needs the commit notice at once; it travels as a
+// heartbeat that wants no answer, so the write costs the leader two
+// batches from that follower (the proposal and its acknowledgement),
+// while regular heartbeats are still answered.
+func TestNoticeHeartbeatUnanswered(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 5})
+	l, followers := settledGroup(t, c)
+	p := followers[0]
+	var toLeader, notices, answers int
+	c.Net.Tap = func(from, to raftgroup.NodeID, b *raftgroup.Batch) {
+		if from == p && to == l {
+			toLeader++
+			answers += len(b.HeartbeatResps)
+		}
+		if from == l && to == p {
+			for _, hb := range b.Heartbeats {
+				if hb.Notice {
+					notices++
+				}
+			}
+		}
+	}
+	for i := range 3 {
+		toLeader, notices, answers = 0, 0, 0
+		f := c.Host(p).Submit(1, raftgroup.Proposal{Data: put("w", fmt.Sprint(i))})
+		if !stepUntil(c, f, 50) {
+			t.Fatalf("write %d from a follower was not answered without a tick", i)
+		}
+		for range 10 {
+			c.Step()
+		}
+		if notices != 1 || toLeader != 2 || answers != 0 {
+			t.Fatalf("write %d: %d notice heartbeats, %d batches to the leader with %d heartbeat answers; want 1, 2, 0", i, notices, toLeader, answers)
+		}
+	}
+	c.Tick()
+	if answers == 0 {
+		t.Fatal("a regular heartbeat was not answered")
+	}
+	d := converge(t, c, 1, c.Up()...)
+	if d["w"] != "2" {
 		t.Fatalf("data %v", d)
 	}
 }

@@ -3,6 +3,7 @@ package raftgroup
 import (
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -159,7 +160,7 @@ func TestBatchRoundTrip(t *testing.T) {
 			{Group: 1, Msg: &pb.Message{Type: pb.MsgApp.Enum(), To: new(uint64(2)), From: new(uint64(1)), Term: new(uint64(4)), Entries: ents(4, 5, 6)}},
 			{Group: 1 << 40, Msg: &pb.Message{Type: pb.MsgSnap.Enum(), Snapshot: &pb.Snapshot{Data: []byte("s")}}},
 		},
-		Heartbeats:     []Heartbeat{{Group: 5, From: 1, To: 2, Term: 3, Commit: 9, Quiesce: true}, {Group: 6, From: 7, To: 8}},
+		Heartbeats:     []Heartbeat{{Group: 5, From: 1, To: 2, Term: 3, Commit: 9, Quiesce: true}, {Group: 6, From: 7, To: 8}, {Group: 6, From: 7, To: 9, Term: 2, Commit: 4, Notice: true}},
 		HeartbeatResps: []Heartbeat{{Group: 5, From: 2, To: 1, Term: 3}},
 		Acks:           []ApplyAck{{Group: 9, Replica: 2, Applied: 100}},
 		AckQueries:     []GroupID{9, 10},
@@ -177,7 +178,7 @@ func TestBatchRoundTrip(t *testing.T) {
 		got.Messages[1].Group != 1<<40 || !proto.Equal(got.Messages[1].Msg, b.Messages[1].Msg) {
 		t.Fatalf("messages %+v", got.Messages)
 	}
-	if len(got.Heartbeats) != 2 || got.Heartbeats[0] != b.Heartbeats[0] || got.Heartbeats[1] != b.Heartbeats[1] ||
+	if !slices.Equal(got.Heartbeats, b.Heartbeats) ||
 		len(got.HeartbeatResps) != 1 || got.HeartbeatResps[0] != b.HeartbeatResps[0] {
 		t.Fatalf("heartbeats %+v %+v", got.Heartbeats, got.HeartbeatResps)
 	}

@@ -35,6 +35,7 @@ var metricHelp = map[string]string{
 	"raft_commit_notices_released_total": "Held commit-only appends sent at a tick rather than superseded by an append.",
 	"raft_appends_deferred_total":        "Appends a leader held back from followers its quorum did not need (sent together after a short wait).",
 	"raft_deferred_sends_total":          "Queues of deferred appends sent to a follower.",
+	"raft_notice_heartbeats_total":       "Commit notices sent as heartbeats that want no answer.",
 }
 
 func newCollector(n *node) *collector {
@@ -77,6 +78,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit("raft_commit_notices_released_total", ct, st.NoticesReleased)
 		emit("raft_appends_deferred_total", ct, st.AppendsDeferred)
 		emit("raft_deferred_sends_total", ct, st.DeferredSent)
+		emit("raft_notice_heartbeats_total", ct, st.NoticeHeartbeats)
 	}
 	n.mountMu.Lock()
 	emit("mounts", g, uint64(len(n.mounts)))
