@@ -28,10 +28,14 @@ import (
 // ones queues behind them, so that a follower sees its leader's appends in
 // order.
 //
+// A spare's appends also go at once when it asks the leader for a read
+// index or forwards a proposal (its node's callers want its log current),
+// and when an append with entries must reach it at once (entries its node
+// proposed): they go ahead of it, in order.
+//
 // Delaying a message is within what Raft tolerates of a network: an entry
 // still commits only once a quorum has it on disk. A spare's applied index
-// lags the commit by up to DeferAppends, which a ReadIndex on its node
-// waits out. If an eager follower stops answering, the entries commit
+// lags the commit by up to DeferAppends. If an eager follower stops answering, the entries commit
 // when the spare's deferred appends go out; the next Ready then ranks the
 // spare first (it is the more up to date) and the write after is back to
 // one round trip.
@@ -110,18 +114,23 @@ func (h *Host) spareFollowers(g *group, rd *raft.Ready) []ReplicaID {
 	return spare
 }
 
-// deferAppend queues m (an append to a spare follower, or any append
-// behind deferred ones) and sends the queue when it is full. It reports
-// whether m was queued.
+// deferAppend queues m (an append with entries to a spare follower, or a
+// commit notice behind deferred appends) and sends the queue when it is
+// full. An append with entries that may not wait sends the queue before
+// it. It reports whether m was queued.
 func (h *Host) deferAppend(g *group, n NodeID, m *pb.Message, spare []ReplicaID) bool {
 	k := heldKey{g.id, ReplicaID(m.GetTo())}
 	q := h.deferred[k]
+	mayWait := len(m.GetEntries()) > 0 && slices.Contains(spare, k.to)
 	if q == nil {
-		if len(m.GetEntries()) == 0 || !slices.Contains(spare, k.to) {
+		if !mayWait {
 			return false
 		}
 		q = &deferredAppends{n: n, since: h.cfg.Now()}
 		h.deferred[k] = q
+	} else if len(m.GetEntries()) > 0 && !mayWait {
+		h.sendDeferred(k, q)
+		return false
 	}
 	q.msgs = append(q.msgs, m)
 	for _, e := range m.GetEntries() {
@@ -148,6 +157,13 @@ func (h *Host) releaseDeferred(all bool) {
 		if q := h.deferred[k]; all || now.Sub(q.since) >= h.cfg.DeferAppends {
 			h.sendDeferred(k, q)
 		}
+	}
+}
+
+// releaseDeferredTo queues for sending the appends deferred for k, if any.
+func (h *Host) releaseDeferredTo(k heldKey) {
+	if q := h.deferred[k]; q != nil {
+		h.sendDeferred(k, q)
 	}
 }
 

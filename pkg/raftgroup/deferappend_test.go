@@ -70,7 +70,28 @@ func TestSpareFollowerAppendsDeferred(t *testing.T) {
 		t.Fatalf("spare follower synced %d times for %d deferred writes, want 1", got, writes)
 	}
 
-	// A write proposed on the spare's node goes to it at once.
+	// A read on the spare's node gets the deferred appends sent at once.
+	w := c.Host(l).Submit(1, raftgroup.Proposal{Data: put("k", "r")})
+	if !stepUntil(c, w, 50) {
+		t.Fatal("leader's write not answered")
+	}
+	wr, _ := w.Result()
+	if li := lastIndexOn(t, c, spare); li >= wr.Index {
+		t.Fatalf("spare holds %d before its read, want the write at %d deferred", li, wr.Index)
+	}
+	r := c.Host(spare).ReadIndexAsync(1)
+	if !stepUntil(c, r, 50) {
+		t.Fatal("a read on the spare's node waited for its deferred appends to be due")
+	}
+	if a := appliedOn(t, c, spare); a < wr.Index {
+		t.Fatalf("spare applied %d after its read, want %d", a, wr.Index)
+	}
+	// So does a write proposed on the spare's node, which goes to it at
+	// once behind them.
+	w = c.Host(l).Submit(1, raftgroup.Proposal{Data: put("k", "w")})
+	if !stepUntil(c, w, 50) {
+		t.Fatal("leader's write not answered")
+	}
 	f := c.Host(spare).Submit(1, raftgroup.Proposal{Data: put("s", "1")})
 	if !stepUntil(c, f, 50) {
 		t.Fatal("the spare's own write was not answered without a tick")
@@ -84,7 +105,7 @@ func TestSpareFollowerAppendsDeferred(t *testing.T) {
 	if stepUntil(c, f, 30) {
 		t.Fatal("a write committed without the eager follower before its deferred appends were due")
 	}
-	c.Clock.Advance(3 * time.Millisecond)
+	c.Clock.Advance(11 * time.Millisecond)
 	if !stepUntil(c, f, 30) {
 		t.Fatal("a write did not commit once the deferred appends were due")
 	}

@@ -98,7 +98,7 @@
 // need — with three replicas, one of the two followers: the one that is
 // behind or, among equals, has the greater replica ID; never the one on
 // whose node the entries were proposed — for up to Config.DeferAppends
-// (2ms), so that this spare follower writes and syncs several entries
+// (10ms), so that this spare follower writes and syncs several entries
 // at once instead of contending, once per entry, with the two syncs a
 // write waits for (deferappend.go). Heartbeats and everything else go at
 // once; an entry still commits only on a quorum's disks.

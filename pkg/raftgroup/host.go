@@ -78,7 +78,7 @@ type Config struct {
 	// file (default 64 MiB).
 	SegmentSize int64
 	// DeferAppends is how long a leader may hold back appends to the
-	// followers its quorum does not need (deferappend.go; default 2ms,
+	// followers its quorum does not need (deferappend.go; default 10ms,
 	// negative: never).
 	DeferAppends time.Duration
 	// LargeEntry is the size from which an entry's data stays in the
@@ -110,7 +110,7 @@ func (c *Config) setDefaults() error {
 		c.TickInterval = 100 * time.Millisecond
 	}
 	if c.DeferAppends == 0 {
-		c.DeferAppends = 2 * time.Millisecond
+		c.DeferAppends = 10 * time.Millisecond
 	}
 	if c.ElectionTicks <= 0 {
 		c.ElectionTicks = 10
@@ -1045,6 +1045,10 @@ func (h *Host) step(from NodeID, gid GroupID, m *pb.Message, wake bool) *group {
 	}
 	if wake {
 		h.wakeGroup(g)
+	}
+	if m.GetType() == pb.MsgReadIndex || m.GetType() == pb.MsgProp {
+		// A follower that reads or writes wants its log current.
+		h.releaseDeferredTo(heldKey{gid, src})
 	}
 	if err := g.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) && !errors.Is(err, raft.ErrStepLocalMsg) {
 		h.log.Debug("step failed", "group", uint64(gid), "type", m.GetType().String(), "err", err)
