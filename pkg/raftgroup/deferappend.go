@@ -41,11 +41,26 @@ import (
 // one round trip.
 
 // maxDeferredMessages and maxDeferredBytes bound what a spare follower's
-// queue holds before it is sent early.
+// queue holds before it is sent early. An append with more entry data
+// than maxDeferredAppend is not deferred: large writes are bound by the
+// disks' bandwidth rather than their syncs, and a write then commits on
+// whichever follower is faster (alternated runs of 2 × 32 MiB in 1 MiB
+// writes: 113 against 92 MB/s through the leader's mount with every
+// append deferrable).
 const (
 	maxDeferredMessages = 64
 	maxDeferredBytes    = 4 << 20
+	maxDeferredAppend   = 64 << 10
 )
+
+// entryBytes is the entry data m carries.
+func entryBytes(m *pb.Message) int {
+	n := 0
+	for _, e := range m.GetEntries() {
+		n += len(e.GetData())
+	}
+	return n
+}
 
 // deferredAppends are the appends of a group waiting to go to a spare
 // follower on node n since since.
@@ -121,7 +136,7 @@ func (h *Host) spareFollowers(g *group, rd *raft.Ready) []ReplicaID {
 func (h *Host) deferAppend(g *group, n NodeID, m *pb.Message, spare []ReplicaID) bool {
 	k := heldKey{g.id, ReplicaID(m.GetTo())}
 	q := h.deferred[k]
-	mayWait := len(m.GetEntries()) > 0 && slices.Contains(spare, k.to)
+	mayWait := len(m.GetEntries()) > 0 && slices.Contains(spare, k.to) && entryBytes(m) <= maxDeferredAppend
 	if q == nil {
 		if !mayWait {
 			return false
@@ -133,9 +148,7 @@ func (h *Host) deferAppend(g *group, n NodeID, m *pb.Message, spare []ReplicaID)
 		return false
 	}
 	q.msgs = append(q.msgs, m)
-	for _, e := range m.GetEntries() {
-		q.bytes += len(e.GetData())
-	}
+	q.bytes += entryBytes(m)
 	h.stats.AppendsDeferred++
 	if len(q.msgs) >= maxDeferredMessages || q.bytes >= maxDeferredBytes {
 		h.sendDeferred(k, q)

@@ -2,6 +2,7 @@ package raftgroup_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -140,5 +141,30 @@ func TestDeferAppendsOff(t *testing.T) {
 	}
 	if d := c.Host(l).Stats().AppendsDeferred; d != 0 {
 		t.Fatalf("%d appends deferred with deferral off", d)
+	}
+}
+
+// An append with more entry data than a small write is not deferred: it
+// commits on whichever follower is faster.
+func TestLargeAppendsNotDeferred(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 5})
+	l, followers := settledGroup(t, c)
+	big := strings.Repeat("x", 100<<10)
+	before := c.Host(l).Stats().AppendsDeferred
+	f := c.Host(l).Submit(1, raftgroup.Proposal{Data: put("big", big)})
+	if !stepUntil(c, f, 50) {
+		t.Fatal("large write not answered without a tick")
+	}
+	res, _ := f.Result()
+	for range 20 {
+		c.Step()
+	}
+	for _, n := range followers {
+		if li := lastIndexOn(t, c, n); li < res.Index {
+			t.Fatalf("node %d holds the log up to %d, want the large write at %d", n, li, res.Index)
+		}
+	}
+	if d := c.Host(l).Stats().AppendsDeferred - before; d != 0 {
+		t.Fatalf("%d appends deferred", d)
 	}
 }
