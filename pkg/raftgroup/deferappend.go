@@ -2,7 +2,6 @@ package raftgroup
 
 import (
 	"cmp"
-	"maps"
 	"slices"
 	"time"
 
@@ -35,10 +34,10 @@ import (
 //
 // Delaying a message is within what Raft tolerates of a network: an entry
 // still commits only once a quorum has it on disk. A spare's applied index
-// lags the commit by up to DeferAppends. If an eager follower stops answering, the entries commit
-// when the spare's deferred appends go out; the next Ready then ranks the
-// spare first (it is the more up to date) and the write after is back to
-// one round trip.
+// lags the commit by up to DeferAppends. If an eager follower stops
+// answering, the entries commit when the spare's deferred appends go out;
+// the next Ready then ranks the spare first (it is the more up to date)
+// and the write after is back to one round trip.
 
 // maxDeferredMessages and maxDeferredBytes bound what a spare follower's
 // queue holds before it is sent early. An append with more entry data
@@ -106,8 +105,8 @@ func (h *Host) spareFollowers(g *group, rd *raft.Ready) []ReplicaID {
 		n, ok := g.nodeOf(ReplicaID(id))
 		fs = append(fs, follower{ReplicaID(id), ok && slices.Contains(proposers, n), pr.Match, pr.State == tracker.StateReplicate})
 	})
-	// The leader and quorum-1 eager followers make a quorum.
-	eager := len(cs.GetVoters())/2 + 1 - 1
+	// The leader and this many eager followers make a quorum.
+	eager := len(cs.GetVoters()) / 2
 	if len(fs) <= eager {
 		return nil
 	}
@@ -136,7 +135,8 @@ func (h *Host) spareFollowers(g *group, rd *raft.Ready) []ReplicaID {
 func (h *Host) deferAppend(g *group, n NodeID, m *pb.Message, spare []ReplicaID) bool {
 	k := heldKey{g.id, ReplicaID(m.GetTo())}
 	q := h.deferred[k]
-	mayWait := len(m.GetEntries()) > 0 && slices.Contains(spare, k.to) && entryBytes(m) <= maxDeferredAppend
+	size := entryBytes(m)
+	mayWait := len(m.GetEntries()) > 0 && slices.Contains(spare, k.to) && size <= maxDeferredAppend
 	if q == nil {
 		if !mayWait {
 			return false
@@ -148,7 +148,7 @@ func (h *Host) deferAppend(g *group, n NodeID, m *pb.Message, spare []ReplicaID)
 		return false
 	}
 	q.msgs = append(q.msgs, m)
-	q.bytes += entryBytes(m)
+	q.bytes += size
 	h.stats.AppendsDeferred++
 	if len(q.msgs) >= maxDeferredMessages || q.bytes >= maxDeferredBytes {
 		h.sendDeferred(k, q)
@@ -162,14 +162,20 @@ func (h *Host) releaseDeferred(all bool) {
 	if len(h.deferred) == 0 {
 		return
 	}
+	// Most rounds find nothing due: only what is due is sorted (sends go
+	// out in a stable order).
 	now := h.cfg.Now()
-	keys := slices.SortedFunc(maps.Keys(h.deferred), func(a, b heldKey) int {
+	var due []heldKey
+	for k, q := range h.deferred {
+		if all || now.Sub(q.since) >= h.cfg.DeferAppends {
+			due = append(due, k)
+		}
+	}
+	slices.SortFunc(due, func(a, b heldKey) int {
 		return cmp.Or(cmp.Compare(a.g, b.g), cmp.Compare(a.to, b.to))
 	})
-	for _, k := range keys {
-		if q := h.deferred[k]; all || now.Sub(q.since) >= h.cfg.DeferAppends {
-			h.sendDeferred(k, q)
-		}
+	for _, k := range due {
+		h.sendDeferred(k, h.deferred[k])
 	}
 }
 

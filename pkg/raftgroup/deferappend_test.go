@@ -122,11 +122,12 @@ func TestSpareFollowerAppendsDeferred(t *testing.T) {
 	}
 }
 
-// With deferral off, both followers get every append at once.
-func TestDeferAppendsOff(t *testing.T) {
-	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 5, Configure: func(cfg *raftgroup.Config) { cfg.DeferAppends = -1 }})
-	l, followers := settledGroup(t, c)
-	f := c.Host(l).Submit(1, raftgroup.Proposal{Data: put("k", "v")})
+// requireSentToAll writes data through the leader and checks that both
+// followers hold it without a tick and that no append was deferred.
+func requireSentToAll(t *testing.T, c *rgt.Cluster, l raftgroup.NodeID, followers []raftgroup.NodeID, data []byte) {
+	t.Helper()
+	before := c.Host(l).Stats().AppendsDeferred
+	f := c.Host(l).Submit(1, raftgroup.Proposal{Data: data})
 	if !stepUntil(c, f, 50) {
 		t.Fatal("write not answered without a tick")
 	}
@@ -139,6 +140,16 @@ func TestDeferAppendsOff(t *testing.T) {
 			t.Fatalf("node %d holds the log up to %d, want %d", n, li, res.Index)
 		}
 	}
+	if d := c.Host(l).Stats().AppendsDeferred - before; d != 0 {
+		t.Fatalf("%d appends deferred", d)
+	}
+}
+
+// With deferral off, both followers get every append at once.
+func TestDeferAppendsOff(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 5, Configure: func(cfg *raftgroup.Config) { cfg.DeferAppends = -1 }})
+	l, followers := settledGroup(t, c)
+	requireSentToAll(t, c, l, followers, put("k", "v"))
 	if d := c.Host(l).Stats().AppendsDeferred; d != 0 {
 		t.Fatalf("%d appends deferred with deferral off", d)
 	}
@@ -149,22 +160,5 @@ func TestDeferAppendsOff(t *testing.T) {
 func TestLargeAppendsNotDeferred(t *testing.T) {
 	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 5})
 	l, followers := settledGroup(t, c)
-	big := strings.Repeat("x", 100<<10)
-	before := c.Host(l).Stats().AppendsDeferred
-	f := c.Host(l).Submit(1, raftgroup.Proposal{Data: put("big", big)})
-	if !stepUntil(c, f, 50) {
-		t.Fatal("large write not answered without a tick")
-	}
-	res, _ := f.Result()
-	for range 20 {
-		c.Step()
-	}
-	for _, n := range followers {
-		if li := lastIndexOn(t, c, n); li < res.Index {
-			t.Fatalf("node %d holds the log up to %d, want the large write at %d", n, li, res.Index)
-		}
-	}
-	if d := c.Host(l).Stats().AppendsDeferred - before; d != 0 {
-		t.Fatalf("%d appends deferred", d)
-	}
+	requireSentToAll(t, c, l, followers, put("big", strings.Repeat("x", 100<<10)))
 }
