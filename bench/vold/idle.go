@@ -29,7 +29,8 @@ type idleResult struct {
 	vold, statd     []procSample
 	groups, leading []float64 // from each vold's metrics
 	awake, cacheMiB []float64 // groups not quiesced, their entry caches
-	heapMiB         []float64 // Go heap in use
+	heapMiB         []float64 // Go heap in use, less the reserve's ballast
+	reserveMiB      []float64 // heap reserved at start (resident from then on)
 	load            phaseLoad
 	quiesceWait     time.Duration
 	quiesced        bool
@@ -115,7 +116,9 @@ func (b *bench) measureIdle(ctx context.Context, volumes int, quiesce bool) idle
 		r.leading = append(r.leading, m["groups_leading"])
 		r.awake = append(r.awake, m["groups_awake"])
 		r.cacheMiB = append(r.cacheMiB, m["raft_entry_cache_bytes"]/(1<<20))
-		r.heapMiB = append(r.heapMiB, m["go_memstats_heap_inuse_bytes"]/(1<<20))
+		// The reserve's ballast counts as in use but is never touched.
+		r.heapMiB = append(r.heapMiB, (m["go_memstats_heap_inuse_bytes"]-m["heap_reserve_bytes"])/(1<<20))
+		r.reserveMiB = append(r.reserveMiB, m["heap_reserve_bytes"]/(1<<20))
 	}
 	progress("  vold CPU %.2f%% / %.2f%% / %.2f%%, RSS %.0f / %.0f / %.0f MiB",
 		r.vold[0].cpu, r.vold[1].cpu, r.vold[2].cpu, r.vold[0].rssMB, r.vold[1].rssMB, r.vold[2].rssMB)

@@ -229,12 +229,30 @@ func (r *results) printKV(c config) {
 
 func (r *results) localIOPS() float64 { return r.rnd.medianIOPS(rowLocal) }
 
+// reserveText says what heap each vold reserved (MiB per node).
+func reserveText(mib []float64) string {
+	if len(mib) == 0 {
+		return "not reported"
+	}
+	if slices.Min(mib) == slices.Max(mib) {
+		if mib[0] == 0 {
+			return "none"
+		}
+		return fmt.Sprintf("%.0f MiB", mib[0])
+	}
+	parts := make([]string, len(mib))
+	for i, v := range mib {
+		parts[i] = fmt.Sprintf("%.0f", v)
+	}
+	return strings.Join(parts, " / ") + " MiB"
+}
+
 func (r *results) printIdle(c config) {
 	fmt.Printf("### Idle cost of volumes\n\n")
 	a, z := r.idle0, r.idleN
-	fmt.Printf("CPU time of each node's vold (utime + stime from /proc/<pid>/stat) over %v as %% of one core, and its VmRSS at the end, with no client activity. Baseline: right after the cluster formed, with no volume (not even the KV system group). Then, after the other phases (the bench volume removed), %d volumes of 3 replicas and 1 MiB are created through the three nodes' sockets in turn, %d calls at a time, and once every vold has used under %.0f%% of a core over 3 s (waited %s%s) the same is measured; the KV system group exists by then too. *Groups* are the Raft groups each vold holds a replica of, and leads (its metrics); the Go heap in use (after the measurement) is the part of the RSS the groups' state, caches and requests can take; the rest is Pebble's memtable and block cache (allocated outside the Go heap) and memory the Go runtime has not returned to the kernel yet, both filled by the write phases. statd's figures are for context: it stores and watches the volume documents. One tick (10 ms) over %v is %.2f%% of a core.\n\n",
+	fmt.Printf("CPU time of each node's vold (utime + stime from /proc/<pid>/stat) over %v as %% of one core, and its VmRSS at the end, with no client activity. Baseline: right after the cluster formed, with no volume (not even the KV system group). Then, after the other phases (the bench volume removed), %d volumes of 3 replicas and 1 MiB are created through the three nodes' sockets in turn, %d calls at a time, and once every vold has used under %.0f%% of a core over 3 s (waited %s%s) the same is measured; the KV system group exists by then too. *Groups* are the Raft groups each vold holds a replica of, and leads (its metrics); the Go heap in use (after the measurement, less the heap reserve's ballast, which is never touched) is the part of the RSS the groups' state, caches and requests can take; the rest is the heap reserve (vold's heap_reserve_mib, %s here, resident from the start so that volume writes reuse mapped pages), Pebble's memtable and block cache (allocated outside the Go heap) and memory the Go runtime has not returned to the kernel yet, both filled by the write phases. statd's figures are for context: it stores and watches the volume documents. One tick (10 ms) over %v is %.2f%% of a core.\n\n",
 		a.window.Round(10*time.Millisecond), z.volumes, c.createPar, idleGoal, dur(z.quiesceWait), map[bool]string{true: "", false: ": never got there, measured anyway"}[z.quiesced],
-		a.window.Round(10*time.Millisecond), 1.0/cpuacct.ClockTicks/a.window.Seconds()*100)
+		reserveText(a.reserveMiB), a.window.Round(10*time.Millisecond), 1.0/cpuacct.ClockTicks/a.window.Seconds()*100)
 	if z.volumes > 0 {
 		cr := r.create
 		fmt.Printf("Creating: %d volumes in %s (%.1f per second), CreateVolume p50 %s, p99 %s; %d failed%s. Meanwhile %s.\n\n",

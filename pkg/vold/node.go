@@ -87,8 +87,21 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		return nil, err
 	}
 	rt.Log.Debug("go scheduler", "gomaxprocs", applyMaxProcs(cfg.MaxProcs), "cpus", runtime.NumCPU())
+	premap := hugePremap
+	if n := heapReserve(cfg.HeapReserveMiB, memTotal()); ownProcess && n > 0 {
+		// Before the huge pages' premap: a span freed there would be
+		// reused for the reserve and zeroed by the runtime, page by page.
+		t := time.Now()
+		if p, err := hugeheap.Reserve(n, cfg.HugePages); err != nil {
+			rt.Log.Info("heap reserve not made", "err", err)
+		} else {
+			rt.Log.Debug("heap reserved", "bytes", n, "populated", p, "took", time.Since(t))
+			// The reserve's mapping is what the premap would have been.
+			premap = max(0, premap-n)
+		}
+	}
 	if ownProcess && cfg.HugePages {
-		if n, err := hugeheap.Enable(hugePremap); err != nil {
+		if n, err := hugeheap.Enable(premap); err != nil {
 			rt.Log.Info("transparent huge pages not advised", "err", err)
 		} else {
 			rt.Log.Debug("transparent huge pages advised", "mappings", n)

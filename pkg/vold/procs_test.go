@@ -30,6 +30,31 @@ func TestMaxProcs(t *testing.T) {
 	}
 }
 
+func TestHeapReserve(t *testing.T) {
+	const gib = 1 << 30
+	for _, c := range []struct {
+		configured int
+		mem        int64
+		want       int
+	}{
+		{-1, 24 * gib, 512 << 20},
+		{-1, 2 * gib, 128 << 20}, // a sixteenth of a small machine
+		{-1, 0, 0},               // memory unknown: none
+		{0, 24 * gib, 0},
+		{100, 1 * gib, 100 << 20}, // as configured, whatever the machine
+	} {
+		if got := heapReserve(c.configured, c.mem); got != c.want {
+			t.Errorf("heapReserve(%d, %d) = %d, want %d", c.configured, c.mem, got, c.want)
+		}
+	}
+	if memTotal() <= 0 {
+		t.Error("memTotal read nothing from /proc/meminfo")
+	}
+	if err := (&Config{PeerPort: 1, ReplaceAfter: 1, RepairInterval: 1, CreateTimeout: 1, RaftTick: 1, HeapReserveMiB: -2}).check(); err == nil {
+		t.Error("check accepted heap_reserve_mib -2")
+	}
+}
+
 func TestWithGODEBUG(t *testing.T) {
 	for _, c := range []struct {
 		env     []string

@@ -83,6 +83,13 @@ type Config struct {
 	// process's heap (pkg/hugeheap): fewer page faults as volumes' data
 	// grows in memory, for an RSS committed in 2 MiB steps.
 	HugePages bool `toml:"huge_pages"`
+	// HeapReserveMiB is heap memory the shoal-vold process makes resident
+	// at start and keeps (pkg/hugeheap.Reserve), so that writes into
+	// volumes reuse mapped pages instead of faulting in fresh ones; its
+	// cost is that much RSS from the start. -1 (the default) picks 512 MiB
+	// or a sixteenth of the machine's memory, whichever is less; 0 turns
+	// it off.
+	HeapReserveMiB int `toml:"heap_reserve_mib"`
 }
 
 // Spec describes shoal-vold to the daemon runtime.
@@ -114,6 +121,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 				RaftTick:       daemon.Duration(100 * time.Millisecond),
 				KeepMounts:     true,
 				HugePages:      true,
+				HeapReserveMiB: -1,
 			}
 		},
 		Flags: func(fs *pflag.FlagSet, cfg any) {
@@ -127,6 +135,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 			fs.StringVar(&c.MountDir, "mount-dir", c.MountDir, "directory of the volumes' FUSE mounts (default <state-dir>/mounts)")
 			fs.BoolVar(&c.KeepMounts, "keep-mounts", c.KeepMounts, "keep volume mounts alive across vold restarts (a holder process keeps their FUSE sessions)")
 			fs.BoolVar(&c.HugePages, "huge-pages", c.HugePages, "ask the kernel for transparent huge pages for vold's heap (fewer page faults as volume data grows in memory)")
+			fs.IntVar(&c.HeapReserveMiB, "heap-reserve-mib", c.HeapReserveMiB, "MiB of heap made resident at start and kept, so that volume writes reuse mapped memory (-1: 512 or a sixteenth of the machine's memory, whichever is less; 0: none)")
 			fs.IntVar(&c.MaxProcs, "max-procs", c.MaxProcs, "processors the Go scheduler runs vold's goroutines on (0: one per four CPUs, at least one, unless GOMAXPROCS is set)")
 		},
 		Start: start,
@@ -151,6 +160,9 @@ var errNotReady = fmt.Errorf("this node's vold is not ready: is the node in a cl
 func (c *Config) check() error {
 	if c.PeerPort == 0 || c.PeerPort > 65535 {
 		return fmt.Errorf("peer_port %d: want 1-65535", c.PeerPort)
+	}
+	if c.HeapReserveMiB < -1 {
+		return fmt.Errorf("heap_reserve_mib %d: want -1 (automatic), 0 (none) or more", c.HeapReserveMiB)
 	}
 	if c.MaxProcs < 0 {
 		return fmt.Errorf("max_procs %d: want 0 (automatic) or more", c.MaxProcs)
