@@ -1,7 +1,8 @@
-// Package hugeheap asks Linux to back a Go process's heap with
-// transparent huge pages where the host leaves that to each process
-// (/sys/kernel/mm/transparent_hugepage/enabled set to "madvise", the
-// common default).
+// Package hugeheap spares a Go process page faults as its heap grows: it
+// asks Linux to back the heap with transparent huge pages where the host
+// leaves that to each process (/sys/kernel/mm/transparent_hugepage/enabled
+// set to "madvise", the common default), and Reserve makes heap memory
+// resident ahead of use and keeps it (reserve.go).
 //
 // Why: vold keeps each volume's files in memory on every replica, so
 // writing new data grows its heap, and every 4 KiB page touched for the

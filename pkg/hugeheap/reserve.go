@@ -30,23 +30,25 @@ var (
 // Why: a page touched for the first time is a page fault, and on the
 // project's paravirtualized VMs each fault exits to the hypervisor:
 // touching fresh memory cost 2.7 ms per MiB in 4 KiB pages and 0.2–1.8
-// ms in huge pages (the kernel compacting memory to find them), where the
-// kernel populating the same range in one madvise call took 0.13 ms per
-// MiB (4 KiB pages). vold holds each volume's data in memory and
-// allocates a megabyte buffer per written megabyte on every replica, so
-// fresh heap was the largest cost of sequential writes.
+// ms in huge pages, where the kernel populating the same range in one
+// madvise call took 0.05–0.13 ms per MiB. vold holds each volume's data
+// in memory and allocates a megabyte buffer per written megabyte on
+// every replica, so fresh heap was the largest cost of sequential
+// writes.
 //
 // How: n fresh bytes are allocated (a span straight from the kernel,
-// which the runtime does not zero), populated with MADV_POPULATE_WRITE
-// (or touched page by page where the kernel lacks it) and dropped; a
-// ballast of n bytes that is never touched stays live, so the collector
-// next runs once the heap reaches twice n plus the live data, and its
-// scavenger, which keeps about 1.1 times that goal, returns none of the
-// reserve. The reserve is reused after every collection. The cost is
-// resident memory: n at start, and up to n plus twice the live data
-// between collections. Call it early, before the heap has free spans of
-// n bytes (a reused span is zeroed by the runtime, a slow first touch).
-// It returns how many bytes the kernel populated in one call (0 when it
+// which the runtime does not zero), advised for huge pages if huge,
+// populated with MADV_POPULATE_WRITE (or touched page by page where the
+// kernel lacks it) and dropped; a ballast of n bytes that is never
+// touched stays live. The collector then next runs once the heap reaches
+// twice n plus the live data, so until then the heap grows into the
+// reserve, and its scavenger, which keeps about 1.1 times that goal,
+// returns none of it: what a collection frees stays mapped for the next
+// cycle. The cost is resident memory: n from the start, and up to n plus
+// twice the live data (the first cycle's excess over n faults in fresh
+// pages as before). Call it early, before the heap has free spans of n
+// bytes (a reused span is zeroed by the runtime, a slow first touch). It
+// returns how many bytes the kernel populated in one call (0 when it
 // fell back to touching). Later calls do nothing.
 func Reserve(n int, huge bool) (int, error) {
 	reserveMu.Lock()
@@ -54,6 +56,11 @@ func Reserve(n int, huge bool) (int, error) {
 	if n <= 0 || ballast != nil {
 		return 0, nil
 	}
+	// The ballast first, and a collection that sees it: the heap's goal
+	// is then above the reserve when the reserve is allocated, so growing
+	// the heap for it does not make the scavenger return memory.
+	ballast = make([]byte, n)
+	runtime.GC()
 	b := make([]byte, n)
 	if huge {
 		adviseRange(b)
@@ -66,10 +73,10 @@ func Reserve(n int, huge bool) (int, error) {
 			b[i] = 0
 		}
 	case err != nil:
+		ballast = nil
 		return 0, fmt.Errorf("hugeheap: populating a reserve of %d bytes: %w", n, err)
 	}
 	runtime.KeepAlive(b)
-	ballast = make([]byte, n)
 	b = nil
 	runtime.GC()
 	return populated, nil

@@ -27,12 +27,13 @@ func TestMain(m *testing.M) {
 const (
 	testReserve = 96 << 20
 	testAlloc   = 16 << 20
-	testRounds  = 4
+	testRounds  = 4 // 64 MiB kept: a volume's data filling the heap
 )
 
-// reserveChild prints its RSS after the optional reserve and the page
-// faults that allocating and writing testRounds fresh buffers took, with
-// a collection between rounds.
+// reserveChild prints its RSS after the optional reserve, the page faults
+// that allocating and writing testRounds fresh buffers took (all kept
+// live, the collector left to itself), the collections that ran
+// meanwhile and its RSS at the end.
 func reserveChild(mode string) int {
 	if mode == "reserve" {
 		if _, err := Reserve(testReserve, false); err != nil {
@@ -41,6 +42,9 @@ func reserveChild(mode string) int {
 		}
 	}
 	rss := vmRSS()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	gcs := ms.NumGC
 	var sink [][]byte
 	before := minorFaults()
 	for r := 0; r < testRounds; r++ {
@@ -48,11 +52,12 @@ func reserveChild(mode string) int {
 		for i := range b {
 			b[i] = byte(i)
 		}
-		sink = append(sink[:0], b)
-		runtime.GC()
+		sink = append(sink, b)
 	}
 	runtime.KeepAlive(sink)
-	fmt.Printf("%d %d\n", rss, minorFaults()-before)
+	faults := minorFaults() - before
+	runtime.ReadMemStats(&ms)
+	fmt.Printf("%d %d %d %d\n", rss, faults, ms.NumGC-gcs, vmRSS())
 	return 0
 }
 
@@ -81,38 +86,50 @@ func vmRSS() int64 {
 	panic("no VmRSS")
 }
 
-func runReserveChild(t *testing.T, mode string) (rss, faults int64) {
+type childResult struct{ rss, faults, gcs, endRSS int64 }
+
+func runReserveChild(t *testing.T, mode string) childResult {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+mode, "GOGC=100", "GOMEMLIMIT=off")
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "GOGC=") && !strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			env = append(env, kv)
+		}
+	}
+	cmd.Env = append(env, childEnv+"="+mode)
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("child %s: %v", mode, err)
 	}
-	if _, err := fmt.Sscan(string(out), &rss, &faults); err != nil {
+	var r childResult
+	if _, err := fmt.Sscan(string(out), &r.rss, &r.faults, &r.gcs, &r.endRSS); err != nil {
 		t.Fatalf("child %s printed %q: %v", mode, out, err)
 	}
-	return rss, faults
+	return r
 }
 
 // TestReserveFaultsMemoryInAhead: a process with a reserve is resident
-// by the reserve's size at once, and writing new buffers afterwards, a
-// collection between each, faults next to nothing, where a process
-// without one faults in every page it writes.
+// by the reserve's size at once, and its heap then grows into the
+// reserve with next to no page faults and no more RSS, where a process
+// without one faults in every page its heap grows into.
 func TestReserveFaultsMemoryInAhead(t *testing.T) {
-	plainRSS, plainFaults := runReserveChild(t, "none")
-	rss, faults := runReserveChild(t, "reserve")
-	t.Logf("without a reserve: RSS %d MiB, %d faults for %d × %d MiB; with %d MiB reserved: RSS %d MiB, %d faults",
-		plainRSS>>20, plainFaults, testRounds, testAlloc>>20, testReserve>>20, rss>>20, faults)
-	if rss < plainRSS+testReserve*9/10 {
-		t.Errorf("RSS after the reserve %d MiB, want at least %d MiB more than without (%d MiB)", rss>>20, testReserve*9/10>>20, plainRSS>>20)
+	plain := runReserveChild(t, "none")
+	res := runReserveChild(t, "reserve")
+	t.Logf("%d × %d MiB written; without a reserve: RSS %d → %d MiB, %d faults, %d collections; with %d MiB reserved: RSS %d → %d MiB, %d faults, %d collections",
+		testRounds, testAlloc>>20, plain.rss>>20, plain.endRSS>>20, plain.faults, plain.gcs, testReserve>>20, res.rss>>20, res.endRSS>>20, res.faults, res.gcs)
+	if res.rss < plain.rss+testReserve*9/10 {
+		t.Errorf("RSS after the reserve %d MiB, want at least %d MiB more than without (%d MiB)", res.rss>>20, testReserve*9/10>>20, plain.rss>>20)
 	}
 	// 16 MiB is at least 8 faults even in huge pages, 4096 in small ones.
-	if plainFaults < testAlloc/(2<<20) {
-		t.Fatalf("without a reserve, writing %d MiB faulted %d times: the measure does not see faults", testAlloc>>20, plainFaults)
+	if plain.faults < testAlloc/(2<<20) {
+		t.Fatalf("without a reserve, writing %d MiB faulted %d times: the measure does not see faults", testAlloc>>20, plain.faults)
 	}
-	if faults*4 > plainFaults {
-		t.Errorf("with a reserve, %d faults; want under a quarter of the %d without", faults, plainFaults)
+	if res.faults*4 > plain.faults {
+		t.Errorf("with a reserve, %d faults; want under a quarter of the %d without", res.faults, plain.faults)
+	}
+	if res.endRSS > res.rss+16<<20 {
+		t.Errorf("RSS grew from %d to %d MiB: the heap outgrew its reserve", res.rss>>20, res.endRSS>>20)
 	}
 }
 

@@ -53,16 +53,19 @@ const hugePremap = 256 << 20
 
 // heapReserve is the bytes of heap vold reserves (hugeheap.Reserve) for
 // the configured MiB (-1: automatic) on a machine of memTotal bytes (0:
-// unknown). Automatic is 512 MiB, at most a sixteenth of the memory:
-// on the project's VMs, sequential writes into a fresh volume went from
-// 85 to 172 MB/s through the leader's mount with a reserve of that size
-// (docs/VOLUMES.md), and the three nodes of a local cluster on one
-// 2 GiB machine still keep most of its memory.
+// unknown). Automatic is 1 GiB, at most a sixteenth of the memory. On
+// the project's VMs, alternating binaries in bench/vold (2 runs each, 3
+// × 64 MiB sequential rounds per mount), sequential writes into a fresh
+// volume went from 72.6 / 83.3 to 129.3 / 178.4 MB/s through the leader's
+// mount at 20 / 18 -> 10 / 7.5 ms of CPU per MiB, and from 70.5 / 79.2 to
+// 72.2 / 111.2 MB/s through a follower's (docs/VOLUMES.md); a 512 MiB
+// reserve ran out during the follower's rounds, which allocate twice
+// (the proposal, then the leader's append of it).
 func heapReserve(configuredMiB int, memTotal int64) int {
 	if configuredMiB >= 0 {
 		return configuredMiB << 20
 	}
-	const auto = 512 << 20
+	const auto = 1 << 30
 	if memTotal <= 0 {
 		return 0
 	}

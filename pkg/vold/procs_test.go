@@ -37,7 +37,7 @@ func TestHeapReserve(t *testing.T) {
 		mem        int64
 		want       int
 	}{
-		{-1, 24 * gib, 512 << 20},
+		{-1, 24 * gib, 1 << 30},
 		{-1, 2 * gib, 128 << 20}, // a sixteenth of a small machine
 		{-1, 0, 0},               // memory unknown: none
 		{0, 24 * gib, 0},

@@ -86,7 +86,7 @@ type Config struct {
 	// HeapReserveMiB is heap memory the shoal-vold process makes resident
 	// at start and keeps (pkg/hugeheap.Reserve), so that writes into
 	// volumes reuse mapped pages instead of faulting in fresh ones; its
-	// cost is that much RSS from the start. -1 (the default) picks 512 MiB
+	// cost is that much RSS from the start. -1 (the default) picks 1 GiB
 	// or a sixteenth of the machine's memory, whichever is less; 0 turns
 	// it off.
 	HeapReserveMiB int `toml:"heap_reserve_mib"`
@@ -135,7 +135,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 			fs.StringVar(&c.MountDir, "mount-dir", c.MountDir, "directory of the volumes' FUSE mounts (default <state-dir>/mounts)")
 			fs.BoolVar(&c.KeepMounts, "keep-mounts", c.KeepMounts, "keep volume mounts alive across vold restarts (a holder process keeps their FUSE sessions)")
 			fs.BoolVar(&c.HugePages, "huge-pages", c.HugePages, "ask the kernel for transparent huge pages for vold's heap (fewer page faults as volume data grows in memory)")
-			fs.IntVar(&c.HeapReserveMiB, "heap-reserve-mib", c.HeapReserveMiB, "MiB of heap made resident at start and kept, so that volume writes reuse mapped memory (-1: 512 or a sixteenth of the machine's memory, whichever is less; 0: none)")
+			fs.IntVar(&c.HeapReserveMiB, "heap-reserve-mib", c.HeapReserveMiB, "MiB of heap made resident at start and kept, so that volume writes reuse mapped memory (-1: 1024 or a sixteenth of the machine's memory, whichever is less; 0: none)")
 			fs.IntVar(&c.MaxProcs, "max-procs", c.MaxProcs, "processors the Go scheduler runs vold's goroutines on (0: one per four CPUs, at least one, unless GOMAXPROCS is set)")
 		},
 		Start: start,
