@@ -8,8 +8,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 // childEnv runs the test binary as a child that allocates with or without
@@ -59,14 +57,6 @@ func reserveChild(mode string) int {
 	runtime.ReadMemStats(&ms)
 	fmt.Printf("%d %d %d %d\n", rss, faults, ms.NumGC-gcs, vmRSS())
 	return 0
-}
-
-func minorFaults() int64 {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		panic(err)
-	}
-	return ru.Minflt
 }
 
 func vmRSS() int64 {

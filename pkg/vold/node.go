@@ -88,7 +88,13 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	}
 	rt.Log.Debug("go scheduler", "gomaxprocs", applyMaxProcs(cfg.MaxProcs), "cpus", runtime.NumCPU())
 	premap := hugePremap
-	if n := heapReserve(cfg.HeapReserveMiB, memTotal()); ownProcess && n > 0 {
+	reserveMiB := cfg.HeapReserveMiB
+	if reserveMiB < 0 && os.Getenv("GOMEMLIMIT") != "" {
+		// The ballast counts against a memory limit: an operator's limit
+		// and an automatic reserve would fight.
+		reserveMiB = 0
+	}
+	if n := heapReserve(reserveMiB, memAvailable()); ownProcess && n > 0 {
 		// Before the huge pages' premap: a span freed there would be
 		// reused for the reserve and zeroed by the runtime, page by page.
 		t := time.Now()

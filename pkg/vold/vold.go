@@ -87,8 +87,9 @@ type Config struct {
 	// at start and keeps (pkg/hugeheap.Reserve), so that writes into
 	// volumes reuse mapped pages instead of faulting in fresh ones; its
 	// cost is that much RSS from the start. -1 (the default) picks 1 GiB
-	// or a sixteenth of the machine's memory, whichever is less; 0 turns
-	// it off.
+	// or a sixteenth of the memory (the machine's, or the memory cgroup's
+	// limit if lower), whichever is less, and none when GOMEMLIMIT is set;
+	// 0 turns it off.
 	HeapReserveMiB int `toml:"heap_reserve_mib"`
 }
 
