@@ -54,9 +54,8 @@ var (
 // figure, the local file system's included, and an idle vold whose
 // reserve was in small pages used 1.8% of a core where two in huge pages
 // used 1.2–1.3%, which suggests the hypervisor's cost of mapping many
-// small pages. It
-// returns how many bytes the kernel populated in one call (0 when it
-// fell back to touching). Later calls do nothing.
+// small pages. It returns how many bytes the kernel populated in one call
+// (0 when it fell back to touching). Later calls do nothing.
 func Reserve(n int, huge bool) (int, error) {
 	reserveMu.Lock()
 	defer reserveMu.Unlock()
@@ -77,7 +76,7 @@ func Reserve(n int, huge bool) (int, error) {
 	if err == nil && huge && minorFaults()-faults > int64(n/smallPageShare) {
 		// Huge pages were asked for and the kernel populated small ones:
 		// on the project's VMs a heap kept in small pages made every
-		// process slower (see the package doc), so no reserve at all.
+		// process slower (see above), so no reserve at all.
 		ballast = nil
 		return 0, fmt.Errorf("hugeheap: a reserve of %d bytes was populated in small pages (%d faults): %w", n, minorFaults()-faults, ErrSmallPages)
 	}

@@ -1,6 +1,7 @@
 package hugeheap
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -8,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // childEnv runs the test binary as a child that allocates with or without
@@ -33,6 +36,9 @@ const (
 // live, the collector left to itself), the collections that ran
 // meanwhile and its RSS at the end.
 func reserveChild(mode string) int {
+	if mode == "small" {
+		return smallPagesChild()
+	}
 	if mode == "reserve" {
 		if _, err := Reserve(testReserve, false); err != nil {
 			fmt.Fprintln(os.Stderr, err)
@@ -120,6 +126,37 @@ func TestReserveFaultsMemoryInAhead(t *testing.T) {
 	}
 	if res.endRSS > res.rss+16<<20 {
 		t.Errorf("RSS grew from %d to %d MiB: the heap outgrew its reserve", res.rss>>20, res.endRSS>>20)
+	}
+}
+
+// smallPagesChild asks for a reserve in huge pages with transparent huge
+// pages disabled for the process, and prints what Reserve said.
+func smallPagesChild() int {
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "prctl:", err)
+		return 1
+	}
+	_, err := Reserve(testReserve, true)
+	fmt.Printf("%v %d\n", errors.Is(err, ErrSmallPages), Reserved())
+	return 0
+}
+
+// TestReserveGivesUpSmallPages: where huge pages were asked for and the
+// kernel populated small ones, there is no reserve.
+func TestReserveGivesUpSmallPages(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"=small")
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("child: %v", err)
+	}
+	var small bool
+	var reserved int
+	if _, err := fmt.Sscan(string(out), &small, &reserved); err != nil {
+		t.Fatalf("child printed %q: %v", out, err)
+	}
+	if !small || reserved != 0 {
+		t.Fatalf("a reserve populated in small pages: ErrSmallPages %v, Reserved %d; want true, 0", small, reserved)
 	}
 }
 
