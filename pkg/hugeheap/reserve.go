@@ -67,11 +67,14 @@ func Reserve(n int, huge bool) (int, error) {
 	// the heap for it does not make the scavenger return memory.
 	ballast = make([]byte, n)
 	runtime.GC()
+	// Faults are counted from before the allocation: the runtime
+	// sometimes hands out a span it has to zero, and then make itself
+	// touches every page, before the advice below could ask for huge ones.
+	faults := minorFaults()
 	b := make([]byte, n)
 	if huge {
 		adviseRange(b)
 	}
-	faults := minorFaults()
 	populated, err := populate(b)
 	if err == nil && huge && minorFaults()-faults > int64(n/smallPageShare) {
 		// Huge pages were asked for and the kernel populated small ones:
