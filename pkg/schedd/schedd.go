@@ -29,6 +29,7 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/daemon"
+	"github.com/shoal-dev/shoal/pkg/meminfo"
 	"github.com/shoal-dev/shoal/pkg/peerauth"
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
@@ -231,7 +232,7 @@ func (c *Config) capacity() sched.Resources {
 		r.CPUMillis = int64(runtime.NumCPU()) * 1000
 	}
 	if r.MemoryBytes == 0 {
-		r.MemoryBytes = memTotal() / 10 * 9
+		r.MemoryBytes = meminfo.Total() / 10 * 9
 	}
 	return r
 }

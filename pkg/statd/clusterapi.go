@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/meminfo"
 	"github.com/shoal-dev/shoal/pkg/overlay"
 	"github.com/shoal-dev/shoal/pkg/pki"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
@@ -378,18 +378,7 @@ func advertiseAddr(explicit, peer string) (string, error) {
 
 // resources reports this machine's CPUs and memory for the node document.
 func resources() (cpus int, memory int64) {
-	cpus = numCPU()
-	data, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return cpus, 0
-	}
-	for _, line := range strings.Split(string(data), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
-			kb, _ := strconv.ParseInt(f[1], 10, 64)
-			return cpus, kb * 1024
-		}
-	}
-	return cpus, 0
+	return numCPU(), meminfo.Total()
 }
 
 func (s *clusterServer) Identity(context.Context, *clusterv1.IdentityRequest) (*clusterv1.IdentityResponse, error) {

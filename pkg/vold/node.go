@@ -14,6 +14,7 @@ import (
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/daemon"
 	"github.com/shoal-dev/shoal/pkg/hugeheap"
+	"github.com/shoal-dev/shoal/pkg/meminfo"
 	"github.com/shoal-dev/shoal/pkg/peerauth"
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
@@ -94,7 +95,14 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		// and an automatic reserve would fight.
 		reserveMiB = 0
 	}
-	if n := heapReserve(reserveMiB, memAvailable()); ownProcess && n > 0 {
+	if !ownProcess {
+		reserveMiB = 0
+	}
+	var mem int64
+	if reserveMiB < 0 {
+		mem = meminfo.Available()
+	}
+	if n := heapReserve(reserveMiB, mem); n > 0 {
 		// Before the huge pages' premap: a span freed there would be
 		// reused for the reserve and zeroed by the runtime, page by page.
 		t := time.Now()

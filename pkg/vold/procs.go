@@ -3,9 +3,6 @@ package vold
 import (
 	"os"
 	"runtime"
-	"slices"
-	"strconv"
-	"strings"
 )
 
 // ownProcess is set by Main: only the shoal-vold binary sets the Go
@@ -53,16 +50,17 @@ func applyMaxProcs(configured int) int {
 const hugePremap = 256 << 20
 
 // heapReserve is the bytes of heap vold reserves (hugeheap.Reserve) for
-// the configured MiB (-1: automatic) on a machine of memTotal bytes (0:
-// unknown; memAvailable). Automatic is 1 GiB, at most a sixteenth of
-// the memory. On
-// the project's VMs, alternating binaries in bench/vold (2 runs each, 3
-// × 64 MiB sequential rounds per mount), sequential writes into a fresh
-// volume went from 72.6 / 83.3 to 129.3 / 178.4 MB/s through the leader's
-// mount at 20 / 18 -> 10 / 7.5 ms of CPU per MiB, and from 70.5 / 79.2 to
-// 72.2 / 111.2 MB/s through a follower's (docs/VOLUMES.md); a 512 MiB
-// reserve ran out during the follower's rounds, which allocate twice
-// (the proposal, then the leader's append of it).
+// the configured MiB (-1: automatic) with memTotal bytes of memory (0:
+// unknown; meminfo.Available, so that an automatic reserve never
+// populates a memory cgroup into its OOM killer). Automatic is 1 GiB, at
+// most a sixteenth of the memory. On the project's VMs, alternating
+// binaries in bench/vold (2 runs each, 3 × 64 MiB sequential rounds per
+// mount), sequential writes into a fresh volume went from 72.6 / 83.3 to
+// 129.3 / 178.4 MB/s through the leader's mount at 20 / 18 -> 10 / 7.5 ms
+// of CPU per MiB, and from 70.5 / 79.2 to 72.2 / 111.2 MB/s through a
+// follower's (docs/VOLUMES.md); a 512 MiB reserve ran out during the
+// follower's rounds, which allocate twice (the proposal, then the
+// leader's append of it).
 func heapReserve(configuredMiB int, memTotal int64) int {
 	if configuredMiB >= 0 {
 		return configuredMiB << 20
@@ -72,67 +70,4 @@ func heapReserve(configuredMiB int, memTotal int64) int {
 		return 0
 	}
 	return int(min(auto, memTotal/16))
-}
-
-// memTotal reads MemTotal from /proc/meminfo (0 if it cannot).
-func memTotal() int64 {
-	b, err := os.ReadFile("/proc/meminfo")
-	if err != nil {
-		return 0
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "MemTotal:" {
-			kb, err := strconv.ParseInt(f[1], 10, 64)
-			if err != nil {
-				return 0
-			}
-			return kb << 10
-		}
-	}
-	return 0
-}
-
-// memAvailable is the memory vold may use as far as it can tell: the
-// machine's, or its memory cgroup's limit when that is lower (a unit's
-// MemoryMax=), so that an automatic reserve never populates a cgroup
-// into its OOM killer.
-func memAvailable() int64 {
-	mem := memTotal()
-	if b, err := os.ReadFile("/proc/self/cgroup"); err == nil {
-		if lim := cgroupMemLimit(string(b), os.ReadFile); lim > 0 && (mem == 0 || lim < mem) {
-			mem = lim
-		}
-	}
-	return mem
-}
-
-// cgroupMemLimit returns the memory limit of the cgroup that selfCgroup
-// (/proc/self/cgroup) names, cgroup v2 or v1, or 0 when there is none
-// or it cannot be read. read reads a file.
-func cgroupMemLimit(selfCgroup string, read func(string) ([]byte, error)) int64 {
-	for _, line := range strings.Split(selfCgroup, "\n") {
-		f := strings.SplitN(line, ":", 3)
-		if len(f) != 3 {
-			continue
-		}
-		var path string
-		switch {
-		case f[0] == "0" && f[1] == "":
-			path = "/sys/fs/cgroup" + f[2] + "/memory.max"
-		case slices.Contains(strings.Split(f[1], ","), "memory"):
-			path = "/sys/fs/cgroup/memory" + f[2] + "/memory.limit_in_bytes"
-		default:
-			continue
-		}
-		b, err := read(path)
-		if err != nil {
-			continue
-		}
-		v, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
-		if err != nil || v <= 0 || v >= 1<<62 {
-			continue // "max", or v1's page-rounded "unlimited"
-		}
-		return v
-	}
-	return 0
 }
