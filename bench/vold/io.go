@@ -27,6 +27,9 @@ type target struct {
 	writers int
 	// total: the row's IOPS are those of all its writers together.
 	total bool
+	// profile names the -profile files of the target's first random
+	// write run ("" for none).
+	profile string
 }
 
 type seqResult struct {
@@ -102,7 +105,7 @@ func (b *bench) mountTargets(ctx context.Context, user string) ([]target, int, i
 	check(err)
 	fp, err := b.mount(ctx, follower, benchVol, user)
 	check(err)
-	return []target{{label: rowLocal, dir: b.local, writers: 1}, {label: rowLocal3, dir: b.local, writers: localWriters}, {label: rowLeader, dir: lp, writers: 1}, {label: rowFollower, dir: fp, writers: 1}}, leader, follower
+	return []target{{label: rowLocal, dir: b.local, writers: 1}, {label: rowLocal3, dir: b.local, writers: localWriters}, {label: rowLeader, dir: lp, writers: 1, profile: "leader"}, {label: rowFollower, dir: fp, writers: 1, profile: "follower"}}, leader, follower
 }
 
 // sequential writes c.seqMiB MiB in 1 MiB writes, then fsyncs, to each
@@ -125,7 +128,7 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 	}
 	size := int64(c.seqMiB) << 20
 	b.waitQuiet(ctx)
-	profiled := b.startProfiles(ctx, "seq")
+	profiled := b.startProfiles(ctx, "seq", c.profileFor)
 	defer profiled()
 	l0 := b.acct.Take()
 	for rep := range c.reps {
@@ -248,8 +251,6 @@ func (b *bench) random(ctx context.Context) randResult {
 		}
 	}
 	b.waitQuiet(ctx)
-	profiled := b.startProfiles(ctx, "rand")
-	defer profiled()
 	l0 := b.acct.Take()
 	for rep := range c.reps {
 		for k := range targets {
@@ -260,6 +261,12 @@ func (b *bench) random(ctx context.Context) randResult {
 			var m0 []raftCounters
 			if t.dir != b.local {
 				m0 = b.raftCounters(ctx)
+			}
+			runProfiled := func() {}
+			if rep == 0 && t.profile != "" {
+				// Of one mount's run, not of the phase: a profile that
+				// mixed the targets would hide which mount costs what.
+				runProfiled = b.startProfiles(ctx, "rand-"+t.profile, c.randDur)
 			}
 			a := b.acct.Take()
 			rows := make([]randRow, t.writers)
@@ -273,6 +280,7 @@ func (b *bench) random(ctx context.Context) randResult {
 				rows[w], err = randWrite(files[t.label][w], buf[:block], size, c.randDur, rng.Int64N)
 				return 0, err
 			})
+			runProfiled()
 			if err != nil {
 				fail("random writes to %s: %v", t.label, err)
 			}

@@ -78,6 +78,7 @@ type config struct {
 	verbose     bool
 	profileDir  string
 	profileFor  time.Duration
+	replicas    int
 }
 
 func main() {
@@ -100,7 +101,8 @@ func main() {
 	flag.DurationVar(&c.settle, "settle", 3*time.Second, "quiet time after the cluster formed and before each kill")
 	flag.DurationVar(&c.quiet, "quiet-wait", 10*time.Second, "before each phase, wait up to this long for other processes to use less than 0.25 CPUs")
 	flag.BoolVar(&c.verbose, "v", false, "print devcluster progress on stderr")
-	flag.StringVar(&c.profileDir, "profile", "", "directory for CPU profiles of every vold over the first -profile-duration of the sequential and random write phases, and over -profile-duration after the idle measurement with volumes, then a heap profile (vold runs with --debug-pprof)")
+	flag.IntVar(&c.replicas, "replicas", 3, "replicas of the write phases' volume (1 to 3; fewer than 3 needs -failovers 0): a measure of what each replica costs, the goals are for 3; with 1 the second mount is on a node that holds no replica")
+	flag.StringVar(&c.profileDir, "profile", "", "directory for CPU profiles of every vold over the first -profile-duration of the sequential write phase, over the first random write run through each mount (rand-leader-node<i>.pprof, rand-follower-node<i>.pprof), and over -profile-duration after the idle measurement with volumes, then a heap profile (vold runs with --debug-pprof)")
 	flag.DurationVar(&c.profileFor, "profile-duration", 10*time.Second, "length of each -profile capture")
 	seed := flag.Uint64("seed", 1, "random seed (offsets, payloads)")
 	flag.Parse()
@@ -113,6 +115,12 @@ func main() {
 	}
 	if c.seqMiB < 1 || c.reps < 1 || c.randMiB < 1 || c.randDur <= 0 || c.failovers < 0 || c.idleVols < 0 || c.createPar < 1 || c.idleWindow <= 0 || c.kvDur <= 0 {
 		fail("-seq-mib, -reps, -rand-file-mib, -rand-duration, -idle, -kv-duration and -create-parallel must be positive")
+	}
+	if c.replicas < 1 || c.replicas > nodes {
+		fail("-replicas %d: want 1 to %d", c.replicas, nodes)
+	}
+	if c.replicas < nodes && c.failovers > 0 {
+		fail("-replicas %d: the failover phase needs %d replicas (pass -failovers 0)", c.replicas, nodes)
 	}
 
 	fmt.Printf("## Replicated volumes on %d real nodes (shoal-vold)\n\n", nodes)
@@ -312,8 +320,8 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 	progress("idle cost with no volume")
 	r.idle0 = b.measureIdle(ctx, 0, false)
 
-	progress("creating volume %s (3 replicas)", benchVol)
-	_, err = b.create(ctx, 1, benchVol, 3, volumeSize)
+	progress("creating volume %s (%d replicas)", benchVol, c.replicas)
+	_, err = b.create(ctx, 1, benchVol, int32(c.replicas), volumeSize)
 	check(err)
 	check(b.waitHealthy(ctx, 1, benchVol, c.timeout))
 
@@ -339,7 +347,7 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 		progress("waiting for quiescence")
 		r.idleN = b.measureIdle(ctx, c.idleVols, true)
 		// After the measurement, so that profiling does not add to it.
-		b.startProfiles(ctx, "idle")()
+		b.startProfiles(ctx, "idle", c.profileFor)()
 		b.heapProfiles(ctx, "idle")
 	}
 	return r
@@ -464,9 +472,20 @@ func (b *bench) leaderAndFollower(ctx context.Context, name string) (int, int, e
 	if leader == 0 {
 		return 0, 0, fmt.Errorf("volume %s has no leader", name)
 	}
+	members := map[int]bool{}
 	for _, m := range v.GetMembers() {
 		if n := b.nodeOf(m.GetNode()); n != 0 && n != leader {
 			return leader, n, nil
+		}
+		members[b.nodeOf(m.GetNode())] = true
+	}
+	if b.c.replicas == 1 {
+		// No follower: the second mount is on a node without a replica,
+		// which forwards every operation to the leader.
+		for n := 1; n <= nodes; n++ {
+			if !members[n] {
+				return leader, n, nil
+			}
 		}
 	}
 	return 0, 0, fmt.Errorf("volume %s has no follower member", name)

@@ -23,14 +23,14 @@ import (
 // kworkers) is not in it, for the local filesystem and the volume alike.
 
 // startProfiles, with -profile DIR, fetches a CPU profile of every node's
-// vold (started with --debug-pprof) over the next -profile-duration, into
-// DIR/<phase>-node<i>.pprof; the returned function waits for them.
-// Without -profile it does nothing.
-func (b *bench) startProfiles(ctx context.Context, phase string) func() {
+// vold (started with --debug-pprof) over the next d (whole seconds, at
+// least one), into DIR/<phase>-node<i>.pprof; the returned function waits
+// for them. Without -profile it does nothing.
+func (b *bench) startProfiles(ctx context.Context, phase string, d time.Duration) func() {
 	if b.c.profileDir == "" {
 		return func() {}
 	}
-	query := fmt.Sprintf("profile?seconds=%d", int(b.c.profileFor.Seconds()))
+	query := fmt.Sprintf("profile?seconds=%d", max(1, int(d.Seconds())))
 	var wg sync.WaitGroup
 	for i := 1; i <= nodes; i++ {
 		wg.Add(1)

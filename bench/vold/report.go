@@ -35,9 +35,9 @@ func acctNote(exact bool) string {
 
 func (r *results) printSeq(c config) {
 	s := r.seq
-	fmt.Printf("### Sequential writes into a 3-replica volume\n\n")
-	fmt.Printf("A %d MiB file created, written in 1 MiB `write` calls and fsynced, then closed and deleted, timed from the open to the end of the close; MB/s is 10⁶ bytes per second. Four targets, %d rounds interleaved (the order rotating): a plain directory on the local filesystem, the same with three writers at once, and the volume's FUSE mount on the group leader's node (node %d) and on a follower's (node %d). The volume has 3 replicas on the 3 nodes and a %d MiB size limit; vold mounts with direct I/O, so each 1 MiB `write` is one Raft proposal acknowledged once committed on a quorum and applied, and a single writer never has two in flight (fsync then has nothing left to do).\n\n",
-		c.seqMiB, c.reps, s.leader, s.follower, volumeSize>>20)
+	fmt.Printf("### Sequential writes into a %d-replica volume\n\n", c.replicas)
+	fmt.Printf("A %d MiB file created, written in 1 MiB `write` calls and fsynced, then closed and deleted, timed from the open to the end of the close; MB/s is 10⁶ bytes per second. Four targets, %d rounds interleaved (the order rotating): a plain directory on the local filesystem, the same with three writers at once, and the volume's FUSE mount on the group leader's node (node %d) and on node %d, %s. The volume has %s and a %d MiB size limit; vold mounts with direct I/O, so each 1 MiB `write` is one Raft proposal acknowledged once committed on a quorum and applied, and a single writer never has two in flight (fsync then has nothing left to do).\n\n",
+		c.seqMiB, c.reps, s.leader, s.follower, secondMount(c), replicasText(c.replicas), volumeSize>>20)
 	fmt.Printf("| written to | MB/s per round | median MB/s | time per 1 MiB write | CPU per MiB | × local | × each of three local writers |\n|---|---|---:|---:|---:|---:|---:|\n")
 	local, local3 := median(s.mbps[rowLocal]), median(s.mbps[rowLocal3])
 	ok := true
@@ -62,6 +62,24 @@ func (r *results) printSeq(c config) {
 }
 
 // threeWritersNote says what the three-writer rows are for.
+// secondMount says what the node of the second volume mount is: with a
+// single replica there is no follower, and the mount on a node without a
+// replica forwards to the leader (rows keep their "follower's node"
+// label).
+func secondMount(c config) string {
+	if c.replicas == 1 {
+		return "a node that holds no replica (the rows labelled a follower's node)"
+	}
+	return "a follower's node"
+}
+
+func replicasText(n int) string {
+	if n == 1 {
+		return "1 replica"
+	}
+	return fmt.Sprintf("%d replicas on %d nodes", n, n)
+}
+
 const threeWritersNote = "*Three local writers at once* write a file each, as the three replicas of a volume on this machine's one disk must (every replica writes the data and syncs it): the row gives what each of them got, the ceiling of a volume here whatever its software costs. The goal is measured against one local writer."
 
 func isVolume(row string) bool { return row == rowLeader || row == rowFollower }
@@ -69,8 +87,8 @@ func isVolume(row string) bool { return row == rowLeader || row == rowFollower }
 func (r *results) printRand(c config) {
 	s := r.rnd
 	fmt.Printf("### Synchronous random 4 KiB writes\n\n")
-	fmt.Printf("One thread writing 4 KiB blocks (`pwrite`) at random 4 KiB-aligned offsets of a preallocated %d MiB file opened with O_DSYNC, for %v per run, %d runs per target interleaved as above (three writers at once write a file each); the same targets (the volume mounted on node %d, the leader, and node %d, a follower). Latency is per write, over all runs. On the local filesystem each write waits for the disk (this is the disk's synchronous write rate, the context of the KV figures below); in the volume each write is a Raft proposal committed on a quorum (each replica's log write is a record synced in its raft journal) and applied; the mount answers FSYNC with ENOSYS, so O_DSYNC costs no second round trip.\n\n",
-		c.randMiB, c.randDur, c.reps, s.leader, s.follower)
+	fmt.Printf("One thread writing 4 KiB blocks (`pwrite`) at random 4 KiB-aligned offsets of a preallocated %d MiB file opened with O_DSYNC, for %v per run, %d runs per target interleaved as above (three writers at once write a file each); the same targets (the volume mounted on node %d, the leader's, and node %d, %s). Latency is per write, over all runs. On the local filesystem each write waits for the disk (this is the disk's synchronous write rate, the context of the KV figures below); in the volume each write is a Raft proposal committed on a quorum (each replica's log write is a record synced in its raft journal) and applied; the mount answers FSYNC with ENOSYS, so O_DSYNC costs no second round trip.\n\n",
+		c.randMiB, c.randDur, c.reps, s.leader, s.follower, secondMount(c))
 	fmt.Printf("| written to | IOPS per run | median IOPS | p50 | p99 | max | CPU per write | journal syncs / Raft rounds per write | × local | × each of three local writers |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	iops := s.medianIOPS
 	local, local3 := iops(rowLocal), iops(rowLocal3)
