@@ -50,6 +50,10 @@ type randRow struct {
 	// syncs and rounds are the journal syncs and Raft rounds of the
 	// three volds together per write (volume rows; from their metrics).
 	syncs, rounds float64
+	// snapshots is how many snapshots the three volds took during the
+	// run: each is written on the Raft loop, which stalls every group
+	// of its node meanwhile (a run's max latency often is one).
+	snapshots uint64
 }
 
 // cpuPerWrite is the run's CPU time (see runCPU) per acknowledged write.
@@ -301,11 +305,12 @@ func (b *bench) random(ctx context.Context) randResult {
 					r := float64(m1[i].rounds-m0[i].rounds) / float64(len(row.lat))
 					row.syncs += s
 					row.rounds += r
+					row.snapshots += m1[i].snapshots - m0[i].snapshots
 					byNode = append(byNode, fmt.Sprintf("%.2f/%.2f", s, r))
 				}
 			}
 			r.runs[t.label] = append(r.runs[t.label], row)
-			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write, %.2f journal syncs and %.2f Raft rounds per write (node 1/2/3: %s)", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()), row.syncs, row.rounds, strings.Join(byNode, ", "))
+			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write, %.2f journal syncs and %.2f Raft rounds per write (node 1/2/3: %s), %d snapshots taken", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()), row.syncs, row.rounds, strings.Join(byNode, ", "), row.snapshots)
 		}
 	}
 	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}

@@ -96,7 +96,7 @@ func (b *bench) nodeGet(ctx context.Context, i int, path string, timeout time.Du
 }
 
 // raftCounters is what a vold's metrics say of its Raft loop so far.
-type raftCounters struct{ syncs, rounds uint64 }
+type raftCounters struct{ syncs, rounds, snapshots uint64 }
 
 // raftCounters reads every node's vold Raft counters (zero for a node
 // that does not answer).
@@ -120,6 +120,8 @@ func (b *bench) raftCounters(ctx context.Context) []raftCounters {
 				out[i].syncs = uint64(n)
 			case "shoal_vold_raft_rounds_total":
 				out[i].rounds = uint64(n)
+			case "shoal_vold_raft_snapshots_taken_total":
+				out[i].snapshots = uint64(n)
 			}
 		}
 		body.Close()

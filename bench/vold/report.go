@@ -110,8 +110,8 @@ func (r *results) printRand(c config) {
 		}
 		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", sum.name, sum.perRun, m, dur(pctl(sum.lat, 0.5)), dur(pctl(sum.lat, 0.99)), dur(worst), dur(sum.cpu), s.raftPerWrite(row), rat, rat3)
 	}
-	fmt.Printf("\n%s IOPS are per writer.\n\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. *Journal syncs / Raft rounds per write*: the medians over the runs of the three volds' synced journal writes and Raft loop rounds together (shoal_vold_raft_syncs_total, shoal_vold_raft_rounds_total) per write; three syncs per write means none was shared. Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
-		threeWritersNote, s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
+	fmt.Printf("\n%s IOPS are per writer.\n\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. *Journal syncs / Raft rounds per write*: the medians over the runs of the three volds' synced journal writes and Raft loop rounds together (shoal_vold_raft_syncs_total, shoal_vold_raft_rounds_total) per write; three syncs per write means none was shared. %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
+		threeWritersNote, s.snapshotNote(), s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
 	r.printRandMany(c)
 }
 
@@ -163,6 +163,37 @@ func (s randResult) raftPerWrite(row string) string {
 		return "–"
 	}
 	return fmt.Sprintf("%.2f / %.2f", median(syncs), median(rounds))
+}
+
+// snapshotNote says how many snapshots the volds took during the
+// single-writer volume runs (shoal_vold_raft_snapshots_taken_total) and
+// the longest write of runs with one against that of the others: a
+// snapshot is written on the Raft loop, which stalls every group of its
+// node meanwhile.
+func (s randResult) snapshotNote() string {
+	var taken uint64
+	var with, runs int
+	var worstWith, worstWithout time.Duration
+	for _, row := range []string{rowLeader, rowFollower} {
+		for _, x := range s.runs[row] {
+			if len(x.lat) == 0 {
+				continue
+			}
+			runs++
+			worst := slices.Max(x.lat)
+			if x.snapshots > 0 {
+				taken += x.snapshots
+				with++
+				worstWith = max(worstWith, worst)
+			} else {
+				worstWithout = max(worstWithout, worst)
+			}
+		}
+	}
+	if taken == 0 {
+		return "The volds took no snapshot during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total)."
+	}
+	return fmt.Sprintf("The volds took %d snapshots during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total), in %d of %d runs; a snapshot is written on the Raft loop, which stalls every group of its node meanwhile: the longest write of those runs took %s, of the others %s.", taken, with, runs, dur(worstWith), dur(worstWithout))
 }
 
 // printRandMany prints the several-writer rows: not the goal's measure
