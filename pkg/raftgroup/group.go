@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/crc32"
+	"io"
 	"slices"
 	"time"
 
@@ -752,6 +754,75 @@ func (g *group) takeSnapshot() (*pb.Snapshot, error) {
 	return snap, nil
 }
 
+// storeSnapshot stores a snapshot of the state machine at the applied
+// index, as takeSnapshot does, and returns its size. A SnapshotWriter's
+// large snapshot is written straight into the journal (see
+// SnapshotWriter): log compaction then never holds a whole copy of the
+// state in memory.
+func (g *group) storeSnapshot() (uint64, error) {
+	sw, ok := g.fsm.(SnapshotWriter)
+	covered := g.st.snap != nil && g.st.snap.GetIndex() >= g.applied
+	if !ok || g.st.large <= 0 || covered || g.broken != nil || g.applied == 0 {
+		snap, err := g.takeSnapshot()
+		if err != nil {
+			return 0, err
+		}
+		return uint64(len(snap.GetData())), nil
+	}
+	term, err := g.st.Term(g.applied)
+	if err != nil {
+		return 0, err
+	}
+	hdr := (&snapshotData{meta: g.meta, hasFSM: true}).header()
+	write := func(w io.Writer) error {
+		if _, err := w.Write(hdr); err != nil {
+			return err
+		}
+		return sw.WriteSnapshot(w)
+	}
+	var sum checksumWriter
+	if err := write(&sum); err != nil {
+		return 0, err
+	}
+	if sum.n < g.st.large {
+		// Small: kept in Pebble, as takeSnapshot does.
+		snap, err := g.takeSnapshot()
+		if err != nil {
+			return 0, err
+		}
+		return uint64(len(snap.GetData())), nil
+	}
+	meta := &pb.SnapshotMetadata{
+		Index:     new(g.applied),
+		Term:      new(term),
+		ConfState: proto.Clone(g.confState).(*pb.ConfState),
+	}
+	b := g.h.db.NewBatch()
+	defer b.Close()
+	commit, err := g.st.stageSnapshotStream(b, meta, sum.n, sum.crc, write)
+	if err != nil {
+		return 0, err
+	}
+	if err := g.h.commit(b, false); err != nil {
+		return 0, err
+	}
+	commit()
+	g.h.stats.SnapshotsTaken++
+	return uint64(sum.n), nil
+}
+
+// checksumWriter counts and checksums what is written to it.
+type checksumWriter struct {
+	n   int
+	crc uint32
+}
+
+func (c *checksumWriter) Write(p []byte) (int, error) {
+	c.crc = crc32.Update(c.crc, crcTable, p)
+	c.n += len(p)
+	return len(p), nil
+}
+
 // maybeCompact snapshots and truncates the log once enough entries were
 // applied since the last snapshot, or enough bytes: large entries (file
 // data) would otherwise keep gigabytes of log (10,000 entries of 1 MiB)
@@ -767,11 +838,11 @@ func (g *group) maybeCompact() error {
 	if g.applied < since+g.h.cfg.SnapshotEntries && !byBytes {
 		return nil
 	}
-	snap, err := g.takeSnapshot()
+	size, err := g.storeSnapshot()
 	if err != nil {
 		return err
 	}
-	g.logBytes, g.snapBytes = 0, uint64(len(snap.GetData()))
+	g.logBytes, g.snapBytes = 0, size
 	idx := g.st.snap.GetIndex()
 	margin := g.h.cfg.CompactionMargin
 	if byBytes {

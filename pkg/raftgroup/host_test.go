@@ -14,8 +14,11 @@ import (
 func put(k, v string) []byte { return rgt.KVOp{Op: "put", Key: k, Value: v}.Encode() }
 
 func kvOf(c *rgt.Cluster, n raftgroup.NodeID, g raftgroup.GroupID) *rgt.KV {
-	if a, ok := c.SM(n, g).(*rgt.AppendingKV); ok {
-		return a.KV
+	switch sm := c.SM(n, g).(type) {
+	case *rgt.AppendingKV:
+		return sm.KV
+	case *rgt.WritingKV:
+		return sm.KV
 	}
 	return c.SM(n, g).(*rgt.KV)
 }
@@ -167,21 +170,33 @@ func TestCrashRestartCatchesUp(t *testing.T) {
 }
 
 // A replica that missed compacted entries gets a snapshot, from a state
-// machine that returns it (Snapshot) or appends it to the host's header
-// (SnapshotAppender).
+// machine that returns it (Snapshot), appends it to the host's header
+// (SnapshotAppender), or writes it (SnapshotWriter: the host's own
+// snapshots, of at least LargeEntry bytes, go straight into its journal,
+// and a restart restores from them).
 func TestCatchUpBySnapshot(t *testing.T) {
-	t.Run("Snapshot", func(t *testing.T) { testCatchUpBySnapshot(t, false) })
-	t.Run("AppendSnapshot", func(t *testing.T) { testCatchUpBySnapshot(t, true) })
+	t.Run("Snapshot", func(t *testing.T) { testCatchUpBySnapshot(t, "") })
+	t.Run("AppendSnapshot", func(t *testing.T) { testCatchUpBySnapshot(t, "append") })
+	t.Run("WriteSnapshot", func(t *testing.T) { testCatchUpBySnapshot(t, "write") })
 }
 
-func testCatchUpBySnapshot(t *testing.T, appending bool) {
+func testCatchUpBySnapshot(t *testing.T, mode string) {
+	appending, writing := mode == "append", mode == "write"
 	opts := rgt.Options{Nodes: 3, Seed: 5, Configure: func(cfg *raftgroup.Config) {
 		cfg.SnapshotEntries = 10
 		cfg.CompactionMargin = 2
+		if writing {
+			cfg.LargeEntry = 64 // the snapshots of 10+ keys are larger
+		}
 	}}
 	if appending {
 		opts.NewStateMachine = func(raftgroup.NodeID, raftgroup.GroupID) raftgroup.StateMachine {
 			return &rgt.AppendingKV{KV: rgt.NewKV()}
+		}
+	}
+	if writing {
+		opts.NewStateMachine = func(raftgroup.NodeID, raftgroup.GroupID) raftgroup.StateMachine {
+			return &rgt.WritingKV{KV: rgt.NewKV()}
 		}
 	}
 	c := rgt.New(t, opts)
@@ -225,6 +240,27 @@ func testCatchUpBySnapshot(t *testing.T, appending bool) {
 	if appending {
 		if a := c.SM(l, 1).(*rgt.AppendingKV).Appends.Load(); a == 0 {
 			t.Fatal("the leader's snapshots were not appended by its state machine")
+		}
+	}
+	if writing {
+		// WriteSnapshot is called twice per stored snapshot (sized, then
+		// written); the leader compacted its log (the caught-up node
+		// applied too few entries since its snapshot to).
+		if w := c.SM(l, 1).(*rgt.WritingKV).Writes.Load(); w < 2 {
+			t.Fatalf("the leader's state machine was asked to write %d times", w)
+		}
+		if st, _ := c.Host(l).Status(1); st.FirstIndex <= 5 {
+			t.Fatalf("the leader's log not compacted: %+v", st)
+		}
+		// Every node restarts from its own stored snapshot and log.
+		for _, n := range c.NodeIDs() {
+			c.Crash(n)
+			c.Restart(n)
+		}
+		l = c.WaitLeader(1, 200)
+		write(t, c, l, 1, "after restart", "z")
+		if d := converge(t, c, 1, 1, 2, 3); len(d) != 52 {
+			t.Fatalf("%d keys after the restarts", len(d))
 		}
 	}
 }

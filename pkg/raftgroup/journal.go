@@ -1,11 +1,13 @@
 package raftgroup
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"io"
 	iofs "io/fs"
 	"slices"
 	"strconv"
@@ -485,6 +487,78 @@ func (j *journal) blob(data []byte) (segmentRef, error) {
 	ref := segmentRef{seg: s.id, off: uint64(s.size) - uint64(len(data)), n: uint64(len(data)), crc: crc}
 	s.lastSeq = j.seq
 	return ref, nil
+}
+
+// streamBlob writes a blob of n bytes whose checksum is crc, its data
+// written by write (to which it hands the segment's writer), without the
+// data in one buffer. write must write exactly those n bytes; if it does
+// not, the segment holds a broken record and the error says so.
+func (j *journal) streamBlob(n int, crc uint32, write func(io.Writer) error) (segmentRef, error) {
+	if n > maxRecord {
+		return segmentRef{}, fmt.Errorf("raftgroup: %d bytes is too large for one journal record", n)
+	}
+	s, err := j.room(n)
+	if err != nil {
+		return segmentRef{}, err
+	}
+	j.seq++
+	hdr := appendHeader(j.buf[:0], recordHeader{kind: recordBlob, seg: s.id, seq: j.seq, n: uint32(n), crc: crc})
+	j.buf = hdr[:0]
+	if err := s.write(hdr); err != nil {
+		return segmentRef{}, err
+	}
+	j.blobsUnsynced = true
+	start := s.size
+	sw := &segmentWriter{s: s, copy: j.copyBlobs}
+	// Buffered for the many small pieces of an encoding; a piece as large
+	// as the buffer goes straight through.
+	bw := bufio.NewWriterSize(sw, 256<<10)
+	err = write(bw)
+	if err == nil {
+		err = bw.Flush()
+	}
+	if sw.err != nil {
+		return segmentRef{}, sw.err
+	}
+	if err != nil {
+		return segmentRef{}, fmt.Errorf("raftgroup: write journal segment %d: %w", s.id, err)
+	}
+	if got := s.size - start; got != int64(n) {
+		if got < int64(n) {
+			// Keep the records after it readable: the header says n
+			// bytes follow. Nothing refers to this blob (the caller
+			// stores no reference on an error).
+			if err := s.write(make([]byte, int64(n)-got)); err != nil {
+				return segmentRef{}, err
+			}
+		}
+		return segmentRef{}, fmt.Errorf("raftgroup: journal segment %d: blob of %d bytes written as %d", s.id, n, got)
+	}
+	s.lastSeq = j.seq
+	return segmentRef{seg: s.id, off: uint64(start), n: uint64(n), crc: crc}, nil
+}
+
+// segmentWriter is an io.Writer onto a segment (see streamBlob).
+type segmentWriter struct {
+	s *segment
+	// copy writes a copy of what it is given (see journal.copyBlobs): it
+	// may be a state machine's own memory.
+	copy bool
+	err  error
+}
+
+func (w *segmentWriter) Write(p []byte) (int, error) {
+	if w.err != nil {
+		return 0, w.err
+	}
+	data := p
+	if w.copy {
+		data = bytes.Clone(p)
+	}
+	if w.err = w.s.write(data); w.err != nil {
+		return 0, w.err
+	}
+	return len(p), nil
 }
 
 // appendEntry writes the data of group g's entry index as a blob.

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
@@ -189,6 +190,22 @@ func (s *groupStorage) setSnapshot(b *pebble.Batch, snap *pb.Snapshot) error {
 		return err
 	}
 	return b.Set(key, v, nil)
+}
+
+// setSnapshotStream is setSnapshot for a snapshot of at least large
+// bytes whose data (n bytes, checksum crc) write streams into the
+// journal.
+func (s *groupStorage) setSnapshotStream(b *pebble.Batch, meta *pb.SnapshotMetadata, n int, crc uint32, write func(io.Writer) error) error {
+	ref, err := s.jnl.streamBlob(n, crc, write)
+	if err != nil {
+		return err
+	}
+	s.jnl.setSnapshot(s.g, ref.seg)
+	v, err := proto.MarshalOptions{}.MarshalAppend(ref.header(), &pb.Snapshot{Metadata: meta})
+	if err != nil {
+		return err
+	}
+	return b.Set(s.ks.groupKey(s.g, sufSnapshot), v, nil)
 }
 
 // InitialState implements raft.Storage.
@@ -447,6 +464,15 @@ func (s *groupStorage) stageSnapshot(b *pebble.Batch, snap *pb.Snapshot) (func()
 		return nil, err
 	}
 	meta := proto.Clone(snap.GetMetadata()).(*pb.SnapshotMetadata)
+	return func() { s.snap = meta }, nil
+}
+
+// stageSnapshotStream is stageSnapshot for setSnapshotStream.
+func (s *groupStorage) stageSnapshotStream(b *pebble.Batch, meta *pb.SnapshotMetadata, n int, crc uint32, write func(io.Writer) error) (func(), error) {
+	if err := s.setSnapshotStream(b, meta, n, crc, write); err != nil {
+		return nil, err
+	}
+	meta = proto.Clone(meta).(*pb.SnapshotMetadata)
 	return func() { s.snap = meta }, nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"time"
 
@@ -109,6 +110,18 @@ type StateMachine interface {
 // time behind the host's own header.
 type SnapshotAppender interface {
 	AppendSnapshot(dst []byte) ([]byte, error)
+}
+
+// SnapshotWriter is a StateMachine that can write its snapshot (what
+// Snapshot returns) to a writer. When the host stores a snapshot of its
+// own accord (log compaction) it then writes the state straight into its
+// journal: no buffer of the whole state is allocated, zeroed and copied,
+// which for a large state is most of the time the Raft loop spends on
+// it. WriteSnapshot is called twice for one snapshot (the first time to
+// size and checksum it) with no Apply between, and must write the same
+// bytes both times; errors come only from w.
+type SnapshotWriter interface {
+	WriteSnapshot(w io.Writer) error
 }
 
 // Result is the outcome of an applied proposal.

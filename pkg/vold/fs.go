@@ -138,5 +138,9 @@ func (n *node) setLimit(ctx context.Context, name string, d *volumeDoc) error {
 	return c.SetLimit(ctx, d.SizeBytes)
 }
 
-// A volume's snapshot (its whole filesystem, data included) is copied once.
-var _ raftgroup.SnapshotAppender = (*volfs.FS)(nil)
+// A volume's snapshot (its whole filesystem, data included) is copied once
+// when sent, and written straight into the journal when stored.
+var (
+	_ raftgroup.SnapshotAppender = (*volfs.FS)(nil)
+	_ raftgroup.SnapshotWriter   = (*volfs.FS)(nil)
+)

@@ -215,6 +215,34 @@ func (fs *FS) AppendSnapshot(dst []byte) ([]byte, error) {
 	return buf.Bytes(), nil
 }
 
+// WriteSnapshot implements raftgroup.SnapshotWriter: Snapshot's bytes
+// written to w, file data straight from the inodes. An error is w's.
+func (fs *FS) WriteSnapshot(w io.Writer) error {
+	fs.mu.RLock()
+	defer fs.mu.RUnlock()
+	ew := &errWriter{w: w}
+	fs.writeState(ew, true)
+	return ew.err
+}
+
+// errWriter keeps the first error of w and writes nothing after it.
+type errWriter struct {
+	w   io.Writer
+	err error
+}
+
+func (e *errWriter) Write(p []byte) (int, error) {
+	if e.err != nil {
+		return 0, e.err
+	}
+	n, err := e.w.Write(p)
+	if err == nil && n < len(p) {
+		err = io.ErrShortWrite
+	}
+	e.err = err
+	return n, err
+}
+
 // writeState writes the snapshot encoding to w (a buffer or a hash, which
 // never fail). File data is written straight from the inode, not copied.
 func (fs *FS) writeState(w io.Writer, withApplied bool) {

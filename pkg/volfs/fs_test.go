@@ -495,6 +495,14 @@ func TestSnapshotRoundTrip(t *testing.T) {
 	if snap2 := must[[]byte](t)(fs2.Snapshot()); !bytes.Equal(snap, snap2) {
 		t.Fatal("snapshot not deterministic")
 	}
+	// WriteSnapshot writes the same bytes, and reports its writer's error.
+	var written bytes.Buffer
+	if err := l.FS.WriteSnapshot(&written); err != nil || !bytes.Equal(written.Bytes(), snap) {
+		t.Fatalf("WriteSnapshot: %v, %d bytes, equal to Snapshot's %v", err, written.Len(), bytes.Equal(written.Bytes(), snap))
+	}
+	if err := l.FS.WriteSnapshot(failingWriter{}); !errors.Is(err, errWriteFailed) {
+		t.Fatalf("WriteSnapshot to a failing writer: %v", err)
+	}
 	if err := fs2.CheckInvariants(); err != nil {
 		t.Fatal(err)
 	}
@@ -511,6 +519,12 @@ func TestSnapshotRoundTrip(t *testing.T) {
 		t.Fatal("digest ignores content")
 	}
 }
+
+var errWriteFailed = errors.New("write failed")
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errWriteFailed }
 
 // TestTimesFromEntries checks that times come from the entry, not the
 // local clock.

@@ -3,6 +3,7 @@ package raftgrouptest
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"maps"
 	"slices"
 	"sync"
@@ -111,6 +112,25 @@ func (a *AppendingKV) AppendSnapshot(dst []byte) ([]byte, error) {
 	a.Appends.Add(1)
 	b, err := a.KV.Snapshot()
 	return append(dst, b...), err
+}
+
+// WritingKV is a KV that also implements raftgroup.SnapshotWriter, for
+// tests of the host's snapshots written straight into its journal.
+type WritingKV struct {
+	*KV
+	// Writes counts WriteSnapshot's calls.
+	Writes atomic.Int64
+}
+
+// WriteSnapshot implements raftgroup.SnapshotWriter.
+func (w *WritingKV) WriteSnapshot(dst io.Writer) error {
+	w.Writes.Add(1)
+	b, err := w.KV.Snapshot()
+	if err != nil {
+		return err
+	}
+	_, err = dst.Write(b)
+	return err
 }
 
 type kvSnap struct {
