@@ -9,6 +9,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/confchange"
 	pb "go.etcd.io/raft/v3/raftpb"
@@ -732,26 +733,38 @@ func (g *group) takeSnapshot() (*pb.Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
-	snap := &pb.Snapshot{
-		Data: data,
-		Metadata: &pb.SnapshotMetadata{
-			Index:     new(g.applied),
-			Term:      new(term),
-			ConfState: proto.Clone(g.confState).(*pb.ConfState),
-		},
-	}
-	b := g.h.db.NewBatch()
-	defer b.Close()
-	commit, err := g.st.stageSnapshot(b, snap)
+	snap := &pb.Snapshot{Data: data, Metadata: g.snapshotMeta(term)}
+	err = g.storeStaged(func(b *pebble.Batch) (func(), error) { return g.st.stageSnapshot(b, snap) })
 	if err != nil {
 		return nil, err
 	}
+	return snap, nil
+}
+
+// snapshotMeta is the metadata of a snapshot at the applied index.
+func (g *group) snapshotMeta(term uint64) *pb.SnapshotMetadata {
+	return &pb.SnapshotMetadata{
+		Index:     new(g.applied),
+		Term:      new(term),
+		ConfState: proto.Clone(g.confState).(*pb.ConfState),
+	}
+}
+
+// storeStaged writes a snapshot that stage adds to a batch and makes it
+// the group's latest.
+func (g *group) storeStaged(stage func(*pebble.Batch) (func(), error)) error {
+	b := g.h.db.NewBatch()
+	defer b.Close()
+	commit, err := stage(b)
+	if err != nil {
+		return err
+	}
 	if err := g.h.commit(b, false); err != nil {
-		return nil, err
+		return err
 	}
 	commit()
 	g.h.stats.SnapshotsTaken++
-	return snap, nil
+	return nil
 }
 
 // storeSnapshot stores a snapshot of the state machine at the applied
@@ -760,14 +773,14 @@ func (g *group) takeSnapshot() (*pb.Snapshot, error) {
 // SnapshotWriter): log compaction then never holds a whole copy of the
 // state in memory.
 func (g *group) storeSnapshot() (uint64, error) {
+	taken := func() (uint64, error) {
+		snap, err := g.takeSnapshot()
+		return uint64(len(snap.GetData())), err
+	}
 	sw, ok := g.fsm.(SnapshotWriter)
 	covered := g.st.snap != nil && g.st.snap.GetIndex() >= g.applied
 	if !ok || g.st.large <= 0 || covered || g.broken != nil || g.applied == 0 {
-		snap, err := g.takeSnapshot()
-		if err != nil {
-			return 0, err
-		}
-		return uint64(len(snap.GetData())), nil
+		return taken()
 	}
 	term, err := g.st.Term(g.applied)
 	if err != nil {
@@ -785,29 +798,15 @@ func (g *group) storeSnapshot() (uint64, error) {
 		return 0, err
 	}
 	if sum.n < g.st.large {
-		// Small: kept in Pebble, as takeSnapshot does.
-		snap, err := g.takeSnapshot()
-		if err != nil {
-			return 0, err
-		}
-		return uint64(len(snap.GetData())), nil
+		return taken() // small: kept in Pebble
 	}
-	meta := &pb.SnapshotMetadata{
-		Index:     new(g.applied),
-		Term:      new(term),
-		ConfState: proto.Clone(g.confState).(*pb.ConfState),
-	}
-	b := g.h.db.NewBatch()
-	defer b.Close()
-	commit, err := g.st.stageSnapshotStream(b, meta, sum.n, sum.crc, write)
+	meta := g.snapshotMeta(term)
+	err = g.storeStaged(func(b *pebble.Batch) (func(), error) {
+		return g.st.stageSnapshotStream(b, meta, sum.n, sum.crc, write)
+	})
 	if err != nil {
 		return 0, err
 	}
-	if err := g.h.commit(b, false); err != nil {
-		return 0, err
-	}
-	commit()
-	g.h.stats.SnapshotsTaken++
 	return uint64(sum.n), nil
 }
 

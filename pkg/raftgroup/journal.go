@@ -466,27 +466,40 @@ func (j *journal) dropUnreferenced() error {
 // durable only after sync; commit syncs before a batch that may
 // reference it.
 func (j *journal) blob(data []byte) (segmentRef, error) {
-	if len(data) > maxRecord {
-		return segmentRef{}, fmt.Errorf("raftgroup: %d bytes is too large for one journal record", len(data))
-	}
 	crc := crc32.Checksum(data, crcTable)
-	s, err := j.room(len(data))
+	s, err := j.startBlob(len(data), crc)
 	if err != nil {
 		return segmentRef{}, err
 	}
-	j.seq++
-	hdr := appendHeader(j.buf[:0], recordHeader{kind: recordBlob, seg: s.id, seq: j.seq, n: uint32(len(data)), crc: crc})
-	j.buf = hdr[:0]
 	if j.copyBlobs {
 		data = bytes.Clone(data)
 	}
-	if err := s.write(hdr, data); err != nil {
+	if err := s.write(data); err != nil {
 		return segmentRef{}, err
 	}
-	j.blobsUnsynced = true
 	ref := segmentRef{seg: s.id, off: uint64(s.size) - uint64(len(data)), n: uint64(len(data)), crc: crc}
 	s.lastSeq = j.seq
 	return ref, nil
+}
+
+// startBlob writes the header of a blob record of n bytes whose checksum
+// is crc and returns the segment its data is to follow in.
+func (j *journal) startBlob(n int, crc uint32) (*segment, error) {
+	if n > maxRecord {
+		return nil, fmt.Errorf("raftgroup: %d bytes is too large for one journal record", n)
+	}
+	s, err := j.room(n)
+	if err != nil {
+		return nil, err
+	}
+	j.seq++
+	hdr := appendHeader(j.buf[:0], recordHeader{kind: recordBlob, seg: s.id, seq: j.seq, n: uint32(n), crc: crc})
+	j.buf = hdr[:0]
+	if err := s.write(hdr); err != nil {
+		return nil, err
+	}
+	j.blobsUnsynced = true
+	return s, nil
 }
 
 // streamBlob writes a blob of n bytes whose checksum is crc, its data
@@ -494,20 +507,10 @@ func (j *journal) blob(data []byte) (segmentRef, error) {
 // data in one buffer. write must write exactly those n bytes; if it does
 // not, the segment holds a broken record and the error says so.
 func (j *journal) streamBlob(n int, crc uint32, write func(io.Writer) error) (segmentRef, error) {
-	if n > maxRecord {
-		return segmentRef{}, fmt.Errorf("raftgroup: %d bytes is too large for one journal record", n)
-	}
-	s, err := j.room(n)
+	s, err := j.startBlob(n, crc)
 	if err != nil {
 		return segmentRef{}, err
 	}
-	j.seq++
-	hdr := appendHeader(j.buf[:0], recordHeader{kind: recordBlob, seg: s.id, seq: j.seq, n: uint32(n), crc: crc})
-	j.buf = hdr[:0]
-	if err := s.write(hdr); err != nil {
-		return segmentRef{}, err
-	}
-	j.blobsUnsynced = true
 	start := s.size
 	sw := &segmentWriter{s: s, copy: j.copyBlobs}
 	// Buffered for the many small pieces of an encoding; a piece as large

@@ -184,22 +184,12 @@ func (s *groupStorage) setSnapshot(b *pebble.Batch, snap *pb.Snapshot) error {
 	if err != nil {
 		return err
 	}
-	s.jnl.setSnapshot(s.g, ref.seg)
-	v, err := proto.MarshalOptions{}.MarshalAppend(ref.header(), &pb.Snapshot{Metadata: snap.GetMetadata()})
-	if err != nil {
-		return err
-	}
-	return b.Set(key, v, nil)
+	return s.setSnapshotRef(b, ref, snap.GetMetadata())
 }
 
-// setSnapshotStream is setSnapshot for a snapshot of at least large
-// bytes whose data (n bytes, checksum crc) write streams into the
-// journal.
-func (s *groupStorage) setSnapshotStream(b *pebble.Batch, meta *pb.SnapshotMetadata, n int, crc uint32, write func(io.Writer) error) error {
-	ref, err := s.jnl.streamBlob(n, crc, write)
-	if err != nil {
-		return err
-	}
+// setSnapshotRef adds to b, as the group's stored snapshot, one whose
+// data is the journal's blob at ref.
+func (s *groupStorage) setSnapshotRef(b *pebble.Batch, ref segmentRef, meta *pb.SnapshotMetadata) error {
 	s.jnl.setSnapshot(s.g, ref.seg)
 	v, err := proto.MarshalOptions{}.MarshalAppend(ref.header(), &pb.Snapshot{Metadata: meta})
 	if err != nil {
@@ -463,17 +453,28 @@ func (s *groupStorage) stageSnapshot(b *pebble.Batch, snap *pb.Snapshot) (func()
 	if err := s.setSnapshot(b, snap); err != nil {
 		return nil, err
 	}
-	meta := proto.Clone(snap.GetMetadata()).(*pb.SnapshotMetadata)
-	return func() { s.snap = meta }, nil
+	return s.snapshotStaged(snap.GetMetadata()), nil
 }
 
-// stageSnapshotStream is stageSnapshot for setSnapshotStream.
+// stageSnapshotStream is stageSnapshot for a snapshot of at least large
+// bytes whose data (n bytes, checksum crc) write streams into the
+// journal (journal.streamBlob).
 func (s *groupStorage) stageSnapshotStream(b *pebble.Batch, meta *pb.SnapshotMetadata, n int, crc uint32, write func(io.Writer) error) (func(), error) {
-	if err := s.setSnapshotStream(b, meta, n, crc, write); err != nil {
+	ref, err := s.jnl.streamBlob(n, crc, write)
+	if err != nil {
 		return nil, err
 	}
+	if err := s.setSnapshotRef(b, ref, meta); err != nil {
+		return nil, err
+	}
+	return s.snapshotStaged(meta), nil
+}
+
+// snapshotStaged is the commit of a staged snapshot: it becomes the
+// group's latest once its batch is written.
+func (s *groupStorage) snapshotStaged(meta *pb.SnapshotMetadata) func() {
 	meta = proto.Clone(meta).(*pb.SnapshotMetadata)
-	return func() { s.snap = meta }, nil
+	return func() { s.snap = meta }
 }
 
 // stageCompact drops the log up to and including index (which must be

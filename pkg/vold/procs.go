@@ -50,7 +50,7 @@ func applyMaxProcs(configured int) int {
 const hugePremap = 256 << 20
 
 // heapReserve is the bytes of heap vold reserves (hugeheap.Reserve) for
-// the configured MiB (-1: automatic) with memTotal bytes of memory (0:
+// the configured MiB (-1: automatic) with mem bytes of memory (0:
 // unknown; meminfo.Available, so that an automatic reserve never
 // populates a memory cgroup into its OOM killer). Automatic is 1 GiB, at
 // most a sixteenth of the memory. On the project's VMs, alternating
@@ -61,13 +61,13 @@ const hugePremap = 256 << 20
 // follower's (docs/VOLUMES.md); a 512 MiB reserve ran out during the
 // follower's rounds, which allocate twice (the proposal, then the
 // leader's append of it).
-func heapReserve(configuredMiB int, memTotal int64) int {
+func heapReserve(configuredMiB int, mem int64) int {
 	if configuredMiB >= 0 {
 		return configuredMiB << 20
 	}
 	const auto = 1 << 30
-	if memTotal <= 0 {
+	if mem <= 0 {
 		return 0
 	}
-	return int(min(auto, memTotal/16))
+	return int(min(auto, mem/16))
 }
