@@ -58,7 +58,8 @@ type Config struct {
 	QuiesceAfterTicks int
 	DisableQuiesce    bool
 	// SnapshotEntries is how many entries a group applies between two
-	// snapshots (default 10,000); CompactionMargin is how many entries
+	// snapshots (default 10,000), once they and their data weigh as much
+	// as the last snapshot (1 KiB an entry beside its data); CompactionMargin is how many entries
 	// before a snapshot the log keeps for slow followers (default 1,000).
 	SnapshotEntries  uint64
 	CompactionMargin uint64

@@ -531,3 +531,49 @@ func isDone[T any](f *raftgroup.Future[T]) bool {
 		return false
 	}
 }
+
+// TestSnapshotsWeighTheLogAgainstTheState: a group whose state is large
+// snapshots after SnapshotEntries small writes only once they weigh as
+// much as its last snapshot, not after every SnapshotEntries of them; a
+// group with a small state still snapshots every SnapshotEntries.
+func TestSnapshotsWeighTheLogAgainstTheState(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 3, Configure: func(cfg *raftgroup.Config) {
+		cfg.SnapshotEntries = 10
+		cfg.CompactionMargin = 2
+	}})
+	c.CreateGroup(1, 1, 2, 3)
+	l := c.WaitLeader(1, 100)
+	taken := func() uint64 { return c.Host(l).Stats().SnapshotsTaken }
+	// A small state: a snapshot every 10 entries.
+	start := taken()
+	for i := range 40 {
+		write(t, c, l, 1, fmt.Sprint("k", i%4), "v")
+	}
+	if got := taken() - start; got < 3 || got > 4 {
+		t.Fatalf("%d snapshots over 40 small writes into a small state, want 3-4", got)
+	}
+	// A state of 200 KiB: its first snapshot follows at most 10 entries
+	// later, and the next one only once the log weighs 200 KiB (about 180
+	// entries of a few bytes and 1 KiB each), not 10 entries later.
+	big := strings.Repeat("x", 200<<10)
+	write(t, c, l, 1, "big", big)
+	for i := range 10 {
+		write(t, c, l, 1, fmt.Sprint("k", i%4), "v")
+	}
+	start = taken()
+	for i := range 150 {
+		write(t, c, l, 1, fmt.Sprint("k", i%4), "v")
+	}
+	if got := taken() - start; got != 0 {
+		t.Fatalf("%d snapshots of a 200 KiB state over 150 small writes, want none", got)
+	}
+	for i := range 60 {
+		write(t, c, l, 1, fmt.Sprint("k", i%4), "v")
+	}
+	if got := taken() - start; got != 1 {
+		t.Fatalf("%d snapshots of a 200 KiB state over 210 small writes, want 1", got)
+	}
+	if d := converge(t, c, 1, 1, 2, 3); len(d["big"]) != len(big) {
+		t.Fatalf("big value has %d bytes", len(d["big"]))
+	}
+}
