@@ -168,8 +168,8 @@ func (s randResult) raftPerWrite(row string) string {
 // snapshotNote says how many snapshots the volds took during the
 // single-writer volume runs (shoal_vold_raft_snapshots_taken_total) and
 // the longest write of runs with one against that of the others: a
-// snapshot is written on the Raft loop, which stalls every group of its
-// node meanwhile.
+// volume's snapshot is forked on the Raft loop and written off it, but
+// the fork and the page copies after it still cost.
 func (s randResult) snapshotNote() string {
 	var taken uint64
 	var with, runs int
@@ -193,7 +193,7 @@ func (s randResult) snapshotNote() string {
 	if taken == 0 {
 		return "The volds took no snapshot during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total)."
 	}
-	return fmt.Sprintf("The volds took %d snapshots during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total), in %d of %d runs; a snapshot is written on the Raft loop, which stalls every group of its node meanwhile: the longest write of those runs took %s, of the others %s.", taken, with, runs, dur(worstWith), dur(worstWithout))
+	return fmt.Sprintf("The volds took %d snapshots during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total), in %d of %d runs; a volume's snapshot is written off the Raft loop (forked on it, each page then copied on its first write), so it should not stall the groups of its node: the longest write of those runs took %s, of the others %s.", taken, with, runs, dur(worstWith), dur(worstWithout))
 }
 
 // printRandMany prints the several-writer rows: not the goal's measure

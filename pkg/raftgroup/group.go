@@ -55,6 +55,8 @@ type group struct {
 	// logBytes counts the entry data applied since the last snapshot
 	// maybeCompact took, snapBytes is that snapshot's size.
 	logBytes, snapBytes uint64
+	// bgSnap is the snapshot being written off the loop (bgsnapshot.go).
+	bgSnap *bgSnapshot
 
 	// Pending requests of local callers.
 	proposals   map[string]*pendingProposal
@@ -833,6 +835,9 @@ func (c *checksumWriter) Write(p []byte) (int, error) {
 // of 512 MiB is not written out again after every 10,000 small writes
 // (40 MiB of 4 KiB ones).
 func (g *group) maybeCompact() error {
+	if g.bgSnap != nil {
+		return nil // one is being written off the loop
+	}
 	var since uint64
 	if s := g.st.snap; s != nil {
 		since = s.GetIndex()
@@ -843,12 +848,21 @@ func (g *group) maybeCompact() error {
 	if !byEntries && !byBytes {
 		return nil
 	}
+	if started, err := g.startBackgroundSnapshot(since, byBytes); started || err != nil {
+		return err
+	}
 	size, err := g.storeSnapshot()
 	if err != nil {
 		return err
 	}
 	g.logBytes, g.snapBytes = 0, size
-	idx := g.st.snap.GetIndex()
+	return g.compactTo(g.st.snap.GetIndex(), since, byBytes)
+}
+
+// compactTo truncates the log after storing a snapshot at idx, keeping
+// CompactionMargin entries before it for slow followers, or half of what
+// it covers since the one at since when it was taken for the bytes.
+func (g *group) compactTo(idx, since uint64, byBytes bool) error {
 	margin := g.h.cfg.CompactionMargin
 	if byBytes {
 		// Keep half of what the snapshot covers, not a count of entries.

@@ -68,6 +68,11 @@ type Config struct {
 	// size (default 256 MiB); the log then keeps half of the entries
 	// snapshotted.
 	SnapshotBytes uint64
+	// BackgroundSnapshots writes those snapshots of state machines that
+	// can fork (SnapshotForker) off the loop, into files of their own
+	// (bgsnapshot.go). Off, a snapshot is written on the loop, which is
+	// deterministic (the simulated tests rely on it).
+	BackgroundSnapshots bool
 	// Raft flow control (defaults 1 MiB, 256, 64 MiB).
 	MaxSizePerMsg       uint64
 	MaxInflightMsgs     int
@@ -184,6 +189,8 @@ type Host struct {
 	dropped uint64 // inbound batches dropped because the inbox was full
 	wake    chan struct{}
 	closing chan struct{}
+	// bgWG counts the goroutines writing snapshots off the loop.
+	bgWG sync.WaitGroup
 
 	// mu is held by the loop for a whole round and by structural calls.
 	// Everything below is guarded by it.
@@ -222,20 +229,23 @@ type Host struct {
 
 // Stats are counters of a host's activity (for tests and metrics).
 type Stats struct {
-	Rounds          uint64
-	Syncs           uint64 // synced journal writes (one per round with durable writes)
-	Commits         uint64 // batches written to the journal and Pebble, synced or not
-	BatchesSent     uint64
-	MessagesSent    uint64 // Raft messages sent, heartbeats included
-	HeartbeatsSent  uint64 // coalesced heartbeats and responses
-	SnapshotsSent   uint64
-	SnapshotsTaken  uint64
-	DroppedInbound  uint64 // messages for unknown or removed replicas
-	InboxOverflow   uint64
-	Ticked          uint64 // group ticks (Tick calls on RawNodes)
-	QuiesceEntered  uint64
-	ProposalRetries uint64
-	EarlyApplies    uint64 // Readies applied before their sync (appliesEarly)
+	Rounds         uint64
+	Syncs          uint64 // synced journal writes (one per round with durable writes)
+	Commits        uint64 // batches written to the journal and Pebble, synced or not
+	BatchesSent    uint64
+	MessagesSent   uint64 // Raft messages sent, heartbeats included
+	HeartbeatsSent uint64 // coalesced heartbeats and responses
+	SnapshotsSent  uint64
+	SnapshotsTaken uint64
+	// BackgroundSnapshots counts the snapshots started off the loop (each
+	// also counts in SnapshotsTaken once stored).
+	BackgroundSnapshots uint64
+	DroppedInbound      uint64 // messages for unknown or removed replicas
+	InboxOverflow       uint64
+	Ticked              uint64 // group ticks (Tick calls on RawNodes)
+	QuiesceEntered      uint64
+	ProposalRetries     uint64
+	EarlyApplies        uint64 // Readies applied before their sync (appliesEarly)
 	// NoticesHeld counts the commit notices held back (lazycommit.go), and
 	// NoticesReleased those of them sent at a tick rather than superseded.
 	NoticesHeld     uint64
@@ -404,6 +414,7 @@ func (h *Host) Close() error {
 	h.reqs, h.inbox = nil, nil
 	close(h.closing)
 	h.inMu.Unlock()
+	h.bgWG.Wait()
 	for _, r := range reqs {
 		if r.fail != nil {
 			r.fail(ErrClosed)

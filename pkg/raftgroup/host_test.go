@@ -19,6 +19,8 @@ func kvOf(c *rgt.Cluster, n raftgroup.NodeID, g raftgroup.GroupID) *rgt.KV {
 		return sm.KV
 	case *rgt.WritingKV:
 		return sm.KV
+	case *rgt.ForkingKV:
+		return sm.KV
 	}
 	return c.SM(n, g).(*rgt.KV)
 }

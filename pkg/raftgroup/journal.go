@@ -136,8 +136,10 @@ type segment struct {
 	w    vfs.File // the active segment's writer, nil once rotated out and synced
 	r    vfs.File
 	size int64
-	// legacy marks a segment of an earlier version: blobs without framing.
-	legacy bool
+	// legacy marks a segment of blobs without framing: one of an earlier
+	// version, or a snapshot file (snapFile, written off the loop: see
+	// writeSnapshotFile), which is removed when dead, not kept for reuse.
+	legacy, snapFile bool
 	// lastSeq is the sequence number of the last record in the segment.
 	lastSeq uint64
 	// grown marks a segment created empty (no free or spare file was
@@ -212,8 +214,8 @@ func openJournal(fs vfs.FS, dir string) (*journal, error) {
 			}
 			continue
 		}
-		legacy := ext == "seg"
-		if !legacy && ext != "log" {
+		legacy, snapFile := ext == "seg", ext == "snap"
+		if !legacy && !snapFile && ext != "log" {
 			continue
 		}
 		f, err := fs.Open(fs.PathJoin(dir, name))
@@ -227,7 +229,7 @@ func openJournal(fs vfs.FS, dir string) (*journal, error) {
 			j.close()
 			return nil, fmt.Errorf("raftgroup: stat segment: %w", err)
 		}
-		j.segs[id] = &segment{id: id, r: f, size: st.Size(), legacy: legacy}
+		j.segs[id] = &segment{id: id, r: f, size: st.Size(), legacy: legacy || snapFile, snapFile: snapFile}
 	}
 	return j, nil
 }
@@ -876,7 +878,10 @@ func (j *journal) remove(s *segment) error {
 	}
 	s.r.Close()
 	name := segmentName(s.id)
-	if s.legacy {
+	switch {
+	case s.snapFile:
+		name = snapFileName(s.id)
+	case s.legacy:
 		name = fmt.Sprintf("%016x.seg", s.id)
 	}
 	path := j.fs.PathJoin(j.dir, name)
@@ -884,7 +889,7 @@ func (j *journal) remove(s *segment) error {
 	if j.spare != nil {
 		kept++
 	}
-	if kept < maxFreeSegments {
+	if kept < maxFreeSegments && !s.snapFile {
 		free := strings.TrimSuffix(path, ".log") + ".free"
 		if s.legacy {
 			free = strings.TrimSuffix(path, ".seg") + ".free"

@@ -124,6 +124,19 @@ type SnapshotWriter interface {
 	WriteSnapshot(w io.Writer) error
 }
 
+// SnapshotForker is a StateMachine that can fork its state cheaply:
+// ForkSnapshot returns a frozen copy whose WriteSnapshot writes the
+// snapshot as of the fork, from another goroutine, while the host goes on
+// applying entries to the machine. With Config.BackgroundSnapshots the
+// host writes the snapshots it takes of its own accord (log compaction)
+// of such a machine off its loop, which no longer stalls every group of
+// the node for as long as a large state takes to write.
+type SnapshotForker interface {
+	StateMachine
+	SnapshotWriter
+	ForkSnapshot() (SnapshotWriter, error)
+}
+
 // Result is the outcome of an applied proposal.
 type Result struct {
 	// Index is the log index the proposal was applied at.

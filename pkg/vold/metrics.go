@@ -38,7 +38,8 @@ var metricHelp = map[string]string{
 	"raft_appends_deferred_total":        "Appends a leader held back from followers its quorum did not need (sent together after a short wait).",
 	"raft_deferred_sends_total":          "Queues of deferred appends sent to a follower.",
 	"raft_notice_heartbeats_total":       "Commit notices sent as heartbeats that want no answer.",
-	"raft_snapshots_taken_total":         "Snapshots the groups took of their state machines (each written on the Raft loop, which waits for it).",
+	"raft_snapshots_taken_total":         "Snapshots the groups stored of their state machines.",
+	"raft_background_snapshots_total":    "Snapshots started off the Raft loop (volumes': forked on the loop, written to a file of their own meanwhile); the others are written on the loop, which waits for them.",
 	"heap_reserve_bytes":                 "Heap reserved at start (heap_reserve_mib): a ballast counted in the Go heap's in-use bytes that is never touched.",
 }
 
@@ -84,6 +85,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit("raft_deferred_sends_total", ct, st.DeferredSent)
 		emit("raft_notice_heartbeats_total", ct, st.NoticeHeartbeats)
 		emit("raft_snapshots_taken_total", ct, st.SnapshotsTaken)
+		emit("raft_background_snapshots_total", ct, st.BackgroundSnapshots)
 	}
 	emit("heap_reserve_bytes", g, uint64(hugeheap.Reserved()))
 	n.mountMu.Lock()

@@ -207,6 +207,9 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 		NewStateMachine: n.newStateMachine,
 		Logger:          n.log.With("component", "raft"),
 		TickInterval:    time.Duration(n.cfg.RaftTick),
+		// A volume's snapshot is the whole volume: written on the loop it
+		// would stall every group of the node for as long.
+		BackgroundSnapshots: true,
 	})
 	if err != nil {
 		return fmt.Errorf("open raft host: %w", err)

@@ -31,6 +31,18 @@ type fileData struct {
 
 func (d *fileData) len() int { return d.size }
 
+// fork returns a copy of d that shares its pages, all of them marked
+// shared on both sides (with no room past their ends): whichever side
+// writes into a page, or grows it, copies it first, so neither ever sees
+// the other's changes.
+func (d *fileData) fork() fileData {
+	for i, p := range d.pages {
+		d.pages[i] = p[:len(p):len(p)]
+		d.shared[i] = true
+	}
+	return fileData{pages: slices.Clone(d.pages), shared: slices.Clone(d.shared), size: d.size}
+}
+
 // resize sets the size; new bytes are zero.
 func (d *fileData) resize(size int) {
 	switch {

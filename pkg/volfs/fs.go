@@ -68,7 +68,7 @@ type FS struct {
 	applied uint64
 }
 
-var _ raftgroup.StateMachine = (*FS)(nil)
+var _ raftgroup.SnapshotForker = (*FS)(nil)
 
 // New returns a volume holding only its root directory (mode 0755, owned
 // by root). Every replica starts from the same New state, so they agree
@@ -223,6 +223,25 @@ func (fs *FS) WriteSnapshot(w io.Writer) error {
 	ew := &errWriter{w: w}
 	fs.writeState(ew, true)
 	return ew.err
+}
+
+// ForkSnapshot implements raftgroup.SnapshotForker: a frozen copy of the
+// state, whose WriteSnapshot writes Snapshot's bytes as of now while the
+// host goes on applying to fs. It copies the inodes and directories, not
+// file data: the copy shares the pages, and each side copies a page before
+// it changes it (fileData.fork), so the first write into each page after a
+// fork costs a page copy.
+func (fs *FS) ForkSnapshot() (raftgroup.SnapshotWriter, error) {
+	fs.mu.Lock()
+	defer fs.mu.Unlock()
+	c := &FS{inodes: make(map[uint64]*inode, len(fs.inodes)), nextIno: fs.nextIno, limit: fs.limit, used: fs.used, applied: fs.applied}
+	for ino, n := range fs.inodes {
+		cn := *n
+		cn.entries = maps.Clone(n.entries)
+		cn.data = n.data.fork()
+		c.inodes[ino] = &cn
+	}
+	return c, nil
 }
 
 // errWriter keeps the first error of w and writes nothing after it.

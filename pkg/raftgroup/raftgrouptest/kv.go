@@ -175,3 +175,58 @@ func (kv *KV) Keys() []string {
 	defer kv.mu.RUnlock()
 	return slices.Sorted(maps.Keys(kv.data))
 }
+
+// ForkingKV is a KV that also implements raftgroup.SnapshotForker, for
+// tests of snapshots written off the host's loop. A fork holds the
+// state's snapshot as of the fork; its WriteSnapshot waits for Gate to be
+// closed (if set) before it writes, and then closes Written (if set and
+// not closed yet).
+type ForkingKV struct {
+	*KV
+	Gate    <-chan struct{}
+	Written chan struct{}
+	// Forks counts ForkSnapshot's calls.
+	Forks atomic.Int64
+}
+
+// WriteSnapshot implements raftgroup.SnapshotWriter.
+func (f *ForkingKV) WriteSnapshot(dst io.Writer) error {
+	b, err := f.KV.Snapshot()
+	if err != nil {
+		return err
+	}
+	_, err = dst.Write(b)
+	return err
+}
+
+// ForkSnapshot implements raftgroup.SnapshotForker.
+func (f *ForkingKV) ForkSnapshot() (raftgroup.SnapshotWriter, error) {
+	f.Forks.Add(1)
+	b, err := f.KV.Snapshot()
+	return &kvFork{b: b, kv: f}, err
+}
+
+type kvFork struct {
+	b  []byte
+	kv *ForkingKV
+}
+
+func (k *kvFork) WriteSnapshot(dst io.Writer) error {
+	if k.kv.Gate != nil {
+		<-k.kv.Gate
+	}
+	_, err := dst.Write(k.b)
+	if w := k.kv.Written; w != nil {
+		writtenMu.Lock()
+		select {
+		case <-w:
+		default:
+			close(w)
+		}
+		writtenMu.Unlock()
+	}
+	return err
+}
+
+// writtenMu orders the closes of a Written that forks share.
+var writtenMu sync.Mutex
