@@ -89,6 +89,8 @@ type snapFileWriter struct {
 	stop <-chan struct{}
 	n    int
 	crc  uint32
+	// flushed is how much of the file was last asked to be written back.
+	flushed int
 }
 
 func (w *snapFileWriter) Write(p []byte) (int, error) {
@@ -105,8 +107,19 @@ func (w *snapFileWriter) Write(p []byte) (int, error) {
 	if err == nil && n < len(p) {
 		err = io.ErrShortWrite
 	}
+	if err == nil && w.n-w.flushed >= snapWriteback {
+		// Start writing back what is there (sync_file_range), so that
+		// the disk takes the snapshot a few MiB at a time rather than
+		// all of it at the final sync, in front of the journal's syncs.
+		_, err = w.f.SyncTo(int64(w.n))
+		w.flushed = w.n
+	}
 	return n, err
 }
+
+// snapWriteback is how much of a snapshot file is written between two
+// requests to write it back.
+const snapWriteback = 8 << 20
 
 // bgSnapshot is a snapshot being written off the loop.
 type bgSnapshot struct {

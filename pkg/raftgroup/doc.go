@@ -203,11 +203,15 @@
 // checked when they apply, identically on every replica, so a refused
 // change never reaches ApplyConfChange (which would panic). A replica
 // being added catches up from a snapshot; snapshots are taken by the state
-// machine every SnapshotEntries entries (the log keeps CompactionMargin
-// entries before it), or once SnapshotBytes of entry data and four times
-// the last snapshot's size were applied (the log keeps half of those
-// entries), and on demand when the stored one predates the configuration
-// the new replica is in.
+// machine every SnapshotEntries entries once they weigh as much as the
+// last snapshot (the log keeps CompactionMargin entries before it), or
+// once SnapshotBytes of entry data and four times the last snapshot's size
+// were applied (the log keeps half of those entries), and on demand when
+// the stored one predates the configuration the new replica is in. With
+// Config.BackgroundSnapshots, a state machine that can fork
+// (SnapshotForker) has the first two kinds written off the loop, to a
+// file of their own that the journal then adopts (bgsnapshot.go): a large
+// state no longer stalls every group of the host while it is written.
 //
 // # State machines
 //
