@@ -2,6 +2,7 @@ package raftgroup
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"hash/crc32"
 	"io"
@@ -59,7 +60,9 @@ func writeSnapFile(fs vfs.FS, dir string, id uint64, hdr []byte, sw SnapshotWrit
 	if err != nil {
 		return 0, 0, fmt.Errorf("raftgroup: create snapshot file: %w", err)
 	}
-	cw := &snapFileWriter{f: f, stop: stop}
+	// Like the journal's copyBlobs: a vfs.File other than the OS's may
+	// modify what it writes, and a fork's pages are the live state's.
+	cw := &snapFileWriter{f: f, stop: stop, copy: fs != vfs.Default}
 	bw := bufio.NewWriterSize(cw, 256<<10)
 	_, err = bw.Write(hdr)
 	if err == nil {
@@ -91,6 +94,8 @@ type snapFileWriter struct {
 	crc  uint32
 	// flushed is how much of the file was last asked to be written back.
 	flushed int
+	// copy writes a copy of what it is given (see writeSnapFile).
+	copy bool
 }
 
 func (w *snapFileWriter) Write(p []byte) (int, error) {
@@ -102,6 +107,9 @@ func (w *snapFileWriter) Write(p []byte) (int, error) {
 	// Checksummed first: a vfs.File may modify what it is given to write
 	// (Pebble's in-memory filesystem does in race builds).
 	w.crc = crc32.Update(w.crc, crcTable, p)
+	if w.copy {
+		p = bytes.Clone(p)
+	}
 	n, err := w.f.Write(p)
 	w.n += n
 	if err == nil && n < len(p) {

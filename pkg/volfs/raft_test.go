@@ -18,13 +18,20 @@ import (
 // carry on, the crashed node comes back (catching up by snapshot, as the
 // log is compacted meanwhile), and in the end every replica holds the
 // same state — equal digests — and reads see every acknowledged write.
+// The Background run has the snapshots forked and written off the loop.
 func TestRaftReplicas(t *testing.T) {
+	t.Run("OnLoop", func(t *testing.T) { testRaftReplicas(t, false) })
+	t.Run("Background", func(t *testing.T) { testRaftReplicas(t, true) })
+}
+
+func testRaftReplicas(t *testing.T, background bool) {
 	const g = raftgroup.GroupID(7)
 	c := volfstest.NewCluster(t, rgt.Options{
 		Seed: 3,
 		Configure: func(cfg *raftgroup.Config) {
 			cfg.SnapshotEntries = 30
 			cfg.CompactionMargin = 5
+			cfg.BackgroundSnapshots = background
 		},
 	}, g)
 	ctx := context.Background()
@@ -115,10 +122,15 @@ func TestRaftReplicas(t *testing.T) {
 	if !ok {
 		t.Fatalf("replicas did not converge\n%s", c.String(g))
 	}
+	var bg uint64
 	for _, n := range c.NodeIDs() {
 		if err := c.SM(n, g).(*volfs.FS).CheckInvariants(); err != nil {
 			t.Fatalf("node %d: %v", n, err)
 		}
+		bg += c.Host(n).Stats().BackgroundSnapshots
+	}
+	if background && bg == 0 {
+		t.Fatal("no snapshot was written off the loop")
 	}
 	// The restarted node serves every acknowledged write.
 	cl := client(leader)
