@@ -51,8 +51,7 @@ type randRow struct {
 	// three volds together per write (volume rows; from their metrics).
 	syncs, rounds float64
 	// snapshots is how many snapshots the three volds took during the
-	// run: each is written on the Raft loop, which stalls every group
-	// of its node meanwhile (a run's max latency often is one).
+	// run (see snapshotNote).
 	snapshots uint64
 }
 

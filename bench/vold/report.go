@@ -61,7 +61,6 @@ func (r *results) printSeq(c config) {
 		threeWritersNote, s.load, seqGoal, metStr(ok), median(s.mbps[rowLeader])/local, median(s.mbps[rowFollower])/local)
 }
 
-// threeWritersNote says what the three-writer rows are for.
 // secondMount says what the node of the second volume mount is: with a
 // single replica there is no follower, and the mount on a node without a
 // replica forwards to the leader (rows keep their "follower's node"
@@ -80,6 +79,7 @@ func replicasText(n int) string {
 	return fmt.Sprintf("%d replicas on %d nodes", n, n)
 }
 
+// threeWritersNote says what the three-writer rows are for.
 const threeWritersNote = "*Three local writers at once* write a file each, as the three replicas of a volume on this machine's one disk must (every replica writes the data and syncs it): the row gives what each of them got, the ceiling of a volume here whatever its software costs. The goal is measured against one local writer."
 
 func isVolume(row string) bool { return row == rowLeader || row == rowFollower }
@@ -169,7 +169,8 @@ func (s randResult) raftPerWrite(row string) string {
 // single-writer volume runs (shoal_vold_raft_snapshots_taken_total) and
 // the longest write of runs with one against that of the others: a
 // volume's snapshot is forked on the Raft loop and written off it, but
-// the fork and the page copies after it still cost.
+// the disk still takes it, and each page is copied on its first write
+// after the fork.
 func (s randResult) snapshotNote() string {
 	var taken uint64
 	var with, runs int
@@ -193,7 +194,7 @@ func (s randResult) snapshotNote() string {
 	if taken == 0 {
 		return "The volds took no snapshot during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total)."
 	}
-	return fmt.Sprintf("The volds took %d snapshots during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total), in %d of %d runs; a volume's snapshot is written off the Raft loop (forked on it, each page then copied on its first write), so it should not stall the groups of its node: the longest write of those runs took %s, of the others %s.", taken, with, runs, dur(worstWith), dur(worstWithout))
+	return fmt.Sprintf("The volds took %d snapshots during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total), in %d of %d runs; a volume's snapshot is forked on the Raft loop and written off it, to a file its node's disk takes while the journals sync: the longest write of those runs took %s, of the others %s.", taken, with, runs, dur(worstWith), dur(worstWithout))
 }
 
 // printRandMany prints the several-writer rows: not the goal's measure

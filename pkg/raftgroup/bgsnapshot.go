@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
-	"hash/crc32"
 	"io"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -63,7 +62,11 @@ func writeSnapFile(fs vfs.FS, dir string, id uint64, hdr []byte, sw SnapshotWrit
 	// Like the journal's copyBlobs: a vfs.File other than the OS's may
 	// modify what it writes, and a fork's pages are the live state's.
 	cw := &snapFileWriter{f: f, stop: stop, copy: fs != vfs.Default}
-	bw := bufio.NewWriterSize(cw, 256<<10)
+	// Checksummed before the file gets the bytes: a vfs.File may modify
+	// what it is given to write (Pebble's in-memory one does in race
+	// builds).
+	var sum checksumWriter
+	bw := bufio.NewWriterSize(io.MultiWriter(&sum, cw), 256<<10)
 	_, err = bw.Write(hdr)
 	if err == nil {
 		err = sw.WriteSnapshot(bw)
@@ -83,15 +86,15 @@ func writeSnapFile(fs vfs.FS, dir string, id uint64, hdr []byte, sw SnapshotWrit
 	if err != nil {
 		return 0, 0, fmt.Errorf("raftgroup: write snapshot file %d: %w", id, err)
 	}
-	return cw.n, cw.crc, nil
+	return sum.n, sum.crc, nil
 }
 
-// snapFileWriter writes to a snapshot file, counting and checksumming.
+// snapFileWriter writes to a snapshot file, asking for write-back as it
+// grows, until stop.
 type snapFileWriter struct {
 	f    vfs.File
 	stop <-chan struct{}
 	n    int
-	crc  uint32
 	// flushed is how much of the file was last asked to be written back.
 	flushed int
 	// copy writes a copy of what it is given (see writeSnapFile).
@@ -104,9 +107,6 @@ func (w *snapFileWriter) Write(p []byte) (int, error) {
 		return 0, ErrClosed
 	default:
 	}
-	// Checksummed first: a vfs.File may modify what it is given to write
-	// (Pebble's in-memory filesystem does in race builds).
-	w.crc = crc32.Update(w.crc, crcTable, p)
 	if w.copy {
 		p = bytes.Clone(p)
 	}
@@ -145,11 +145,10 @@ type bgSnapshot struct {
 // can fork; it reports whether it did.
 func (g *group) startBackgroundSnapshot(since uint64, byBytes bool) (bool, error) {
 	f, ok := g.fsm.(SnapshotForker)
-	covered := g.st.snap != nil && g.st.snap.GetIndex() >= g.applied
-	if !g.h.cfg.BackgroundSnapshots || !ok || g.st.large <= 0 || covered || g.broken != nil || g.applied == 0 {
+	if !g.h.cfg.BackgroundSnapshots || !ok || !g.streamable() {
 		return false, nil
 	}
-	term, err := g.st.Term(g.applied)
+	term, hdr, err := g.snapshotHeader()
 	if err != nil {
 		return false, err
 	}
@@ -159,7 +158,6 @@ func (g *group) startBackgroundSnapshot(since uint64, byBytes bool) (bool, error
 	}
 	h := g.h
 	bg := &bgSnapshot{id: h.jnl.reserveID(), meta: g.snapshotMeta(term), logBytes: g.logBytes, since: since, byBytes: byBytes}
-	hdr := (&snapshotData{meta: g.meta, hasFSM: true}).header()
 	g.bgSnap = bg
 	h.stats.BackgroundSnapshots++
 	fs, dir := h.jnl.fs, h.jnl.dir
@@ -193,12 +191,7 @@ func (g *group) adoptBackgroundSnapshot(bg *bgSnapshot, n int, crc uint32, werr 
 	}
 	ref, err := h.jnl.adoptSnapFile(bg.id, n, crc)
 	if err == nil {
-		err = g.storeStaged(func(b *pebble.Batch) (func(), error) {
-			if err := g.st.setSnapshotRef(b, ref, bg.meta); err != nil {
-				return nil, err
-			}
-			return g.st.snapshotStaged(bg.meta), nil
-		})
+		err = g.storeStaged(func(b *pebble.Batch) (func(), error) { return g.st.stageSnapshotRef(b, ref, bg.meta) })
 	}
 	if err != nil {
 		h.fail(fmt.Errorf("group %d: store snapshot written off the loop: %w", g.id, err))

@@ -74,10 +74,7 @@ func TestBackgroundSnapshots(t *testing.T) {
 	c.Net.SendErrors = true
 	c.CreateGroup(1, 1, 2, 3)
 	l := c.WaitLeader(1, 100)
-	victim := raftgroup.NodeID(1)
-	if victim == l {
-		victim = 2
-	}
+	victim := otherThan(l)
 	c.Crash(victim)
 	for i := range 30 {
 		write(t, c, l, 1, fmt.Sprint("k", i), fmt.Sprint(i))
@@ -144,10 +141,7 @@ func TestBackgroundSnapshotCrash(t *testing.T) {
 	}
 	<-written
 	time.Sleep(20 * time.Millisecond) // the file's sync, most likely
-	victim := raftgroup.NodeID(1)
-	if victim == l {
-		victim = 2
-	}
+	victim := otherThan(l)
 	stored := c.Host(victim).Stats().SnapshotsTaken
 	c.Crash(victim)
 	c.Restart(victim)

@@ -781,15 +781,13 @@ func (g *group) storeSnapshot() (uint64, error) {
 		return uint64(len(snap.GetData())), err
 	}
 	sw, ok := g.fsm.(SnapshotWriter)
-	covered := g.st.snap != nil && g.st.snap.GetIndex() >= g.applied
-	if !ok || g.st.large <= 0 || covered || g.broken != nil || g.applied == 0 {
+	if !ok || !g.streamable() {
 		return taken()
 	}
-	term, err := g.st.Term(g.applied)
+	term, hdr, err := g.snapshotHeader()
 	if err != nil {
 		return 0, err
 	}
-	hdr := (&snapshotData{meta: g.meta, hasFSM: true}).header()
 	write := func(w io.Writer) error {
 		if _, err := w.Write(hdr); err != nil {
 			return err
@@ -811,6 +809,26 @@ func (g *group) storeSnapshot() (uint64, error) {
 		return 0, err
 	}
 	return uint64(sum.n), nil
+}
+
+// streamable reports whether a snapshot of the state machine may be
+// written as a stream into a journal blob or a file of its own: the
+// journal takes large data, there is something new to snapshot, and the
+// group is sound.
+func (g *group) streamable() bool {
+	covered := g.st.snap != nil && g.st.snap.GetIndex() >= g.applied
+	return g.st.large > 0 && !covered && g.broken == nil && g.applied > 0
+}
+
+// snapshotHeader returns the term of the applied index and the encoding
+// of a snapshot up to the state machine's part (the host's meta as of
+// now).
+func (g *group) snapshotHeader() (uint64, []byte, error) {
+	term, err := g.st.Term(g.applied)
+	if err != nil {
+		return 0, nil, err
+	}
+	return term, (&snapshotData{meta: g.meta, hasFSM: true}).header(), nil
 }
 
 // checksumWriter counts and checksums what is written to it.

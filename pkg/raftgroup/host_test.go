@@ -60,6 +60,14 @@ func write(t *testing.T, c *rgt.Cluster, n raftgroup.NodeID, g raftgroup.GroupID
 	return res
 }
 
+// otherThan returns a node of a three-node cluster other than n (1 or 2).
+func otherThan(n raftgroup.NodeID) raftgroup.NodeID {
+	if n == 1 {
+		return 2
+	}
+	return 1
+}
+
 // settledGroup creates group 1 on nodes 1 to 3 and returns its leader and
 // followers once a write went through and a few ticks passed.
 func settledGroup(t *testing.T, c *rgt.Cluster) (raftgroup.NodeID, []raftgroup.NodeID) {
@@ -207,10 +215,7 @@ func testCatchUpBySnapshot(t *testing.T, mode string) {
 	c.Net.SendErrors = true
 	c.CreateGroup(1, 1, 2, 3)
 	l := c.WaitLeader(1, 100)
-	victim := raftgroup.NodeID(1)
-	if victim == l {
-		victim = 2
-	}
+	victim := otherThan(l)
 	c.Crash(victim)
 	for i := range 50 {
 		write(t, c, l, 1, fmt.Sprint("k", i), fmt.Sprint(i))

@@ -138,7 +138,7 @@ type segment struct {
 	size int64
 	// legacy marks a segment of blobs without framing: one of an earlier
 	// version, or a snapshot file (snapFile, written off the loop: see
-	// writeSnapshotFile), which is removed when dead, not kept for reuse.
+	// writeSnapFile), which is removed when dead, not kept for reuse.
 	legacy, snapFile bool
 	// lastSeq is the sequence number of the last record in the segment.
 	lastSeq uint64
@@ -652,8 +652,7 @@ func (j *journal) rotate() error {
 		} // else sync closes it
 		j.idle = true // collect skips the active segment: look again
 	}
-	id := j.nextID
-	j.nextID++
+	id := j.reserveID()
 	path := j.fs.PathJoin(j.dir, segmentName(id))
 	var w vfs.File
 	var err error

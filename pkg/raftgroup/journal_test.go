@@ -70,10 +70,7 @@ func TestSegmentLogBoundedAndDurable(t *testing.T) {
 		}
 	}
 	// A follower restarts from its disk alone.
-	victim := raftgroup.NodeID(1)
-	if victim == l {
-		victim = 2
-	}
+	victim := otherThan(l)
 	c.Crash(victim)
 	c.Restart(victim)
 	for i := 200; i < 230; i++ {

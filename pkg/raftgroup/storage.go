@@ -464,6 +464,12 @@ func (s *groupStorage) stageSnapshotStream(b *pebble.Batch, meta *pb.SnapshotMet
 	if err != nil {
 		return nil, err
 	}
+	return s.stageSnapshotRef(b, ref, meta)
+}
+
+// stageSnapshotRef stores, as the group's latest snapshot, one whose data
+// is already in the journal at ref.
+func (s *groupStorage) stageSnapshotRef(b *pebble.Batch, ref segmentRef, meta *pb.SnapshotMetadata) (func(), error) {
 	if err := s.setSnapshotRef(b, ref, meta); err != nil {
 		return nil, err
 	}

@@ -155,10 +155,7 @@ func TestTypedSetUse(t *testing.T) {
 	}
 	// Appliers' state travels in snapshots: a replica that missed it all
 	// catches up from one.
-	victim := raftgroup.NodeID(1)
-	if victim == l {
-		victim = 2
-	}
+	victim := otherThan(l)
 	c.Crash(victim)
 	for i := range 20 {
 		if _, err := rgt.Await(c.Cluster, c.Host(l).SetAsync(1, &KV{Key: fmt.Sprint("late", i), Val: "v"}), 100); err != nil {
