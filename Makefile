@@ -74,7 +74,7 @@ check: deps
 test: deps check build unit fuzz e2e
 
 unit:
-	$(GO) test -count=1 -timeout 15m ./pkg/... ./test/units/...
+	$(GO) test -count=1 -timeout 15m ./pkg/... ./bench/... ./test/units/...
 
 # Each fuzz target runs briefly: go test allows one target per run.
 FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/store:FuzzDecodeIndexOp pkg/pki:FuzzParseToken pkg/overlay:FuzzIPAMUnmarshal \

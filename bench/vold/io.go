@@ -30,6 +30,9 @@ type target struct {
 	// profile names the -profile files of the target's first random
 	// write run ("" for none).
 	profile string
+	// node is the node whose mount the target is (0: the local
+	// filesystem).
+	node int
 }
 
 type seqResult struct {
@@ -53,6 +56,11 @@ type randRow struct {
 	// snapshots is how many snapshots the three volds took during the
 	// run (see snapshotNote).
 	snapshots uint64
+	// syncTime is each node's synced journal writes during the run,
+	// mutateTime the filesystem mutations of the mount's node (volume
+	// rows; see timeNote).
+	syncTime   []hist
+	mutateTime hist
 }
 
 // cpuPerWrite is the run's CPU time (see runCPU) per acknowledged write.
@@ -108,7 +116,7 @@ func (b *bench) mountTargets(ctx context.Context, user string) ([]target, int, i
 	check(err)
 	fp, err := b.mount(ctx, follower, benchVol, user)
 	check(err)
-	return []target{{label: rowLocal, dir: b.local, writers: 1}, {label: rowLocal3, dir: b.local, writers: localWriters}, {label: rowLeader, dir: lp, writers: 1, profile: "leader"}, {label: rowFollower, dir: fp, writers: 1, profile: "follower"}}, leader, follower
+	return []target{{label: rowLocal, dir: b.local, writers: 1}, {label: rowLocal3, dir: b.local, writers: localWriters}, {label: rowLeader, dir: lp, writers: 1, profile: "leader", node: leader}, {label: rowFollower, dir: fp, writers: 1, profile: "follower", node: follower}}, leader, follower
 }
 
 // sequential writes c.seqMiB MiB in 1 MiB writes, then fsyncs, to each
@@ -214,7 +222,7 @@ func (b *bench) random(ctx context.Context) randResult {
 		b.unmount(ctx, follower, benchVol, "bench-rand")
 	}()
 	if n := c.randWriters; n > 1 {
-		targets = append(targets, target{label: rowLocalMany, dir: b.local, writers: n, total: true}, target{label: rowLeaderMany, dir: targets[2].dir, writers: n, total: true})
+		targets = append(targets, target{label: rowLocalMany, dir: b.local, writers: n, total: true}, target{label: rowLeaderMany, dir: targets[2].dir, writers: n, total: true, node: leader})
 	}
 	r := randResult{leader: leader, follower: follower, runs: map[string][]randRow{}}
 	for _, t := range targets {
@@ -299,7 +307,9 @@ func (b *bench) random(ctx context.Context) randResult {
 			var byNode []string
 			if m0 != nil && len(row.lat) > 0 {
 				m1 := b.raftCounters(ctx)
+				row.mutateTime = m1[t.node-1].mutateTime.minus(m0[t.node-1].mutateTime)
 				for i := range m1 {
+					row.syncTime = append(row.syncTime, m1[i].syncTime.minus(m0[i].syncTime))
 					s := float64(m1[i].syncs-m0[i].syncs) / float64(len(row.lat))
 					r := float64(m1[i].rounds-m0[i].rounds) / float64(len(row.lat))
 					row.syncs += s
@@ -309,7 +319,15 @@ func (b *bench) random(ctx context.Context) randResult {
 				}
 			}
 			r.runs[t.label] = append(r.runs[t.label], row)
-			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write, %.2f journal syncs and %.2f Raft rounds per write (node 1/2/3: %s), %d snapshots taken", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()), row.syncs, row.rounds, strings.Join(byNode, ", "), row.snapshots)
+			times := ""
+			if row.syncTime != nil {
+				var syncP50 []string
+				for _, h := range row.syncTime {
+					syncP50 = append(syncP50, dur(h.quantile(0.5)))
+				}
+				times = fmt.Sprintf("; node %d's vold answered its mutations in %s, journal syncs took %s (p50s; node 1/2/3)", t.node, dur(row.mutateTime.quantile(0.5)), strings.Join(syncP50, " / "))
+			}
+			progress("  %s: %.0f IOPS, p50 %s, p99 %s, CPU %s per write, %.2f journal syncs and %.2f Raft rounds per write (node 1/2/3: %s), %d snapshots taken%s", t.label, row.iops(), dur(pctl(row.lat, 0.5)), dur(pctl(row.lat, 0.99)), dur(row.cpuPerWrite()), row.syncs, row.rounds, strings.Join(byNode, ", "), row.snapshots, times)
 		}
 	}
 	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}

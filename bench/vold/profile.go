@@ -96,7 +96,13 @@ func (b *bench) nodeGet(ctx context.Context, i int, path string, timeout time.Du
 }
 
 // raftCounters is what a vold's metrics say of its Raft loop so far.
-type raftCounters struct{ syncs, rounds, snapshots uint64 }
+type raftCounters struct {
+	syncs, rounds, snapshots uint64
+	// syncTime is shoal_vold_raft_sync_seconds (the journal's synced
+	// writes), mutateTime shoal_vold_fs_op_seconds{kind="mutate"} (the
+	// filesystem mutations the node's mounts asked for).
+	syncTime, mutateTime hist
+}
 
 // raftCounters reads every node's vold Raft counters (zero for a node
 // that does not answer).
@@ -108,8 +114,11 @@ func (b *bench) raftCounters(ctx context.Context) []raftCounters {
 			progress("metrics of node %d's vold: %v", i+1, err)
 			continue
 		}
+		out[i].syncTime, out[i].mutateTime = hist{}, hist{}
 		sc := bufio.NewScanner(body)
 		for sc.Scan() {
+			parseBucket(out[i].syncTime, sc.Text(), "shoal_vold_raft_sync_seconds", "")
+			parseBucket(out[i].mutateTime, sc.Text(), "shoal_vold_fs_op_seconds", `kind="mutate",`)
 			name, v, ok := strings.Cut(sc.Text(), " ")
 			if !ok {
 				continue

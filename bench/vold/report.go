@@ -110,8 +110,8 @@ func (r *results) printRand(c config) {
 		}
 		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", sum.name, sum.perRun, m, dur(pctl(sum.lat, 0.5)), dur(pctl(sum.lat, 0.99)), dur(worst), dur(sum.cpu), s.raftPerWrite(row), rat, rat3)
 	}
-	fmt.Printf("\n%s IOPS are per writer.\n\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. *Journal syncs / Raft rounds per write*: the medians over the runs of the three volds' synced journal writes and Raft loop rounds together (shoal_vold_raft_syncs_total, shoal_vold_raft_rounds_total) per write; three syncs per write means none was shared. %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
-		threeWritersNote, s.snapshotNote(), s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
+	fmt.Printf("\n%s IOPS are per writer.\n\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. *Journal syncs / Raft rounds per write*: the medians over the runs of the three volds' synced journal writes and Raft loop rounds together (shoal_vold_raft_syncs_total, shoal_vold_raft_rounds_total) per write; three syncs per write means none was shared. %s %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
+		threeWritersNote, s.snapshotNote(), s.timeNote(), s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
 	r.printRandMany(c)
 }
 
@@ -195,6 +195,45 @@ func (s randResult) snapshotNote() string {
 		return "The volds took no snapshot during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total)."
 	}
 	return fmt.Sprintf("The volds took %d snapshots during the single-writer volume runs (shoal_vold_raft_snapshots_taken_total), in %d of %d runs; a volume's snapshot is forked on the Raft loop and written off it, to a file its node's disk takes while the journals sync: the longest write of those runs took %s, of the others %s.", taken, with, runs, dur(worstWith), dur(worstWithout))
+}
+
+// timeNote says where the single-writer volume rows' writes spent their
+// time, from the volds' histograms summed over each row's runs: the
+// filesystem mutations as the mount's vold timed them (from its
+// filesystem layer taking the request to the answer: forwarding,
+// proposal, commit, apply), and every node's synced journal writes. What
+// a write's latency holds beyond its mutation is FUSE and the kernel.
+func (s randResult) timeNote() string {
+	var parts []string
+	for _, row := range []string{rowLeader, rowFollower} {
+		mutate, syncs := hist{}, []hist{}
+		node := s.leader
+		if row == rowFollower {
+			node = s.follower
+		}
+		for _, x := range s.runs[row] {
+			mutate.add(x.mutateTime)
+			for i, h := range x.syncTime {
+				if i == len(syncs) {
+					syncs = append(syncs, hist{})
+				}
+				syncs[i].add(h)
+			}
+		}
+		if mutate.count() == 0 {
+			continue
+		}
+		var sp []string
+		for _, h := range syncs {
+			sp = append(sp, dur(h.quantile(0.5)))
+		}
+		parts = append(parts, fmt.Sprintf("through node %d's mount (%s), its vold answered the mutations in %s (p50; p99 %s) and the synced journal writes of nodes 1 / 2 / 3 took %s (p50s)",
+			node, strings.TrimPrefix(row, "volume, "), dur(mutate.quantile(0.5)), dur(mutate.quantile(0.99)), strings.Join(sp, " / ")))
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return "*Where the time goes* (the volds' histograms over each row's runs, `shoal_vold_fs_op_seconds{kind=\"mutate\"}` from the filesystem layer taking a request to its answer, `shoal_vold_raft_sync_seconds`): " + strings.Join(parts, "; ") + "; the rest of a write's latency is FUSE and the kernel's."
 }
 
 // printRandMany prints the several-writer rows: not the goal's measure

@@ -74,6 +74,9 @@ type node struct {
 	docs docCache
 
 	stats counters
+	// lat are the timing histograms (nil in tests that build a node by
+	// hand: nothing is recorded then).
+	lat *latencies
 }
 
 // counters are vold's own figures for metrics.
@@ -150,6 +153,8 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	volv1.RegisterStateMachinesServer(rt.GRPC, &machinesAPI{n: n})
 	rt.Details = n.details
 	rt.Metrics.MustRegister(newCollector(n))
+	n.lat = newLatencies()
+	rt.Metrics.MustRegister(n.lat.collectors()...)
 	n.sess = connectSessions(rt.Log.With("component", "fuse"), cfg.KeepMounts, n.holderSocket())
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -210,6 +215,7 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 		// A volume's snapshot is the whole volume: written on the loop it
 		// would stall every group of the node for as long.
 		BackgroundSnapshots: true,
+		ObserveSync:         n.lat.observeSync,
 	})
 	if err != nil {
 		return fmt.Errorf("open raft host: %w", err)

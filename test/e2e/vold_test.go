@@ -341,6 +341,16 @@ func TestVolumes(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(m.GetPath(), "small")); err != nil || !bytes.Equal(b, big[:512<<10]) {
 			t.Fatalf("read back after ENOSPC: %d bytes, %v", len(b), err)
 		}
+		// The mount's node timed those operations, and its journal's syncs.
+		metrics, _, code, err := c.Exec(ctx, 2, []string{"busybox", "wget", "-qO-", "http://127.0.0.1:9464/metrics"}, nil)
+		if err != nil || code != 0 {
+			t.Fatalf("vold metrics: %v %d", err, code)
+		}
+		for _, name := range []string{`shoal_vold_fs_op_seconds_count{kind="mutate"}`, `shoal_vold_fs_op_seconds_count{kind="query"}`, "shoal_vold_raft_sync_seconds_count"} {
+			if v := metricValue(metrics, name); v <= 0 {
+				t.Errorf("vold metrics: %s is %v, want > 0", name, v)
+			}
+		}
 		if _, err := c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "tiny", User: "e2e-enospc"}); err != nil {
 			t.Fatal(err)
 		}
@@ -1271,4 +1281,18 @@ func k9Writer(dir string) int {
 		fmt.Println(k)
 	}
 	return 0
+}
+
+// metricValue returns the value of the sample name (with its labels, as
+// the exposition writes them) in a /metrics text exposition, or -1 if
+// there is none.
+func metricValue(metrics, name string) float64 {
+	for _, line := range strings.Split(metrics, "\n") {
+		if rest, ok := strings.CutPrefix(line, name+" "); ok {
+			if v, err := strconv.ParseFloat(strings.TrimSpace(rest), 64); err == nil {
+				return v
+			}
+		}
+	}
+	return -1
 }
