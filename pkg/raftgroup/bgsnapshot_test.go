@@ -6,14 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
@@ -167,7 +164,7 @@ func TestBackgroundSnapshotsOnDisk(t *testing.T) {
 	var mu sync.Mutex
 	fss := map[raftgroup.NodeID]*volfs.FS{}
 	start := func(seed uint64) ([]*raftgroup.Host, func()) {
-		return startDisk(t, dirs, seed, func(cfg *raftgroup.Config) {
+		return rgt.StartOnDisk(t, dirs, seed, func(cfg *raftgroup.Config) {
 			cfg.SnapshotEntries, cfg.CompactionMargin, cfg.BackgroundSnapshots = 20, 5, true
 		}, func(id raftgroup.NodeID, _ raftgroup.GroupID) raftgroup.StateMachine {
 			fs := volfs.New()
@@ -177,7 +174,7 @@ func TestBackgroundSnapshotsOnDisk(t *testing.T) {
 			return fs
 		})
 	}
-	leader := func(hosts []*raftgroup.Host) *raftgroup.Host { return leaderOn(t, hosts, g) }
+	leader := func(hosts []*raftgroup.Host) *raftgroup.Host { return rgt.LeaderOn(t, hosts, g) }
 	apply := func(h *raftgroup.Host, op volfs.Op) volfs.Result {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -194,7 +191,7 @@ func TestBackgroundSnapshotsOnDisk(t *testing.T) {
 	}
 
 	hosts, stop := start(1)
-	createOn(t, hosts, g)
+	rgt.CreateOn(t, hosts, g)
 	l := leader(hosts)
 	apply(l, volfs.Op{Kind: volfs.KindSetLimit, Size: 64 << 20})
 	ino := apply(l, volfs.Op{Kind: volfs.KindCreate, Parent: volfs.RootIno, Name: "f", Mode: 0o644}).Attr.Ino
@@ -212,31 +209,14 @@ func TestBackgroundSnapshotsOnDisk(t *testing.T) {
 		apply(l, volfs.Op{Kind: volfs.KindWrite, Ino: ino, Offset: uint64(off), Data: data})
 		copy(want[off:], data)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for _, h := range hosts {
-		for h.Stats().SnapshotsTaken < 2 {
-			if time.Now().After(deadline) {
-				t.Fatalf("node %d: %+v", h.NodeID(), h.Stats())
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
-		if st := h.Stats(); st.BackgroundSnapshots < st.SnapshotsTaken {
-			t.Fatalf("node %d: %d snapshots stored, %d of them written off the loop", h.NodeID(), st.SnapshotsTaken, st.BackgroundSnapshots)
-		}
-	}
-	for i, dir := range dirs {
-		names, err := filepath.Glob(filepath.Join(dir, "entries", "*.snap"))
-		if err != nil || len(names) == 0 {
-			t.Fatalf("node %d: snapshot files %v (%v)", i+1, names, err)
-		}
-	}
+	rgt.WaitBackgroundSnapshots(t, hosts, dirs, 2, 20*time.Second)
 	stop()
 	hosts, _ = start(2)
 	l = leader(hosts)
 	apply(l, volfs.Op{Kind: volfs.KindWrite, Ino: ino, Offset: 0, Data: []byte("after")})
 	copy(want, "after")
 	digests := map[[32]byte]bool{}
-	deadline = time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(20 * time.Second)
 	for id := raftgroup.NodeID(1); id <= 3; id++ {
 		for {
 			mu.Lock()
@@ -267,75 +247,6 @@ func (b volfsBackend) Mutate(context.Context, []byte) ([]byte, error) {
 
 func (b volfsBackend) Query(_ context.Context, req []byte) ([]byte, error) { return b.fs.Query(req) }
 
-// startDisk starts a host on the OS filesystem in each of dirs, with
-// their loops running, on an immediate in-memory network; stop (also a
-// cleanup) stops them.
-func startDisk(tb testing.TB, dirs []string, seed uint64, configure func(*raftgroup.Config), newSM func(raftgroup.NodeID, raftgroup.GroupID) raftgroup.StateMachine) ([]*raftgroup.Host, func()) {
-	net := rgt.NewNetwork(rand.New(rand.NewPCG(seed, seed)))
-	net.Immediate = true
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	var hosts []*raftgroup.Host
-	for i, dir := range dirs {
-		id := raftgroup.NodeID(i + 1)
-		cfg := raftgroup.Config{
-			NodeID: id, Dir: dir, FS: vfs.Default, Transport: net.Transport(id),
-			NewStateMachine: func(g raftgroup.GroupID) raftgroup.StateMachine { return newSM(id, g) },
-		}
-		configure(&cfg)
-		h, err := raftgroup.Open(cfg)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		net.Attach(id, h)
-		hosts = append(hosts, h)
-		wg.Add(1)
-		go func() { defer wg.Done(); _ = h.Run(ctx) }()
-	}
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			wg.Wait()
-			for _, h := range hosts {
-				h.Close()
-			}
-		})
-	}
-	tb.Cleanup(stop)
-	return hosts, stop
-}
-
-// createOn creates group g with a replica on each host and has the first
-// campaign.
-func createOn(tb testing.TB, hosts []*raftgroup.Host, g raftgroup.GroupID) {
-	var members []raftgroup.Member
-	for i := range hosts {
-		members = append(members, raftgroup.Member{Replica: raftgroup.ReplicaID(i + 1), Node: raftgroup.NodeID(i + 1)})
-	}
-	for i, h := range hosts {
-		if err := h.CreateGroup(g, raftgroup.ReplicaID(i+1), members); err != nil {
-			tb.Fatal(err)
-		}
-	}
-	hosts[0].Campaign(g)
-}
-
-// leaderOn waits for group g's leader among hosts.
-func leaderOn(tb testing.TB, hosts []*raftgroup.Host, g raftgroup.GroupID) *raftgroup.Host {
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, h := range hosts {
-			if st, err := h.Status(g); err == nil && st.Role == "leader" {
-				return h
-			}
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	tb.Fatalf("group %d: no leader", g)
-	return nil
-}
-
 // BenchmarkSnapshotStall measures what a volume's snapshot costs the other
 // groups of its hosts. Three hosts on the OS filesystem: group 1 is a
 // volume into which 1 MiB writes pass SnapshotBytes (128 MiB here), so
@@ -353,7 +264,7 @@ func BenchmarkSnapshotStall(b *testing.B) {
 			var worst, p99s, rates []float64
 			for range b.N {
 				dirs := []string{b.TempDir(), b.TempDir(), b.TempDir()}
-				hosts, stop := startDisk(b, dirs, 1, func(cfg *raftgroup.Config) {
+				hosts, stop := rgt.StartOnDisk(b, dirs, 1, func(cfg *raftgroup.Config) {
 					cfg.SnapshotBytes, cfg.BackgroundSnapshots = snapBytes, bg
 				}, func(_ raftgroup.NodeID, g raftgroup.GroupID) raftgroup.StateMachine {
 					if g == 1 {
@@ -361,9 +272,9 @@ func BenchmarkSnapshotStall(b *testing.B) {
 					}
 					return rgt.NewKV()
 				})
-				createOn(b, hosts, 1)
-				createOn(b, hosts, 2)
-				vl, kl := leaderOn(b, hosts, 1), leaderOn(b, hosts, 2)
+				rgt.CreateOn(b, hosts, 1)
+				rgt.CreateOn(b, hosts, 2)
+				vl, kl := rgt.LeaderOn(b, hosts, 1), rgt.LeaderOn(b, hosts, 2)
 				ctx := context.Background()
 				propose := func(h *raftgroup.Host, g raftgroup.GroupID, data []byte) []byte {
 					_, res, err := h.Propose(ctx, g, data)

@@ -220,7 +220,9 @@
 // in the style of the seed design: messages are registered Go values
 // (protobuf or JSON), Set proposes one and returns once a quorum of voters
 // has applied it (replicas acknowledge applied indexes to the proposer),
-// and appliers added with Use see every message. Typed also keeps locks:
+// and appliers added with Use see every message. Typed is a
+// SnapshotForker: appliers that are ForkingSnapshotters are forked, the
+// other Snapshotters snapshotted at the fork, on the loop. Typed also keeps locks:
 // a lease's fencing token is the index of the entry that granted it, so
 // tokens of successive holders strictly increase, and a lease expires TTL
 // after the group time of its last grant or renewal; SetFenced applies a

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
 	"github.com/shoal-dev/shoal/pkg/volfs"
 )
 
@@ -18,7 +19,7 @@ func TestObserveSync(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	var mu sync.Mutex
 	observed := map[raftgroup.NodeID][]time.Duration{}
-	hosts, stop := startDisk(t, dirs, 1, func(cfg *raftgroup.Config) {
+	hosts, stop := rgt.StartOnDisk(t, dirs, 1, func(cfg *raftgroup.Config) {
 		id := cfg.NodeID
 		cfg.ObserveSync = func(d time.Duration) {
 			mu.Lock()
@@ -27,8 +28,8 @@ func TestObserveSync(t *testing.T) {
 		}
 	}, func(raftgroup.NodeID, raftgroup.GroupID) raftgroup.StateMachine { return volfs.New() })
 	defer stop()
-	createOn(t, hosts, g)
-	l := leaderOn(t, hosts, g)
+	rgt.CreateOn(t, hosts, g)
+	l := rgt.LeaderOn(t, hosts, g)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for i := range 20 {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"reflect"
 	"sync"
 	"time"
@@ -44,6 +45,18 @@ type Applier interface {
 type Snapshotter interface {
 	Snapshot() ([]byte, error)
 	Restore(data []byte) error
+}
+
+// ForkingSnapshotter is a Snapshotter that can freeze its state cheaply:
+// ForkSnapshot, called on the Raft loop, returns a function that later
+// returns, from another goroutine and while Apply goes on, what Snapshot
+// would have returned at the fork. With Config.BackgroundSnapshots, a
+// Typed machine whose stateful appliers all fork is snapshotted off the
+// loop (see SnapshotForker); an applier that does not fork is snapshotted
+// on the loop at the fork, the rest of the snapshot off it.
+type ForkingSnapshotter interface {
+	Snapshotter
+	ForkSnapshot() (func() ([]byte, error), error)
 }
 
 // ApplierFunc adapts a function to a stateless Applier.
@@ -144,6 +157,10 @@ type Typed struct {
 	mu       sync.RWMutex
 	appliers []Applier
 	locks    *lockTable
+	// written is the snapshot WriteSnapshot last wrote, until the next
+	// Apply or Restore: the host calls it twice for one snapshot, which
+	// must give the same bytes, and this builds them once.
+	written []byte
 }
 
 // NewTyped returns a typed state machine over reg (nil: a new registry).
@@ -203,6 +220,7 @@ func encodeFenced(lock string, token uint64, name string, payload []byte) []byte
 func (t *Typed) Apply(entries []Entry) ([][]byte, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.written = nil
 	out := make([][]byte, len(entries))
 	for i, e := range entries {
 		out[i] = t.applyOne(e)
@@ -293,29 +311,122 @@ func decodeResult(data []byte, out any) error {
 func (t *Typed) Snapshot() ([]byte, error) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
+	return t.snapshotLocked()
+}
+
+func (t *Typed) snapshotLocked() ([]byte, error) {
 	locks, err := t.locks.snapshot()
 	if err != nil {
 		return nil, err
 	}
-	b := []byte{1}
-	b = appendBytes(b, locks)
-	b = binary.AppendUvarint(b, uint64(len(t.appliers)))
-	for _, a := range t.appliers {
-		var data []byte
+	parts := make([][]byte, len(t.appliers))
+	for i, a := range t.appliers {
 		if s, ok := a.(Snapshotter); ok {
-			if data, err = s.Snapshot(); err != nil {
+			if parts[i], err = s.Snapshot(); err != nil {
 				return nil, err
 			}
 		}
-		b = appendBytes(b, data)
 	}
-	return b, nil
+	return encodeTypedSnapshot(locks, parts), nil
+}
+
+func encodeTypedSnapshot(locks []byte, parts [][]byte) []byte {
+	n := len(locks) + 2*binary.MaxVarintLen64
+	for _, p := range parts {
+		n += len(p) + binary.MaxVarintLen64
+	}
+	b := make([]byte, 0, n)
+	b = append(b, 1)
+	b = appendBytes(b, locks)
+	b = binary.AppendUvarint(b, uint64(len(parts)))
+	for _, p := range parts {
+		b = appendBytes(b, p)
+	}
+	return b
+}
+
+// WriteSnapshot implements SnapshotWriter (what Snapshot returns).
+func (t *Typed) WriteSnapshot(w io.Writer) error {
+	t.mu.Lock()
+	if t.written == nil {
+		b, err := t.snapshotLocked()
+		if err != nil {
+			t.mu.Unlock()
+			return err
+		}
+		t.written = b
+	}
+	b := t.written
+	t.mu.Unlock()
+	_, err := w.Write(b)
+	return err
+}
+
+// ForkSnapshot implements SnapshotForker: the lock table is encoded now
+// (it is small), each ForkingSnapshotter applier forked, and any other
+// Snapshotter's snapshot taken now.
+func (t *Typed) ForkSnapshot() (SnapshotWriter, error) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	locks, err := t.locks.snapshot()
+	if err != nil {
+		return nil, err
+	}
+	f := &typedFork{locks: locks, parts: make([]func() ([]byte, error), len(t.appliers))}
+	for i, a := range t.appliers {
+		switch s := a.(type) {
+		case ForkingSnapshotter:
+			if f.parts[i], err = s.ForkSnapshot(); err != nil {
+				return nil, err
+			}
+		case Snapshotter:
+			data, err := s.Snapshot()
+			if err != nil {
+				return nil, err
+			}
+			f.parts[i] = func() ([]byte, error) { return data, nil }
+		}
+	}
+	return f, nil
+}
+
+var _ SnapshotForker = (*Typed)(nil)
+
+// typedFork is a Typed machine's snapshot as of a fork.
+type typedFork struct {
+	locks []byte
+	parts []func() ([]byte, error) // nil for appliers without state
+	once  sync.Once
+	b     []byte
+	err   error
+}
+
+// WriteSnapshot implements SnapshotWriter; the snapshot is built once.
+func (f *typedFork) WriteSnapshot(w io.Writer) error {
+	f.once.Do(func() {
+		parts := make([][]byte, len(f.parts))
+		for i, p := range f.parts {
+			if p != nil {
+				if parts[i], f.err = p(); f.err != nil {
+					return
+				}
+			}
+		}
+		f.b = encodeTypedSnapshot(f.locks, parts)
+		f.parts = nil
+	})
+	if f.err != nil {
+		return f.err
+	}
+	_, err := w.Write(f.b)
+	return err
 }
 
 // Restore implements StateMachine.
 func (t *Typed) Restore(data []byte) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
+	t.written = nil
 	if data == nil {
 		t.locks = newLockTable()
 		for _, a := range t.appliers {

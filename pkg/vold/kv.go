@@ -2,6 +2,8 @@ package vold
 
 import (
 	"encoding/json"
+	"maps"
+	"slices"
 	"sync"
 	"time"
 
@@ -166,6 +168,24 @@ func (s *kvStore) Snapshot() ([]byte, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return json.Marshal(kvSnapshot{Data: s.data, Idem: s.idem, Machines: s.machines})
+}
+
+var _ raftgroup.ForkingSnapshotter = (*kvStore)(nil)
+
+// ForkSnapshot implements raftgroup.ForkingSnapshotter, so that the
+// system group's snapshots (up to 64 MiB of state machine logs, and the
+// KV) are encoded and written off the Raft loop: the fork copies the
+// maps and slice headers, whose values, idempotency records and commands
+// are never changed once applied (a machine's log only grows, or is
+// replaced), and encodes them later as Snapshot would have.
+func (s *kvStore) ForkSnapshot() (func() ([]byte, error), error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	snap := kvSnapshot{Data: maps.Clone(s.data), Idem: slices.Clip(s.idem), Machines: make(map[string]*machineLog, len(s.machines))}
+	for name, l := range s.machines {
+		snap.Machines[name] = &machineLog{Commands: slices.Clip(l.Commands)}
+	}
+	return func() ([]byte, error) { return json.Marshal(snap) }, nil
 }
 
 // Restore implements raftgroup.Snapshotter.

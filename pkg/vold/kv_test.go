@@ -2,6 +2,7 @@ package vold
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -97,5 +98,57 @@ func TestSystemMachineTypedRoundTrip(t *testing.T) {
 	}
 	if kv == nil || kv2 == nil {
 		t.Fatal("no KV applier")
+	}
+}
+
+// A fork of the KV store encodes, from another goroutine while puts,
+// machine commands (a machine's log growing and one replaced by a
+// snapshot command) and idempotency expiry go on, exactly the snapshot of
+// the fork's moment.
+func TestKVForkSnapshot(t *testing.T) {
+	s := newKVStore()
+	t0 := time.Unix(1000, 0)
+	set := func(index uint64, at time.Time, m machineSet) {
+		s.Apply(raftgroup.Command{Index: index, Time: at, Msg: &m})
+	}
+	idx := uint64(1)
+	for i := range 50 {
+		put(s, idx, t0, kvPut{Key: fmt.Sprint("k", i%20), Value: []byte(fmt.Sprint(i)), IdemKey: fmt.Sprint("p", i)})
+		idx++
+		set(idx, t0, machineSet{Machine: fmt.Sprint("m", i%3), Value: []byte(fmt.Sprint(i)), IdemKey: fmt.Sprint("s", i)})
+		idx++
+	}
+	want, err := s.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fork, err := s.ForkSnapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		later := t0.Add(2 * idemWindow) // expires every idempotency record
+		for i := range 200 {
+			put(s, idx, later, kvPut{Key: fmt.Sprint("k", i%30), Value: []byte("later"), IdemKey: fmt.Sprint("q", i)})
+			idx++
+			set(idx, later, machineSet{Machine: fmt.Sprint("m", i%4), Value: []byte("later"), Snapshot: i%50 == 0})
+			idx++
+		}
+	}()
+	got, err := fork()
+	<-done
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the fork encoded %d bytes, the snapshot at the fork was %d", len(got), len(want))
+	}
+	if again, _ := fork(); !bytes.Equal(again, want) {
+		t.Fatal("the fork encoded something else the second time")
+	}
+	if now, _ := s.Snapshot(); bytes.Equal(now, want) {
+		t.Fatal("the later commands changed nothing")
 	}
 }

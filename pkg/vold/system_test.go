@@ -1,10 +1,12 @@
 package vold
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -225,5 +227,88 @@ func TestSystemGroupStateMachines(t *testing.T) {
 	got, _ := kvs[3].readMachine("m", 0)
 	if len(got) != 3 || !got[0].Snapshot || string(got[1].Value) != "fenced" || string(got[2].Value) != "while 3 is down" {
 		t.Fatalf("restarted replica's log of m: %+v", got)
+	}
+}
+
+// The system group's machine (KV, named state machines, locks) on three
+// hosts on the OS filesystem is snapshotted off the Raft loop, as vold
+// runs it, and the hosts restart from those snapshots with every key and
+// command and the same state.
+func TestSystemGroupBackgroundSnapshotsOnDisk(t *testing.T) {
+	g := newGroupID(true)
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	var mu sync.Mutex
+	kvs := map[raftgroup.NodeID]*kvStore{}
+	start := func(seed uint64) ([]*raftgroup.Host, func()) {
+		return raftgrouptest.StartOnDisk(t, dirs, seed, func(cfg *raftgroup.Config) {
+			cfg.SnapshotEntries, cfg.CompactionMargin, cfg.BackgroundSnapshots = 20, 5, true
+		}, func(id raftgroup.NodeID, _ raftgroup.GroupID) raftgroup.StateMachine {
+			sm, kv := newSystemMachine()
+			mu.Lock()
+			kvs[id] = kv
+			mu.Unlock()
+			return sm
+		})
+	}
+	kvOf := func(id raftgroup.NodeID) *kvStore {
+		mu.Lock()
+		defer mu.Unlock()
+		return kvs[id]
+	}
+	hosts, stop := start(1)
+	defer func() { stop() }()
+	raftgrouptest.CreateOn(t, hosts, g)
+	l := raftgrouptest.LeaderOn(t, hosts, g)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 60
+	for i := range n {
+		var r kvPutResult
+		if err := l.Do(ctx, g, &kvPut{Key: fmt.Sprint("k", i), Value: []byte(fmt.Sprint("v", i))}, &r); err != nil || !r.Applied {
+			t.Fatalf("put k%d: %+v, %v", i, r, err)
+		}
+		var m machineSetResult
+		if err := l.Do(ctx, g, &machineSet{Machine: "m", Value: []byte(fmt.Sprint(i))}, &m); err != nil || !m.Applied {
+			t.Fatalf("set %d: %+v, %v", i, m, err)
+		}
+	}
+	raftgrouptest.WaitBackgroundSnapshots(t, hosts, nil, 2, 30*time.Second)
+	stop()
+	hosts, stop = start(2)
+	l = raftgrouptest.LeaderOn(t, hosts, g)
+	var r kvPutResult
+	if err := l.Do(ctx, g, &kvPut{Key: "after", Value: []byte("restart")}, &r); err != nil || !r.Applied {
+		t.Fatalf("put after the restart: %+v, %v", r, err)
+	}
+	var want []byte
+	deadline := time.Now().Add(30 * time.Second)
+	for id := raftgroup.NodeID(1); id <= 3; id++ {
+		for {
+			if e, ok := kvOf(id).get("after"); ok && string(e.Value) == "restart" {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d did not apply the put after the restart", id)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		kv := kvOf(id)
+		for i := range n {
+			if e, ok := kv.get(fmt.Sprint("k", i)); !ok || string(e.Value) != fmt.Sprint("v", i) {
+				t.Fatalf("node %d after the restart: k%d = %+v, %v", id, i, e, ok)
+			}
+		}
+		if cmds, _ := kv.readMachine("m", 0); len(cmds) != n {
+			t.Fatalf("node %d after the restart: machine m has %d commands, want %d", id, len(cmds), n)
+		}
+		snap, err := kv.Snapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want == nil {
+			want = snap
+		} else if !bytes.Equal(snap, want) {
+			t.Fatalf("node %d's KV state differs from node 1's", id)
+		}
 	}
 }
