@@ -92,8 +92,9 @@ type Config struct {
 	// (default 16 KiB; negative: never).
 	LargeEntry int
 	// ObserveSync, when set, is told how long each synced journal write
-	// of a round took (the write and its fdatasync, by the real clock
-	// whatever Now is). The loop calls it: it must not block.
+	// took (a round's, or a group's creation, join or removal: the write
+	// and its fdatasync, by the real clock whatever Now is). The loop
+	// calls it: it must not block.
 	ObserveSync func(time.Duration)
 }
 
