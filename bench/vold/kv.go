@@ -11,6 +11,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 
@@ -92,6 +95,10 @@ type kvResult struct {
 	clients     int
 	clientNodes [nodes]int // clients per node
 	statd, vold kvRun
+	// machines is the StateMachines API's Set (the issue's "state-machine
+	// API": a typed command appended to a named machine's log once a
+	// quorum applied it).
+	machines kvRun
 }
 
 // kvPhase runs, for each client count, statd's durable Put (the baseline)
@@ -124,6 +131,8 @@ func (b *bench) kvPhase(ctx context.Context) ([]kvResult, int) {
 		first = 1
 	}
 	value := []byte(strings.Repeat("v", 100))
+	command, err := anypb.New(wrapperspb.Bytes(value))
+	check(err)
 	fields := map[string]*statev1.Value{"v": {Kind: &statev1.Value_StringValue{StringValue: string(value)}}}
 	var out []kvResult
 	for _, n := range c.kvClients {
@@ -153,6 +162,16 @@ func (b *bench) kvPhase(ctx context.Context) ([]kvResult, int) {
 			}
 		}
 		progress("  vold: %.0f puts/s, p50 %s, p99 %s", res.vold.rate(), dur(pctl(res.vold.lat, 0.5)), dur(pctl(res.vold.lat, 0.99)))
+		progress("  vold state machine Set, %d clients", n)
+		b.waitQuiet(ctx)
+		run := len(out)
+		res.machines = b.load(ctx, n, first, func(ctx context.Context, node, client, seq int) error {
+			// A machine per client and run: each log stays far below
+			// its 8 MiB limit.
+			_, err := b.vold[node-1].Machines.Set(ctx, &volv1.SetRequest{Machine: fmt.Sprintf("bench/r%d/c%d", run, client), Command: command})
+			return err
+		})
+		progress("  vold Set: %.0f sets/s, p50 %s, p99 %s", res.machines.rate(), dur(pctl(res.machines.lat, 0.5)), dur(pctl(res.machines.lat, 0.99)))
 		out = append(out, res)
 	}
 	return out, leader

@@ -292,7 +292,7 @@ func (r *results) printKV(c config) {
 	if len(r.kv) == 0 {
 		return
 	}
-	fmt.Printf("### KV Put\n\n")
+	fmt.Printf("### KV Put and state machine Set\n\n")
 	fmt.Printf("Clients on the host, each in a loop of Put calls (a 100-byte value; each client overwrites its own key), spread over the three nodes' vold sockets, for %v per run. Every node holds a replica of the system group, so vold runs each Put on the local replica (no VolPeer forwarding: *forwarded* counts shoal_vold_forwarded_out_total) and Raft forwards the proposal to the leader when the local replica follows; a Put returns once a quorum has applied it. The system group's leader is on node %d; a single client uses a follower's node. Baseline in the same run: statd's Put on the same nodes' statd sockets with the same clients, a durable local write (Pebble, synced) that is not replicated before it returns. Context: the disk's synchronous 4 KiB write rate above (local filesystem, O_DSYNC) is %.0f per second.\n\n",
 		c.kvDur, r.kvLeader, r.localIOPS())
 	fmt.Printf("| clients (node 1 / 2 / 3) | API | puts/s | p50 | p99 | max | errors | puts served by node 1 / 2 / 3 | vold forwarded | × statd puts/s | other CPU |\n|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|\n")
@@ -312,8 +312,11 @@ func (r *results) printKV(c config) {
 			fwd += f
 		}
 		row("**vold KV Put**", k.vold, fmt.Sprintf("%.0f", fwd), fmt.Sprintf("%.2f×", k.vold.rate()/k.statd.rate()))
+		if len(k.machines.lat) > 0 || k.machines.errs > 0 {
+			row("**vold state machine Set**", k.machines, "–", fmt.Sprintf("%.2f×", k.machines.rate()/k.statd.rate()))
+		}
 	}
-	fmt.Printf("\nNo goal is set for the KV API; *other CPU* is the CPUs other processes used during the run.\n\n")
+	fmt.Printf("\n*State machine Set* is the StateMachines API's Set on the same sockets with the same clients: a 100-byte command (a protobuf Any) appended to a named machine's log (one machine per client), returning once a quorum has applied it; its *puts/s* are Sets. No goal is set for these APIs; *other CPU* is the CPUs other processes used during the run.\n\n")
 }
 
 func (r *results) localIOPS() float64 { return r.rnd.medianIOPS(rowLocal) }
