@@ -341,14 +341,30 @@ func TestVolumes(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(m.GetPath(), "small")); err != nil || !bytes.Equal(b, big[:512<<10]) {
 			t.Fatalf("read back after ENOSPC: %d bytes, %v", len(b), err)
 		}
-		// The mount's node timed those operations, and its journal's syncs.
-		metrics, _, code, err := c.Exec(ctx, 2, []string{"busybox", "wget", "-qO-", "http://127.0.0.1:9464/metrics"}, nil)
-		if err != nil || code != 0 {
-			t.Fatalf("vold metrics: %v %d", err, code)
+		// The mount's node timed those operations, and every member's
+		// vold its journal's syncs (the mount's node may hold no replica:
+		// 3 of 4 nodes do).
+		voldMetrics := func(i int) string {
+			t.Helper()
+			out, _, code, err := c.Exec(ctx, i, []string{"busybox", "wget", "-qO-", "http://127.0.0.1:9464/metrics"}, nil)
+			if err != nil || code != 0 {
+				t.Fatalf("node %d's vold metrics: %v %d", i, err, code)
+			}
+			return out
 		}
-		for _, name := range []string{`shoal_vold_fs_op_seconds_count{kind="mutate"}`, `shoal_vold_fs_op_seconds_count{kind="query"}`, "shoal_vold_raft_sync_seconds_count"} {
+		metrics := voldMetrics(2)
+		for _, name := range []string{`shoal_vold_fs_op_seconds_count{kind="mutate"}`, `shoal_vold_fs_op_seconds_count{kind="query"}`} {
 			if v := metricValue(metrics, name); v <= 0 {
-				t.Errorf("vold metrics: %s is %v, want > 0", name, v)
+				t.Errorf("node 2's vold metrics: %s is %v, want > 0", name, v)
+			}
+		}
+		tiny, err := c.inspect(1, "tiny")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, i := range c.memberNodes(tiny) {
+			if v := metricValue(voldMetrics(i), "shoal_vold_raft_sync_seconds_count"); v <= 0 {
+				t.Errorf("node %d (a member of tiny) vold metrics: shoal_vold_raft_sync_seconds_count is %v, want > 0", i, v)
 			}
 		}
 		if _, err := c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "tiny", User: "e2e-enospc"}); err != nil {
