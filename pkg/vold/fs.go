@@ -55,7 +55,7 @@ func (b *volumeBackend) Mutate(ctx context.Context, op []byte) ([]byte, error) {
 	if key == "" {
 		key = newKey()
 	}
-	defer b.n.lat.observeFS("mutate", time.Now())
+	defer b.n.lat.observeFS(fsMutate, time.Now())
 	return b.n.route(ctx, d, kindFSMutate, op, key)
 }
 
@@ -67,7 +67,7 @@ func (b *volumeBackend) Query(ctx context.Context, req []byte) ([]byte, error) {
 	}
 	ctx, cancel := interruptible(ctx)
 	defer cancel()
-	defer b.n.lat.observeFS("query", time.Now())
+	defer b.n.lat.observeFS(fsQuery, time.Now())
 	return b.n.route(ctx, d, kindFSQuery, req, "")
 }
 

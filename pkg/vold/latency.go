@@ -22,10 +22,21 @@ var latencyBuckets = []float64{
 type latencies struct {
 	sync prometheus.Histogram
 	fsOp *prometheus.HistogramVec
+	// fs are fsOp's series by fsKind, resolved once: every volume
+	// operation records into one.
+	fs [2]prometheus.Observer
 }
 
+// fsKind is the kind of a filesystem operation, fsOp's label.
+type fsKind int
+
+const (
+	fsMutate fsKind = iota
+	fsQuery
+)
+
 func newLatencies() *latencies {
-	return &latencies{
+	l := &latencies{
 		sync: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "shoal_vold_raft_sync_seconds",
 			Help:    "Synced journal writes of the Raft loop: the write and its fdatasync (one per round that needs one, for all groups of the node).",
@@ -37,6 +48,9 @@ func newLatencies() *latencies {
 			Buckets: latencyBuckets,
 		}, []string{"kind"}),
 	}
+	l.fs[fsMutate] = l.fsOp.WithLabelValues("mutate")
+	l.fs[fsQuery] = l.fsOp.WithLabelValues("query")
+	return l
 }
 
 func (l *latencies) collectors() []prometheus.Collector {
@@ -50,10 +64,9 @@ func (l *latencies) observeSync(d time.Duration) {
 	}
 }
 
-// observeFS records a filesystem operation of kind ("mutate" or "query")
-// that began at start.
-func (l *latencies) observeFS(kind string, start time.Time) {
+// observeFS records a filesystem operation of kind that began at start.
+func (l *latencies) observeFS(kind fsKind, start time.Time) {
 	if l != nil {
-		l.fsOp.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+		l.fs[kind].Observe(time.Since(start).Seconds())
 	}
 }

@@ -39,7 +39,7 @@ var metricHelp = map[string]string{
 	"raft_deferred_sends_total":          "Queues of deferred appends sent to a follower.",
 	"raft_notice_heartbeats_total":       "Commit notices sent as heartbeats that want no answer.",
 	"raft_snapshots_taken_total":         "Snapshots the groups stored of their state machines.",
-	"raft_background_snapshots_total":    "Snapshots started off the Raft loop (volumes': forked on the loop, written to a file of their own meanwhile); the others are written on the loop, which waits for them.",
+	"raft_background_snapshots_total":    "Snapshots started off the Raft loop (forked on the loop, written to a file of their own meanwhile: volumes' and the system group's); the others are written on the loop, which waits for them.",
 	"heap_reserve_bytes":                 "Heap reserved at start (heap_reserve_mib): a ballast counted in the Go heap's in-use bytes that is never touched.",
 }
 

@@ -212,7 +212,8 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 		NewStateMachine: n.newStateMachine,
 		Logger:          n.log.With("component", "raft"),
 		TickInterval:    time.Duration(n.cfg.RaftTick),
-		// A volume's snapshot is the whole volume: written on the loop it
+		// A volume's snapshot is the whole volume, the system group's up
+		// to 64 MiB of state machine logs: written on the loop either
 		// would stall every group of the node for as long.
 		BackgroundSnapshots: true,
 		ObserveSync:         n.lat.observeSync,
