@@ -19,9 +19,15 @@ type HostBackend struct {
 
 var _ Backend = HostBackend{}
 
-// Mutate implements Backend.
+// Mutate implements Backend. The proposal carries the request's key
+// (RequestKey), and its outcome is awaited even once ctx is cancelled:
+// a FUSE request is cancelled when the kernel interrupts it (any signal to
+// the caller, Go's preemption included), and answering EINTR for a
+// mutation that then applies makes the caller's retry apply it twice (an
+// O_APPEND write appended twice). The host fails it if it stops. vold's
+// own backend does the same with a grace period.
 func (b HostBackend) Mutate(ctx context.Context, op []byte) ([]byte, error) {
-	r, err := b.Host.Submit(b.Group, raftgroup.Proposal{Data: op}).Wait(ctx)
+	r, err := b.Host.Submit(b.Group, raftgroup.Proposal{Data: op, Key: RequestKey(ctx)}).Wait(context.WithoutCancel(ctx))
 	if err != nil {
 		return nil, fmt.Errorf("volume group %d: propose: %w", b.Group, err)
 	}
