@@ -125,6 +125,9 @@ type UpdateTask struct {
 	ExitCode          int
 	Error             string
 	Started, Finished time.Time
+	// SupersededAt, when set, is the time of the slot write that
+	// superseded the task (Task.SupersededAt).
+	SupersededAt time.Time
 }
 
 // ClaimTask writes into a task's document that its container runs although
@@ -163,6 +166,9 @@ func (a UpdateTask) String() string {
 	}
 	if a.Error != "" {
 		s += fmt.Sprintf(" error=%q", a.Error)
+	}
+	if !a.SupersededAt.IsZero() {
+		s += " superseded_at=" + a.SupersededAt.UTC().Format(time.RFC3339Nano)
 	}
 	return s
 }
@@ -271,6 +277,9 @@ type verdict struct {
 	// gone: the task's slot document or service is gone, so no `service
 	// ps` history will show it; once stopped it is removed at once.
 	gone bool
+	// by is the time of the slot write that superseded the task (zero
+	// when it is unwanted for another reason).
+	by time.Time
 }
 
 // wanted says whether t should run, and if not, why.
@@ -284,9 +293,9 @@ func (d *agent) wanted(t *LocalTask) verdict {
 			return verdict{want: true}
 		}
 		if sl.Task == "" {
-			return verdict{why: "slot vacated"}
+			return verdict{why: "slot vacated", by: sl.Stamp.TS.Time()}
 		}
-		return verdict{why: "superseded by " + sl.Task}
+		return verdict{why: "superseded by " + sl.Task, by: sl.Stamp.TS.Time()}
 	}
 	if !ok && d.v.Removed[t.Service] {
 		return verdict{why: "service removed", gone: true}
@@ -438,7 +447,11 @@ func (d *agent) finish(t *LocalTask, rt Runtime, spec ServiceSpec, v verdict) {
 	finished := t.Finished
 	if !t.State.Terminal() {
 		finished = cmp.Or(rt.ExitedAt, d.now)
-		d.update(t, TaskStopped, HealthNone, t.Restarts, rt.ExitCode, cmp.Or(why, rt.Error), rt.StartedAt, finished)
+		// In the same write as the state: an owner that sees the task
+		// stopped also sees that a slot write it may not have yet
+		// stopped it.
+		d.emit(UpdateTask{TaskID: t.ID, State: TaskStopped, Health: HealthNone, Restarts: t.Restarts, ExitCode: rt.ExitCode,
+			Error: cmp.Or(why, rt.Error), Started: rt.StartedAt, Finished: finished, SupersededAt: v.by})
 	}
 	d.release(t.ID)
 	if sl, ok := d.v.Slots[SlotKey(t.Service, t.Slot)]; ok && sl.Names(t.ID) {

@@ -142,7 +142,7 @@ func TestAgentDecide(t *testing.T) {
 			build: func(a *agentView) {
 				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Lost: "a", Stamp: stampAt(t0.Add(-time.Minute), "owner")}
 			},
-			want: "update a state=stopped error=\"superseded by b\"\nrelease a\nrequeue at 01:00:00.000 (remove finished task)\n",
+			want: "update a state=stopped error=\"superseded by b\" superseded_at=2024-12-31T23:59:00Z\nrelease a\nrequeue at 01:00:00.000 (remove finished task)\n",
 		},
 		{
 			name: "superseded: stop at once",
@@ -190,7 +190,7 @@ func TestAgentDecide(t *testing.T) {
 				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Stamp: stampAt(t0.Add(-time.Second), "owner")}
 				a.exited(0, time.Second)
 			},
-			want: "update a state=stopped error=\"superseded by b\"\nrelease a\nrequeue at 00:59:59.000 (remove finished task)\n",
+			want: "update a state=stopped error=\"superseded by b\" superseded_at=2024-12-31T23:59:59Z\nrelease a\nrequeue at 00:59:59.000 (remove finished task)\n",
 		},
 		{
 			name: "superseded, finished long ago: remove",

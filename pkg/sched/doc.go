@@ -93,7 +93,12 @@
 // claimed a slot moments ago, nor a replacement whose Lost task runs on a
 // node it sees alive (the write came from the other side; that task's
 // claim is on its way): all evidence that the node is alive. A plain
-// death, with no node coming back, is replaced at once.
+// death, with no node coming back, is replaced at once. Gossip does not
+// keep the order of writes across documents, so an owner can see a task
+// stopped as superseded before the slot write that superseded it (the one
+// that gave the slot back to the older task): the stop records that
+// write's time (Task.SupersededAt), and an owner whose copy of the slot is
+// older waits for it, up to the TTL, instead of replacing the task.
 //
 // The owner, for its part, never places twice for one slot while an answer
 // may still come: not while a Reserve is in flight (Snapshot.InFlight), not

@@ -191,6 +191,7 @@ const (
 	fPorts      = "ports"
 	fClaim      = "claim"
 	fClaimedAt  = "claimed_at"
+	fSuperseded = "superseded_at"
 )
 
 // TaskFromDoc decodes a task document; ok is false when it does not exist.
@@ -220,6 +221,7 @@ func TaskFromDoc(id string, d crdt.Doc) (Task, bool) {
 	t.Image, _ = f[fImage].AsString()
 	t.Claim, _ = f[fClaim].AsString()
 	t.ClaimedAt = timeField(f, fClaimedAt)
+	t.SupersededAt = timeField(f, fSuperseded)
 	if p, ok := f[fPorts].AsString(); ok && p != "" {
 		t.Ports = parsePorts(p)
 	}
@@ -253,9 +255,10 @@ func NewTaskFields(r Reserve, node string, now time.Time) map[string]crdt.Value 
 	return f
 }
 
-// Fields are the task document fields an UpdateTask writes.
+// Fields are the task document fields an UpdateTask writes
+// (superseded_at only when set: it is written once, with the stop).
 func (u UpdateTask) Fields() map[string]crdt.Value {
-	return map[string]crdt.Value{
+	f := map[string]crdt.Value{
 		fState:    crdt.String(string(u.State)),
 		fHealth:   crdt.String(string(u.Health)),
 		fRestarts: crdt.Int(int64(u.Restarts)),
@@ -264,12 +267,19 @@ func (u UpdateTask) Fields() map[string]crdt.Value {
 		fStarted:  timeValue(u.Started),
 		fFinished: timeValue(u.Finished),
 	}
+	if !u.SupersededAt.IsZero() {
+		f[fSuperseded] = timeValue(u.SupersededAt)
+	}
+	return f
 }
 
 // Apply returns t with u's fields (what the document says after u).
 func (u UpdateTask) Apply(t Task) Task {
 	t.State, t.Health, t.Restarts, t.ExitCode, t.Error = u.State, u.Health, u.Restarts, u.ExitCode, u.Error
 	t.Started, t.Finished = u.Started, u.Finished
+	if !u.SupersededAt.IsZero() {
+		t.SupersededAt = u.SupersededAt
+	}
 	return t
 }
 

@@ -656,6 +656,17 @@ func (r *reconciler) vacant(si *slotInfo, d *Slot) slotResult {
 
 // replaceDown decides about a slot whose task is terminal.
 func (r *reconciler) replaceDown(si *slotInfo, d *Slot, t *Task) slotResult {
+	if t.State == TaskStopped && d.Stamp.TS.Time().Before(t.SupersededAt) {
+		// t's node stopped it for a slot write newer than this copy of
+		// the slot, which gossip has not brought here yet: that write
+		// already gave the slot to another task (or vacated it), and a
+		// replacement written now would overrule it. Wait for it, for a
+		// TTL at most.
+		if until := t.Finished.Add(r.ttl); r.now.Before(until) {
+			r.wakeAt(until, "slot write that superseded "+t.ID+" not seen yet")
+			return slotResult{}
+		}
+	}
 	spec := r.specFor(t)
 	pol := spec.Restart
 	budget := pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts

@@ -322,6 +322,39 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2
 			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1\n",
 		},
 		{
+			// Its node stopped it for a slot write this copy of the slot
+			// predates (gossip brought the task's stop first): the write
+			// decided the slot already.
+			name: "task stopped for a slot write not seen yet: wait for it",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished = sched.TaskStopped, t0
+				w.tasks[0].SupersededAt = t0.Add(-time.Second)
+			},
+			spec: webSpec(1),
+			want: "requeue at 00:00:10.000 (slot write that superseded t0 not seen yet)\n",
+		},
+		{
+			name: "task stopped for a slot write never seen within the TTL: replaced",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished = sched.TaskStopped, t0.Add(-10*time.Second)
+				w.tasks[0].SupersededAt = t0.Add(-11 * time.Second)
+			},
+			spec: webSpec(1),
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1\n",
+		},
+		{
+			name: "task stopped for the slot write this copy has: replaced",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.tasks[0].State, w.tasks[0].Finished = sched.TaskStopped, t0
+				w.tasks[0].SupersededAt = t0.Add(-time.Hour)
+			},
+			spec: webSpec(1),
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1\n",
+		},
+		{
 			name: "drained node: start the replacement first",
 			build: func(w *world) {
 				w.running("0", "n1")

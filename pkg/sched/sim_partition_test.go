@@ -20,6 +20,9 @@ func TestSimPartitionHeal(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		views map[string][]string // liveness views for the first second after the heal
+		// slotLag: how late these nodes see slot documents (not task
+		// documents) in the first second after the heal.
+		slotLag map[string]time.Duration
 	}{
 		{
 			// The report: n3, owner while it sees {n1, n3}, already sees
@@ -38,6 +41,15 @@ func TestSimPartitionHeal(t *testing.T) {
 			// before membership shows it anyone alive.
 			name:  "n3 gets the majority's writes before it sees anyone alive",
 			views: map[string][]string{"n3": {"n3"}},
+		},
+		{
+			// Seen in the e2e test: n2, owner while it still sees n3
+			// dead, gets the task documents of the heal (n1's copy
+			// stopped as superseded by n3's original) before the slot
+			// write that gave the slot back to n3's original.
+			name:    "n2 sees a superseded task stopped before the slot write",
+			views:   map[string][]string{"n1": {"n1", "n2", "n3"}, "n2": {"n1", "n2"}, "n3": {"n1", "n3"}},
+			slotLag: map[string]time.Duration{"n2": 500 * time.Millisecond},
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,10 +79,16 @@ func TestSimPartitionHeal(t *testing.T) {
 			for id, v := range tc.views {
 				c.SetAliveView(id, v)
 			}
+			for id, lag := range tc.slotLag {
+				c.SetKeyLag(id, sched.SlotsPrefix, lag)
+			}
 			reserves := c.Stats.Reserves
 			c.RunFor(time.Second)
 			for id := range tc.views {
 				c.SetAliveView(id, nil)
+			}
+			for id := range tc.slotLag {
+				c.SetKeyLag(id, sched.SlotsPrefix, 0)
 			}
 			settle(t, c, "web", 30*time.Second)
 			c.RunFor(5 * time.Second)

@@ -158,6 +158,12 @@ type Task struct {
 	// the slot to the older of the two (see Slot.Lost).
 	Claim     string
 	ClaimedAt time.Time
+	// SupersededAt is the time (HLC wall clock) of the slot write for
+	// which the task's node stopped it, set with the stop. An owner
+	// whose copy of the slot is older has not got that write yet: gossip
+	// brought the task's document first, and the write it lacks already
+	// decided the slot.
+	SupersededAt time.Time
 }
 
 // CreatedAt is the wall time of Created.

@@ -34,7 +34,15 @@ func (n *Node) delete(key string) {
 }
 
 // read returns key as this node's replica shows it now.
-func (n *Node) read(key string) any { return n.c.st.read(n.cfg.ID, key, n.c.now, n.lag) }
+func (n *Node) read(key string) any {
+	lag := n.lag
+	for prefix, l := range n.keyLag {
+		if strings.HasPrefix(key, prefix) {
+			lag = l
+		}
+	}
+	return n.c.st.read(n.cfg.ID, key, n.c.now, lag)
+}
 
 // Alive is this node's liveness view, sorted.
 func (n *Node) Alive() []string {
@@ -608,6 +616,24 @@ func (c *Cluster) Heal() {
 // cluster's truth).
 func (c *Cluster) SetAliveView(id string, alive []string) {
 	c.nodes[id].alive = slices.Clone(alive)
+}
+
+// SetKeyLag makes node id see the keys under prefix lag late (0: as its
+// other keys again), whatever its lag for the rest: gossip does not
+// deliver one node's writes in the order they were made, so a reader can
+// see a later write to one document before an earlier one to another.
+// The store keeps history from now on for readers up to lag late.
+func (c *Cluster) SetKeyLag(id, prefix string, lag time.Duration) {
+	n := c.nodes[id]
+	if lag == 0 {
+		delete(n.keyLag, prefix)
+		return
+	}
+	if n.keyLag == nil {
+		n.keyLag = map[string]time.Duration{}
+	}
+	n.keyLag[prefix] = lag
+	c.st.maxLag = max(c.st.maxLag, lag)
 }
 
 // Inspection.

@@ -136,13 +136,15 @@ type Cluster struct {
 
 // Node is one simulated node.
 type Node struct {
-	c        *Cluster
-	cfg      NodeConfig
-	Ledger   *sched.Ledger
-	clock    *hlc.Clock
-	down     bool
-	downAt   time.Time
-	lag      time.Duration
+	c      *Cluster
+	cfg    NodeConfig
+	Ledger *sched.Ledger
+	clock  *hlc.Clock
+	down   bool
+	downAt time.Time
+	lag    time.Duration
+	// keyLag overrides lag for the keys under a prefix (SetKeyLag).
+	keyLag   map[string]time.Duration
 	alive    []string // liveness view override; nil: the cluster's truth
 	runtime  map[string]*container
 	local    map[string]*sched.LocalTask
