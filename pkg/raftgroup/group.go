@@ -44,8 +44,13 @@ type group struct {
 
 	// learned routes replicas not (yet) in meta.members: a new replica
 	// learns its leader's node from the leader's first message.
-	learned     map[ReplicaID]NodeID
-	leader      ReplicaID
+	learned map[ReplicaID]NodeID
+	leader  ReplicaID
+	// leaderTick is the host tick at which leader last changed; proposed
+	// counts the window's proposals by replica while this one leads
+	// (follow.go).
+	leaderTick  uint64
+	proposed    map[ReplicaID]int
 	removed     bool
 	broken      error
 	quiesced    bool
@@ -363,6 +368,8 @@ func (g *group) apply(rd *raft.Ready) {
 	if rd.SoftState != nil {
 		if lead := ReplicaID(rd.SoftState.Lead); lead != g.leader {
 			g.leader = lead
+			g.leaderTick = h.tick
+			clear(g.proposed)
 			if lead != 0 && g.hasPending() {
 				// A new leader: re-propose now rather than at the next retry.
 				g.retryNow = true

@@ -87,6 +87,10 @@ type Config struct {
 	// followers its quorum does not need (deferappend.go; default 10ms,
 	// negative: never).
 	DeferAppends time.Duration
+	// FollowProposers moves a group's leadership to the voter that
+	// proposes most of its entries (follow.go), so that a volume's writes
+	// are proposed where they are replicated from.
+	FollowProposers bool
 	// LargeEntry is the size from which an entry's data stays in the
 	// journal, referenced from Pebble, instead of being copied into Pebble
 	// (default 16 KiB; negative: never).
@@ -251,6 +255,9 @@ type Stats struct {
 	QuiesceEntered      uint64
 	ProposalRetries     uint64
 	EarlyApplies        uint64 // Readies applied before their sync (appliesEarly)
+	// LeaderTransfers counts the handovers of leadership to the replica
+	// that proposed most (FollowProposers).
+	LeaderTransfers uint64
 	// NoticesHeld counts the commit notices held back (lazycommit.go), and
 	// NoticesReleased those of them sent at a tick rather than superseded.
 	NoticesHeld     uint64
@@ -1073,6 +1080,9 @@ func (h *Host) step(from NodeID, gid GroupID, m *pb.Message, wake bool) *group {
 	if m.GetType() == pb.MsgReadIndex || m.GetType() == pb.MsgProp {
 		// A follower that reads or writes wants its log current.
 		h.releaseDeferredTo(heldKey{gid, src})
+	}
+	if m.GetType() == pb.MsgProp && g.leader == g.replica {
+		g.countProposals(src, len(m.GetEntries()))
 	}
 	if err := g.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) && !errors.Is(err, raft.ErrStepLocalMsg) {
 		h.log.Debug("step failed", "group", uint64(gid), "type", m.GetType().String(), "err", err)

@@ -28,6 +28,7 @@ func (h *Host) tickOnce() {
 		h.stats.Ticked++
 		h.markDirty(g)
 	}
+	h.followProposers()
 	for _, id := range h.sortedGroups(h.busy) {
 		g := h.busy[id]
 		g.retry(false)

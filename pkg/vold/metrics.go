@@ -33,6 +33,7 @@ var metricHelp = map[string]string{
 	"raft_rounds_total":                  "Rounds of the Raft loop (each handles what arrived since the last for every group).",
 	"raft_syncs_total":                   "Synced journal writes (at most one per round).",
 	"raft_early_applies_total":           "Readies whose committed entries were applied before the Ready's own entries were synced.",
+	"raft_leader_transfers_total":        "Leaderships this node handed to the replica that proposed most of a group's entries (a volume written through another node's mount).",
 	"raft_commit_notices_held_total":     "Commit-only appends a leader held back because no follower waits for them (superseded by the next append or sent at the next tick).",
 	"raft_commit_notices_released_total": "Held commit-only appends sent at a tick rather than superseded by an append.",
 	"raft_appends_deferred_total":        "Appends a leader held back from followers its quorum did not need (sent together after a short wait).",
@@ -79,6 +80,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit("raft_rounds_total", ct, st.Rounds)
 		emit("raft_syncs_total", ct, st.Syncs)
 		emit("raft_early_applies_total", ct, st.EarlyApplies)
+		emit("raft_leader_transfers_total", ct, st.LeaderTransfers)
 		emit("raft_commit_notices_held_total", ct, st.NoticesHeld)
 		emit("raft_commit_notices_released_total", ct, st.NoticesReleased)
 		emit("raft_appends_deferred_total", ct, st.AppendsDeferred)

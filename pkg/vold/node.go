@@ -216,7 +216,10 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 		// to 64 MiB of state machine logs: written on the loop either
 		// would stall every group of the node for as long.
 		BackgroundSnapshots: true,
-		ObserveSync:         n.lat.observeSync,
+		// A volume is mostly written through one node's mount: lead it
+		// from there, a hop shorter for every write.
+		FollowProposers: true,
+		ObserveSync:     n.lat.observeSync,
 	})
 	if err != nil {
 		return fmt.Errorf("open raft host: %w", err)
