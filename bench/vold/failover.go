@@ -127,6 +127,14 @@ func (b *bench) failover(ctx context.Context, k int) foResult {
 		}
 		sleep(ctx, 10*time.Millisecond)
 	}
+	if now := b.leaderNode(ctx); now != leader {
+		// vold moves leadership to the node that proposes most writes: a
+		// window may have closed on the writer's first ones.
+		progress("  the leadership moved from node %d to node %d before the kill: starting the cycle again", leader, now)
+		stopWriter()
+		b.unmount(ctx, writer, benchVol, user)
+		return b.failover(ctx, k)
+	}
 	progress("  killing node %d (leader), writer on node %d", leader, writer)
 	t0 := time.Now()
 	check(b.cl.Kill(ctx, leader, ""))

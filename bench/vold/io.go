@@ -41,6 +41,7 @@ type seqResult struct {
 	mbps             map[string][]float64
 	cpu              map[string][]time.Duration // CPU time of each run (see runCPU)
 	load             phaseLoad
+	led              leadership
 }
 
 type randRow struct {
@@ -89,6 +90,7 @@ type randResult struct {
 	rows             []string
 	runs             map[string][]randRow
 	load             phaseLoad
+	led              leadership
 }
 
 const (
@@ -152,10 +154,16 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 			for w := range paths {
 				paths[w] = filepath.Join(t.dir, fmt.Sprintf("seq-%d-%d.dat", rep, w))
 			}
+			if t.dir != b.local {
+				b.lead(ctx, &r.led, leader, targets[2].dir)
+			}
 			a := b.acct.Take()
 			d, err := together(t.writers, func(w int) (time.Duration, error) { return seqWrite(paths[w], buf, size) })
 			if err != nil {
 				fail("sequential write to %s: %v", t.label, err)
+			}
+			if t.dir != b.local {
+				b.ran(ctx, &r.led, t.label, t.node, leader)
 			}
 			// CPU per MiB written, MB/s per writer.
 			cpu := cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime() / time.Duration(t.writers)
@@ -271,6 +279,7 @@ func (b *bench) random(ctx context.Context) randResult {
 			}
 			var m0 []raftCounters
 			if t.dir != b.local {
+				b.lead(ctx, &r.led, leader, targets[2].dir)
 				m0 = b.raftCounters(ctx)
 			}
 			runProfiled := func() {}
@@ -294,6 +303,9 @@ func (b *bench) random(ctx context.Context) randResult {
 			runProfiled()
 			if err != nil {
 				fail("random writes to %s: %v", t.label, err)
+			}
+			if t.dir != b.local {
+				b.ran(ctx, &r.led, t.label, t.node, leader)
 			}
 			// One row for all writers: IOPS per writer, CPU per write.
 			row := rows[0]

@@ -1,0 +1,110 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// vold hands a volume's leadership to the node that proposes most of its
+// writes (raftgroup Config.FollowProposers): after a run through the
+// follower's mount the leadership is likely on the follower's node. So
+// before every volume run the leader's node of the phase writes through
+// its mount until it leads again (lead), and the rows keep their meaning:
+// a run through the leader's mount starts, and one through the
+// follower's mount starts, with the phase's leader leading.
+
+// leadWait bounds lead's writes.
+const leadWait = 20 * time.Second
+
+// leadership is what lead and the runs found of where the volume's
+// leader was.
+type leadership struct {
+	waits  []time.Duration // lead's writes before each volume run
+	failed int             // runs lead gave up before (leader still elsewhere)
+	// runs counts the volume runs of each row, moved those that ended
+	// with the mount's node leading although it did not lead at the start.
+	runs, moved map[string]int
+	node        map[string]int // each row's mount node
+}
+
+// leaderNode is the node that leads the bench volume now (0 if unknown).
+func (b *bench) leaderNode(ctx context.Context) int {
+	v, err := b.inspect(ctx, 1, benchVol)
+	if err != nil {
+		return 0
+	}
+	return b.nodeOf(v.GetLeader())
+}
+
+// lead writes 4 KiB O_DSYNC blocks through node's mount at dir until node
+// leads the bench volume, for leadWait at most, and records how long it
+// wrote (0 when node led already).
+func (b *bench) lead(ctx context.Context, l *leadership, node int, dir string) {
+	if b.leaderNode(ctx) == node {
+		l.waits = append(l.waits, 0)
+		return
+	}
+	t0 := time.Now()
+	path := filepath.Join(dir, "lead.dat")
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|syscall.O_DSYNC, 0o644)
+	if err != nil {
+		fail("lead: %v", err)
+	}
+	blk := make([]byte, block)
+	ok, check := false, t0
+	for !ok && time.Since(t0) < leadWait && ctx.Err() == nil {
+		if _, err := f.WriteAt(blk, 0); err != nil {
+			fail("lead: write through node %d's mount: %v", node, err)
+		}
+		if time.Since(check) >= 100*time.Millisecond {
+			check = time.Now()
+			ok = b.leaderNode(ctx) == node
+		}
+	}
+	f.Close()
+	if err := os.Remove(path); err != nil {
+		fail("lead: %v", err)
+	}
+	d := time.Since(t0)
+	l.waits = append(l.waits, d)
+	if !ok {
+		l.failed++
+		progress("  node %d still does not lead the volume after %v of writes through its mount", node, d.Round(time.Millisecond))
+	} else {
+		progress("  node %d leads the volume again after %v of writes through its mount", node, d.Round(time.Millisecond))
+	}
+}
+
+// ran records a volume run of row through node's mount, which did not
+// lead at the start, and whether it leads now.
+func (b *bench) ran(ctx context.Context, l *leadership, row string, node, leader int) {
+	if l.runs == nil {
+		l.runs, l.moved, l.node = map[string]int{}, map[string]int{}, map[string]int{}
+	}
+	l.runs[row]++
+	l.node[row] = node
+	if node != leader && b.leaderNode(ctx) == node {
+		l.moved[row]++
+		progress("  leadership moved to node %d during the run", node)
+	}
+}
+
+// note says how the leadership moved in a phase.
+func (l leadership) note() string {
+	if len(l.waits) == 0 {
+		return ""
+	}
+	s := fmt.Sprintf("vold hands a volume's leadership to the node whose replica proposes most of its writes (at most once per two seconds of a leader's term, judged over one-second windows; raftgroup `FollowProposers`), so before every volume run the leader's node wrote 4 KiB blocks through its mount until it led again: %s (median, longest %s) of such writes per run", dur(medianDur(l.waits)), dur(slices.Max(l.waits)))
+	if l.failed > 0 {
+		s += fmt.Sprintf(", and in %d runs it did not lead after %v", l.failed, leadWait)
+	}
+	if n := l.runs[rowFollower]; n > 0 {
+		s += fmt.Sprintf("; %d of the %d runs through node %d's mount (%s) ended with that node leading", l.moved[rowFollower], n, l.node[rowFollower], rowFollower)
+	}
+	return s + "."
+}
