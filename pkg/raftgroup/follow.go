@@ -47,6 +47,7 @@ func (g *group) countProposals(from ReplicaID, n int) {
 		g.proposed = map[ReplicaID]int{}
 	}
 	g.proposed[from] += n
+	g.h.counted[g.id] = g
 }
 
 // followProposers runs at every tick: at the end of each window it moves
@@ -57,11 +58,9 @@ func (h *Host) followProposers() {
 	if !h.cfg.FollowProposers || h.tick%followWindowTicks != 0 {
 		return
 	}
-	for _, id := range h.sortedGroups(h.groups) {
-		g := h.groups[id]
-		if len(g.proposed) == 0 {
-			continue
-		}
+	for _, id := range h.sortedGroups(h.counted) {
+		g := h.counted[id]
+		delete(h.counted, id)
 		to := g.proposerToFollow()
 		clear(g.proposed)
 		if to == 0 {

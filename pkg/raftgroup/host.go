@@ -209,8 +209,11 @@ type Host struct {
 	awake  map[GroupID]*group // groups that tick (not quiesced)
 	dirty  map[GroupID]*group // groups that may have a Ready
 	busy   map[GroupID]*group // groups with pending requests
-	tick   uint64
-	peers  map[NodeID]*peer
+	// counted lists the groups with proposals counted this window
+	// (follow.go).
+	counted map[GroupID]*group
+	tick    uint64
+	peers   map[NodeID]*peer
 	// peersStale asks for the peer set to be recomputed from memberships.
 	peersStale bool
 	out        map[NodeID]*Batch
@@ -310,6 +313,7 @@ func Open(cfg Config) (*Host, error) {
 		awake:       map[GroupID]*group{},
 		dirty:       map[GroupID]*group{},
 		busy:        map[GroupID]*group{},
+		counted:     map[GroupID]*group{},
 		peers:       map[NodeID]*peer{},
 		out:         map[NodeID]*Batch{},
 		held:        map[heldKey]heldNotice{},
