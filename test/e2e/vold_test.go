@@ -395,6 +395,16 @@ func TestVolumes(t *testing.T) {
 				break
 			}
 		}
+		// vold hands a volume's leadership to the node that proposes most
+		// of its writes: a keeper on the leader's node writing faster
+		// than the writer keeps it there, as a second writer would.
+		c.mustCtl(1, "service", "create", "keeper", "--image", "local/busybox:latest", "--stop-grace", "1s",
+			"--constraint", "node.id=="+c.ids[leaderNode-1], "--volume", "data:/data",
+			"--", "sh", "-c", "while true; do echo k > /data/keep; sleep 0.01; done")
+		waitFor(t, 30*time.Second, "the keeper writing", func() bool {
+			_, err := c.readVolumeFile(leaderNode, "data", "keep")
+			return err == nil
+		})
 		c.mustCtl(1, "service", "create", "writer", "--image", "local/busybox:latest", "--stop-grace", "1s",
 			"--constraint", "node.id=="+c.ids[writerNode-1], "--volume", "data:/data",
 			"--", "sh", "-c", "i=$(tail -n 1 /data/log 2>/dev/null); i=${i:-0}; while true; do i=$((i+1)); echo $i >> /data/log; sleep 0.05; done")
@@ -404,6 +414,9 @@ func TestVolumes(t *testing.T) {
 			before = lastCount(s)
 			return err == nil && before > 20
 		})
+		if v, err := c.inspect(writerNode, "data"); err != nil || c.node(v.GetLeader()) != leaderNode {
+			t.Fatalf("the leadership left node %d before the kill: %v %v", leaderNode, v, err)
+		}
 		if err := c.Kill(context.Background(), leaderNode, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -443,6 +456,7 @@ func TestVolumes(t *testing.T) {
 			}
 			return false
 		})
+		c.mustCtl(1, "service", "rm", "keeper")
 	})
 
 	c.run(t, "VoldRestartKeepsTheMount", func(t *testing.T) {
