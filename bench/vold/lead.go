@@ -99,7 +99,16 @@ func (l leadership) note() string {
 	if len(l.waits) == 0 {
 		return ""
 	}
-	s := fmt.Sprintf("vold hands a volume's leadership to the node whose replica proposes most of its writes (at most once per two seconds of a leader's term, judged over one-second windows; raftgroup `FollowProposers`), so before every volume run the leader's node wrote 4 KiB blocks through its mount until it led again: %s (median, longest %s) of such writes per run", dur(medianDur(l.waits)), dur(slices.Max(l.waits)))
+	var took []time.Duration
+	for _, d := range l.waits {
+		if d > 0 {
+			took = append(took, d)
+		}
+	}
+	s := fmt.Sprintf("vold hands a volume's leadership to the node whose replica proposes most of its writes (at most once per two seconds of a leader's term, judged over one-second windows; raftgroup `FollowProposers`), so before every volume run the phase's leader takes it back if need be, writing 4 KiB blocks through its mount: it had to before %d of the %d volume runs", len(took), len(l.waits))
+	if len(took) > 0 {
+		s += fmt.Sprintf(", for %s (median; longest %s)", dur(medianDur(took)), dur(slices.Max(took)))
+	}
 	if l.failed > 0 {
 		s += fmt.Sprintf(", and in %d runs it did not lead after %v", l.failed, leadWait)
 	}
