@@ -113,7 +113,7 @@ func seedFromEnv(def uint64) uint64 {
 func TestLinearizableKV(t *testing.T) {
 	seed := seedFromEnv(31)
 	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
-	linearizableKV(t, seed, 0)
+	linearizableKV(t, seed, 0, false)
 }
 
 // TestLinearizableKVSegments is TestLinearizableKV with every entry's data
@@ -122,14 +122,24 @@ func TestLinearizableKV(t *testing.T) {
 func TestLinearizableKVSegments(t *testing.T) {
 	seed := seedFromEnv(32)
 	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
-	linearizableKV(t, seed, 1)
+	linearizableKV(t, seed, 1, false)
 }
 
-func linearizableKV(t *testing.T, seed uint64, largeEntry int) {
+// TestLinearizableKVFollow is TestLinearizableKV with FollowProposers on
+// and most operations sent to one node (a different one every 10 s), so
+// that leadership moves to it under the same faults.
+func TestLinearizableKVFollow(t *testing.T) {
+	seed := seedFromEnv(33)
+	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
+	linearizableKV(t, seed, 0, true)
+}
+
+func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 	c := rgt.New(t, rgt.Options{Nodes: 5, Seed: seed, CrashKeepsUnsynced: 50, Configure: func(cfg *raftgroup.Config) {
 		cfg.SnapshotEntries = 20
 		cfg.CompactionMargin = 2
 		cfg.LargeEntry = largeEntry
+		cfg.FollowProposers = follow
 	}})
 	c.Net.DropRate = 0.03
 	c.Net.MaxDelay = 2
@@ -146,7 +156,11 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int) {
 		clients []*client
 		acked   int
 	)
-	for i := range 8 {
+	nclients := 8
+	if follow {
+		nclients = 24 // enough writes through one node to move leadership
+	}
+	for i := range nclients {
 		clients = append(clients, &client{id: i})
 	}
 	// The index of the last acknowledged successful write of each key, and
@@ -216,9 +230,13 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int) {
 			}
 		}
 	}
+	var hot raftgroup.NodeID // with follow: the node most operations go to
 	start := func(cl *client) {
 		up := c.Up()
 		cl.node = up[rng.IntN(len(up))]
+		if follow && c.Host(hot) != nil && rng.Float64() < 0.8 {
+			cl.node = hot
+		}
 		cl.seq++
 		in := kvInput{group: groups[rng.IntN(len(groups))], key: keys[rng.IntN(len(keys))]}
 		h := c.Host(cl.node)
@@ -241,11 +259,12 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int) {
 		cl.in, cl.call, cl.started, cl.busy = in, now, c.Ticks, true
 	}
 
-	var quiesced, snaps, retries uint64
+	var quiesced, snaps, retries, transfers uint64
 	addStats := func(s raftgroup.Stats) {
 		quiesced += s.QuiesceEntered
 		snaps += s.SnapshotsSent
 		retries += s.ProposalRetries
+		transfers += s.LeaderTransfers
 	}
 	var (
 		partitioned   = -1 // tick the partition started, -1: none
@@ -255,6 +274,10 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int) {
 	)
 	const chaosTicks = 800
 	for tick := range chaosTicks {
+		if follow && tick%100 == 0 {
+			up := c.Up()
+			hot = up[rng.IntN(len(up))]
+		}
 		// Faults.
 		switch {
 		case partitioned < 0 && rng.Float64() < 0.03:
@@ -367,10 +390,13 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int) {
 	for _, n := range c.Up() {
 		addStats(c.Host(n).Stats())
 	}
-	t.Logf("%d operations (%d acknowledged writes, %d unknown outcomes), %d partitions, %d leader kills; %d quiescences, %d snapshots sent, %d proposal retries",
-		len(history), acked, unknown, cuts, crashes, quiesced, snaps, retries)
+	t.Logf("%d operations (%d acknowledged writes, %d unknown outcomes), %d partitions, %d leader kills; %d quiescences, %d snapshots sent, %d proposal retries, %d leadership transfers to the busiest proposer",
+		len(history), acked, unknown, cuts, crashes, quiesced, snaps, retries, transfers)
 	if acked < 100 || crashes == 0 || cuts == 0 {
 		t.Fatalf("too little happened: %d acknowledged writes, %d crashes, %d partitions", acked, crashes, cuts)
+	}
+	if follow && transfers == 0 {
+		t.Fatalf("leadership never followed the busiest proposer")
 	}
 	res, info := porcupine.CheckOperationsVerbose(kvModel, history, 30*time.Second)
 	if res != porcupine.Ok {
