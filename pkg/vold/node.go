@@ -218,7 +218,7 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 		BackgroundSnapshots: true,
 		// A volume is mostly written through one node's mount: lead it
 		// from there, a hop shorter for every write.
-		FollowProposers: true,
+		FollowProposers: n.cfg.FollowWriters,
 		ObserveSync:     n.lat.observeSync,
 	})
 	if err != nil {

@@ -69,6 +69,11 @@ type Config struct {
 	// RaftTick is the Raft host's tick (elections take 10 ticks). Every
 	// node of a cluster should use the same.
 	RaftTick daemon.Duration `toml:"raft_tick"`
+	// FollowWriters hands a volume's leadership (and the system group's)
+	// to the node whose replica proposes most of its writes, a hop
+	// shorter for each of them (raftgroup Config.FollowProposers). Off,
+	// leadership moves only when a leader is lost.
+	FollowWriters bool `toml:"follow_writers"`
 	// MountDir holds the FUSE mounts of volumes (default
 	// <state-dir>/mounts).
 	MountDir string `toml:"mount_dir"`
@@ -120,6 +125,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 				RepairInterval: daemon.Duration(2 * time.Second),
 				CreateTimeout:  daemon.Duration(30 * time.Second),
 				RaftTick:       daemon.Duration(100 * time.Millisecond),
+				FollowWriters:  true,
 				KeepMounts:     true,
 				HugePages:      true,
 				HeapReserveMiB: -1,
@@ -133,6 +139,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 			fs.Var(&c.CreateTimeout, "create-timeout", "how long volume create waits for the new group to elect a leader")
 			fs.Int64Var(&c.Capacity, "capacity-bytes", c.Capacity, "bytes of volumes this node may host (0: the free space of the state dir)")
 			fs.Var(&c.RaftTick, "raft-tick", "Raft tick (election timeout is 10 ticks); the same on every node")
+			fs.BoolVar(&c.FollowWriters, "follow-writers", c.FollowWriters, "move a volume's Raft leadership to the node that writes most of it (a hop shorter per write)")
 			fs.StringVar(&c.MountDir, "mount-dir", c.MountDir, "directory of the volumes' FUSE mounts (default <state-dir>/mounts)")
 			fs.BoolVar(&c.KeepMounts, "keep-mounts", c.KeepMounts, "keep volume mounts alive across vold restarts (a holder process keeps their FUSE sessions)")
 			fs.BoolVar(&c.HugePages, "huge-pages", c.HugePages, "ask the kernel for transparent huge pages for vold's heap (fewer page faults as volume data grows in memory)")
