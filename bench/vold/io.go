@@ -162,8 +162,8 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 			if err != nil {
 				fail("sequential write to %s: %v", t.label, err)
 			}
-			if t.dir != b.local {
-				b.ran(ctx, &r.led, t.label, t.node, leader)
+			if t.label == rowFollower {
+				b.ranOnFollower(ctx, &r.led, t.node)
 			}
 			// CPU per MiB written, MB/s per writer.
 			cpu := cpuacct.Phase{A: a, B: b.acct.Take()}.OursTime() / time.Duration(t.writers)
@@ -304,8 +304,8 @@ func (b *bench) random(ctx context.Context) randResult {
 			if err != nil {
 				fail("random writes to %s: %v", t.label, err)
 			}
-			if t.dir != b.local {
-				b.ran(ctx, &r.led, t.label, t.node, leader)
+			if t.label == rowFollower {
+				b.ranOnFollower(ctx, &r.led, t.node)
 			}
 			// One row for all writers: IOPS per writer, CPU per write.
 			row := rows[0]

@@ -26,10 +26,9 @@ const leadWait = 20 * time.Second
 type leadership struct {
 	waits  []time.Duration // lead's writes before each volume run
 	failed int             // runs lead gave up before (leader still elsewhere)
-	// runs counts the volume runs of each row, moved those that ended
-	// with the mount's node leading although it did not lead at the start.
-	runs, moved map[string]int
-	node        map[string]int // each row's mount node
+	// followerRuns counts the runs through the follower's mount, moved
+	// those of them that ended with the follower's node leading.
+	followerRuns, moved int
 }
 
 // leaderNode is the node that leads the bench volume now (0 if unknown).
@@ -80,22 +79,19 @@ func (b *bench) lead(ctx context.Context, l *leadership, node int, dir string) {
 	}
 }
 
-// ran records a volume run of row through node's mount, which did not
-// lead at the start, and whether it leads now.
-func (b *bench) ran(ctx context.Context, l *leadership, row string, node, leader int) {
-	if l.runs == nil {
-		l.runs, l.moved, l.node = map[string]int{}, map[string]int{}, map[string]int{}
-	}
-	l.runs[row]++
-	l.node[row] = node
-	if node != leader && b.leaderNode(ctx) == node {
-		l.moved[row]++
+// ranOnFollower records a run through the follower's mount on node,
+// which did not lead at its start, and whether it leads now.
+func (b *bench) ranOnFollower(ctx context.Context, l *leadership, node int) {
+	l.followerRuns++
+	if b.leaderNode(ctx) == node {
+		l.moved++
 		progress("  leadership moved to node %d during the run", node)
 	}
 }
 
-// note says how the leadership moved in a phase.
-func (l leadership) note() string {
+// note says how the leadership moved in a phase whose follower's mount
+// was on node follower.
+func (l leadership) note(follower int) string {
 	if len(l.waits) == 0 {
 		return ""
 	}
@@ -112,8 +108,8 @@ func (l leadership) note() string {
 	if l.failed > 0 {
 		s += fmt.Sprintf(", and in %d runs it did not lead after %v", l.failed, leadWait)
 	}
-	if n := l.runs[rowFollower]; n > 0 {
-		s += fmt.Sprintf("; %d of the %d runs through node %d's mount (%s) ended with that node leading", l.moved[rowFollower], n, l.node[rowFollower], rowFollower)
+	if l.followerRuns > 0 {
+		s += fmt.Sprintf("; %d of the %d runs through node %d's mount (%s) ended with that node leading", l.moved, l.followerRuns, follower, rowFollower)
 	}
 	return s + "."
 }

@@ -58,7 +58,7 @@ func (r *results) printSeq(c config) {
 		fmt.Printf("| %s | %s | %.1f | %s | %s | %s | %s |\n", row, strings.Join(parts, ", "), m, dur(per), dur(cpu), rat, rat3)
 	}
 	fmt.Printf("\n%s\n\n*CPU per MiB* is the median over the rounds of the CPU time this benchmark's writer and the whole cluster (every node's statd and vold) used during a round, per MiB written (kernel writeback threads are not counted, for either target). Leadership: %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
-		threeWritersNote, s.led.note(), s.load, seqGoal, metStr(ok), median(s.mbps[rowLeader])/local, median(s.mbps[rowFollower])/local)
+		threeWritersNote, s.led.note(s.follower), s.load, seqGoal, metStr(ok), median(s.mbps[rowLeader])/local, median(s.mbps[rowFollower])/local)
 }
 
 // secondMount says what the node of the second volume mount is: with a
@@ -111,7 +111,7 @@ func (r *results) printRand(c config) {
 		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %s | %s | %s | %s |\n", sum.name, sum.perRun, m, dur(pctl(sum.lat, 0.5)), dur(pctl(sum.lat, 0.99)), dur(worst), dur(sum.cpu), s.raftPerWrite(row), rat, rat3)
 	}
 	fmt.Printf("\n%s IOPS are per writer.\n\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. *Journal syncs / Raft rounds per write*: the medians over the runs of the three volds' synced journal writes and Raft loop rounds together (shoal_vold_raft_syncs_total, shoal_vold_raft_rounds_total) per write; three syncs per write means none was shared. %s %s Leadership: %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
-		threeWritersNote, s.snapshotNote(), s.timeNote(), s.led.note(), s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
+		threeWritersNote, s.snapshotNote(), s.timeNote(), s.led.note(s.follower), s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
 	r.printRandMany(c)
 }
 

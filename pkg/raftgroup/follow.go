@@ -38,9 +38,10 @@ const (
 	followWindows = 2
 )
 
-// countProposals records n proposals from replica from, on a leader.
+// countProposals records n proposals from replica from if g leads (a
+// follower forwards its own to the leader, which counts them there).
 func (g *group) countProposals(from ReplicaID, n int) {
-	if !g.h.cfg.FollowProposers || n == 0 {
+	if !g.h.cfg.FollowProposers || n == 0 || g.leader != g.replica {
 		return
 	}
 	if g.proposed == nil {

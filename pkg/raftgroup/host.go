@@ -1085,7 +1085,7 @@ func (h *Host) step(from NodeID, gid GroupID, m *pb.Message, wake bool) *group {
 		// A follower that reads or writes wants its log current.
 		h.releaseDeferredTo(heldKey{gid, src})
 	}
-	if m.GetType() == pb.MsgProp && g.leader == g.replica {
+	if m.GetType() == pb.MsgProp {
 		g.countProposals(src, len(m.GetEntries()))
 	}
 	if err := g.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) && !errors.Is(err, raft.ErrStepLocalMsg) {

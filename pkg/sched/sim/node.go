@@ -35,10 +35,10 @@ func (n *Node) delete(key string) {
 
 // read returns key as this node's replica shows it now.
 func (n *Node) read(key string) any {
-	lag := n.lag
+	lag, longest := n.lag, -1
 	for prefix, l := range n.keyLag {
-		if strings.HasPrefix(key, prefix) {
-			lag = l
+		if strings.HasPrefix(key, prefix) && len(prefix) > longest {
+			lag, longest = l, len(prefix)
 		}
 	}
 	return n.c.st.read(n.cfg.ID, key, n.c.now, lag)
@@ -619,7 +619,8 @@ func (c *Cluster) SetAliveView(id string, alive []string) {
 }
 
 // SetKeyLag makes node id see the keys under prefix lag late (0: as its
-// other keys again), whatever its lag for the rest: gossip does not
+// other keys again; the longest prefix set decides), whatever its lag
+// for the rest: gossip does not
 // deliver one node's writes in the order they were made, so a reader can
 // see a later write to one document before an earlier one to another.
 // The store keeps history from now on for readers up to lag late.
