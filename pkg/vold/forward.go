@@ -180,7 +180,13 @@ func (n *node) runLocal(ctx context.Context, g raftgroup.GroupID, kind string, p
 	case kindFSQuery:
 		return n.localQuery(ctx, g, payload)
 	case kindStatus:
-		st, err := n.localStatus(g)
+		var req statusRequest
+		if len(payload) > 0 {
+			if err := json.Unmarshal(payload, &req); err != nil {
+				return nil, fmt.Errorf("status request: %v: %w", err, errdefs.ErrInvalidArgument)
+			}
+		}
+		st, err := n.localStatus(g, !req.NoDigest)
 		if err != nil {
 			return nil, err
 		}

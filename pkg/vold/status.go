@@ -40,10 +40,11 @@ type replicaStatus struct {
 	Voters []raftgroup.Member `json:"voters,omitempty"`
 }
 
-// localStatus describes this node's replica of g. The digest is of the
-// state at Applied: the filesystem's for a volume, the typed snapshot's
-// for the system group.
-func (n *node) localStatus(g raftgroup.GroupID) (replicaStatus, error) {
+// localStatus describes this node's replica of g. With digest, it has
+// the digest of the state at Applied: the filesystem's for a volume (a
+// SHA-256 of every byte, which volume listings leave out), the typed
+// snapshot's for the system group.
+func (n *node) localStatus(g raftgroup.GroupID, digest bool) (replicaStatus, error) {
 	h, err := n.raftHost()
 	if err != nil {
 		return replicaStatus{}, err
@@ -89,12 +90,17 @@ func (n *node) localStatus(g raftgroup.GroupID) (replicaStatus, error) {
 			return rs, nil
 		case *volfs.FS:
 			// The digest of a large volume is computed outside the host's
-			// loop; it is at applied if no entry reached the filesystem
+			// loop (and outside the filesystem's lock, so writes go on);
+			// it is at applied if no entry reached the filesystem
 			// meanwhile (configuration entries do not).
-			d := s.Digest()
-			rs.UsedBytes = s.Used()
+			if !digest {
+				rs.UsedBytes = s.Used()
+				return rs, nil
+			}
+			d, used, at := s.Summary()
+			rs.UsedBytes = used
 			rs.Digest = hex.EncodeToString(d[:])
-			if s.Applied() == fsIndex {
+			if at == fsIndex {
 				return rs, nil
 			}
 		default:
@@ -112,10 +118,17 @@ func holdsCommitted(st replicaStatus, leaderCommit, leaderTerm uint64) bool {
 	return st.Applied >= leaderCommit || st.Term == leaderTerm && st.LastIndex >= leaderCommit
 }
 
-// memberStatus asks the member on node for its replica's status.
-func (n *node) memberStatus(ctx context.Context, node string, g raftgroup.GroupID) (replicaStatus, error) {
+// statusRequest is the payload of a forwarded status request. Empty (as
+// older volds send it) asks for the digest.
+type statusRequest struct {
+	NoDigest bool `json:"no_digest,omitempty"`
+}
+
+// memberStatus asks the member on node for its replica's status, with
+// its digest if digest.
+func (n *node) memberStatus(ctx context.Context, node string, g raftgroup.GroupID, digest bool) (replicaStatus, error) {
 	if node == n.id {
-		return n.localStatus(g)
+		return n.localStatus(g, digest)
 	}
 	if n.deadFor(node) > 0 {
 		return replicaStatus{}, fmt.Errorf("node %s is dead: %w", node, errdefs.ErrUnavailable)
@@ -126,7 +139,11 @@ func (n *node) memberStatus(ctx context.Context, node string, g raftgroup.GroupI
 	if err != nil {
 		return replicaStatus{}, err
 	}
-	resp, err := c.Forward(cctx, &volv1.ForwardRequest{Group: uint64(g), Kind: kindStatus})
+	var payload []byte
+	if !digest {
+		payload, _ = json.Marshal(statusRequest{NoDigest: true})
+	}
+	resp, err := c.Forward(cctx, &volv1.ForwardRequest{Group: uint64(g), Kind: kindStatus, Payload: payload})
 	if err != nil {
 		return replicaStatus{}, err
 	}
@@ -158,8 +175,8 @@ func (n *node) volumeProto(name string, d *volumeDoc) *volv1.Volume {
 // with its next append or tick, so a follower of a busy volume often
 // holds its last entry unapplied); degraded when a quorum of members
 // answers and there is a leader; unavailable otherwise. Lag is of the
-// applied index.
-func (n *node) inspect(ctx context.Context, name string, d *volumeDoc) *volv1.Volume {
+// applied index. Members' digests are there only with digests.
+func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests bool) *volv1.Volume {
 	v := n.volumeProto(name, d)
 	type answer struct {
 		st  replicaStatus
@@ -171,7 +188,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc) *volv1.Vo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			st, err := n.memberStatus(ctx, m.Node, d.group())
+			st, err := n.memberStatus(ctx, m.Node, d.group(), digests)
 			answers[i] = answer{st, err}
 		}()
 	}

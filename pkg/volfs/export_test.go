@@ -61,3 +61,11 @@ func (d *fileData) check() error {
 	}
 	return nil
 }
+
+// OnHashing makes f run while Summary hashes a state outside the lock,
+// until the test ends.
+func OnHashing(t interface{ Cleanup(func()) }, f func()) {
+	prev := hashing
+	hashing = f
+	t.Cleanup(func() { hashing = prev })
+}

@@ -3,7 +3,9 @@ package volfs_test
 import (
 	"bytes"
 	"math/rand/v2"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	"github.com/shoal-dev/shoal/pkg/volfs"
@@ -121,5 +123,150 @@ func TestForkSnapshotPages(t *testing.T) {
 	}
 	if plain.Digest() != fs.Digest() {
 		t.Fatal("digest changed through a snapshot round trip")
+	}
+}
+
+// TestSummaryOutsideLock: a digest is hashed while writes go on (an Apply
+// during the hashing returns without waiting for it), it is the digest of
+// the state when it was asked for, and it is kept until the state
+// changes.
+func TestSummaryOutsideLock(t *testing.T) {
+	const mib = 1 << 20
+	ino := volfs.RootIno + 1
+	ops := []volfs.Op{
+		{Kind: volfs.KindSetLimit, Size: 64 * mib},
+		{Kind: volfs.KindCreate, Parent: volfs.RootIno, Name: "f", Mode: 0o644},
+		{Kind: volfs.KindWrite, Ino: ino, Offset: 0, Data: bytes.Repeat([]byte{1}, 3*mib+5)},
+		{Kind: volfs.KindSetattr, Ino: ino, Valid: volfs.SetMode, Mode: 0o600},
+		// Applied while the state before it is hashed.
+		{Kind: volfs.KindWrite, Ino: ino, Offset: mib + 7, Data: bytes.Repeat([]byte{2}, 4096)},
+	}
+	apply := func(fs *volfs.FS, i int) {
+		r, err := volfs.DecodeResult(applyOne(t, fs, uint64(i+1), ops[i].Encode()))
+		if err != nil || r.Errno != 0 {
+			t.Fatalf("op %d (%v): %v errno %d", i+1, ops[i].Kind, err, r.Errno)
+		}
+	}
+	// The digests of the states after 3, 4 and 5 ops, from replicas that
+	// were never hashed concurrently.
+	var want [][32]byte
+	for n := 3; n <= 5; n++ {
+		plain := volfs.New()
+		for i := range n {
+			apply(plain, i)
+		}
+		want = append(want, plain.Digest())
+	}
+
+	fs := volfs.New()
+	for i := range 3 {
+		apply(fs, i)
+	}
+	if fs.Digest() != want[0] {
+		t.Fatal("digest differs from a replica's that applied the same")
+	}
+	apply(fs, 3)
+	hashes := 0
+	done := make(chan struct{})
+	volfs.OnHashing(t, func() {
+		hashes++
+		if hashes > 1 {
+			return
+		}
+		go func() {
+			defer close(done)
+			apply(fs, 4)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			// Held up by the lock Summary holds: let Summary go on.
+			t.Error("Apply waited for the digest being hashed")
+		}
+	})
+	d, used, applied := fs.Summary()
+	<-done
+	if hashes != 1 || d != want[1] || used != 3*mib+5 || applied != 4 {
+		t.Fatalf("Summary = %x, %d, %d after %d hashes; want the state before the concurrent write (%x, %d, 4) after 1", d, used, applied, hashes, want[1], 3*mib+5)
+	}
+	// The state changed meanwhile: hashed again, now with the write.
+	if d, _, applied := fs.Summary(); d != want[2] || applied != 5 || hashes != 2 {
+		t.Fatalf("after the write: digest %x at %d (hashes %d), want %x at 5 (2 hashes)", d, applied, hashes, want[2])
+	}
+	// Unchanged: kept, not hashed.
+	if d := fs.Digest(); d != want[2] || hashes != 2 {
+		t.Fatalf("unchanged state: %d hashes, digest %x; want 2, %x", hashes, d, want[2])
+	}
+	if err := fs.CheckInvariants(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkWritesDuringDigest: 4 KiB writes into a 256 MiB volume while
+// another goroutine asks for its digest over and over (an operator
+// inspecting it; the state changes with every write, so each Summary
+// hashes it again). Reports the writes' longest and p99 Apply and the
+// mean Summary: an Apply that waited for a whole hash would take as long.
+//
+//	go test -run - -bench WritesDuringDigest ./pkg/volfs/
+func BenchmarkWritesDuringDigest(b *testing.B) {
+	const mib = 1 << 20
+	const size = 256 * mib
+	fs := volfs.New()
+	idx := uint64(0)
+	apply := func(op volfs.Op) {
+		idx++
+		res, err := fs.Apply([]raftgroup.Entry{{Index: idx, Term: 1, Data: op.Encode()}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if r, err := volfs.DecodeResult(res[0]); err != nil || r.Errno != 0 {
+			b.Fatalf("op %d (%v): %v errno %d", idx, op.Kind, err, r.Errno)
+		}
+	}
+	ino := volfs.RootIno + 1
+	apply(volfs.Op{Kind: volfs.KindSetLimit, Size: 2 * size})
+	apply(volfs.Op{Kind: volfs.KindCreate, Parent: volfs.RootIno, Name: "f", Mode: 0o644})
+	page := bytes.Repeat([]byte{7}, mib)
+	for off := 0; off < size; off += mib {
+		apply(volfs.Op{Kind: volfs.KindWrite, Ino: ino, Offset: uint64(off), Data: page})
+	}
+	stop := make(chan struct{})
+	digests := make(chan []time.Duration, 1)
+	go func() {
+		var took []time.Duration
+		for {
+			select {
+			case <-stop:
+				digests <- took
+				return
+			default:
+			}
+			t0 := time.Now()
+			fs.Summary()
+			took = append(took, time.Since(t0))
+		}
+	}()
+	rng := rand.New(rand.NewPCG(1, 2))
+	var lat []time.Duration
+	for b.Loop() {
+		op := volfs.Op{Kind: volfs.KindWrite, Ino: ino, Offset: uint64(rng.IntN(size/4096)) * 4096, Data: page[:4096]}
+		t0 := time.Now()
+		apply(op)
+		lat = append(lat, time.Since(t0))
+		// About a write per 100 µs, as a busy writer on this VM.
+		time.Sleep(100 * time.Microsecond)
+	}
+	close(stop)
+	took := <-digests
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)-1].Microseconds()), "max-apply-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Microseconds()), "p99-apply-µs")
+	var sum time.Duration
+	for _, d := range took {
+		sum += d
+	}
+	if len(took) > 0 {
+		b.ReportMetric(float64(sum.Milliseconds())/float64(len(took)), "digest-ms")
 	}
 }

@@ -56,9 +56,9 @@ func (n *inode) attr() *Attr {
 // mutation is an encoded Op applied in log order, and whose reads (Query)
 // run against the local replica. See the package documentation.
 //
-// The host calls Apply, Snapshot and Restore from its loop; Query, Used
-// and Digest may be called from any goroutine (a read-write mutex orders
-// them with Apply).
+// The host calls Apply, Snapshot and Restore from its loop; Query, Used,
+// Digest and Summary may be called from any goroutine (a read-write mutex
+// orders them with Apply).
 type FS struct {
 	mu      sync.RWMutex
 	inodes  map[uint64]*inode
@@ -66,6 +66,18 @@ type FS struct {
 	limit   int64
 	used    int64 // total length of regular files' data
 	applied uint64
+	// version counts the changes of the state (applies, restores): a
+	// digest is kept for the version it was computed at.
+	version uint64
+	memo    digestMemo
+}
+
+// digestMemo is the last digest Summary computed and the state version it
+// is of.
+type digestMemo struct {
+	valid   bool
+	version uint64
+	sum     [32]byte
 }
 
 var _ raftgroup.SnapshotForker = (*FS)(nil)
@@ -85,6 +97,7 @@ func (fs *FS) reset() {
 	}
 	fs.nextIno = RootIno + 1
 	fs.limit, fs.used, fs.applied = 0, 0, 0
+	fs.version++
 }
 
 // Used returns the total bytes of file data.
@@ -110,6 +123,7 @@ func (fs *FS) Applied() uint64 {
 func (fs *FS) Apply(entries []raftgroup.Entry) ([][]byte, error) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	fs.version++
 	out := make([][]byte, len(entries))
 	for i, e := range entries {
 		var now int64
@@ -142,26 +156,53 @@ func (fs *FS) Query(req []byte) ([]byte, error) {
 	if !op.Kind.IsQuery() {
 		return nil, fmt.Errorf("volfs: %v is not a query: %w", op.Kind, ErrMalformed)
 	}
+	if op.Kind == KindDigest {
+		// Hashed outside the lock (Summary).
+		d := fs.Digest()
+		return (&Result{Data: d[:]}).Encode(), nil
+	}
 	fs.mu.RLock()
 	defer fs.mu.RUnlock()
 	return fs.query(&op).Encode(), nil
 }
 
 // Summary returns the digest, the used bytes and the applied index, all
-// of one state (read under one lock, so no entry applies in between).
+// of one state. Hashing a large volume takes long (SHA-256 of every
+// byte), and Apply waiting for it meanwhile would stall every write into
+// the volume (every replica's, when an operator inspects it): the state
+// is forked under the lock (as ForkSnapshot does, so the first write
+// into each page afterwards copies the page) and hashed outside it. The
+// digest is kept until the state changes, so asking again about an idle
+// volume forks and hashes nothing.
 func (fs *FS) Summary() (digest [32]byte, used int64, applied uint64) {
-	fs.mu.RLock()
-	defer fs.mu.RUnlock()
-	return fs.digest(), fs.used, fs.applied
+	fs.mu.Lock()
+	if fs.memo.valid && fs.memo.version == fs.version {
+		defer fs.mu.Unlock()
+		return fs.memo.sum, fs.used, fs.applied
+	}
+	frozen, version := fs.fork(), fs.version
+	fs.mu.Unlock()
+	hashing()
+	digest = frozen.digest()
+	fs.mu.Lock()
+	if !fs.memo.valid || fs.memo.version < version {
+		fs.memo = digestMemo{valid: true, version: version, sum: digest}
+	}
+	fs.mu.Unlock()
+	return digest, frozen.used, frozen.applied
 }
+
+// hashing is called by Summary while it hashes outside the lock (a test's
+// hook).
+var hashing = func() {}
 
 // Digest returns a SHA-256 of the whole filesystem state (inodes, data,
 // directories, limit, inode counter), excluding the applied index:
-// replicas that applied the same entries have the same digest.
+// replicas that applied the same entries have the same digest. It is
+// Summary's.
 func (fs *FS) Digest() [32]byte {
-	fs.mu.RLock()
-	defer fs.mu.RUnlock()
-	return fs.digest()
+	d, _, _ := fs.Summary()
+	return d
 }
 
 func (fs *FS) digest() [32]byte {
@@ -234,6 +275,11 @@ func (fs *FS) WriteSnapshot(w io.Writer) error {
 func (fs *FS) ForkSnapshot() (raftgroup.SnapshotWriter, error) {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
+	return fs.fork(), nil
+}
+
+// fork returns the frozen copy ForkSnapshot describes; fs.mu is held.
+func (fs *FS) fork() *FS {
 	c := &FS{inodes: make(map[uint64]*inode, len(fs.inodes)), nextIno: fs.nextIno, limit: fs.limit, used: fs.used, applied: fs.applied}
 	for ino, n := range fs.inodes {
 		cn := *n
@@ -241,7 +287,7 @@ func (fs *FS) ForkSnapshot() (raftgroup.SnapshotWriter, error) {
 		cn.data = n.data.fork()
 		c.inodes[ino] = &cn
 	}
-	return c, nil
+	return c
 }
 
 // errWriter keeps the first error of w and writes nothing after it.
@@ -335,6 +381,7 @@ func (fs *FS) Restore(data []byte) error {
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
 	fs.inodes, fs.nextIno, fs.limit, fs.used, fs.applied = st.inodes, st.nextIno, st.limit, st.used, st.applied
+	fs.version++
 	return nil
 }
 

@@ -469,9 +469,6 @@ func (fs *FS) query(op *Op) *Result {
 		return &Result{Data: []byte(n.target)}
 	case KindStatfs:
 		return &Result{Statfs: fs.statfs()}
-	case KindDigest:
-		d := fs.digest()
-		return &Result{Data: d[:]}
 	}
 	return fail(syscall.EINVAL)
 }

@@ -374,6 +374,30 @@ func TestVolumes(t *testing.T) {
 			v, err := c.inspect(1, "tiny")
 			return err == nil && converged(v, 3)
 		})
+		// A listing has the members' live status but not their digests,
+		// which hash every byte of every replica.
+		ls, err := c.volumes(3).ListVolumes(ctx, &volv1.ListVolumesRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		listed := false
+		for _, v := range ls.GetVolumes() {
+			if v.GetName() != "tiny" {
+				continue
+			}
+			listed = true
+			if v.GetLeader() == "" || len(v.GetMembers()) != 3 || v.GetUsedBytes() != 512<<10 {
+				t.Errorf("volume ls: tiny has leader %q, %d members, %d bytes used; want a leader, 3, %d", v.GetLeader(), len(v.GetMembers()), v.GetUsedBytes(), 512<<10)
+			}
+			for _, m := range v.GetMembers() {
+				if m.GetDigest() != "" || m.GetApplied() == 0 {
+					t.Errorf("volume ls: member %s of tiny has digest %q, applied %d; want none, > 0", m.GetNode(), m.GetDigest(), m.GetApplied())
+				}
+			}
+		}
+		if !listed {
+			t.Errorf("volume ls does not list tiny: %v", ls.GetVolumes())
+		}
 		c.mustCtl(1, "volume", "rm", "tiny")
 	})
 

@@ -39,7 +39,8 @@ type Member struct {
 	Applied uint64 `protobuf:"varint,4,opt,name=applied,proto3" json:"applied,omitempty"`
 	Lag     uint64 `protobuf:"varint,5,opt,name=lag,proto3" json:"lag,omitempty"`
 	Alive   bool   `protobuf:"varint,6,opt,name=alive,proto3" json:"alive,omitempty"`
-	// digest is the hex digest of the replica's state at applied.
+	// digest is the hex digest of the replica's state at applied (empty in
+	// ListVolumes).
 	Digest        string `protobuf:"bytes,7,opt,name=digest,proto3" json:"digest,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
