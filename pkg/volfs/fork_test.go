@@ -83,11 +83,7 @@ func TestForkSnapshotPages(t *testing.T) {
 	idx := uint64(0)
 	apply := func(op volfs.Op) volfs.Result {
 		idx++
-		r, err := volfs.DecodeResult(applyOne(t, fs, idx, op.Encode()))
-		if err != nil || r.Errno != 0 {
-			t.Fatalf("op %d (%v): %v errno %d", idx, op.Kind, err, r.Errno)
-		}
-		return r
+		return mustApply(t, fs, idx, op)
 	}
 	fill := func(n int, b byte) []byte { return bytes.Repeat([]byte{b}, n) }
 	apply(volfs.Op{Kind: volfs.KindSetLimit, Size: 64 * mib})
@@ -141,12 +137,7 @@ func TestSummaryOutsideLock(t *testing.T) {
 		// Applied while the state before it is hashed.
 		{Kind: volfs.KindWrite, Ino: ino, Offset: mib + 7, Data: bytes.Repeat([]byte{2}, 4096)},
 	}
-	apply := func(fs *volfs.FS, i int) {
-		r, err := volfs.DecodeResult(applyOne(t, fs, uint64(i+1), ops[i].Encode()))
-		if err != nil || r.Errno != 0 {
-			t.Fatalf("op %d (%v): %v errno %d", i+1, ops[i].Kind, err, r.Errno)
-		}
-	}
+	apply := func(fs *volfs.FS, i int) { mustApply(t, fs, uint64(i+1), ops[i]) }
 	// The digests of the states after 3, 4 and 5 ops, from replicas that
 	// were never hashed concurrently.
 	var want [][32]byte
@@ -216,13 +207,7 @@ func BenchmarkWritesDuringDigest(b *testing.B) {
 	idx := uint64(0)
 	apply := func(op volfs.Op) {
 		idx++
-		res, err := fs.Apply([]raftgroup.Entry{{Index: idx, Term: 1, Data: op.Encode()}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if r, err := volfs.DecodeResult(res[0]); err != nil || r.Errno != 0 {
-			b.Fatalf("op %d (%v): %v errno %d", idx, op.Kind, err, r.Errno)
-		}
+		mustApply(b, fs, idx, op)
 	}
 	ino := volfs.RootIno + 1
 	apply(volfs.Op{Kind: volfs.KindSetLimit, Size: 2 * size})

@@ -66,18 +66,12 @@ type FS struct {
 	limit   int64
 	used    int64 // total length of regular files' data
 	applied uint64
-	// version counts the changes of the state (applies, restores): a
-	// digest is kept for the version it was computed at.
-	version uint64
-	memo    digestMemo
-}
-
-// digestMemo is the last digest Summary computed and the state version it
-// is of.
-type digestMemo struct {
-	valid   bool
-	version uint64
-	sum     [32]byte
+	// version counts the changes of the state (applies, restores; New's
+	// is 1): memo is the digest Summary last computed, of the state at
+	// memoVersion (0: none yet).
+	version     uint64
+	memoVersion uint64
+	memo        [32]byte
 }
 
 var _ raftgroup.SnapshotForker = (*FS)(nil)
@@ -176,17 +170,17 @@ func (fs *FS) Query(req []byte) ([]byte, error) {
 // volume forks and hashes nothing.
 func (fs *FS) Summary() (digest [32]byte, used int64, applied uint64) {
 	fs.mu.Lock()
-	if fs.memo.valid && fs.memo.version == fs.version {
+	if fs.memoVersion == fs.version {
 		defer fs.mu.Unlock()
-		return fs.memo.sum, fs.used, fs.applied
+		return fs.memo, fs.used, fs.applied
 	}
 	frozen, version := fs.fork(), fs.version
 	fs.mu.Unlock()
 	hashing()
 	digest = frozen.digest()
 	fs.mu.Lock()
-	if !fs.memo.valid || fs.memo.version < version {
-		fs.memo = digestMemo{valid: true, version: version, sum: digest}
+	if fs.memoVersion < version {
+		fs.memo, fs.memoVersion = digest, version
 	}
 	fs.mu.Unlock()
 	return digest, frozen.used, frozen.applied
@@ -280,7 +274,7 @@ func (fs *FS) ForkSnapshot() (raftgroup.SnapshotWriter, error) {
 
 // fork returns the frozen copy ForkSnapshot describes; fs.mu is held.
 func (fs *FS) fork() *FS {
-	c := &FS{inodes: make(map[uint64]*inode, len(fs.inodes)), nextIno: fs.nextIno, limit: fs.limit, used: fs.used, applied: fs.applied}
+	c := &FS{inodes: make(map[uint64]*inode, len(fs.inodes)), nextIno: fs.nextIno, limit: fs.limit, used: fs.used, applied: fs.applied, version: fs.version}
 	for ino, n := range fs.inodes {
 		cn := *n
 		cn.entries = maps.Clone(n.entries)

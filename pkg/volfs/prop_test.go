@@ -94,7 +94,7 @@ func randomOpsSeed(seed uint64, n int) [][]byte {
 	return randomOps(rand.New(rand.NewPCG(seed, seed)), n)
 }
 
-func applyOne(t *testing.T, fs *volfs.FS, index uint64, data []byte) []byte {
+func applyOne(t testing.TB, fs *volfs.FS, index uint64, data []byte) []byte {
 	t.Helper()
 	at := time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC).Add(time.Duration(index) * time.Second)
 	res, err := fs.Apply([]raftgroup.Entry{{Index: index, Term: 1, Time: at, Data: data}})
@@ -102,6 +102,17 @@ func applyOne(t *testing.T, fs *volfs.FS, index uint64, data []byte) []byte {
 		t.Fatalf("apply %d: %v", index, err)
 	}
 	return res[0]
+}
+
+// mustApply applies op as entry index and returns its result, which must
+// be a success.
+func mustApply(t testing.TB, fs *volfs.FS, index uint64, op volfs.Op) volfs.Result {
+	t.Helper()
+	r, err := volfs.DecodeResult(applyOne(t, fs, index, op.Encode()))
+	if err != nil || r.Errno != 0 {
+		t.Fatalf("op %d (%v): %v errno %d", index, op.Kind, err, r.Errno)
+	}
+	return r
 }
 
 // TestReplicasAgree applies random op sequences to three FS instances: A
