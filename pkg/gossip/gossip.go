@@ -266,24 +266,19 @@ func (g *Gossip) pushRound(ctx context.Context) {
 	}
 	// Pushes run in the background, one at a time per peer, so a peer that
 	// stopped answering delays neither the next round nor the others.
-	for _, id := range g.pick(g.cfg.Fanout) {
+	for _, id := range g.pickIdle(g.cfg.Fanout) {
+		done := func() {
+			g.mu.Lock()
+			delete(g.pushing, id)
+			g.mu.Unlock()
+		}
 		p, err := g.peers.Peer(id)
 		if err != nil {
-			continue
-		}
-		g.mu.Lock()
-		busy := g.pushing[id]
-		g.pushing[id] = true
-		g.mu.Unlock()
-		if busy {
+			done()
 			continue
 		}
 		go func() {
-			defer func() {
-				g.mu.Lock()
-				delete(g.pushing, id)
-				g.mu.Unlock()
-			}()
+			defer done()
 			for start := 0; start < len(docs); start += g.cfg.MaxPushDocs {
 				chunk := docs[start:min(start+g.cfg.MaxPushDocs, len(docs))]
 				cctx, cancel := context.WithTimeout(ctx, g.cfg.RPCTimeout)
@@ -300,15 +295,43 @@ func (g *Gossip) pushRound(ctx context.Context) {
 	}
 }
 
+// pickIdle returns up to n random live peers that no push is under way
+// to, marked as pushing. Skipping a busy peer that pick chose would use
+// up one of a change's rounds without sending it: a node that receives
+// many changes at once runs a round for each, and its first pushes are
+// still under way.
+func (g *Gossip) pickIdle(n int) []string {
+	alive := g.shuffledAlive()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	var idle []string
+	for _, id := range alive {
+		if len(idle) == n {
+			break
+		}
+		if !g.pushing[id] {
+			g.pushing[id] = true
+			idle = append(idle, id)
+		}
+	}
+	return idle
+}
+
 // pick returns up to n distinct random live peers.
 func (g *Gossip) pick(n int) []string {
+	alive := g.shuffledAlive()
+	if len(alive) > n {
+		alive = alive[:n]
+	}
+	return alive
+}
+
+// shuffledAlive returns the live peers in random order.
+func (g *Gossip) shuffledAlive() []string {
 	alive := g.peers.Alive()
 	g.mu.Lock()
 	g.rnd.Shuffle(len(alive), func(i, j int) { alive[i], alive[j] = alive[j], alive[i] })
 	g.mu.Unlock()
-	if len(alive) > n {
-		alive = alive[:n]
-	}
 	return alive
 }
 
