@@ -103,9 +103,9 @@
 // write waits for (deferappend.go). Heartbeats and everything else go at
 // once; an entry still commits only on a quorum's disks.
 //
-// With Config.FollowProposers a leader counts each one-second window's
+// With Config.FollowProposers a leader counts each 300 ms window's
 // proposals by the replica they came from and hands leadership to a voter
-// that made most of them (at least 16, and twice as many as all others
+// that made most of them (at least 5, and twice as many as all others
 // together), no sooner than two windows into its term (follow.go): a
 // volume written through one node's mount is then led from that node, and
 // its writes no longer go to another node and back before they are
