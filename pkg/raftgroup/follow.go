@@ -32,13 +32,15 @@ const (
 	// early in its burst. On this project's bench/vold, alternating
 	// binaries, 3 s runs of 4 KiB synced writes through a follower's
 	// mount made 1,104–1,239 IOPS (median of each run's three rounds;
-	// four runs, two of them with 16 proposals a window) against
+	// four runs, two with 16 proposals a window, two with 5) against
 	// 867–1,076 with one-second windows. 64 MiB sequential writes
 	// (about 0.6 s) showed no difference above the noise.
 	followWindowTicks = 3
 	// followMinProposals is the fewest proposals of a follower in one
-	// window that move leadership to it (about 16 a second).
-	followMinProposals = 5
+	// window that move leadership to it: about 27 a second. A writer
+	// much slower gains little from leading, and a short window must
+	// not let it take leadership from a busier one that paused.
+	followMinProposals = 8
 	// followWindows is how many windows a new leader serves before it
 	// may hand leadership on.
 	followWindows = 2
