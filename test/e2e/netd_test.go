@@ -811,19 +811,23 @@ func TestNetwork(t *testing.T) {
 			url := fmt.Sprintf("http://%s:8080/", c.Addr(i))
 			var body string
 			var err error
-			for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-				if body, err = httpGet(url); err == nil {
-					break
-				}
-				if time.Now().After(deadline) {
-					// What this node's statd holds of the service's tasks,
-					// and the backends its netd derived from them: whether
-					// the state or the proxy lagged.
-					ps, psErr, _ := c.ctl(i, "service", "ps", "pub", "-o", "json")
-					net, netErr, _ := c.ctl(i, "network", "inspect", "-o", "json")
-					t.Fatalf("%s answers: not reached within 15s: %v\nnode %d service ps: %s%s\nnode %d network inspect: %s%s", url, err, i, ps, psErr, i, net, netErr)
-				}
-			}
+			func() {
+				// On a timeout (Fatalf runs deferred calls), what this
+				// node's statd holds of the service's tasks and the
+				// backends its netd derived from them: whether the state
+				// or the proxy lagged.
+				defer func() {
+					if t.Failed() {
+						ps, psErr, _ := c.ctl(i, "service", "ps", "pub", "-o", "json")
+						net, netErr, _ := c.ctl(i, "network", "inspect", "-o", "json")
+						t.Logf("node %d service ps: %s%s\nnode %d network inspect: %s%s", i, ps, psErr, i, net, netErr)
+					}
+				}()
+				waitFor(t, 15*time.Second, url+" answers", func() bool {
+					body, err = httpGet(url)
+					return err == nil
+				})
+			}()
 			if !strings.Contains(body, "shoal test image") {
 				t.Fatalf("%s: %q", url, body)
 			}
