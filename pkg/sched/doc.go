@@ -85,7 +85,10 @@
 // runs, keeps it and claims the slot back (ClaimTask: Task.Claim), and the
 // owner gives the slot to the older of the two (DESIGN.md 2: the smaller
 // (HLC, node ID) wins), so the replacement stops and the heal restores the
-// placement from before the split. An owner that does not answer within
+// placement from before the split. A slot whose document has not reached
+// the owner when the split begins looks vacant there, but the task's own
+// document may have: a task of the slot on a node seen dead is replaced as
+// lost all the same. An owner that does not answer within
 // the TTL of the claim lets the replacement win after all. And while
 // membership converges after a heal, node by node, an owner that has just
 // seen a node come back (Snapshot.Rejoined) does not replace the tasks of

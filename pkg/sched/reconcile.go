@@ -524,15 +524,11 @@ func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
 		}
 		r.place(si, d, true, why, t.Restarts, t, "")
 	case stLost:
-		if r.now.Before(r.settleUntil) {
-			r.wakeAt(r.settleUntil, "membership converging after a node came back")
-			return slotResult{}
-		}
-		// A task that just claimed its slot back (see resolveClaim) was
-		// written by its node moments ago: the node is alive, this view
-		// of it is late.
-		if t != nil && t.Claim != "" && r.now.Before(t.ClaimedAt.Add(r.settle)) {
-			r.wakeAt(t.ClaimedAt.Add(r.settle), "node of a task that claimed its slot seen dead")
+		// Not while membership converges, nor when t claimed its slot
+		// back moments ago (see resolveClaim): written by its node
+		// then, it is alive and this view of it is late.
+		if wait, why := r.holdLost(t); !wait.IsZero() {
+			r.wakeAt(wait, why)
 			return slotResult{}
 		}
 		// The task this one replaced as lost is on a node this owner sees
@@ -650,8 +646,52 @@ func (r *reconciler) vacant(si *slotInfo, d *Slot) slotResult {
 			break
 		}
 	}
+	// A task of this slot on a node seen dead, newer than any vacating
+	// write: the slot document naming it has not reached this owner (a
+	// partition that began as the slot was written), so the slot only
+	// looks vacant. The new task replaces it as lost, so that should its
+	// node come back with it still running, it claims the slot back and
+	// the older of the two keeps it, as for any lost task (stLost).
+	if lost := r.lostUnnamed(si, d); lost != nil {
+		if wait, why := r.holdLost(lost); !wait.IsZero() {
+			r.wakeAt(wait, why)
+			return slotResult{}
+		}
+		r.place(si, d, false, "node "+lost.Node+" is down", restarts, lost, lost.ID)
+		return slotResult{busy: true}
+	}
 	r.place(si, d, false, "", restarts, nil, "")
 	return slotResult{busy: true}
+}
+
+// lostUnnamed returns the newest task of a slot without one that runs, as
+// far as this owner knows, on a node it sees dead, and was created after
+// the write that vacated the slot (nil if none).
+func (r *reconciler) lostUnnamed(si *slotInfo, d *Slot) *Task {
+	for _, t := range slices.Backward(si.unnamed) {
+		if d != nil && t.Created.Compare(d.Stamp) <= 0 {
+			continue
+		}
+		if n := r.nodes[t.Node]; t.State.Terminal() || (n != nil && n.Alive) {
+			continue
+		}
+		return t
+	}
+	return nil
+}
+
+// holdLost says until when a lost task t is not replaced yet, and why
+// (zero: replace it now): while membership converges after a node came
+// back, and for a while after t claimed its slot back (its node is alive,
+// this view of it is late).
+func (r *reconciler) holdLost(t *Task) (time.Time, string) {
+	if r.now.Before(r.settleUntil) {
+		return r.settleUntil, "membership converging after a node came back"
+	}
+	if t != nil && t.Claim != "" && r.now.Before(t.ClaimedAt.Add(r.settle)) {
+		return t.ClaimedAt.Add(r.settle), "node of a task that claimed its slot seen dead"
+	}
+	return time.Time{}, ""
 }
 
 // replaceDown decides about a slot whose task is terminal.

@@ -194,6 +194,29 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2
 			want: "requeue at 00:00:02.000 (membership converging after a node came back)\n",
 		},
 		{
+			// A partition began as the slot was written: the owner has
+			// the task's document but not the slot's.
+			name: "slot document not seen, its task on a dead node: replace it as lost",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("2", "n3")
+				w.task("t1", "1", "n2", sched.TaskRunning, t0.Add(-time.Second))
+				w.nodeRef("n2").Alive = false
+			},
+			want: "reserve web/1 task=new1 v1 as=task on=n3,n1 lost=t1\n",
+		},
+		{
+			name: "slot document not seen, its task on a dead node, views converging: wait",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("2", "n3")
+				w.task("t1", "1", "n2", sched.TaskRunning, t0.Add(-time.Second))
+				w.nodeRef("n2").Alive = false
+				w.rejoined = t0.Add(-time.Second)
+			},
+			want: "requeue at 00:00:02.000 (membership converging after a node came back)\n",
+		},
+		{
 			name: "dead node, the last node came back long ago: replace at once",
 			build: func(w *world) {
 				w.running("0", "n1")

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/sched/sim"
 )
 
 // TestSimPartitionHeal: 3 replicas spread 1/1/1, a partition {n1,n2} | {n3}
@@ -67,13 +68,7 @@ func TestSimPartitionHeal(t *testing.T) {
 			for _, sl := range c.Slots("web") {
 				before[sl.Task] = sl.Node
 			}
-			c.Partition([]string{"n1", "n2"}, []string{"n3"})
-			if !c.RunUntil(func() bool {
-				r := c.Running("web")
-				return r["n1"]+r["n2"] == 3 && r["n3"] == 3
-			}, 20*time.Second) {
-				t.Fatalf("not replaced on both sides: running %v", c.Running("web"))
-			}
+			splitAndReplace(t, c)
 			c.RunFor(5 * time.Second)
 			c.Heal()
 			for id, v := range tc.views {
@@ -93,12 +88,7 @@ func TestSimPartitionHeal(t *testing.T) {
 			settle(t, c, "web", 30*time.Second)
 			c.RunFor(5 * time.Second)
 
-			running := map[string]string{}
-			for _, id := range c.NodeIDs() {
-				for _, lt := range c.Node(id).RunningTasks() {
-					running[lt.ID] = id
-				}
-			}
+			running := runningTasks(c)
 			stopped := 0
 			for task, node := range before {
 				if node != "n3" && running[task] != node {
@@ -156,4 +146,68 @@ func TestSimFailoverNotDelayed(t *testing.T) {
 	if took, want := c.Now().Sub(died), 2300*time.Millisecond; took > want {
 		t.Fatalf("failover took %v of virtual time, want at most %v", took, want)
 	}
+}
+
+// TestSimPartitionBeforeSlotsSeen: the e2e failure of 2026-12-04. The
+// partition {n1,n2} | {n3} came half a second after the service started,
+// before the slot documents naming n1's and n2's replicas had reached n3
+// (their task documents had). n3, alone, found those slots vacant and
+// filled them without naming the task it replaced; after the heal its
+// newer writes superseded the majority's originals, which never claimed
+// their slots back. The owner filling a slot whose only task is on a node
+// it sees dead now replaces that task as lost, so the heal gives the slot
+// back to the older task as for any other lost replacement.
+func TestSimPartitionBeforeSlotsSeen(t *testing.T) {
+	c := newCluster(t, 3, roomy, nil)
+	if o := sched.Owner("web", []string{"n1", "n2", "n3"}); o == "n3" {
+		t.Fatalf("web is owned by %s with all three alive: pick another name", o)
+	}
+	c.SetKeyLag("n3", sched.SlotsPrefix, 3*time.Second)
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 3, CPUMillis: 500})
+	if !c.RunUntil(func() bool {
+		return maps.Equal(c.Running("web"), map[string]int{"n1": 1, "n2": 1, "n3": 1}) && len(c.Slots("web")) == 3
+	}, 5*time.Second) {
+		t.Fatalf("running %v, want 1/1/1", c.Running("web"))
+	}
+	before := map[string]string{} // task → node
+	for _, sl := range c.Slots("web") {
+		if sl.Node == "" {
+			t.Fatalf("slot %s names no node yet: %s", sl.Slot, slotSummary(c, "web"))
+		}
+		before[sl.Task] = sl.Node
+	}
+	splitAndReplace(t, c)
+	c.RunFor(2 * time.Second)
+	c.Heal()
+	c.SetKeyLag("n3", sched.SlotsPrefix, 0)
+	settle(t, c, "web", 30*time.Second)
+	c.RunFor(5 * time.Second)
+	running := runningTasks(c)
+	if !maps.Equal(running, before) {
+		t.Fatalf("running %v after the heal, want the replicas from before the partition %v (slots %s)", running, before, slotSummary(c, "web"))
+	}
+}
+
+// splitAndReplace partitions {n1,n2} | {n3} and runs until each side has
+// replaced the other's replicas of web (3 replicas).
+func splitAndReplace(t *testing.T, c *sim.Cluster) {
+	t.Helper()
+	c.Partition([]string{"n1", "n2"}, []string{"n3"})
+	if !c.RunUntil(func() bool {
+		r := c.Running("web")
+		return r["n1"]+r["n2"] == 3 && r["n3"] == 3
+	}, 20*time.Second) {
+		t.Fatalf("not replaced on both sides: running %v", c.Running("web"))
+	}
+}
+
+// runningTasks maps every running task to its node.
+func runningTasks(c *sim.Cluster) map[string]string {
+	running := map[string]string{}
+	for _, id := range c.NodeIDs() {
+		for _, lt := range c.Node(id).RunningTasks() {
+			running[lt.ID] = id
+		}
+	}
+	return running
 }

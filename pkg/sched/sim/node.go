@@ -601,7 +601,7 @@ func (c *Cluster) Partition(sides ...[]string) {
 		panic("sim: a partition must place every node")
 	}
 	c.part, c.partAt = part, c.now
-	c.st.partition(part)
+	c.st.partition(part, c.now)
 }
 
 // Heal ends a partition: every node reads the merged history of both
@@ -609,7 +609,7 @@ func (c *Cluster) Partition(sides ...[]string) {
 // again (SetAliveView can make a node's view converge later).
 func (c *Cluster) Heal() {
 	c.part = nil
-	c.st.partition(nil)
+	c.st.partition(nil, c.now)
 }
 
 // SetAliveView overrides a node's liveness view (nil restores the

@@ -35,9 +35,10 @@ type store struct {
 	writes int
 
 	// part, while a partition lasts, maps each node to its side; split
-	// lists the entries written since it began.
-	part  map[string]int
-	split []*entry
+	// lists the entries written since it began, at partAt.
+	part   map[string]int
+	split  []*entry
+	partAt time.Time
 }
 
 type entry struct {
@@ -48,7 +49,8 @@ type entry struct {
 	own map[string]crdt.Doc
 	// During a partition: base is the document as it stood when the
 	// partition began, side the writes made since on each side. A reader
-	// sees base merged with its side's writes, and no lag.
+	// sees base (or, if it lags, what it had seen of it when the
+	// partition began) merged with its side's writes, these without lag.
 	base crdt.Doc
 	side map[int]crdt.Doc
 }
@@ -134,17 +136,22 @@ func groupsOf(part map[string]int) map[int]bool {
 	return out
 }
 
-// partition splits the readers into sides (nil: heal, everyone sees the
-// merged history again).
-func (s *store) partition(part map[string]int) {
+// partition splits the readers into sides at now (nil: heal, everyone
+// sees the merged history again).
+func (s *store) partition(part map[string]int, now time.Time) {
 	for _, e := range s.split {
 		e.base, e.side = crdt.Doc{}, nil
 	}
-	s.part, s.split = part, nil
+	s.part, s.split, s.partAt = part, nil, now
 }
 
-// prune keeps the versions a reader lagging up to maxLag may still need.
+// prune keeps the versions a reader lagging up to maxLag may still need:
+// while a partition lasts, a lagging reader still needs what it had seen
+// when it began.
 func (s *store) prune(e *entry, now time.Time) {
+	if s.part != nil {
+		now = s.partAt
+	}
 	cut := now.Add(-s.maxLag)
 	i := 0
 	for i+1 < len(e.versions) && !e.versions[i+1].at.After(cut) {
@@ -228,8 +235,18 @@ func (s *store) read(node, key string, now time.Time, lag time.Duration) any {
 	if e == nil || len(e.versions) == 0 {
 		return nil
 	}
-	if e.side != nil && node != "" {
-		if g, in := s.part[node]; in {
+	if g, in := s.part[node]; in && node != "" {
+		// Gossip from the other side stops at the split, and so does
+		// what a lagging reader had not yet received of the writes
+		// before it.
+		if lag > 0 {
+			pre := s.lagged(e, node, s.partAt.Add(-lag))
+			if e.side != nil {
+				pre = crdt.Merge(pre, e.side[g])
+			}
+			return decode(key, pre)
+		}
+		if e.side != nil {
 			return decode(key, crdt.Merge(e.base, e.side[g]))
 		}
 	}
@@ -254,6 +271,19 @@ func (s *store) read(node, key string, now time.Time, lag time.Duration) any {
 		return decode(key, own)
 	}
 	return decode(key, crdt.Merge(base.doc, own))
+}
+
+// lagged is e as node saw it at cut: the history up to then and its own
+// writes.
+func (s *store) lagged(e *entry, node string, cut time.Time) crdt.Doc {
+	var d crdt.Doc
+	for i := len(e.versions) - 1; i >= 0; i-- {
+		if !e.versions[i].at.After(cut) {
+			d = e.versions[i].doc
+			break
+		}
+	}
+	return crdt.Merge(d, e.own[node])
 }
 
 // latest returns the latest global document of key, decoded.
