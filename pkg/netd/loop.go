@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/errdefs"
@@ -384,24 +385,49 @@ func resolvConfUpstreams(r io.Reader, self netip.AddrPort) []string {
 	return out
 }
 
+// reconcileStall is how long a reconcile may run before netd says, while
+// it is still running, where it is stuck: peers, DNS and published ports
+// all wait for it, and a stage that never returns otherwise leaves no
+// trace ("slow reconcile" is logged only once it ends).
+const reconcileStall = 5 * time.Second
+
+// statdCallTimeout bounds the reconcile's calls to statd, so that a statd
+// that does not answer delays the next round instead of stopping them.
+const statdCallTimeout = 10 * time.Second
+
 // reconcile brings peers, the subnet claim, DNS and published ports in
 // line with the mirrored state.
 func (n *node) reconcile(ctx context.Context) {
 	t0 := time.Now()
+	var stage atomic.Pointer[string]
+	enter := func(s string) { stage.Store(&s) }
+	enter("subnet")
+	stall := time.AfterFunc(reconcileStall, func() {
+		n.log.Warn("reconcile stalled", "stage", *stage.Load(), "for", time.Since(t0).Round(time.Millisecond))
+	})
+	defer stall.Stop()
 	before := *n.subnet.Load()
-	if err := n.claimSubnet(ctx); err != nil {
+	sctx, cancel := context.WithTimeout(ctx, statdCallTimeout)
+	err := n.claimSubnet(sctx)
+	cancel()
+	if err != nil {
 		n.log.Warn("subnet claim", "err", err)
 	} else if after := *n.subnet.Load(); after != before {
+		// ctx, not sctx: the moved DNS server lives as long as it.
+		enter("renumber")
 		n.renumber(ctx, before, after)
 	}
 	t1 := time.Now()
+	enter("peers")
 	if _, err := n.dev.ApplyPeers(n.desiredPeers()); err != nil {
 		n.log.Warn("apply peers", "err", err)
 	}
 	t2 := time.Now()
+	enter("dns")
 	eps, services := n.endpoints(), n.mirror.List(prefixServices)
 	n.dns.Update(records(services, eps))
 	t3 := time.Now()
+	enter("ports")
 	n.applyPorts(services, eps)
 	if d := time.Since(t0); d > 100*time.Millisecond {
 		n.log.Warn("slow reconcile", "took", d, "subnet", t1.Sub(t0), "peers", t2.Sub(t1), "dns", t3.Sub(t2), "ports", time.Since(t3))

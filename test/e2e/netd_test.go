@@ -84,8 +84,9 @@ func newNetCluster(t *testing.T, nodes int) *netCluster {
 	defer cancel()
 	args := map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": devcluster.ScheddArgs(),
 		// Names outside .shoal go to a resolver of the test's own
-		// (DNSForwarding), never to the machine's.
-		"netd": {"--upstream", fmt.Sprintf("127.0.0.1:%d", fakeUpstreamPort)}}
+		// (DNSForwarding), never to the machine's. With --debug-pprof a
+		// failing subtest can dump netd's goroutines (goroutines).
+		"netd": {"--upstream", fmt.Sprintf("127.0.0.1:%d", fakeUpstreamPort), "--debug-pprof"}}
 	c, err := devcluster.Up(ctx, devcluster.Spec{
 		Name:      name,
 		Nodes:     nodes,
@@ -137,6 +138,32 @@ func newNetCluster(t *testing.T, nodes int) *netCluster {
 		return true
 	})
 	return nc
+}
+
+// goroutines returns the goroutine dump of the daemon of node i whose
+// metrics (and, with --debug-pprof, profiler) listen on 127.0.0.1:port in
+// the node's namespace, or why it could not be had. The connection is
+// dialled on the namespace's thread, so the request is written by hand
+// (http.Client dials from goroutines of its own).
+func (c *netCluster) goroutines(i, port int) string {
+	var out []byte
+	err := c.InNetns(i, func() error {
+		conn, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), 5*time.Second)
+		if err != nil {
+			return err
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(conn, "GET /debug/pprof/goroutine?debug=1 HTTP/1.0\r\nHost: localhost\r\n\r\n"); err != nil {
+			return err
+		}
+		out, err = io.ReadAll(conn)
+		return err
+	})
+	if err != nil {
+		return fmt.Sprintf("(no goroutine dump: %v)", err)
+	}
+	return string(out)
 }
 
 // down removes every service (so that netd detaches their tasks), tears
@@ -821,6 +848,9 @@ func TestNetwork(t *testing.T) {
 						ps, psErr, _ := c.ctl(i, "service", "ps", "pub", "-o", "json")
 						net, netErr, _ := c.ctl(i, "network", "inspect", "-o", "json")
 						t.Logf("node %d service ps: %s%s\nnode %d network inspect: %s%s", i, ps, psErr, i, net, netErr)
+						slots, slotsErr, _ := c.ctl(i, "state", "ls", "/slots/pub/", "-o", "json")
+						t.Logf("node %d slot documents: %s%s", i, slots, slotsErr)
+						t.Logf("node %d netd goroutines:\n%s", i, c.goroutines(i, 9463))
 					}
 				}()
 				waitFor(t, 15*time.Second, url+" answers", func() bool {
