@@ -657,7 +657,7 @@ func (r *reconciler) vacant(si *slotInfo, d *Slot) slotResult {
 			r.wakeAt(wait, why)
 			return slotResult{}
 		}
-		r.place(si, d, false, "node "+lost.Node+" is down", restarts, lost, lost.ID)
+		r.place(si, d, false, "node "+lost.Node+" is down", lost.Restarts, lost, lost.ID)
 		return slotResult{busy: true}
 	}
 	r.place(si, d, false, "", restarts, nil, "")

@@ -200,10 +200,10 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2
 			build: func(w *world) {
 				w.running("0", "n1")
 				w.running("2", "n3")
-				w.task("t1", "1", "n2", sched.TaskRunning, t0.Add(-time.Second))
+				w.task("t1", "1", "n2", sched.TaskRunning, t0.Add(-time.Second)).Restarts = 2
 				w.nodeRef("n2").Alive = false
 			},
-			want: "reserve web/1 task=new1 v1 as=task on=n3,n1 lost=t1\n",
+			want: "reserve web/1 task=new1 v1 as=task on=n3,n1 restarts=2 lost=t1\n",
 		},
 		{
 			name: "slot document not seen, its task on a dead node, views converging: wait",

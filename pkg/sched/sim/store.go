@@ -253,14 +253,7 @@ func (s *store) read(node, key string, now time.Time, lag time.Duration) any {
 	if lag <= 0 {
 		return e.versions[len(e.versions)-1].val
 	}
-	cut := now.Add(-lag)
-	var base *version
-	for i := len(e.versions) - 1; i >= 0; i-- {
-		if !e.versions[i].at.After(cut) {
-			base = &e.versions[i]
-			break
-		}
-	}
+	base := e.at(now.Add(-lag))
 	own, mine := e.own[node]
 	switch {
 	case !mine && base == nil:
@@ -273,15 +266,23 @@ func (s *store) read(node, key string, now time.Time, lag time.Duration) any {
 	return decode(key, crdt.Merge(base.doc, own))
 }
 
+// at returns the latest version of e written at or before cut (nil if
+// none).
+func (e *entry) at(cut time.Time) *version {
+	for i := len(e.versions) - 1; i >= 0; i-- {
+		if !e.versions[i].at.After(cut) {
+			return &e.versions[i]
+		}
+	}
+	return nil
+}
+
 // lagged is e as node saw it at cut: the history up to then and its own
 // writes.
 func (s *store) lagged(e *entry, node string, cut time.Time) crdt.Doc {
 	var d crdt.Doc
-	for i := len(e.versions) - 1; i >= 0; i-- {
-		if !e.versions[i].at.After(cut) {
-			d = e.versions[i].doc
-			break
-		}
+	if v := e.at(cut); v != nil {
+		d = v.doc
 	}
 	return crdt.Merge(d, e.own[node])
 }
