@@ -31,6 +31,13 @@ build: $(BINS)
 bin/shoal-%: FORCE
 	$(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/$*
 
+# vold is built without cgo: Pebble then takes its memtables and block
+# cache from the Go heap, which vold keeps resident (pkg/hugeheap), instead
+# of from C malloc, whose fresh 16 MiB memtable mappings cost a page fault
+# (~14 µs on these VMs) per 4 KiB filled: about 1,500 faults a second per
+# vold under 4 KiB synchronous writes (docs/VOLUMES.md, Performance).
+bin/shoal-vold: export CGO_ENABLED := 0
+
 bin/shoalctl: FORCE
 	$(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/ctl
 

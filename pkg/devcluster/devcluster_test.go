@@ -68,6 +68,9 @@ func buildBinaries(dir string) error {
 				out = filepath.Join(dir, "shoalctl")
 			}
 			cmd := exec.Command("go", "build", "-o", out, "github.com/shoal-dev/shoal/cmd/"+d)
+			if d == "vold" {
+				cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as the Makefile builds it
+			}
 			if b, err := cmd.CombinedOutput(); err != nil {
 				errs[k] = fmt.Errorf("build %s: %v\n%s", d, err, b)
 			}

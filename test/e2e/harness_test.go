@@ -39,6 +39,9 @@ func TestMain(m *testing.M) {
 				out = filepath.Join(dir, "shoalctl")
 			}
 			cmd := exec.Command("go", "build", "-o", out, "github.com/shoal-dev/shoal/cmd/"+d)
+			if d == "vold" {
+				cmd.Env = append(os.Environ(), "CGO_ENABLED=0") // as the Makefile builds it
+			}
 			cmd.Stderr = os.Stderr
 			if err := cmd.Run(); err != nil {
 				fmt.Fprintln(os.Stderr, "build", d, err)
