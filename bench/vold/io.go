@@ -40,8 +40,14 @@ type seqResult struct {
 	rows             []string // labels, in table order
 	mbps             map[string][]float64
 	cpu              map[string][]time.Duration // CPU time of each run (see runCPU)
-	load             phaseLoad
-	led              leadership
+	// sentPerMiB is what the three volds sent each other in Raft
+	// batches during each round of a volume row, per MiB written;
+	// transfers and snapshots the leadership transfers they made and the
+	// snapshots they took in the row's rounds.
+	sentPerMiB           map[string][]float64
+	transfers, snapshots map[string]uint64
+	load                 phaseLoad
+	led                  leadership
 }
 
 type randRow struct {
@@ -131,7 +137,7 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 		b.unmount(ctx, leader, benchVol, "bench-seq")
 		b.unmount(ctx, follower, benchVol, "bench-seq")
 	}()
-	r := seqResult{leader: leader, follower: follower, mbps: map[string][]float64{}, cpu: map[string][]time.Duration{}}
+	r := seqResult{leader: leader, follower: follower, mbps: map[string][]float64{}, cpu: map[string][]time.Duration{}, sentPerMiB: map[string][]float64{}, transfers: map[string]uint64{}, snapshots: map[string]uint64{}}
 	for _, t := range targets {
 		r.rows = append(r.rows, t.label)
 	}
@@ -154,13 +160,24 @@ func (b *bench) sequential(ctx context.Context) seqResult {
 			for w := range paths {
 				paths[w] = filepath.Join(t.dir, fmt.Sprintf("seq-%d-%d.dat", rep, w))
 			}
+			var m0 []raftCounters
 			if t.dir != b.local {
 				b.lead(ctx, &r.led, leader, targets[2].dir)
+				m0 = b.raftCounters(ctx)
 			}
 			a := b.acct.Take()
 			d, err := together(t.writers, func(w int) (time.Duration, error) { return seqWrite(paths[w], buf, size) })
 			if err != nil {
 				fail("sequential write to %s: %v", t.label, err)
+			}
+			if m0 != nil {
+				var sent uint64
+				for i, m := range b.raftCounters(ctx) {
+					sent += m.sent - m0[i].sent
+					r.transfers[t.label] += m.transfers - m0[i].transfers
+					r.snapshots[t.label] += m.snapshots - m0[i].snapshots
+				}
+				r.sentPerMiB[t.label] = append(r.sentPerMiB[t.label], float64(sent)/float64(size))
 			}
 			if t.label == rowFollower {
 				b.ranOnFollower(ctx, &r.led, t.node)

@@ -98,6 +98,9 @@ func (b *bench) nodeGet(ctx context.Context, i int, path string, timeout time.Du
 // raftCounters is what a vold's metrics say of its Raft loop so far.
 type raftCounters struct {
 	syncs, rounds, snapshots uint64
+	// sent is shoal_vold_raft_bytes_sent_total (Raft batches to other
+	// nodes), transfers shoal_vold_raft_leader_transfers_total.
+	sent, transfers uint64
 	// syncTime is shoal_vold_raft_sync_seconds (the journal's synced
 	// writes), mutateTime shoal_vold_fs_op_seconds{kind="mutate"} (the
 	// filesystem mutations the node's mounts asked for).
@@ -131,6 +134,10 @@ func (b *bench) raftCounters(ctx context.Context) []raftCounters {
 				out[i].rounds = uint64(n)
 			case "shoal_vold_raft_snapshots_taken_total":
 				out[i].snapshots = uint64(n)
+			case "shoal_vold_raft_bytes_sent_total":
+				out[i].sent = uint64(n)
+			case "shoal_vold_raft_leader_transfers_total":
+				out[i].transfers = uint64(n)
 			}
 		}
 		body.Close()

@@ -38,7 +38,7 @@ func (r *results) printSeq(c config) {
 	fmt.Printf("### Sequential writes into a %d-replica volume\n\n", c.replicas)
 	fmt.Printf("A %d MiB file created, written in 1 MiB `write` calls and fsynced, then closed and deleted, timed from the open to the end of the close; MB/s is 10⁶ bytes per second. Four targets, %d rounds interleaved (the order rotating): a plain directory on the local filesystem, the same with three writers at once, and the volume's FUSE mount on the group leader's node (node %d) and on node %d, %s. The volume has %s and a %d MiB size limit; vold mounts with direct I/O, so each 1 MiB `write` is one Raft proposal acknowledged once committed on a quorum and applied, and a single writer never has two in flight (fsync then has nothing left to do).\n\n",
 		c.seqMiB, c.reps, s.leader, s.follower, secondMount(c), replicasText(c.replicas), volumeSize>>20)
-	fmt.Printf("| written to | MB/s per round | median MB/s | time per 1 MiB write | CPU per MiB | × local | × each of three local writers |\n|---|---|---:|---:|---:|---:|---:|\n")
+	fmt.Printf("| written to | MB/s per round | median MB/s | time per 1 MiB write | CPU per MiB | Raft MiB sent per MiB | leadership transfers / snapshots | × local | × each of three local writers |\n|---|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	local, local3 := median(s.mbps[rowLocal]), median(s.mbps[rowLocal3])
 	ok := true
 	for _, row := range s.rows {
@@ -55,9 +55,13 @@ func (r *results) printSeq(c config) {
 		}
 		per := time.Duration(float64(chunk) / (m * 1e6) * float64(time.Second))
 		cpu := medianDur(s.cpu[row]) / time.Duration(c.seqMiB)
-		fmt.Printf("| %s | %s | %.1f | %s | %s | %s | %s |\n", row, strings.Join(parts, ", "), m, dur(per), dur(cpu), rat, rat3)
+		sent, moved := "–", "–"
+		if isVolume(row) && len(s.sentPerMiB[row]) > 0 {
+			sent, moved = fmt.Sprintf("%.2f", median(s.sentPerMiB[row])), fmt.Sprintf("%d / %d", s.transfers[row], s.snapshots[row])
+		}
+		fmt.Printf("| %s | %s | %.1f | %s | %s | %s | %s | %s | %s |\n", row, strings.Join(parts, ", "), m, dur(per), dur(cpu), sent, moved, rat, rat3)
 	}
-	fmt.Printf("\n%s\n\n*CPU per MiB* is the median over the rounds of the CPU time this benchmark's writer and the whole cluster (every node's statd and vold) used during a round, per MiB written (kernel writeback threads are not counted, for either target). Leadership: %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
+	fmt.Printf("\n%s\n\n*CPU per MiB* is the median over the rounds of the CPU time this benchmark's writer and the whole cluster (every node's statd and vold) used during a round, per MiB written (kernel writeback threads are not counted, for either target). *Raft MiB sent per MiB*: the median over the rounds of what the three volds sent each other in Raft batches (shoal_vold_raft_bytes_sent_total), per MiB written: 2 when the leader sends each write to two followers, 3 when a follower's write also goes to the leader first. *Leadership transfers / snapshots*: those the volds made and took during the row's rounds, all rounds together (shoal_vold_raft_leader_transfers_total, shoal_vold_raft_snapshots_taken_total; a volume's snapshot is its whole filesystem, written to a file while the writes go on). Leadership: %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
 		threeWritersNote, s.led.note(s.follower), s.load, seqGoal, metStr(ok), median(s.mbps[rowLeader])/local, median(s.mbps[rowFollower])/local)
 }
 

@@ -1091,6 +1091,9 @@ func (h *Host) step(from NodeID, gid GroupID, m *pb.Message, wake bool) *group {
 	if err := g.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) && !errors.Is(err, raft.ErrStepLocalMsg) {
 		h.log.Debug("step failed", "group", uint64(gid), "type", m.GetType().String(), "err", err)
 	}
+	if m.GetType() == pb.MsgProp {
+		h.followEarly(g, src)
+	}
 	h.markDirty(g)
 	return g
 }

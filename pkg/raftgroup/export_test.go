@@ -1,0 +1,4 @@
+package raftgroup
+
+// FollowMinProposals exposes followMinProposals to the external tests.
+const FollowMinProposals = followMinProposals
