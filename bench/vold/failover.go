@@ -184,5 +184,18 @@ func (b *bench) failover(ctx context.Context, k int) foResult {
 		sleep(ctx, 50*time.Millisecond)
 	}
 	progress("  node %d back: serving after %s, volume healthy after %s", leader, dur(r.restart), dur(r.healthy))
+	if r.ok && r.stall < noFailover {
+		// The writes never waited for an election: the leadership had
+		// moved to the writer's node between the check above and the
+		// kill (a window closed on the writer's writes).
+		progress("  the writes went on through the kill (longest gap %s): node %d no longer led; starting the cycle again", dur(r.stall), leader)
+		return b.failover(ctx, k)
+	}
 	return r
 }
+
+// noFailover is a longest gap between acknowledgements too short for an
+// election (vold's followers wait at least an election timeout, 10 ticks
+// of 100 ms, before they campaign): a cycle whose writes never stalled
+// that long did not kill the leader.
+const noFailover = 300 * time.Millisecond

@@ -44,18 +44,24 @@ const (
 	// followWindows is how many windows a new leader serves before it
 	// may hand leadership on.
 	followWindows = 2
+	// followEarlyBytes is the entry data a follower must have proposed
+	// in a window for followEarly to move leadership before the window
+	// ends: eight 512 KiB writes.
+	followEarlyBytes = 4 << 20
 )
 
-// countProposals records n proposals from replica from if g leads (a
-// follower forwards its own to the leader, which counts them there).
-func (g *group) countProposals(from ReplicaID, n int) {
+// countProposals records n proposals of the given entry data bytes from
+// replica from if g leads (a follower forwards its own to the leader,
+// which counts them there).
+func (g *group) countProposals(from ReplicaID, n, bytes int) {
 	if !g.h.cfg.FollowProposers || n == 0 || g.leader != g.replica {
 		return
 	}
 	if g.proposed == nil {
-		g.proposed = map[ReplicaID]int{}
+		g.proposed, g.proposedBytes = map[ReplicaID]int{}, map[ReplicaID]int{}
 	}
 	g.proposed[from] += n
+	g.proposedBytes[from] += bytes
 	g.h.counted[g.id] = g
 }
 
@@ -73,16 +79,20 @@ func (h *Host) followProposers() {
 }
 
 // followEarly moves g's leadership to from at once, within the window,
-// once from alone made enough of the window's proposals (the same test
-// as at a window's end). Judged only at the window's end, a writer that
-// starts a burst waited up to a window and a half for the leadership: a
-// 64 MiB sequential write through a follower's mount (about half a
-// second) sent half its data through the leader first (bench/vold's
-// "Raft MiB sent per MiB", 2.47–2.56 where the leader's own mount sends
-// 2.00). The caller has stepped the proposal that counted, so the
+// once from alone proposed enough of the window's entries (the same test
+// as at a window's end) carrying followEarlyBytes of data. Judged only at
+// the window's end, a bulk writer that starts a burst waited up to a
+// window and a half for the leadership: a 64 MiB sequential write through
+// a follower's mount (about half a second) sent most of its data through
+// the leader first (bench/vold's "Raft MiB sent per MiB", 2.61–2.95 where
+// the leader's own mount sends 2.00). Small writes keep to the window's
+// end: for them a forward costs a round trip, not megabytes, and a
+// writer that makes a few dozen of them moves leadership no sooner than
+// before. The caller has stepped the proposal that counted, so the
 // transfer waits for it to reach from like any other entry.
 func (h *Host) followEarly(g *group, from ReplicaID) {
-	if !h.cfg.FollowProposers || from == g.replica || g.proposed[from] < followMinProposals || g.proposerToFollow() != from {
+	if !h.cfg.FollowProposers || from == g.replica || g.proposed[from] < followMinProposals ||
+		g.proposedBytes[from] < followEarlyBytes || g.proposerToFollow() != from {
 		return
 	}
 	h.follow(g)
@@ -94,6 +104,7 @@ func (h *Host) follow(g *group) {
 	delete(h.counted, g.id)
 	to := g.proposerToFollow()
 	clear(g.proposed)
+	clear(g.proposedBytes)
 	if to == 0 {
 		return
 	}

@@ -2,6 +2,7 @@ package raftgroup_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
@@ -92,29 +93,39 @@ func TestFollowProposersHysteresis(t *testing.T) {
 	})
 }
 
-// TestFollowProposersWithinWindow: a follower's burst of proposals moves
-// the leadership as soon as it is enough, before the window ends (no
-// tick runs here: a window only ends at a tick).
+// TestFollowProposersWithinWindow: a follower's burst of large proposals
+// moves the leadership as soon as it is enough, before the window ends
+// (no tick runs here: a window only ends at a tick); small ones wait for
+// the window's end.
 func TestFollowProposersWithinWindow(t *testing.T) {
-	for _, early := range []int{raftgroup.FollowMinProposals - 1, raftgroup.FollowMinProposals} {
-		t.Run(fmt.Sprint(early, " proposals"), func(t *testing.T) {
+	large := raftgroup.FollowEarlyBytes / raftgroup.FollowMinProposals
+	for _, tc := range []struct {
+		n, size int
+		move    bool
+	}{
+		{raftgroup.FollowMinProposals - 1, large, false},
+		{raftgroup.FollowMinProposals, large, true},
+		{4 * raftgroup.FollowMinProposals, 64, false},
+	} {
+		t.Run(fmt.Sprintf("%d of %d bytes", tc.n, tc.size), func(t *testing.T) {
 			c := followCluster(t, 24, true)
 			leader, followers := settledGroup(t, c)
 			writer := followers[0]
 			c.RunTicks(7) // the leader's term is two windows old
 			var futs []*raftgroup.Future[raftgroup.Result]
-			for i := range early {
-				futs = append(futs, c.Host(writer).Submit(1, raftgroup.Proposal{Data: put(fmt.Sprint("k", i), "v")}))
+			for i := range tc.n {
+				v := strings.Repeat("v", tc.size)
+				futs = append(futs, c.Host(writer).Submit(1, raftgroup.Proposal{Data: put(fmt.Sprint("k", i), v)}))
 			}
 			for range 30 {
 				c.Step()
 			}
 			l, _, _ := c.Leader(1)
 			switch {
-			case early < raftgroup.FollowMinProposals && l != leader:
-				t.Fatalf("leadership moved to %d after %d proposals, fewer than a window needs", l, early)
-			case early >= raftgroup.FollowMinProposals && l != writer:
-				t.Fatalf("leadership still on %d after %d proposals from %d within a window\n%s", l, early, writer, c.String(1))
+			case !tc.move && l != leader:
+				t.Fatalf("leadership moved to %d within the window after %d proposals of %d bytes", l, tc.n, tc.size)
+			case tc.move && l != writer:
+				t.Fatalf("leadership still on %d after %d proposals of %d bytes from %d within a window\n%s", l, tc.n, tc.size, writer, c.String(1))
 			}
 			for i, f := range futs {
 				if _, err := rgt.Await(c, f, 200); err != nil {

@@ -47,16 +47,17 @@ type group struct {
 	learned map[ReplicaID]NodeID
 	leader  ReplicaID
 	// leaderTick is the host tick at which leader last changed; proposed
-	// counts the window's proposals by replica while this one leads
-	// (follow.go).
-	leaderTick  uint64
-	proposed    map[ReplicaID]int
-	removed     bool
-	broken      error
-	quiesced    bool
-	idleTicks   int
-	quiesceHint *Heartbeat
-	retryNow    bool
+	// counts the window's proposals by replica while this one leads, and
+	// proposedBytes their entry data (follow.go).
+	leaderTick    uint64
+	proposed      map[ReplicaID]int
+	proposedBytes map[ReplicaID]int
+	removed       bool
+	broken        error
+	quiesced      bool
+	idleTicks     int
+	quiesceHint   *Heartbeat
+	retryNow      bool
 	// logBytes counts the entry data applied since the last snapshot
 	// maybeCompact took, snapBytes is that snapshot's size.
 	logBytes, snapBytes uint64

@@ -1086,7 +1086,7 @@ func (h *Host) step(from NodeID, gid GroupID, m *pb.Message, wake bool) *group {
 		h.releaseDeferredTo(heldKey{gid, src})
 	}
 	if m.GetType() == pb.MsgProp {
-		g.countProposals(src, len(m.GetEntries()))
+		g.countProposals(src, len(m.GetEntries()), entryBytes(m))
 	}
 	if err := g.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) && !errors.Is(err, raft.ErrStepLocalMsg) {
 		h.log.Debug("step failed", "group", uint64(gid), "type", m.GetType().String(), "err", err)

@@ -131,7 +131,7 @@ func (h *Host) startProposal(id GroupID, p Proposal, now int64, fut *Future[Resu
 
 func (g *group) propose(pp *pendingProposal) {
 	pp.lastTry, pp.leader = g.h.tick, g.leader
-	g.countProposals(g.replica, 1)
+	g.countProposals(g.replica, 1, len(pp.data))
 	if err := g.rn.Propose(pp.data); err != nil && !errors.Is(err, raft.ErrProposalDropped) {
 		g.h.log.Debug("propose failed", "group", uint64(g.id), "err", err)
 	}
