@@ -74,7 +74,8 @@ func (h *Host) followProposers() {
 		return
 	}
 	for _, id := range h.sortedGroups(h.counted) {
-		h.follow(h.counted[id])
+		g := h.counted[id]
+		h.endWindow(g, g.proposerToFollow())
 	}
 }
 
@@ -89,20 +90,20 @@ func (h *Host) followProposers() {
 // end: for them a forward costs a round trip, not megabytes, and a
 // writer that makes a few dozen of them moves leadership no sooner than
 // before. The caller has stepped the proposal that counted, so the
-// transfer waits for it to reach from like any other entry.
+// transfer waits for it to reach from like any other entry. (It runs for
+// every forwarded proposal: the counts are checked before the full test.)
 func (h *Host) followEarly(g *group, from ReplicaID) {
 	if !h.cfg.FollowProposers || from == g.replica || g.proposed[from] < followMinProposals ||
 		g.proposedBytes[from] < followEarlyBytes || g.proposerToFollow() != from {
 		return
 	}
-	h.follow(g)
+	h.endWindow(g, from)
 }
 
-// follow ends g's window: it moves g's leadership if proposerToFollow
-// says so, and starts counting afresh.
-func (h *Host) follow(g *group) {
+// endWindow ends g's window: it moves g's leadership to to, unless to is
+// 0, and starts counting afresh.
+func (h *Host) endWindow(g *group, to ReplicaID) {
 	delete(h.counted, g.id)
-	to := g.proposerToFollow()
 	clear(g.proposed)
 	clear(g.proposedBytes)
 	if to == 0 {
