@@ -104,6 +104,22 @@ func pctl(ds []time.Duration, p float64) time.Duration {
 	return s[max(0, min(i, len(s)-1))]
 }
 
+// slowShare is the share of the time spent in the writes ds that took
+// longer than over: the sum of those latencies over the sum of all.
+func slowShare(ds []time.Duration, over time.Duration) float64 {
+	var all, slow time.Duration
+	for _, d := range ds {
+		all += d
+		if d > over {
+			slow += d
+		}
+	}
+	if all == 0 {
+		return 0
+	}
+	return float64(slow) / float64(all)
+}
+
 func median(xs []float64) float64 {
 	if len(xs) == 0 {
 		return 0
