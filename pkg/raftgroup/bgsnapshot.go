@@ -138,12 +138,14 @@ type bgSnapshot struct {
 	logBytes uint64
 	since    uint64
 	byBytes  bool
+	// whole truncates the whole log up to the snapshot (journal relief).
+	whole bool
 }
 
 // startBackgroundSnapshot forks the state machine and starts writing its
 // snapshot off the loop, if the host is configured to and the machine
 // can fork; it reports whether it did.
-func (g *group) startBackgroundSnapshot(since uint64, byBytes bool) (bool, error) {
+func (g *group) startBackgroundSnapshot(since uint64, byBytes, whole bool) (bool, error) {
 	f, ok := g.fsm.(SnapshotForker)
 	if !g.h.cfg.BackgroundSnapshots || !ok || !g.streamable() {
 		return false, nil
@@ -157,7 +159,7 @@ func (g *group) startBackgroundSnapshot(since uint64, byBytes bool) (bool, error
 		return false, fmt.Errorf("fork state machine: %w", err)
 	}
 	h := g.h
-	bg := &bgSnapshot{id: h.jnl.reserveID(), meta: g.snapshotMeta(term), logBytes: g.logBytes, since: since, byBytes: byBytes}
+	bg := &bgSnapshot{id: h.jnl.reserveID(), meta: g.snapshotMeta(term), logBytes: g.logBytes, since: since, byBytes: byBytes, whole: whole}
 	g.bgSnap = bg
 	h.stats.BackgroundSnapshots++
 	fs, dir := h.jnl.fs, h.jnl.dir
@@ -199,7 +201,7 @@ func (g *group) adoptBackgroundSnapshot(bg *bgSnapshot, n int, crc uint32, werr 
 	}
 	g.logBytes -= min(g.logBytes, bg.logBytes)
 	g.snapBytes = uint64(n)
-	if err := g.compactTo(bg.meta.GetIndex(), bg.since, bg.byBytes); err != nil {
+	if err := g.compactAfter(bg.meta.GetIndex(), bg.since, bg.byBytes, bg.whole); err != nil {
 		h.fail(fmt.Errorf("group %d: compact: %w", g.id, err))
 	}
 }

@@ -137,7 +137,11 @@
 // blob file, half of a replica's CPU for sequential writes. A segment is
 // dropped, or kept to be written over, once nothing references its
 // blobs, the truncation that released them is durable and Pebble has
-// flushed its batches. Pebble's blocks are not compressed (file data
+// flushed its batches. Past 16 segments holding log entries, the idle
+// groups whose logs reach into the older ones truncate them, after a
+// snapshot of at most a segment's size if need be (journalrelief.go):
+// a group written once and left idle would otherwise keep a whole
+// segment for its few entries. Pebble's blocks are not compressed (file data
 // rarely compresses and Snappy cost more CPU than the disk time it saved),
 // and what large values remain go to its blob files. The latest durable
 // entries of each group (8 MiB) stay in memory in an entry cache, because

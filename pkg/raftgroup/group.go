@@ -874,7 +874,14 @@ func (g *group) maybeCompact() error {
 	if !byEntries && !byBytes {
 		return nil
 	}
-	if started, err := g.startBackgroundSnapshot(since, byBytes); started || err != nil {
+	return g.snapshotAndCompact(since, byBytes, false)
+}
+
+// snapshotAndCompact snapshots the state machine, off the loop if it can
+// (adoptBackgroundSnapshot compacts once the snapshot is written), else
+// here, and compacts the log to it (compactAfter).
+func (g *group) snapshotAndCompact(since uint64, byBytes, whole bool) error {
+	if started, err := g.startBackgroundSnapshot(since, byBytes, whole); started || err != nil {
 		return err
 	}
 	size, err := g.storeSnapshot()
@@ -882,7 +889,16 @@ func (g *group) maybeCompact() error {
 		return err
 	}
 	g.logBytes, g.snapBytes = 0, size
-	return g.compactTo(g.st.snap.GetIndex(), since, byBytes)
+	return g.compactAfter(g.st.snap.GetIndex(), since, byBytes, whole)
+}
+
+// compactAfter truncates the log after storing a snapshot at idx: all of
+// it up to idx with whole (journal relief), else as compactTo.
+func (g *group) compactAfter(idx, since uint64, byBytes, whole bool) error {
+	if whole {
+		return g.truncateLog(idx)
+	}
+	return g.compactTo(idx, since, byBytes)
 }
 
 // compactTo truncates the log after storing a snapshot at idx, keeping
@@ -897,7 +913,12 @@ func (g *group) compactTo(idx, since uint64, byBytes bool) error {
 	if idx <= margin {
 		return nil
 	}
-	to := idx - margin
+	return g.truncateLog(idx - margin)
+}
+
+// truncateLog drops the log's entries up to index to (at most the stored
+// snapshot's index).
+func (g *group) truncateLog(to uint64) error {
 	if to <= g.st.trunc.index {
 		return nil
 	}

@@ -272,6 +272,9 @@ type Stats struct {
 	// NoticeHeartbeats counts the commit notices sent as heartbeats that
 	// want no answer (lazycommit.go).
 	NoticeHeartbeats uint64
+	// JournalReliefSnapshots counts the snapshots taken so that an idle
+	// group's log lets go of old journal segments (journalrelief.go).
+	JournalReliefSnapshots uint64
 
 	// Gauges, at the time of the call.
 	AwakeGroups     int    // groups ticking (not quiesced)
@@ -614,6 +617,9 @@ func (h *Host) Round() {
 	h.handleReadies()
 	clear(h.noticed)
 	h.afterRound()
+	if ticks > 0 && h.err == nil {
+		h.relieveJournal()
+	}
 	h.releaseDeferred(false)
 	h.flush()
 	if h.err == nil && h.pendingReady() {
