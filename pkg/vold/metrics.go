@@ -13,35 +13,36 @@ type collector struct {
 }
 
 var metricHelp = map[string]string{
-	"groups":                             "Raft groups this node holds a replica of.",
-	"groups_leading":                     "Raft groups whose leader is this node's replica.",
-	"groups_awake":                       "Raft groups ticking on this node (not quiesced).",
-	"raft_entry_cache_bytes":             "Bytes of log entries the groups keep in memory (idle groups keep none).",
-	"mounts":                             "Volumes mounted on this node.",
-	"proposals_total":                    "Proposals made through this node's replicas.",
-	"forwarded_out_total":                "Requests forwarded to other nodes' replicas.",
-	"forwarded_in_total":                 "Requests other nodes forwarded here.",
-	"forward_errors_total":               "Forwarded requests that failed.",
-	"replicas_created_total":             "Replicas created or joined on this node.",
-	"replicas_destroyed_total":           "Replicas destroyed on this node.",
-	"replicas_replaced_total":            "Dead replicas this node replaced as leader.",
-	"raft_batches_sent_total":            "Raft batches sent to other nodes.",
-	"raft_bytes_sent_total":              "Bytes of Raft batches sent to other nodes.",
-	"raft_batches_sent_here_total":       "Raft batches the Raft loop wrote to an idle connection itself (no hand-off to the connection's goroutine).",
-	"raft_batches_dropped_total":         "Raft batches dropped (queue full or peer unreachable).",
-	"raft_stream_failures_total":         "Raft connections that failed to open or broke.",
-	"raft_rounds_total":                  "Rounds of the Raft loop (each handles what arrived since the last for every group).",
-	"raft_syncs_total":                   "Synced journal writes (at most one per round).",
-	"raft_early_applies_total":           "Readies whose committed entries were applied before the Ready's own entries were synced.",
-	"raft_leader_transfers_total":        "Leaderships this node handed to the replica that proposed most of a group's entries (a volume written through another node's mount).",
-	"raft_commit_notices_held_total":     "Commit-only appends a leader held back because no follower waits for them (superseded by the next append or sent at the next tick).",
-	"raft_commit_notices_released_total": "Held commit-only appends sent at a tick rather than superseded by an append.",
-	"raft_appends_deferred_total":        "Appends a leader held back from followers its quorum did not need (sent together after a short wait).",
-	"raft_deferred_sends_total":          "Queues of deferred appends sent to a follower.",
-	"raft_notice_heartbeats_total":       "Commit notices sent as heartbeats that want no answer.",
-	"raft_snapshots_taken_total":         "Snapshots the groups stored of their state machines.",
-	"raft_background_snapshots_total":    "Snapshots started off the Raft loop (forked on the loop, written to a file of their own meanwhile: volumes' and the system group's); the others are written on the loop, which waits for them.",
-	"heap_reserve_bytes":                 "Heap reserved at start (heap_reserve_mib): a ballast counted in the Go heap's in-use bytes that is never touched.",
+	"groups":                              "Raft groups this node holds a replica of.",
+	"groups_leading":                      "Raft groups whose leader is this node's replica.",
+	"groups_awake":                        "Raft groups ticking on this node (not quiesced).",
+	"raft_entry_cache_bytes":              "Bytes of log entries the groups keep in memory (idle groups keep none).",
+	"mounts":                              "Volumes mounted on this node.",
+	"proposals_total":                     "Proposals made through this node's replicas.",
+	"forwarded_out_total":                 "Requests forwarded to other nodes' replicas.",
+	"forwarded_in_total":                  "Requests other nodes forwarded here.",
+	"forward_errors_total":                "Forwarded requests that failed.",
+	"replicas_created_total":              "Replicas created or joined on this node.",
+	"replicas_destroyed_total":            "Replicas destroyed on this node.",
+	"replicas_replaced_total":             "Dead replicas this node replaced as leader.",
+	"raft_batches_sent_total":             "Raft batches sent to other nodes.",
+	"raft_bytes_sent_total":               "Bytes of Raft batches sent to other nodes.",
+	"raft_batches_sent_here_total":        "Raft batches the Raft loop wrote to an idle connection itself (no hand-off to the connection's goroutine).",
+	"raft_batches_dropped_total":          "Raft batches dropped (queue full or peer unreachable).",
+	"raft_stream_failures_total":          "Raft connections that failed to open or broke.",
+	"raft_rounds_total":                   "Rounds of the Raft loop (each handles what arrived since the last for every group).",
+	"raft_syncs_total":                    "Synced journal writes (at most one per round).",
+	"raft_early_applies_total":            "Readies whose committed entries were applied before the Ready's own entries were synced.",
+	"raft_leader_transfers_total":         "Leaderships this node handed to the replica that proposed most of a group's entries (a volume written through another node's mount).",
+	"raft_commit_notices_held_total":      "Commit-only appends a leader held back because no follower waits for them (superseded by the next append or sent at the next tick).",
+	"raft_commit_notices_released_total":  "Held commit-only appends sent at a tick rather than superseded by an append.",
+	"raft_appends_deferred_total":         "Appends a leader held back from followers its quorum did not need (sent together after a short wait).",
+	"raft_deferred_sends_total":           "Queues of deferred appends sent to a follower.",
+	"raft_notice_heartbeats_total":        "Commit notices sent as heartbeats that want no answer.",
+	"raft_snapshots_taken_total":          "Snapshots the groups stored of their state machines.",
+	"raft_background_snapshots_total":     "Snapshots started off the Raft loop (forked on the loop, written to a file of their own meanwhile: volumes' and the system group's); the others are written on the loop, which waits for them.",
+	"raft_journal_relief_snapshots_total": "Snapshots taken so that an idle group's log lets go of old journal segments (more than 16 held log entries).",
+	"heap_reserve_bytes":                  "Heap reserved at start (heap_reserve_mib): a ballast counted in the Go heap's in-use bytes that is never touched.",
 }
 
 func newCollector(n *node) *collector {
@@ -88,6 +89,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		emit("raft_notice_heartbeats_total", ct, st.NoticeHeartbeats)
 		emit("raft_snapshots_taken_total", ct, st.SnapshotsTaken)
 		emit("raft_background_snapshots_total", ct, st.BackgroundSnapshots)
+		emit("raft_journal_relief_snapshots_total", ct, st.JournalReliefSnapshots)
 	}
 	emit("heap_reserve_bytes", g, uint64(hugeheap.Reserved()))
 	n.mountMu.Lock()
