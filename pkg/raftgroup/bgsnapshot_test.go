@@ -177,17 +177,7 @@ func TestBackgroundSnapshotsOnDisk(t *testing.T) {
 	leader := func(hosts []*raftgroup.Host) *raftgroup.Host { return rgt.LeaderOn(t, hosts, g) }
 	apply := func(h *raftgroup.Host, op volfs.Op) volfs.Result {
 		t.Helper()
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		_, res, err := h.Propose(ctx, g, op.Encode())
-		if err != nil {
-			t.Fatal(err)
-		}
-		r, err := volfs.DecodeResult(res)
-		if err != nil || r.Errno != 0 {
-			t.Fatalf("%v: %v errno %d", op.Kind, err, r.Errno)
-		}
-		return r
+		return applyOp(t, h, g, op)
 	}
 
 	hosts, stop := start(1)
@@ -239,6 +229,23 @@ func TestBackgroundSnapshotsOnDisk(t *testing.T) {
 }
 
 // volfsBackend reads one replica's filesystem directly.
+// applyOp proposes a filesystem op to group g through h and returns its
+// result, failing the test on an error.
+func applyOp(t *testing.T, h *raftgroup.Host, g raftgroup.GroupID, op volfs.Op) volfs.Result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, res, err := h.Propose(ctx, g, op.Encode())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := volfs.DecodeResult(res)
+	if err != nil || r.Errno != 0 {
+		t.Fatalf("group %d: %v: %v errno %d", g, op.Kind, err, r.Errno)
+	}
+	return r
+}
+
 type volfsBackend struct{ fs *volfs.FS }
 
 func (b volfsBackend) Mutate(context.Context, []byte) ([]byte, error) {

@@ -1,13 +1,20 @@
 package raftgroup_test
 
 import (
+	"bytes"
+	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
+	"github.com/shoal-dev/shoal/pkg/volfs"
 )
 
 // runWhile runs ticks while more holds, with real time passing too
@@ -105,6 +112,122 @@ func testJournalRelief(t *testing.T, background bool) {
 		d := converge(t, c, g, 1, 2, 3)
 		if got, want := d["k"], fmt.Sprint(value, g); got != want || len(d) != 2 {
 			t.Fatalf("group %d after the restart: k = %.20q..., want %.20q... (%d keys)", g, got, want, len(d))
+		}
+	}
+}
+
+// TestJournalReliefOnDisk: volumes' filesystems on three hosts on the OS
+// filesystem, loops and ticks running, snapshots written off the loop.
+// Volumes that each got one write (a blob of 20 KiB) between a busy
+// volume's writes let go of the segment files their blobs were in, so
+// the journal's files stay bounded; after a restart every volume reads
+// back what it was written.
+func TestJournalReliefOnDisk(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	var mu sync.Mutex
+	fss := map[[2]uint64]*volfs.FS{}
+	start := func(seed uint64) ([]*raftgroup.Host, func()) {
+		return rgt.StartOnDisk(t, dirs, seed, func(cfg *raftgroup.Config) {
+			cfg.SegmentSize = 64 << 10
+			cfg.SnapshotEntries, cfg.CompactionMargin, cfg.BackgroundSnapshots = 20, 5, true
+		}, func(id raftgroup.NodeID, g raftgroup.GroupID) raftgroup.StateMachine {
+			fs := volfs.New()
+			mu.Lock()
+			fss[[2]uint64{uint64(id), uint64(g)}] = fs
+			mu.Unlock()
+			return fs
+		})
+	}
+	apply := func(h *raftgroup.Host, g raftgroup.GroupID, op volfs.Op) volfs.Result {
+		t.Helper()
+		return applyOp(t, h, g, op)
+	}
+	newFile := func(h *raftgroup.Host, g raftgroup.GroupID) uint64 {
+		apply(h, g, volfs.Op{Kind: volfs.KindSetLimit, Size: 8 << 20})
+		return apply(h, g, volfs.Op{Kind: volfs.KindCreate, Parent: volfs.RootIno, Name: "f", Mode: 0o644}).Attr.Ino
+	}
+	const idle = 32
+	hosts, stop := start(1)
+	rgt.CreateOn(t, hosts, 1)
+	busy := rgt.LeaderOn(t, hosts, 1)
+	busyIno := newFile(busy, 1)
+	rng := rand.New(rand.NewPCG(5, 6))
+	random := func(n int) []byte {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = byte(rng.Uint32())
+		}
+		return b
+	}
+	want := map[raftgroup.GroupID][]byte{}
+	inos := map[raftgroup.GroupID]uint64{}
+	for g := raftgroup.GroupID(2); g < 2+idle; g++ {
+		rgt.CreateOn(t, hosts, g)
+		l := rgt.LeaderOn(t, hosts, g)
+		inos[g] = newFile(l, g)
+		want[g] = random(20 << 10) // a blob (16 KiB or more)
+		apply(l, g, volfs.Op{Kind: volfs.KindWrite, Ino: inos[g], Data: want[g]})
+		// Two segments of the busy volume's writes, small enough to be
+		// in its batches (which go once Pebble has flushed them).
+		for i := range 16 {
+			apply(busy, 1, volfs.Op{Kind: volfs.KindWrite, Ino: busyIno, Offset: uint64(i) * 8 << 10, Data: random(8 << 10)})
+		}
+	}
+	// Without relief every idle volume keeps a segment file (33 files on
+	// each node); with it, the pin limit's 16 and the active one remain
+	// once Pebble has flushed what the others held.
+	logFiles := func(dir string) int {
+		names, err := filepath.Glob(filepath.Join(dir, "entries", "*.log"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(names)
+	}
+	const bound = 20
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		most := 0
+		for _, dir := range dirs {
+			most = max(most, logFiles(dir))
+		}
+		if most <= bound {
+			t.Logf("at most %d journal segment files on a node", most)
+			break
+		}
+		if time.Now().After(deadline) {
+			for i, h := range hosts {
+				held := h.JournalSegmentsHeld()
+				total := 0
+				for _, n := range held {
+					total += n
+				}
+				t.Logf("node %d: %d log files, groups holding segments %d (%d segments): %v; reliefs %d", i+1, logFiles(dirs[i]), len(held), total, held, h.Stats().JournalReliefSnapshots)
+			}
+			t.Fatalf("%d journal segment files on a node after %d volumes wrote once (want at most %d)", most, idle, bound)
+		}
+	}
+	stop()
+	hosts, _ = start(2)
+	rgt.LeaderOn(t, hosts, 2)
+	deadline := time.Now().Add(20 * time.Second)
+	for g := raftgroup.GroupID(2); g < 2+idle; g++ {
+		for id := uint64(1); id <= 3; id++ {
+			for {
+				mu.Lock()
+				fs := fss[[2]uint64{id, uint64(g)}]
+				mu.Unlock()
+				var got []byte
+				err := errors.New("no replica yet")
+				if fs != nil {
+					got, err = (&volfs.Client{B: volfsBackend{fs}}).Read(context.Background(), inos[g], 0, len(want[g])+1)
+				}
+				if err == nil && bytes.Equal(got, want[g]) {
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("volume %d on node %d after the restart: %d bytes (%v), not the %d written", g, id, len(got), err, len(want[g]))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
 		}
 	}
 }
