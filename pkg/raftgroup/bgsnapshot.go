@@ -134,18 +134,15 @@ type bgSnapshot struct {
 	id   uint64
 	meta *pb.SnapshotMetadata
 	// logBytes is the group's logBytes at the fork: what the snapshot
-	// covers of it. since and byBytes are for compactTo.
+	// covers of it. margin is for compactTo.
 	logBytes uint64
-	since    uint64
-	byBytes  bool
-	// whole truncates the whole log up to the snapshot (journal relief).
-	whole bool
+	margin   uint64
 }
 
 // startBackgroundSnapshot forks the state machine and starts writing its
 // snapshot off the loop, if the host is configured to and the machine
 // can fork; it reports whether it did.
-func (g *group) startBackgroundSnapshot(since uint64, byBytes, whole bool) (bool, error) {
+func (g *group) startBackgroundSnapshot(margin uint64) (bool, error) {
 	f, ok := g.fsm.(SnapshotForker)
 	if !g.h.cfg.BackgroundSnapshots || !ok || !g.streamable() {
 		return false, nil
@@ -159,7 +156,7 @@ func (g *group) startBackgroundSnapshot(since uint64, byBytes, whole bool) (bool
 		return false, fmt.Errorf("fork state machine: %w", err)
 	}
 	h := g.h
-	bg := &bgSnapshot{id: h.jnl.reserveID(), meta: g.snapshotMeta(term), logBytes: g.logBytes, since: since, byBytes: byBytes, whole: whole}
+	bg := &bgSnapshot{id: h.jnl.reserveID(), meta: g.snapshotMeta(term), logBytes: g.logBytes, margin: margin}
 	g.bgSnap = bg
 	h.stats.BackgroundSnapshots++
 	fs, dir := h.jnl.fs, h.jnl.dir
@@ -201,7 +198,7 @@ func (g *group) adoptBackgroundSnapshot(bg *bgSnapshot, n int, crc uint32, werr 
 	}
 	g.logBytes -= min(g.logBytes, bg.logBytes)
 	g.snapBytes = uint64(n)
-	if err := g.compactAfter(bg.meta.GetIndex(), bg.since, bg.byBytes, bg.whole); err != nil {
+	if err := g.compactTo(bg.meta.GetIndex(), bg.margin); err != nil {
 		h.fail(fmt.Errorf("group %d: compact: %w", g.id, err))
 	}
 }

@@ -874,14 +874,22 @@ func (g *group) maybeCompact() error {
 	if !byEntries && !byBytes {
 		return nil
 	}
-	return g.snapshotAndCompact(since, byBytes, false)
+	// The log keeps CompactionMargin entries before the snapshot for slow
+	// followers, or, for a snapshot taken for the bytes, half of what it
+	// covers since the last one, not a count of entries.
+	margin := g.h.cfg.CompactionMargin
+	if byBytes {
+		margin = min(margin, (g.applied-since)/2)
+	}
+	return g.snapshotAndCompact(margin)
 }
 
-// snapshotAndCompact snapshots the state machine, off the loop if it can
-// (adoptBackgroundSnapshot compacts once the snapshot is written), else
-// here, and compacts the log to it (compactAfter).
-func (g *group) snapshotAndCompact(since uint64, byBytes, whole bool) error {
-	if started, err := g.startBackgroundSnapshot(since, byBytes, whole); started || err != nil {
+// snapshotAndCompact snapshots the state machine at its applied index,
+// off the loop if it can (adoptBackgroundSnapshot compacts once the
+// snapshot is written), else here, and truncates the log up to margin
+// entries before the snapshot (compactTo).
+func (g *group) snapshotAndCompact(margin uint64) error {
+	if started, err := g.startBackgroundSnapshot(margin); started || err != nil {
 		return err
 	}
 	size, err := g.storeSnapshot()
@@ -889,27 +897,12 @@ func (g *group) snapshotAndCompact(since uint64, byBytes, whole bool) error {
 		return err
 	}
 	g.logBytes, g.snapBytes = 0, size
-	return g.compactAfter(g.st.snap.GetIndex(), since, byBytes, whole)
-}
-
-// compactAfter truncates the log after storing a snapshot at idx: all of
-// it up to idx with whole (journal relief), else as compactTo.
-func (g *group) compactAfter(idx, since uint64, byBytes, whole bool) error {
-	if whole {
-		return g.truncateLog(idx)
-	}
-	return g.compactTo(idx, since, byBytes)
+	return g.compactTo(g.st.snap.GetIndex(), margin)
 }
 
 // compactTo truncates the log after storing a snapshot at idx, keeping
-// CompactionMargin entries before it for slow followers, or half of what
-// it covers since the one at since when it was taken for the bytes.
-func (g *group) compactTo(idx, since uint64, byBytes bool) error {
-	margin := g.h.cfg.CompactionMargin
-	if byBytes {
-		// Keep half of what the snapshot covers, not a count of entries.
-		margin = min(margin, (idx-since)/2)
-	}
+// margin entries before it.
+func (g *group) compactTo(idx, margin uint64) error {
 	if idx <= margin {
 		return nil
 	}

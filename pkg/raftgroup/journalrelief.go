@@ -74,6 +74,9 @@ func (g *group) releaseJournal(upTo uint64) error {
 	if g.applied < upTo || g.snapBytes+g.logBytes > uint64(g.h.jnl.maxSize) {
 		return nil
 	}
+	if err := g.snapshotAndCompact(0); err != nil {
+		return err
+	}
 	g.h.stats.JournalReliefSnapshots++
-	return g.snapshotAndCompact(snapIdx, false, true)
+	return nil
 }
