@@ -6,9 +6,12 @@
 // 100 ms of the clock those slow syncs began (10 ms bins): on this
 // project's VMs several writers at once meet a stall of several
 // milliseconds every 100 ms that one writer alone rarely meets
-// (docs/VOLUMES.md). It writes only under -dir and removes what it wrote.
+// (docs/VOLUMES.md). With -serial the writers take turns, so that the
+// disk never has two flushes at once. It writes only under -dir and
+// removes what it wrote.
 //
 //	go run ./bench/disksync -writers 1,2,3
+//	go run ./bench/disksync -writers 2,3 -serial
 package main
 
 import (
@@ -43,6 +46,7 @@ func main() {
 	dir := flag.String("dir", "/var/tmp", "directory for the writers' files (on the disk to measure)")
 	writers := flag.String("writers", "1,2,3", "writer counts to measure, comma-separated")
 	d := flag.Duration("duration", 5*time.Second, "length of each measurement")
+	serial := flag.Bool("serial", false, "writers take turns: one write and sync at a time (the disk never sees two flushes at once)")
 	flag.Parse()
 	for _, w := range strings.Split(*writers, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(w))
@@ -50,7 +54,7 @@ func main() {
 			fmt.Fprintf(os.Stderr, "disksync: bad writer count %q\n", w)
 			os.Exit(2)
 		}
-		if err := measure(*dir, n, *d); err != nil {
+		if err := measure(*dir, n, *d, *serial); err != nil {
 			fmt.Fprintf(os.Stderr, "disksync: %v\n", err)
 			os.Exit(1)
 		}
@@ -58,7 +62,8 @@ func main() {
 }
 
 // measure runs n writers at once, each on a file of its own.
-func measure(dir string, n int, d time.Duration) error {
+func measure(dir string, n int, d time.Duration, serial bool) error {
+	var turn sync.Mutex
 	files := make([]*os.File, n)
 	for i := range files {
 		f, err := prepare(filepath.Join(dir, fmt.Sprintf("disksync-%d-%d", os.Getpid(), i)))
@@ -75,7 +80,11 @@ func measure(dir string, n int, d time.Duration) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			res[i] = write(f, d)
+			var t *sync.Mutex
+			if serial {
+				t = &turn
+			}
+			res[i] = write(f, d, t)
 		}()
 	}
 	wg.Wait()
@@ -114,21 +123,35 @@ func prepare(path string) (*os.File, error) {
 	return f, nil
 }
 
-func write(f *os.File, d time.Duration) result {
+// write appends records to f for d; with turn, each write and sync is
+// made holding it.
+func write(f *os.File, d time.Duration, turn *sync.Mutex) result {
 	var r result
 	rec := make([]byte, recordSize)
 	start := time.Now()
 	for off := int64(0); time.Since(start) < d; off = (off + recordSize) % (fileSize - recordSize) {
+		if turn != nil {
+			turn.Lock()
+		}
 		s := time.Now()
 		if _, err := unix.Pwrite(int(f.Fd()), rec, off); err != nil {
 			r.err = err
+			if turn != nil {
+				turn.Unlock()
+			}
 			return r
 		}
 		if err := unix.Fdatasync(int(f.Fd())); err != nil {
 			r.err = err
+			if turn != nil {
+				turn.Unlock()
+			}
 			return r
 		}
 		l := time.Since(s)
+		if turn != nil {
+			turn.Unlock()
+		}
 		r.lat = append(r.lat, l)
 		if l > slow {
 			r.slowT += l
