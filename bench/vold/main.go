@@ -86,7 +86,7 @@ func main() {
 	var clients string
 	flag.StringVar(&c.bin, "bin", "bin", "directory with shoal-statd, shoal-vold and shoalctl (make build)")
 	flag.IntVar(&c.seqMiB, "seq-mib", 64, "MiB written by each sequential write run")
-	flag.IntVar(&c.reps, "reps", 3, "interleaved repetitions of the sequential and random write runs")
+	flag.IntVar(&c.reps, "reps", 5, "interleaved repetitions of the sequential and random write runs (the local baseline of one 64 MiB write scatters twofold and more between rounds: medians of 5)")
 	flag.IntVar(&c.randMiB, "rand-file-mib", 16, "size of the file the random writes go to")
 	flag.DurationVar(&c.randDur, "rand-duration", 3*time.Second, "length of each random write run")
 	flag.IntVar(&c.randWriters, "rand-writers", 4, "writers at once, a file each, of the random writes' several-writer rows (local filesystem and the leader's mount); 0 or 1 leaves those rows out")
