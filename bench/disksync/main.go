@@ -6,7 +6,7 @@
 // 100 ms of the clock those slow syncs began (10 ms bins): on this
 // project's VMs several writers at once meet a stall of several
 // milliseconds every 100 ms that one writer alone rarely meets
-// (docs/VOLUMES.md). With -serial the writers take turns, so that the
+// (docs/VOLUMES-PERFORMANCE.md). With -serial the writers take turns, so that the
 // disk never has two flushes at once. It writes only under -dir and
 // removes what it wrote.
 //

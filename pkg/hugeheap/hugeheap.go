@@ -11,7 +11,7 @@
 // pages), which made page faults the largest single cost of sequential
 // writes into a new volume. With huge pages, sequential writes through
 // a leader's mount went from 62.7 to 89.3 MB/s and from 26–29 to 15–19
-// ms of CPU per MiB (docs/VOLUMES.md).
+// ms of CPU per MiB (docs/VOLUMES-PERFORMANCE.md).
 //
 // Why not the runtime: Go stopped advising huge pages itself (Go 1.21.1)
 // because khugepaged collapsing sparse heaps raised some programs' RSS.
