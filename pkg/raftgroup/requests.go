@@ -559,3 +559,24 @@ func (h *Host) WithStateMachine(id GroupID, fn func(sm StateMachine, applied uin
 	fn(g.fsm, g.applied)
 	return nil
 }
+
+// PeerSilence returns, for every node this host shares a group with, how
+// long (in ticks of TickInterval) it has received nothing from that
+// node's host. Every host pings the others it shares groups with a few
+// times per election timeout, quiesced or not, so a silence much longer
+// than that means the peer's process is down or cut off, whatever the
+// cluster's membership says of its node (vold replaces a replica whose
+// vold stays silent, not only one whose node is dead). A peer first
+// known after this host started counts from then.
+func (h *Host) PeerSilence() map[NodeID]time.Duration {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.peersStale {
+		h.recomputePeers()
+	}
+	out := make(map[NodeID]time.Duration, len(h.peers))
+	for n, p := range h.peers {
+		out[n] = time.Duration(h.tick-p.lastHeard) * h.cfg.TickInterval
+	}
+	return out
+}

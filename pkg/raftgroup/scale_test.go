@@ -2,6 +2,7 @@ package raftgroup_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
@@ -141,21 +142,28 @@ func TestQuiescedGroupsSendNothing(t *testing.T) {
 	idleMemory()
 }
 
-// TestQuiescedFollowersNoticeDeadLeader checks that a quiesced group whose
-// leader's node dies elects a new leader (liveness pings stop).
-func TestQuiescedFollowersNoticeDeadLeader(t *testing.T) {
-	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 13})
-	startGroups(t, c, 10)
-	for g := raftgroup.GroupID(1); g <= 10; g++ {
+// startQuiesced starts n groups on nodes 1-3, writes once to each and
+// runs until every group is quiesced.
+func startQuiesced(t *testing.T, c *rgt.Cluster, n int) {
+	t.Helper()
+	startGroups(t, c, n)
+	for g := raftgroup.GroupID(1); g <= raftgroup.GroupID(n); g++ {
 		l, _, _ := c.Leader(g)
 		write(t, c, l, g, "k", "v")
 	}
 	c.RunTicks(20)
-	for g := raftgroup.GroupID(1); g <= 10; g++ {
+	for g := raftgroup.GroupID(1); g <= raftgroup.GroupID(n); g++ {
 		if st, _ := c.Host(1).Status(g); !st.Quiesced {
 			t.Fatalf("group %d not quiesced", g)
 		}
 	}
+}
+
+// TestQuiescedFollowersNoticeDeadLeader checks that a quiesced group whose
+// leader's node dies elects a new leader (liveness pings stop).
+func TestQuiescedFollowersNoticeDeadLeader(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 13})
+	startQuiesced(t, c, 10)
 	c.Crash(1)
 	for g := raftgroup.GroupID(1); g <= 10; g++ {
 		l := c.WaitLeader(g, 100)
@@ -201,5 +209,48 @@ func TestOneSyncPerRound(t *testing.T) {
 	for _, n := range c.Up() {
 		s := c.Host(n).Stats()
 		t.Logf("node %d: %d rounds, %d synced commits", n, s.Rounds, s.Syncs)
+	}
+}
+
+// TestPeerSilenceTellsADownHostFromAQuietOne checks PeerSilence, by which
+// vold replaces a replica whose process is down on a node the cluster
+// still counts alive: between hosts whose groups are all quiesced it
+// stays within the liveness pings' period, for a crashed host it grows
+// with the ticks, and it falls back once that host runs again.
+func TestPeerSilenceTellsADownHostFromAQuietOne(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 15})
+	startQuiesced(t, c, 5)
+	tick := 100 * time.Millisecond // rgt's default TickInterval
+	// Pings go every third of an election timeout (10 ticks): a live
+	// peer is never silent for a whole one.
+	quiet := 10 * tick
+	for _, id := range []raftgroup.NodeID{1, 2, 3} {
+		s := c.Host(id).PeerSilence()
+		if len(s) != 2 {
+			t.Fatalf("node %d knows peers %v, want the other two", id, s)
+		}
+		for p, d := range s {
+			if d >= quiet {
+				t.Errorf("node %d: live peer %d silent for %v with every group quiesced", id, p, d)
+			}
+		}
+	}
+	c.Crash(3)
+	c.RunTicks(50)
+	for _, id := range []raftgroup.NodeID{1, 2} {
+		s := c.Host(id).PeerSilence()
+		if d := s[3]; d < 50*tick {
+			t.Errorf("node %d: crashed peer 3 silent for %v after 50 ticks, want at least %v", id, d, 50*tick)
+		}
+		if other := 3 - id; s[other] >= quiet {
+			t.Errorf("node %d: live peer %d silent for %v", id, other, s[other])
+		}
+	}
+	c.Restart(3)
+	c.RunTicks(20)
+	for _, id := range []raftgroup.NodeID{1, 2} {
+		if d := c.Host(id).PeerSilence()[3]; d >= quiet {
+			t.Errorf("node %d: restarted peer 3 still silent for %v", id, d)
+		}
 	}
 }
