@@ -89,6 +89,20 @@ func (n *node) anyNodeDead() bool {
 	return false
 }
 
+// aliveFor returns how long statd has counted node alive (not suspect)
+// without a break; zero when it does not now.
+func (n *node) aliveFor(node string) time.Duration {
+	m := n.members.Load()
+	if m == nil {
+		return 0
+	}
+	v, ok := m.members[node]
+	if !ok || v.State != "alive" {
+		return 0
+	}
+	return time.Since(v.Since)
+}
+
 // deadFor returns how long statd has counted node dead (or left); zero
 // when it is alive or unknown.
 func (n *node) deadFor(node string) time.Duration {

@@ -13,7 +13,17 @@ import (
 
 // Repair. The leader of each group checks its voters against statd's
 // membership every repair_interval. A voter whose node has been dead for
-// replace_after is replaced:
+// replace_after is replaced, and so is one whose vold has sent this
+// leader's vold nothing for twice replace_after while statd has counted
+// its node alive all along (vold crashed for good, or cannot start
+// there). The volds of nodes that share groups ping each other a few
+// times per election timeout even when every group is quiesced
+// (raftgroup.Host.PeerSilence), so such a silence is not idleness. The
+// silence counts only from when statd last saw the node come alive: a
+// node that restarts is back in statd's view before its vold has
+// started, and the vold then has twice replace_after to start (opening
+// its store and groups can take a while on a busy node) before its
+// replicas go. The replacement:
 //
 //  1. pick a live node that holds no replica of the group (placement rule:
 //     fewest replicas hosted, then node ID) and a replica ID the group has
@@ -61,7 +71,8 @@ func (n *node) repairRound(ctx context.Context) {
 	// still runs now and then, to bring documents in line with voters
 	// after a replacement a leader change interrupted. Skipping the rest
 	// keeps an idle node with a thousand groups idle.
-	if !n.anyNodeDead() && time.Since(n.lastSweep) < repairSweep {
+	silent := n.silentVolds(h)
+	if !n.anyNodeDead() && len(silent) == 0 && time.Since(n.lastSweep) < repairSweep {
 		return
 	}
 	n.lastSweep = time.Now()
@@ -85,7 +96,7 @@ func (n *node) repairRound(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		if err := n.repairGroup(ctx, name, docs[name], st); err != nil {
+		if err := n.repairGroup(ctx, name, docs[name], st, silent); err != nil {
 			n.log.Warn("repair volume", "volume", name, "group", uint64(g), "err", err)
 		}
 	}
@@ -93,11 +104,17 @@ func (n *node) repairRound(ctx context.Context) {
 
 // repairGroup replaces at most one dead voter of a group this node leads,
 // or brings the document in line with the voters.
-func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus) error {
+func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus, silent map[string]bool) error {
 	var dead *raftgroup.Member
+	why := "node dead"
 	for _, v := range st.Voters {
-		if n.deadFor(n.names.name(v.Node)) > time.Duration(n.cfg.ReplaceAfter) {
+		node := n.names.name(v.Node)
+		if n.deadFor(node) > time.Duration(n.cfg.ReplaceAfter) {
 			dead = &v
+			break
+		}
+		if silent[node] {
+			dead, why = &v, "vold silent"
 			break
 		}
 	}
@@ -130,6 +147,9 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		for _, v := range st.Voters {
 			exclude[n.names.name(v.Node)] = true
 		}
+		for node := range silent {
+			exclude[node] = true
+		}
 		picked := place(n.candidates(), 1, exclude, d.SizeBytes)
 		if len(picked) == 0 {
 			n.log.Debug("no node to replace a dead replica on", "volume", name, "dead_node", deadNode)
@@ -148,7 +168,7 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 	if err != nil {
 		return err
 	}
-	n.log.Info("replacing dead replica", "volume", name, "group", uint64(d.group()),
+	n.log.Info("replacing dead replica", "volume", name, "group", uint64(d.group()), "why", why,
 		"dead_node", deadNode, "dead_replica", uint64(dead.Replica), "node", target.Node, "replica", target.Replica)
 	cctx, cancel := context.WithTimeout(ctx, changeTimeout)
 	defer cancel()
@@ -166,6 +186,25 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 	n.log.Info("dead replica replaced", "volume", name, "group", uint64(d.group()), "dead_node", deadNode, "node", target.Node, "config_index", m.Index)
 	maxRep := raftgroup.ReplicaID(target.Replica)
 	return n.syncMembers(ctx, name, d.group(), m.Voters, maxRep)
+}
+
+// silentVolds returns the nodes whose vold has sent this one nothing for
+// twice replace_after while statd has counted the node alive (those statd
+// counts dead are deadFor's). Only nodes this vold shares a group with
+// are known.
+func (n *node) silentVolds(h *raftgroup.Host) map[string]bool {
+	var out map[string]bool
+	for id, d := range h.PeerSilence() {
+		node := n.names.name(id)
+		if min(d, n.aliveFor(node)) <= 2*time.Duration(n.cfg.ReplaceAfter) {
+			continue
+		}
+		if out == nil {
+			out = map[string]bool{}
+		}
+		out[node] = true
+	}
+	return out
 }
 
 func isVoterNode(voters []raftgroup.Member, node string, names *nodeNames) bool {

@@ -56,7 +56,8 @@ type Config struct {
 	// node's advertise address. Nodes publish theirs in /nodes/<id>.
 	PeerPort uint32 `toml:"peer_port"`
 	// ReplaceAfter is how long a member's node must have been dead (in
-	// statd's view) before the group's leader replaces it.
+	// statd's view) before the group's leader replaces it; a member whose
+	// vold alone is silent on a live node is replaced after twice that.
 	ReplaceAfter daemon.Duration `toml:"replace_after"`
 	// RepairInterval is how often leaders check their members.
 	RepairInterval daemon.Duration `toml:"repair_interval"`
@@ -134,7 +135,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 		Flags: func(fs *pflag.FlagSet, cfg any) {
 			c := cfg.(*Config)
 			fs.Uint32Var(&c.PeerPort, "peer-port", c.PeerPort, "TCP port of the vold peer API (Raft transport, forwarding)")
-			fs.Var(&c.ReplaceAfter, "replace-after", "replace a volume replica whose node has been dead this long")
+			fs.Var(&c.ReplaceAfter, "replace-after", "replace a volume replica whose node has been dead this long (whose vold alone has been silent twice this long)")
 			fs.Var(&c.RepairInterval, "repair-interval", "how often group leaders check their members")
 			fs.Var(&c.CreateTimeout, "create-timeout", "how long volume create waits for the new group to elect a leader")
 			fs.Int64Var(&c.Capacity, "capacity-bytes", c.Capacity, "bytes of volumes this node may host (0: the free space of the state dir)")

@@ -645,6 +645,77 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 
 	c.run(t, "StateMachineAPI", func(t *testing.T) { testStateMachines(t, c) })
 
+	c.run(t, "SilentVoldReplaced", func(t *testing.T) {
+		// vold alone dies on a node for good while the node's statd
+		// lives on (statd counts the node alive): the volume's leader
+		// hears nothing from that vold for --replace-after and replaces
+		// its replica on the spare node, as it would a dead node's.
+		c.mustCtl(1, "volume", "create", "quiet", "--size", "8Mi")
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		m, err := c.volumes(1).Mount(ctx, &volv1.MountRequest{Name: "quiet", User: "e2e-silent"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(m.GetPath(), "note"), []byte("kept\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := c.volumes(1).Unmount(ctx, &volv1.UnmountRequest{Name: "quiet", User: "e2e-silent"}); err != nil {
+			t.Fatal(err)
+		}
+		var v *volv1.Volume
+		waitFor(t, 30*time.Second, "volume quiet on 3 caught-up members", func() bool {
+			v, err = c.inspect(1, "quiet")
+			return err == nil && converged(v, 3)
+		})
+		spare, victim := c.outsideNode(v), 0
+		for _, n := range c.memberNodes(v) {
+			if n != 1 {
+				victim = n
+			}
+		}
+		if spare == 0 || victim == 0 {
+			t.Fatalf("members %v: want a member other than node 1 and a spare", c.memberNodes(v))
+		}
+		if err := c.Kill(context.Background(), victim, "vold"); err != nil {
+			t.Fatal(err)
+		}
+		defer func() {
+			if err := c.Start(context.Background(), victim, "vold"); err != nil {
+				t.Error(err)
+			}
+		}()
+		waitFor(t, 90*time.Second, fmt.Sprintf("node %d's replica (vold killed, statd alive) replaced on spare node %d", victim, spare), func() bool {
+			v, err := c.inspect(1, "quiet")
+			if err != nil {
+				return false
+			}
+			ms := c.memberNodes(v)
+			return len(ms) == 3 && slices.Contains(ms, spare) && !slices.Contains(ms, victim) && converged(v, 3)
+		})
+		// The premise held throughout: statd never counted the node dead.
+		var nodes []struct{ ID, State string }
+		if err := json.Unmarshal([]byte(c.mustCtl(1, "node", "ls", "-o", "json")), &nodes); err != nil {
+			t.Fatal(err)
+		}
+		for _, nd := range nodes {
+			if nd.ID == c.ids[victim-1] && nd.State != "alive" {
+				t.Fatalf("statd counts node %d %q: the test wants its vold alone down", victim, nd.State)
+			}
+		}
+		if got, err := c.readVolumeFile(spare, "quiet", "note"); err != nil || got != "kept\n" {
+			t.Fatalf("the new replica's node reads %q, %v", got, err)
+		}
+		c.releaseReader(spare, "quiet")
+		c.mustCtl(1, "volume", "rm", "quiet")
+		// So is volume data's, if it had one there: the next subtest
+		// starts from three live members.
+		waitFor(t, 90*time.Second, fmt.Sprintf("volume data on 3 live caught-up members, none on node %d", victim), func() bool {
+			v, err := c.inspect(1, "data")
+			return err == nil && converged(v, 3) && !slices.Contains(c.memberNodes(v), victim)
+		})
+	})
+
 	c.run(t, "DeadReplicaReplacedOnSpare", func(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "writer")
 		v, err := c.inspect(1, "data")
