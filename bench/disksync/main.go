@@ -6,9 +6,9 @@
 // 100 ms of the clock those slow syncs began (10 ms bins): on this
 // project's VMs several writers at once meet a stall of several
 // milliseconds every 100 ms that one writer alone rarely meets
-// (docs/VOLUMES-PERFORMANCE.md). With -serial the writers take turns, so that the
-// disk never has two flushes at once. It writes only under -dir and
-// removes what it wrote.
+// (docs/VOLUMES-PERFORMANCE.md). With -serial the writers take turns, so
+// that the disk never has two flushes at once. It writes only under -dir
+// and removes what it wrote.
 //
 //	go run ./bench/disksync -writers 1,2,3
 //	go run ./bench/disksync -writers 2,3 -serial
@@ -130,27 +130,10 @@ func write(f *os.File, d time.Duration, turn *sync.Mutex) result {
 	rec := make([]byte, recordSize)
 	start := time.Now()
 	for off := int64(0); time.Since(start) < d; off = (off + recordSize) % (fileSize - recordSize) {
-		if turn != nil {
-			turn.Lock()
-		}
-		s := time.Now()
-		if _, err := unix.Pwrite(int(f.Fd()), rec, off); err != nil {
+		s, l, err := appendSynced(f, rec, off, turn)
+		if err != nil {
 			r.err = err
-			if turn != nil {
-				turn.Unlock()
-			}
 			return r
-		}
-		if err := unix.Fdatasync(int(f.Fd())); err != nil {
-			r.err = err
-			if turn != nil {
-				turn.Unlock()
-			}
-			return r
-		}
-		l := time.Since(s)
-		if turn != nil {
-			turn.Unlock()
 		}
 		r.lat = append(r.lat, l)
 		if l > slow {
@@ -160,4 +143,21 @@ func write(f *os.File, d time.Duration, turn *sync.Mutex) result {
 	}
 	r.el = time.Since(start)
 	return r
+}
+
+// appendSynced writes rec at off and syncs f, holding turn if not nil,
+// and returns when the write began and how long it and the sync took.
+func appendSynced(f *os.File, rec []byte, off int64, turn *sync.Mutex) (time.Time, time.Duration, error) {
+	if turn != nil {
+		turn.Lock()
+		defer turn.Unlock()
+	}
+	s := time.Now()
+	if _, err := unix.Pwrite(int(f.Fd()), rec, off); err != nil {
+		return s, 0, err
+	}
+	if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		return s, 0, err
+	}
+	return s, time.Since(s), nil
 }

@@ -561,8 +561,8 @@ func (h *Host) WithStateMachine(id GroupID, fn func(sm StateMachine, applied uin
 }
 
 // PeerSilence returns, for every node this host shares a group with, how
-// long (in ticks of TickInterval) it has received nothing from that
-// node's host. Every host pings the others it shares groups with a few
+// long it has received nothing from that node's host, in whole ticks of
+// TickInterval. Every host pings the others it shares groups with a few
 // times per election timeout, quiesced or not, so a silence much longer
 // than that means the peer's process is down or cut off, whatever the
 // cluster's membership says of its node (vold replaces a replica whose

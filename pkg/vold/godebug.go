@@ -20,8 +20,8 @@ import (
 // 48.1 MB/s at 30.0 / 28.2 -> 27.5 / 24.0 ms of CPU per MiB, and 51.1 /
 // 45.0 -> 63.5 / 50.2 MB/s in an earlier sitting with the setting in
 // every process's environment; 4 KiB synchronous writes unchanged within
-// the scatter (docs/VOLUMES-PERFORMANCE.md). The cost: freed memory stays in the RSS
-// until the kernel reclaims it.
+// the scatter (docs/VOLUMES-PERFORMANCE.md). The cost: freed memory stays
+// in the RSS until the kernel reclaims it.
 const freeMemoryLazily = "madvdontneed=0"
 
 // withGODEBUG returns the environment env with setting added to GODEBUG,

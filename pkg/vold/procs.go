@@ -19,9 +19,9 @@ var ownProcess bool
 // while statd, schedd, netd and the workloads want the same CPUs. On the
 // project's 2-CPU VMs one processor cut the CPU of a 4 KiB synchronous
 // write through a volume by 13–15% and raised its rate by 4–14%, and the
-// CPU of sequential writes by 9–16% (docs/VOLUMES-PERFORMANCE.md). Syscalls (fdatasync, socket and FUSE I/O) still run
-// in parallel: the runtime hands a processor blocked in one to another
-// thread.
+// CPU of sequential writes by 9–16% (docs/VOLUMES-PERFORMANCE.md).
+// Syscalls (fdatasync, socket and FUSE I/O) still run in parallel: the
+// runtime hands a processor blocked in one to another thread.
 func maxProcs(configured, cpus int, env string) (int, bool) {
 	switch {
 	case configured > 0:
@@ -58,9 +58,9 @@ const hugePremap = 256 << 20
 // mount), sequential writes into a fresh volume went from 72.6 / 83.3 to
 // 129.3 / 178.4 MB/s through the leader's mount at 20 / 18 -> 10 / 7.5 ms
 // of CPU per MiB, and from 70.5 / 79.2 to 72.2 / 111.2 MB/s through a
-// follower's (docs/VOLUMES-PERFORMANCE.md); a 512 MiB reserve ran out during the
-// follower's rounds, which allocate twice (the proposal, then the
-// leader's append of it).
+// follower's (docs/VOLUMES-PERFORMANCE.md); a 512 MiB reserve ran out
+// during the follower's rounds, which allocate twice (the proposal, then
+// the leader's append of it).
 func heapReserve(configuredMiB int, mem int64) int {
 	if configuredMiB >= 0 {
 		return configuredMiB << 20
