@@ -24,7 +24,7 @@ var metricHelp = map[string]string{
 	"forward_errors_total":                "Forwarded requests that failed.",
 	"replicas_created_total":              "Replicas created or joined on this node.",
 	"replicas_destroyed_total":            "Replicas destroyed on this node.",
-	"replicas_replaced_total":             "Dead replicas this node replaced as leader.",
+	"replicas_replaced_total":             "Dead replicas this node replaced as leader (node dead, or its vold silent on a live node).",
 	"raft_batches_sent_total":             "Raft batches sent to other nodes.",
 	"raft_bytes_sent_total":               "Bytes of Raft batches sent to other nodes.",
 	"raft_batches_sent_here_total":        "Raft batches the Raft loop wrote to an idle connection itself (no hand-off to the connection's goroutine).",

@@ -183,7 +183,7 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		return fmt.Errorf("replace replica %d on %s with %d on %s: %w", dead.Replica, deadNode, target.Replica, target.Node, err)
 	}
 	n.stats.replaced.Add(1)
-	n.log.Info("dead replica replaced", "volume", name, "group", uint64(d.group()), "dead_node", deadNode, "node", target.Node, "config_index", m.Index)
+	n.log.Info("dead replica replaced", "volume", name, "group", uint64(d.group()), "why", why, "dead_node", deadNode, "node", target.Node, "config_index", m.Index)
 	maxRep := raftgroup.ReplicaID(target.Replica)
 	return n.syncMembers(ctx, name, d.group(), m.Voters, maxRep)
 }
