@@ -193,10 +193,20 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 // counts dead are deadFor's). Only nodes this vold shares a group with
 // are known.
 func (n *node) silentVolds(h *raftgroup.Host) map[string]bool {
-	var out map[string]bool
+	silence := map[string]time.Duration{}
 	for id, d := range h.PeerSilence() {
-		node := n.names.name(id)
-		if min(d, n.aliveFor(node)) <= 2*time.Duration(n.cfg.ReplaceAfter) {
+		silence[n.names.name(id)] = d
+	}
+	return silentLongerThan(silence, n.aliveFor, 2*time.Duration(n.cfg.ReplaceAfter))
+}
+
+// silentLongerThan returns the nodes silent for longer than limit, a
+// silence counting only from when the node was last seen to come alive
+// (aliveFor: zero while it is not alive).
+func silentLongerThan(silence map[string]time.Duration, aliveFor func(string) time.Duration, limit time.Duration) map[string]bool {
+	var out map[string]bool
+	for node, d := range silence {
+		if min(d, aliveFor(node)) <= limit {
 			continue
 		}
 		if out == nil {
