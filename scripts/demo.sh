@@ -123,8 +123,8 @@ for _ in $(seq 1 60); do
   x 1 -- shoalctl volume inspect notes -o json | grep -q '"health": *"healthy"' && break
   sleep 0.5
 done
-echo "(the volume kept taking writes; node $nodes's replica caught up)"
-x 1 -- shoalctl volume inspect notes
+echo "(the volume kept taking writes; node $nodes's replica caught up; --digests hashes each replica: equal at equal applied indexes)"
+x 1 -- shoalctl volume inspect notes --digests
 
 cat <<MSG
 

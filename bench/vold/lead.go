@@ -8,8 +8,6 @@ import (
 	"slices"
 	"syscall"
 	"time"
-
-	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
 // vold hands a volume's leadership to the node that proposes most of its
@@ -34,23 +32,16 @@ type leadership struct {
 }
 
 // leaderNode is the node that leads the bench volume now (0 if unknown).
-// It lists the volumes rather than inspecting the bench volume: inspect
-// hashes every replica's whole filesystem (the members' digests), which
-// around a run of 64 MiB written cost the three volds more CPU than the
-// run's last megabytes, and lead asks every 100 ms.
+// It inspects the volume without the members' digests (each would hash
+// a replica's whole filesystem: around a run of 64 MiB written, that
+// cost the three volds more CPU than the run's last megabytes, and lead
+// asks every 100 ms).
 func (b *bench) leaderNode(ctx context.Context) int {
-	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	l, err := b.vold[0].Volumes.ListVolumes(lctx, &volv1.ListVolumesRequest{})
+	v, err := b.inspect(ctx, 1, benchVol)
 	if err != nil {
 		return 0
 	}
-	for _, v := range l.GetVolumes() {
-		if v.GetName() == benchVol {
-			return b.nodeOf(v.GetLeader())
-		}
-	}
-	return 0
+	return b.nodeOf(v.GetLeader())
 }
 
 // lead writes 4 KiB O_DSYNC blocks through node's mount at dir until node

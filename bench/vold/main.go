@@ -404,6 +404,8 @@ func (b *bench) create(ctx context.Context, i int, name string, replicas int32, 
 	return b.vold[i-1].Volumes.CreateVolume(cctx, &volv1.CreateVolumeRequest{Name: name, Replicas: replicas, SizeBytes: size})
 }
 
+// inspect returns the volume's live status as node i sees it, without
+// the members' digests.
 func (b *bench) inspect(ctx context.Context, i int, name string) (*volv1.Volume, error) {
 	ictx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

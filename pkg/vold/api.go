@@ -53,10 +53,10 @@ func (a *volumesAPI) CreateVolume(ctx context.Context, req *volv1.CreateVolumeRe
 	}
 	// The group has a leader; give the other members a moment to apply
 	// the same, so that the answer shows a settled volume.
-	v := n.inspect(ctx, req.GetName(), d, true)
+	v := n.inspect(ctx, req.GetName(), d, false)
 	for deadline := time.Now().Add(2 * time.Second); v.GetHealth() != "healthy" && time.Now().Before(deadline) && ctx.Err() == nil; {
 		time.Sleep(100 * time.Millisecond)
-		v = n.inspect(ctx, req.GetName(), d, true)
+		v = n.inspect(ctx, req.GetName(), d, false)
 	}
 	return v, nil
 }
@@ -171,7 +171,7 @@ func (a *volumesAPI) InspectVolume(ctx context.Context, req *volv1.InspectVolume
 	if d == nil {
 		return nil, fmt.Errorf("volume %q does not exist: %w", req.GetName(), errdefs.ErrNotFound)
 	}
-	return n.inspect(ctx, req.GetName(), d, true), nil
+	return n.inspect(ctx, req.GetName(), d, req.GetDigests()), nil
 }
 
 func (a *volumesAPI) RemoveVolume(ctx context.Context, req *volv1.RemoveVolumeRequest) (*volv1.RemoveVolumeResponse, error) {

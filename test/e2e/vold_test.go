@@ -188,7 +188,8 @@ func (c *volCluster) kv(i int) volv1.KVClient {
 func (c *volCluster) inspect(i int, name string) (*volv1.Volume, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	return c.volumes(i).InspectVolume(ctx, &volv1.InspectVolumeRequest{Name: name})
+	// With digests: converged compares them.
+	return c.volumes(i).InspectVolume(ctx, &volv1.InspectVolumeRequest{Name: name, Digests: true})
 }
 
 // node returns the index of the node with ID id (0 if none).
@@ -397,6 +398,26 @@ func TestVolumes(t *testing.T) {
 		}
 		if !listed {
 			t.Errorf("volume ls does not list tiny: %v", ls.GetVolumes())
+		}
+		// Nor does inspect unless asked: --digests has every replica hash
+		// its data, and then the three are equal.
+		var plain, hashed struct {
+			Members []struct{ Digest string }
+		}
+		if err := json.Unmarshal([]byte(c.mustCtl(2, "volume", "inspect", "tiny", "-o", "json")), &plain); err != nil {
+			t.Fatal(err)
+		}
+		if len(plain.Members) != 3 || slices.ContainsFunc(plain.Members, func(m struct{ Digest string }) bool { return m.Digest != "" }) {
+			t.Errorf("volume inspect tiny without --digests: members %+v, want 3 without digests", plain.Members)
+		}
+		if table := c.mustCtl(2, "volume", "inspect", "tiny"); strings.Contains(table, "DIGEST") {
+			t.Errorf("volume inspect tiny without --digests shows digests:\n%s", table)
+		}
+		if err := json.Unmarshal([]byte(c.mustCtl(2, "volume", "inspect", "tiny", "--digests", "-o", "json")), &hashed); err != nil {
+			t.Fatal(err)
+		}
+		if len(hashed.Members) != 3 || hashed.Members[0].Digest == "" || hashed.Members[1].Digest != hashed.Members[0].Digest || hashed.Members[2].Digest != hashed.Members[0].Digest {
+			t.Errorf("volume inspect tiny --digests: members %+v, want 3 equal digests", hashed.Members)
 		}
 		c.mustCtl(1, "volume", "rm", "tiny")
 	})

@@ -402,8 +402,13 @@ func (x *ListVolumesResponse) GetVolumes() []*Volume {
 }
 
 type InspectVolumeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// digests asks every member for a SHA-256 of its replica's whole state
+	// as well (equal digests at equal applied indexes: identical replicas).
+	// It hashes every byte of every replica whose state changed since its
+	// last digest, so it is not the default.
+	Digests       bool `protobuf:"varint,2,opt,name=digests,proto3" json:"digests,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -443,6 +448,13 @@ func (x *InspectVolumeRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *InspectVolumeRequest) GetDigests() bool {
+	if x != nil {
+		return x.Digests
+	}
+	return false
 }
 
 type RemoveVolumeRequest struct {
@@ -1776,9 +1788,10 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\"\x14\n" +
 	"\x12ListVolumesRequest\"E\n" +
 	"\x13ListVolumesResponse\x12.\n" +
-	"\avolumes\x18\x01 \x03(\v2\x14.shoal.vol.v1.VolumeR\avolumes\"*\n" +
+	"\avolumes\x18\x01 \x03(\v2\x14.shoal.vol.v1.VolumeR\avolumes\"D\n" +
 	"\x14InspectVolumeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\")\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\adigests\x18\x02 \x01(\bR\adigests\")\n" +
 	"\x13RemoveVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
 	"\x14RemoveVolumeResponse\"6\n" +

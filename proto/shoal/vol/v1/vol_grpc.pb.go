@@ -43,8 +43,8 @@ type VolumesClient interface {
 	// (ALREADY_EXISTS if the name is taken).
 	CreateVolume(ctx context.Context, in *CreateVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
 	// ListVolumes lists every volume with its live health, leader and
-	// members, without the members' digests (InspectVolume has them: a
-	// digest hashes every byte of a replica).
+	// members, without the members' digests (InspectVolume with digests
+	// has them: a digest hashes every byte of a replica).
 	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
 	// InspectVolume reports the volume with the live status of its group.
 	InspectVolume(ctx context.Context, in *InspectVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
@@ -135,8 +135,8 @@ type VolumesServer interface {
 	// (ALREADY_EXISTS if the name is taken).
 	CreateVolume(context.Context, *CreateVolumeRequest) (*Volume, error)
 	// ListVolumes lists every volume with its live health, leader and
-	// members, without the members' digests (InspectVolume has them: a
-	// digest hashes every byte of a replica).
+	// members, without the members' digests (InspectVolume with digests
+	// has them: a digest hashes every byte of a replica).
 	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
 	// InspectVolume reports the volume with the live status of its group.
 	InspectVolume(context.Context, *InspectVolumeRequest) (*Volume, error)

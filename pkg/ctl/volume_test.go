@@ -1,0 +1,37 @@
+package ctl
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+)
+
+// TestRenderVolumeDigests checks that the table has a digest column only
+// when the members have digests (volume inspect --digests).
+func TestRenderVolumeDigests(t *testing.T) {
+	v := &volv1.Volume{Name: "data", Replicas: 2, Health: "healthy", Leader: "n1", Members: []*volv1.Member{
+		{Node: "n1", Replica: 1, Role: "leader", Applied: 7, Alive: true},
+		{Node: "n2", Replica: 2, Role: "follower", Applied: 7, Alive: true},
+	}}
+	var buf bytes.Buffer
+	a := &app{out: &buf}
+	if err := a.renderVolume("table", v); err != nil {
+		t.Fatal(err)
+	}
+	if out := buf.String(); strings.Contains(out, "DIGEST") || !strings.Contains(out, "ALIVE") {
+		t.Fatalf("without digests:\n%s", out)
+	}
+	for _, m := range v.Members {
+		m.Digest = strings.Repeat("ab", 32)
+	}
+	buf.Reset()
+	if err := a.renderVolume("table", v); err != nil {
+		t.Fatal(err)
+	}
+	out := buf.String()
+	if !strings.Contains(out, "DIGEST") || strings.Count(out, strings.Repeat("ab", 8)) != 2 || strings.Contains(out, strings.Repeat("ab", 9)) {
+		t.Fatalf("with digests (16 hex digits each):\n%s", out)
+	}
+}
