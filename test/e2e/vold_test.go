@@ -401,13 +401,12 @@ func TestVolumes(t *testing.T) {
 		}
 		// Nor does inspect unless asked: --digests has every replica hash
 		// its data, and then the three are equal.
-		var plain, hashed struct {
-			Members []struct{ Digest string }
-		}
+		type member struct{ Digest string }
+		var plain, hashed struct{ Members []member }
 		if err := json.Unmarshal([]byte(c.mustCtl(2, "volume", "inspect", "tiny", "-o", "json")), &plain); err != nil {
 			t.Fatal(err)
 		}
-		if len(plain.Members) != 3 || slices.ContainsFunc(plain.Members, func(m struct{ Digest string }) bool { return m.Digest != "" }) {
+		if len(plain.Members) != 3 || slices.ContainsFunc(plain.Members, func(m member) bool { return m.Digest != "" }) {
 			t.Errorf("volume inspect tiny without --digests: members %+v, want 3 without digests", plain.Members)
 		}
 		if table := c.mustCtl(2, "volume", "inspect", "tiny"); strings.Contains(table, "DIGEST") {
