@@ -79,7 +79,17 @@ func (n *node) readVolume(ctx context.Context, name string) (*volumeDoc, error) 
 // system group: until a linearizable read succeeds).
 func (n *node) createVolume(ctx context.Context, name string, replicas int, size int64) (*volumeDoc, error) {
 	cands := n.candidates()
-	nodes := place(cands, max(1, min(replicas, len(cands))), nil, size)
+	nodes, silent := placeAnswering(cands, max(1, min(replicas, len(cands))), nil, size,
+		func(ids []string) map[string]bool { return n.answering(ctx, ids) }, true)
+	if ctx.Err() != nil {
+		return nil, ctx.Err()
+	}
+	for _, id := range nodes {
+		if slices.Contains(silent, id) {
+			n.log.Warn("volume placed on a node whose vold does not answer: no other node can take the replica; it catches up once that vold is back, or is replaced",
+				"volume", name, "node", id)
+		}
+	}
 	if len(nodes) == 0 {
 		node, most := largestFree(cands)
 		return nil, fmt.Errorf("volume %q of %s does not fit on any node: the most room is %s on %s (free space of its vold state dir, less the volumes it already hosts): %w",

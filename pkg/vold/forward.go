@@ -154,6 +154,9 @@ func (n *node) serveForward(ctx context.Context, from string, req *volv1.Forward
 		return nil, err
 	}
 	g := raftgroup.GroupID(req.GetGroup())
+	if req.GetKind() == kindPing {
+		return &volv1.ForwardResponse{}, nil
+	}
 	if req.GetKind() == kindSystemEnsure {
 		d, err := n.ensureSystemLocal(ctx)
 		if err != nil {

@@ -55,6 +55,9 @@ type node struct {
 	// forwarding).
 	leaders sync.Map // raftgroup.GroupID -> string
 
+	// probes are recent pings of other volds (probe.go).
+	probes probes
+
 	// sysMu serialises creating the system group on this node.
 	sysMu sync.Mutex
 

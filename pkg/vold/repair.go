@@ -25,9 +25,9 @@ import (
 // its store and groups can take a while on a busy node) before its
 // replicas go. The replacement:
 //
-//  1. pick a live node that holds no replica of the group (placement rule:
-//     fewest replicas hosted, then node ID) and a replica ID the group has
-//     never used;
+//  1. pick a live node that holds no replica of the group and whose vold
+//     answers a ping (placement rule: fewest replicas hosted, then node
+//     ID; probe.go) and a replica ID the group has never used;
 //  2. add the new member to the volume document (not Boot), so that its
 //     node's vold joins the group with an empty replica;
 //  3. swap the dead replica for the new one in one joint-consensus change
@@ -136,6 +136,10 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		if m.Boot || raftgroup.ReplicaID(m.Replica) <= st.MaxReplica || !n.alive(m.Node) || isVoterNode(st.Voters, m.Node, n.names) {
 			continue
 		}
+		if !n.answering(ctx, []string{m.Node})[m.Node] {
+			// Its pendingGrace runs out, and a node that answers is placed.
+			continue
+		}
 		target = m
 		break
 	}
@@ -150,7 +154,8 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		for node := range silent {
 			exclude[node] = true
 		}
-		picked := place(n.candidates(), 1, exclude, d.SizeBytes)
+		picked, _ := placeAnswering(n.candidates(), 1, exclude, d.SizeBytes,
+			func(ids []string) map[string]bool { return n.answering(ctx, ids) }, false)
 		if len(picked) == 0 {
 			n.log.Debug("no node to replace a dead replica on", "volume", name, "dead_node", deadNode)
 			return nil

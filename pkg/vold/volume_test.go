@@ -161,3 +161,55 @@ func TestPlaceOnlyWhereItFits(t *testing.T) {
 		t.Errorf("humanBytes = %q", got)
 	}
 }
+
+func TestPlaceAnsweringPassesOverSilentVolds(t *testing.T) {
+	cands := []candidate{{"a1", 0, unknownFree}, {"b2", 0, unknownFree}, {"c3", 1, unknownFree}, {"d4", 2, unknownFree}, {"e5", 3, unknownFree}}
+	down := map[string]bool{"a1": true, "d4": true}
+	var asked [][]string
+	answers := func(ids []string) map[string]bool {
+		asked = append(asked, slices.Clone(ids))
+		out := map[string]bool{}
+		for _, id := range ids {
+			out[id] = !down[id]
+		}
+		return out
+	}
+	picked, silent := placeAnswering(cands, 3, nil, 0, answers, false)
+	if !slices.Equal(picked, []string{"b2", "c3", "e5"}) || !slices.Equal(silent, []string{"a1", "d4"}) {
+		t.Errorf("placeAnswering = %v (silent %v)", picked, silent)
+	}
+	// Asked in batches of what is still missing, each node once.
+	if want := [][]string{{"a1", "b2", "c3"}, {"d4"}, {"e5"}}; !slices.EqualFunc(asked, want, slices.Equal) {
+		t.Errorf("asked %v, want %v", asked, want)
+	}
+
+	// Not enough answering nodes: strict placement comes up short, with
+	// fallback the silent nodes fill the gap in placement order.
+	few := cands[:4]
+	if picked, _ := placeAnswering(few, 3, nil, 0, answers, false); !slices.Equal(picked, []string{"b2", "c3"}) {
+		t.Errorf("strict = %v", picked)
+	}
+	if picked, _ := placeAnswering(few, 3, nil, 0, answers, true); !slices.Equal(picked, []string{"b2", "c3", "a1"}) {
+		t.Errorf("fallback = %v", picked)
+	}
+	// Exclusions and room still apply, and the caller's map is untouched.
+	ex := map[string]bool{"b2": true}
+	if picked, _ := placeAnswering(cands, 1, ex, 0, answers, false); !slices.Equal(picked, []string{"c3"}) || len(ex) != 1 {
+		t.Errorf("with exclusion = %v, exclude now %v", picked, ex)
+	}
+	tight := []candidate{{"a1", 0, 10}, {"b2", 0, 1}, {"c3", 0, 10}}
+	if picked, _ := placeAnswering(tight, 2, nil, 5, answers, true); !slices.Equal(picked, []string{"c3", "a1"}) {
+		t.Errorf("with size = %v", picked)
+	}
+	// Everyone answering: the same choice as place.
+	all := func(ids []string) map[string]bool {
+		out := map[string]bool{}
+		for _, id := range ids {
+			out[id] = true
+		}
+		return out
+	}
+	if picked, _ := placeAnswering(cands, 3, nil, 0, all, false); !slices.Equal(picked, place(cands, 3, nil, 0)) {
+		t.Errorf("all answering = %v, place = %v", picked, place(cands, 3, nil, 0))
+	}
+}

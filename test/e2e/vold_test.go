@@ -734,6 +734,24 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 			v, err := c.inspect(1, "data")
 			return err == nil && converged(v, 3) && !slices.Contains(c.memberNodes(v), victim)
 		})
+		// A volume created now goes to the three nodes whose vold
+		// answers. The victim hosts the fewest replicas, so placement by
+		// count alone would pick it (and repair would replace that replica
+		// a moment later: so the answer to create is what is checked).
+		cctx, ccancel := context.WithTimeout(context.Background(), 60*time.Second)
+		defer ccancel()
+		fresh, err := c.volumes(1).CreateVolume(cctx, &volv1.CreateVolumeRequest{Name: "fresh", SizeBytes: 8 << 20})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ms := c.memberNodes(fresh); len(ms) != 3 || slices.Contains(ms, victim) {
+			t.Fatalf("volume fresh placed on nodes %v, with node %d whose vold is down", ms, victim)
+		}
+		waitFor(t, 30*time.Second, "volume fresh on 3 caught-up members", func() bool {
+			v, err = c.inspect(1, "fresh")
+			return err == nil && converged(v, 3)
+		})
+		c.mustCtl(1, "volume", "rm", "fresh")
 	})
 
 	c.run(t, "DeadReplicaReplacedOnSpare", func(t *testing.T) {

@@ -1,0 +1,159 @@
+package vold
+
+import (
+	"context"
+	"maps"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
+)
+
+// Whether a node's vold answers. statd's membership says a node is alive,
+// not that its vold runs: vold may have crashed for good, or not be able
+// to start there, while statd goes on. Replicas placed on such a node
+// would be missing from the moment they are placed, and the repair that
+// replaces a silent vold's replicas (repair.go) only hears of the nodes
+// it shares groups with. So before a replica is placed the chosen nodes
+// are asked over VolPeer (kindPing), and those that do not answer are
+// passed over.
+
+// kindPing asks a vold whether it is ready to host replicas.
+const kindPing = "ping"
+
+const (
+	// probeTimeout bounds one ping: a vold that is running answers in
+	// milliseconds, one that is not refuses the connection at once.
+	probeTimeout = 2 * time.Second
+	// probeTTL is how long an answer is remembered, so that a repair round
+	// over many groups or a burst of creates asks each node once.
+	probeTTL = 5 * time.Second
+)
+
+type probeResult struct {
+	at      time.Time
+	answers bool
+}
+
+// probes remembers recent pings' outcomes.
+type probes struct {
+	mu   sync.Mutex
+	last map[string]probeResult
+}
+
+// answering pings those of nodes without a recent outcome, at once, and
+// reports which of nodes answered. This node's own vold answers.
+func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
+	out := map[string]bool{}
+	var ask []string
+	now := time.Now()
+	n.probes.mu.Lock()
+	for _, id := range nodes {
+		if id == n.id {
+			out[id] = true
+			continue
+		}
+		if r, ok := n.probes.last[id]; ok && now.Sub(r.at) < probeTTL {
+			out[id] = r.answers
+			continue
+		}
+		ask = append(ask, id)
+	}
+	n.probes.mu.Unlock()
+	if len(ask) == 0 {
+		return out
+	}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	asked := map[string]bool{}
+	for _, id := range ask {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ok := n.ping(ctx, id)
+			mu.Lock()
+			asked[id] = ok
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if ctx.Err() != nil {
+		// A cancelled caller learnt nothing about the nodes.
+		maps.Copy(out, asked)
+		return out
+	}
+	n.probes.mu.Lock()
+	if n.probes.last == nil {
+		n.probes.last = map[string]probeResult{}
+	}
+	for id, ok := range asked {
+		n.probes.last[id] = probeResult{at: now, answers: ok}
+		if !ok {
+			n.log.Info("vold does not answer a ping; new replicas go elsewhere while another node can take them", "node", id)
+		}
+	}
+	n.probes.mu.Unlock()
+	maps.Copy(out, asked)
+	return out
+}
+
+// ping reports whether node's vold answers over VolPeer and is ready.
+// Errors other than unreachable or not ready (an older vold that knows no
+// ping, say) still mean a vold runs there.
+func (n *node) ping(ctx context.Context, node string) bool {
+	c, err := n.pool.client(node)
+	if err != nil {
+		return false
+	}
+	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	_, err = c.Forward(pctx, &volv1.ForwardRequest{Kind: kindPing})
+	switch status.Code(err) {
+	case codes.OK:
+		return true
+	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
+		return false
+	}
+	return true
+}
+
+// placeAnswering places count replicas as place does, on nodes whose
+// vold answers (asked through answers, a batch at a time): a node that
+// does not is passed over for the next in placement order. With fallback,
+// nodes that did not answer fill the places answering ones cannot, in
+// placement order — a volume created while a vold restarts keeps the
+// replica count asked for, and that replica catches up when its vold is
+// back. It also returns the nodes that did not answer.
+func placeAnswering(cands []candidate, count int, exclude map[string]bool, size int64, answers func([]string) map[string]bool, fallback bool) (picked, silent []string) {
+	ex := maps.Clone(exclude)
+	if ex == nil {
+		ex = map[string]bool{}
+	}
+	for len(picked) < count {
+		next := place(cands, count-len(picked), ex, size)
+		if len(next) == 0 {
+			break
+		}
+		ok := answers(next)
+		for _, id := range next {
+			ex[id] = true
+			if ok[id] {
+				picked = append(picked, id)
+			} else {
+				silent = append(silent, id)
+			}
+		}
+	}
+	if fallback {
+		for _, id := range silent {
+			if len(picked) == count {
+				break
+			}
+			picked = append(picked, id)
+		}
+	}
+	return picked, silent
+}
