@@ -90,8 +90,10 @@ func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
 		n.probes.last = map[string]probeResult{}
 	}
 	for id, ok := range asked {
+		prev, known := n.probes.last[id]
 		n.probes.last[id] = probeResult{at: now, answers: ok}
-		if !ok {
+		// Said once when a vold stops answering, not on every ping.
+		if !ok && (!known || prev.answers) {
 			n.log.Info("vold does not answer a ping; new replicas go elsewhere while another node can take them", "node", id)
 		}
 	}
