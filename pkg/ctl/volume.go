@@ -83,8 +83,9 @@ func (a *app) volumeCommand() *cobra.Command {
 		Use:   "create NAME",
 		Short: "Create a volume and wait until its replicas have elected a leader",
 		Long: `Create a replicated volume. Its R replicas (default 3, at most the live
-nodes) go on the live nodes that hold the fewest replicas. Two replicas
-survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
+nodes) go on the live nodes that hold the fewest replicas, passing over
+nodes whose vold does not answer unless there are too few others. Two
+replicas survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(cformat); err != nil {
