@@ -87,7 +87,7 @@ func (n *node) createVolume(ctx context.Context, name string, replicas int, size
 	for _, id := range nodes {
 		if slices.Contains(silent, id) {
 			n.log.Warn("volume placed on a node whose vold does not answer: no other node can take the replica; it catches up once that vold is back, or is replaced",
-				"volume", name, "node", id)
+				"volume", name, "peer_node", id)
 		}
 	}
 	if len(nodes) == 0 {

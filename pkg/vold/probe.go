@@ -94,7 +94,7 @@ func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
 		n.probes.last[id] = probeResult{at: now, answers: ok}
 		// Said once when a vold stops answering, not on every ping.
 		if !ok && (!known || prev.answers) {
-			n.log.Info("vold does not answer a ping; new replicas go elsewhere while another node can take them", "node", id)
+			n.log.Info("vold does not answer a ping; new replicas go elsewhere while another node can take them", "peer_node", id)
 		}
 	}
 	n.probes.mu.Unlock()

@@ -174,7 +174,7 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		return err
 	}
 	n.log.Info("replacing dead replica", "volume", name, "group", uint64(d.group()), "why", why,
-		"dead_node", deadNode, "dead_replica", uint64(dead.Replica), "node", target.Node, "replica", target.Replica)
+		"dead_node", deadNode, "dead_replica", uint64(dead.Replica), "new_node", target.Node, "new_replica", target.Replica)
 	cctx, cancel := context.WithTimeout(ctx, changeTimeout)
 	defer cancel()
 	m, err := h.ChangeMembership(cctx, d.group(), raftgroup.Replace(dead.Replica, raftgroup.ReplicaID(target.Replica), targetID)...)
@@ -188,7 +188,7 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		return fmt.Errorf("replace replica %d on %s with %d on %s: %w", dead.Replica, deadNode, target.Replica, target.Node, err)
 	}
 	n.stats.replaced.Add(1)
-	n.log.Info("dead replica replaced", "volume", name, "group", uint64(d.group()), "why", why, "dead_node", deadNode, "node", target.Node, "config_index", m.Index)
+	n.log.Info("dead replica replaced", "volume", name, "group", uint64(d.group()), "why", why, "dead_node", deadNode, "new_node", target.Node, "config_index", m.Index)
 	maxRep := raftgroup.ReplicaID(target.Replica)
 	return n.syncMembers(ctx, name, d.group(), m.Voters, maxRep)
 }
