@@ -83,6 +83,9 @@ func (r Reserve) String() string {
 	if r.Assign.Lost != "" {
 		s += " lost=" + r.Assign.Lost
 	}
+	if r.Assign.Fresh {
+		s += " fresh"
+	}
 	return s
 }
 
@@ -103,6 +106,9 @@ type AssignSlot struct {
 	// Lost is the task the write replaces because its node is seen down
 	// (Slot.Lost).
 	Lost string
+	// Fresh: the owner knew no document of the slot and no task of it
+	// (Slot.Fresh).
+	Fresh bool
 }
 
 func (a AssignSlot) String() string {
@@ -115,6 +121,9 @@ func (a AssignSlot) String() string {
 	}
 	if a.Lost != "" {
 		s += " lost=" + a.Lost
+	}
+	if a.Fresh {
+		s += " fresh"
 	}
 	return s
 }

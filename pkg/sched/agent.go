@@ -321,8 +321,16 @@ func (d *agent) wanted(t *LocalTask) verdict {
 // t's claim, gives the slot to the older one (DESIGN.md 2: the smaller
 // (HLC, node ID) wins) or confirms the replacement; should it not answer
 // within the TTL of the claim, t is superseded after all.
+//
+// A fresh write (Slot.Fresh) is contested the same way by a task the
+// slot had named (its reservation confirmed): the write's owner knew
+// nothing of the slot, so it did not know of t either. An unconfirmed
+// task has no such claim; its reservation expires as usual.
 func (d *agent) contested(t *LocalTask, sl Slot) bool {
-	if sl.Lost != t.ID || sl.Task == "" || t.State.Terminal() || t.Runtime.State != RuntimeRunning {
+	if sl.Task == "" || t.State.Terminal() || t.Runtime.State != RuntimeRunning {
+		return false
+	}
+	if sl.Lost != t.ID && (!sl.Fresh || sl.Names(t.ID) || !d.confirmed(t.ID)) {
 		return false
 	}
 	if t.Claim != sl.Task {

@@ -119,6 +119,31 @@ func TestAgentDecide(t *testing.T) {
 			want: "claim a: still runs, slot given to b as if it were lost\nrequeue at 00:00:10.000 (slot claimed back)\n",
 		},
 		{
+			name: "superseded by a fresh write while it runs, the slot had named it: claim the slot back",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Fresh: true, Stamp: stampAt(t0.Add(-time.Minute), "owner")}
+			},
+			want: "claim a: still runs, slot given to b as if it were lost\nrequeue at 00:00:10.000 (slot claimed back)\n",
+		},
+		{
+			name: "superseded by a fresh write, the slot never named it: superseded",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Fresh: true, Stamp: stampAt(t0.Add(-time.Minute), "owner")}
+				a.v.Reservations[0].Confirmed = false
+			},
+			want: "stop a grace=10s: superseded by b\n",
+		},
+		{
+			name: "a fresh write naming it: run on",
+			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
+			build: func(a *agentView) {
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "a", Node: "n1", Fresh: true, Stamp: stampAt(t0.Add(-time.Minute), "owner")}
+			},
+			want: "",
+		},
+		{
 			name: "claimed: wait for the owner's answer",
 			st:   sched.TaskRunning, rt: sched.RuntimeRunning,
 			build: func(a *agentView) {

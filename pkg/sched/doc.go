@@ -88,7 +88,10 @@
 // placement from before the split. A slot whose document has not reached
 // the owner when the split begins looks vacant there, but the task's own
 // document may have: a task of the slot on a node seen dead is replaced as
-// lost all the same. An owner that does not answer within
+// lost all the same. When neither document has reached it, the owner
+// knows nothing of the slot and marks its write fresh (Slot.Fresh); a task
+// the slot had named (its reservation confirmed) claims a fresh write
+// back as it would one that named it lost. An owner that does not answer within
 // the TTL of the claim lets the replacement win after all. And while
 // membership converges after a heal, node by node, an owner that has just
 // seen a node come back (Snapshot.Rejoined) does not replace the tasks of

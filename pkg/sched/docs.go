@@ -140,6 +140,7 @@ const (
 	fNextNode    = "next_node"
 	fNextVersion = "next_version"
 	fLost        = "lost"
+	fFresh       = "fresh"
 )
 
 // SlotFromDoc decodes a slot document; ok is false when it does not exist.
@@ -156,6 +157,7 @@ func SlotFromDoc(service, slot string, d crdt.Doc) (Slot, bool) {
 	s.NextNode, _ = f[fNextNode].AsString()
 	s.NextVersion, _ = f[fNextVersion].AsInt()
 	s.Lost, _ = f[fLost].AsString()
+	s.Fresh, _ = f[fFresh].AsBool()
 	return s, true
 }
 
@@ -170,6 +172,7 @@ func (a AssignSlot) Fields() map[string]crdt.Value {
 		fNextNode:    crdt.String(a.NextNode),
 		fNextVersion: crdt.Int(a.NextVersion),
 		fLost:        crdt.String(a.Lost),
+		fFresh:       crdt.Bool(a.Fresh),
 	}
 }
 

@@ -562,11 +562,26 @@ func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
 // the old task could not have it now (outdated, its node drained or no
 // longer eligible); that is written too, without Lost, so the old task
 // stops at once. It reports whether it wrote the slot.
+//
+// A fresh write (Slot.Fresh, by an owner that knew nothing of the slot)
+// is settled the same way against the oldest task of the slot that
+// claims it.
 func (r *reconciler) resolveClaim(si *slotInfo, d *Slot) bool {
-	if d.Lost == "" || d.Next != "" {
+	if d.Next != "" {
 		return false
 	}
-	old := r.tasks[d.Lost]
+	var old *Task
+	switch {
+	case d.Lost != "":
+		old = r.tasks[d.Lost]
+	case d.Fresh:
+		for _, t := range si.unnamed {
+			if t.Claim == d.Task && !t.State.Terminal() {
+				old = t
+				break
+			}
+		}
+	}
 	if old == nil || old.Claim != d.Task || old.State.Terminal() {
 		return false
 	}
@@ -830,7 +845,9 @@ func (r *reconciler) place(si *slotInfo, d *Slot, asNext bool, why string, resta
 		return
 	}
 	id := r.newID()
-	assign := AssignSlot{Service: r.svc.Name, Slot: si.name, Task: id, Version: version, Lost: lost}
+	// An owner that knows nothing of the slot says so (Slot.Fresh).
+	fresh := d == nil && si.cur == nil && len(si.unnamed) == 0
+	assign := AssignSlot{Service: r.svc.Name, Slot: si.name, Task: id, Version: version, Lost: lost, Fresh: fresh}
 	if asNext && d != nil {
 		assign = AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Task, Node: d.Node, Version: d.Version,
 			Next: id, NextVersion: version}

@@ -122,9 +122,9 @@ func TestReconcile(t *testing.T) {
 		{
 			name:  "initial placement spreads",
 			build: func(w *world) { w.svc.Converged = 0 },
-			want: `reserve web/0 task=new1 v1 as=task on=n2,n3,n1
-reserve web/1 task=new2 v1 as=task on=n3,n1,n2
-reserve web/2 task=new3 v1 as=task on=n1,n3,n2
+			want: `reserve web/0 task=new1 v1 as=task on=n2,n3,n1 fresh
+reserve web/1 task=new2 v1 as=task on=n3,n1,n2 fresh
+reserve web/2 task=new3 v1 as=task on=n1,n3,n2 fresh
 `,
 		},
 		{
@@ -160,7 +160,7 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2
 				w.running("2", "n3")
 				w.running("3", "n1")
 			},
-			want: "reserve web/4 task=new1 v1 as=task on=n3,n2,n1\n",
+			want: "reserve web/4 task=new1 v1 as=task on=n3,n2,n1 fresh\n",
 		},
 		{
 			name: "service removed",
@@ -238,6 +238,44 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2
 				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
 			},
 			want: "assign web/1 task=t1 node=n2 v1\n",
+		},
+		{
+			// A partition began before the slot's and the task's documents
+			// reached the other side, whose owner filled the slot knowing
+			// nothing of it (fresh) and whose newer write won after the heal.
+			name: "fresh write claimed back by the task the slot had named: the older task keeps the slot",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
+				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute)).Fresh = true
+				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
+			},
+			want: "assign web/1 task=t1 node=n2 v1\n",
+		},
+		{
+			name: "fresh write claimed by a newer task: the fresh write's task keeps the slot, no longer fresh",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("2", "n3")
+				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Hour))
+				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute)).Fresh = true
+				w.task("y", "1", "n2", sched.TaskRunning, t0.Add(-2*time.Minute)).Claim = "x"
+			},
+			want: "assign web/1 task=x node=n3 v1\n",
+		},
+		{
+			name: "a claim against a write neither lost nor fresh: nothing to settle",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
+				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute))
+				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
+			},
+			want: "",
 		},
 		{
 			name: "claimed back by an outdated task: the replacement keeps the slot, without lost",
@@ -448,7 +486,7 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2
 				w.svc.Converged = 0
 				w.inflight = []sched.InFlight{{Slot: "0", TaskID: "x", Node: "n1", Sent: t0.Add(-11 * time.Second)}}
 			},
-			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1\n",
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1 fresh\n",
 		},
 		{
 			name: "slot names a task not seen yet: wait for it",
@@ -696,7 +734,7 @@ func TestReconcileGlobal(t *testing.T) {
 		{
 			name:  "one slot per eligible node",
 			build: func(w *world) {},
-			want:  "reserve web/n1 task=new1 v1 as=task on=n1\nreserve web/n2 task=new2 v1 as=task on=n2\n",
+			want:  "reserve web/n1 task=new1 v1 as=task on=n1 fresh\nreserve web/n2 task=new2 v1 as=task on=n2 fresh\n",
 		},
 		{
 			name: "a node joins",
@@ -705,7 +743,7 @@ func TestReconcileGlobal(t *testing.T) {
 				w.running("n2", "n2")
 				w.nodes = append(w.nodes, node("n4", 1000, 2*gib, "zone", "eu"))
 			},
-			want: "reserve web/n4 task=new1 v1 as=task on=n4\n",
+			want: "reserve web/n4 task=new1 v1 as=task on=n4 fresh\n",
 		},
 		{
 			name: "drained and relabelled nodes lose their slots",

@@ -157,34 +157,53 @@ func TestSimFailoverNotDelayed(t *testing.T) {
 // their slots back. The owner filling a slot whose only task is on a node
 // it sees dead now replaces that task as lost, so the heal gives the slot
 // back to the older task as for any other lost replacement.
+//
+// And when n3 has seen neither the slot documents nor the task documents
+// (the slots are new to it), its writes are fresh (Slot.Fresh) and the
+// tasks the slots had named claim them back in the same way; before,
+// n3 kept all three copies.
 func TestSimPartitionBeforeSlotsSeen(t *testing.T) {
-	c := newCluster(t, 3, roomy, nil)
-	if o := sched.Owner("web", []string{"n1", "n2", "n3"}); o == "n3" {
-		t.Fatalf("web is owned by %s with all three alive: pick another name", o)
-	}
-	c.SetKeyLag("n3", sched.SlotsPrefix, 3*time.Second)
-	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 3, CPUMillis: 500})
-	if !c.RunUntil(func() bool {
-		return maps.Equal(c.Running("web"), map[string]int{"n1": 1, "n2": 1, "n3": 1}) && len(c.Slots("web")) == 3
-	}, 5*time.Second) {
-		t.Fatalf("running %v, want 1/1/1", c.Running("web"))
-	}
-	before := map[string]string{} // task → node
-	for _, sl := range c.Slots("web") {
-		if sl.Node == "" {
-			t.Fatalf("slot %s names no node yet: %s", sl.Slot, slotSummary(c, "web"))
-		}
-		before[sl.Task] = sl.Node
-	}
-	splitAndReplace(t, c)
-	c.RunFor(2 * time.Second)
-	c.Heal()
-	c.SetKeyLag("n3", sched.SlotsPrefix, 0)
-	settle(t, c, "web", 30*time.Second)
-	c.RunFor(5 * time.Second)
-	running := runningTasks(c)
-	if !maps.Equal(running, before) {
-		t.Fatalf("running %v after the heal, want the replicas from before the partition %v (slots %s)", running, before, slotSummary(c, "web"))
+	for _, tc := range []struct {
+		name   string
+		unseen []string // key prefixes n3 has not seen when the split begins
+	}{
+		{"task documents seen", []string{sched.SlotsPrefix}},
+		{"task documents not seen either", []string{sched.SlotsPrefix, sched.TasksPrefix}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := newCluster(t, 3, roomy, nil)
+			if o := sched.Owner("web", []string{"n1", "n2", "n3"}); o == "n3" {
+				t.Fatalf("web is owned by %s with all three alive: pick another name", o)
+			}
+			for _, p := range tc.unseen {
+				c.SetKeyLag("n3", p, 3*time.Second)
+			}
+			create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 3, CPUMillis: 500})
+			if !c.RunUntil(func() bool {
+				return maps.Equal(c.Running("web"), map[string]int{"n1": 1, "n2": 1, "n3": 1}) && len(c.Slots("web")) == 3
+			}, 5*time.Second) {
+				t.Fatalf("running %v, want 1/1/1", c.Running("web"))
+			}
+			before := map[string]string{} // task → node
+			for _, sl := range c.Slots("web") {
+				if sl.Node == "" {
+					t.Fatalf("slot %s names no node yet: %s", sl.Slot, slotSummary(c, "web"))
+				}
+				before[sl.Task] = sl.Node
+			}
+			splitAndReplace(t, c)
+			c.RunFor(2 * time.Second)
+			c.Heal()
+			for _, p := range tc.unseen {
+				c.SetKeyLag("n3", p, 0)
+			}
+			settle(t, c, "web", 30*time.Second)
+			c.RunFor(5 * time.Second)
+			running := runningTasks(c)
+			if !maps.Equal(running, before) {
+				t.Fatalf("running %v after the heal, want the replicas from before the partition %v (slots %s)", running, before, slotSummary(c, "web"))
+			}
+		})
 	}
 }
 

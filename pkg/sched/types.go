@@ -191,6 +191,13 @@ type Slot struct {
 	// its node keeps it and claims the slot back rather than stopping it.
 	Lost string
 
+	// Fresh marks a write by an owner that knew no document of the slot
+	// and no task of it. A task the slot named may still run where that
+	// owner could not see it (a partition that began before the slot's
+	// first documents reached it): such a task claims the slot back as a
+	// lost one does.
+	Fresh bool
+
 	// Stamp is the stamp of the last write of the document.
 	Stamp crdt.Stamp
 }
