@@ -589,8 +589,10 @@ func (r *reconciler) resolveClaim(si *slotInfo, d *Slot) bool {
 	if n == nil || !n.Alive {
 		return false // its node still looks dead here: wait for the view
 	}
+	// A task from before the service was last created (removed and
+	// created again while it stopped) is not this service's.
 	keepOld := old.State == TaskRunning && n.Availability != Drain && r.current(old) && r.matches(n) &&
-		(si.cur == nil || old.Created.Compare(si.cur.Created) < 0)
+		(si.cur == nil || old.Created.Compare(si.cur.Created) < 0) && old.Created.Compare(r.svc.Created) > 0
 	a := AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Task, Node: d.Node, Version: d.Version}
 	if keepOld {
 		a.Task, a.Node, a.Version = old.ID, old.Node, old.Version

@@ -266,6 +266,19 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2 fresh
 			want: "assign web/1 task=x node=n3 v1\n",
 		},
 		{
+			name: "fresh write claimed by a task from before the service was created again: the fresh write's task keeps it",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.svc.Created = stampAt(t0.Add(-2*time.Minute), "n1")
+				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
+				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute)).Fresh = true
+				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
+			},
+			want: "assign web/1 task=x node=n3 v1\n",
+		},
+		{
 			name: "a claim against a write neither lost nor fresh: nothing to settle",
 			build: func(w *world) {
 				w.running("0", "n1")
