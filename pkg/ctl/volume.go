@@ -111,6 +111,9 @@ replicas survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 			if err != nil {
 				return err
 			}
+			for _, w := range unreachableReplicas(v) {
+				fmt.Fprintf(a.errOut, "warning: %s\n", w)
+			}
 			return a.renderVolume(cformat, v)
 		},
 	}
@@ -278,6 +281,20 @@ func (a *app) renderVolume(format string, v *volv1.Volume) error {
 			fmt.Fprintln(tw)
 		}
 	})
+}
+
+// unreachableReplicas says which of a new volume's replicas did not
+// answer: placed where no other node could take them (a vold restarting,
+// say), they catch up when their vold is back.
+func unreachableReplicas(v *volv1.Volume) []string {
+	var out []string
+	for _, m := range v.GetMembers() {
+		if !m.GetAlive() {
+			out = append(out, fmt.Sprintf("volume %s: replica %d on node %s does not answer; the volume is degraded until that node's vold is back (or the replica is replaced elsewhere)",
+				v.GetName(), m.GetReplica(), m.GetNode()))
+		}
+	}
+	return out
 }
 
 func dash(s string) string {

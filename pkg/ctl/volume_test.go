@@ -35,3 +35,19 @@ func TestRenderVolumeDigests(t *testing.T) {
 		t.Fatalf("with digests (16 hex digits each):\n%s", out)
 	}
 }
+
+func TestUnreachableReplicasWarned(t *testing.T) {
+	v := &volv1.Volume{Name: "data", Members: []*volv1.Member{
+		{Node: "n1", Replica: 1, Role: "leader", Alive: true},
+		{Node: "n2", Replica: 2, Role: "unreachable"},
+		{Node: "n3", Replica: 3, Role: "follower", Alive: true},
+	}}
+	got := unreachableReplicas(v)
+	if len(got) != 1 || !strings.Contains(got[0], "replica 2 on node n2") {
+		t.Fatalf("warnings = %q", got)
+	}
+	v.Members[1].Alive = true
+	if got := unreachableReplicas(v); len(got) != 0 {
+		t.Fatalf("all alive: warnings = %q", got)
+	}
+}
