@@ -583,7 +583,7 @@ func (r *reconciler) resolveClaim(si *slotInfo, d *Slot) bool {
 		}
 	}
 	if old == nil || old.Claim != d.Task || old.State.Terminal() {
-		return false
+		return false // no claim against this write (yet)
 	}
 	n := r.nodes[old.Node]
 	if n == nil || !n.Alive {
@@ -848,7 +848,7 @@ func (r *reconciler) place(si *slotInfo, d *Slot, asNext bool, why string, resta
 	}
 	id := r.newID()
 	// An owner that knows nothing of the slot says so (Slot.Fresh).
-	fresh := d == nil && si.cur == nil && len(si.unnamed) == 0
+	fresh := d == nil && len(si.unnamed) == 0
 	assign := AssignSlot{Service: r.svc.Name, Slot: si.name, Task: id, Version: version, Lost: lost, Fresh: fresh}
 	if asNext && d != nil {
 		assign = AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Task, Node: d.Node, Version: d.Version,

@@ -80,12 +80,12 @@ func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
 		}()
 	}
 	wg.Wait()
+	maps.Copy(out, asked)
 	if ctx.Err() != nil {
-		// A cancelled caller learnt nothing about the nodes.
-		maps.Copy(out, asked)
-		return out
+		return out // a cancelled caller learnt nothing about the nodes
 	}
 	n.probes.mu.Lock()
+	defer n.probes.mu.Unlock()
 	if n.probes.last == nil {
 		n.probes.last = map[string]probeResult{}
 	}
@@ -97,14 +97,13 @@ func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
 			n.log.Info("vold does not answer a ping; new replicas go elsewhere while another node can take them", "peer_node", id)
 		}
 	}
-	n.probes.mu.Unlock()
-	maps.Copy(out, asked)
 	return out
 }
 
 // ping reports whether node's vold answers over VolPeer and is ready.
 // Errors other than unreachable or not ready (an older vold that knows no
-// ping, say) still mean a vold runs there.
+// ping, say) still mean a vold runs there. Not through forwardTo: a ping
+// is not a forwarded request, and must not count as one in its metrics.
 func (n *node) ping(ctx context.Context, node string) bool {
 	c, err := n.pool.client(node)
 	if err != nil {
