@@ -1,9 +1,12 @@
 package raftgroup_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
 
@@ -432,7 +435,7 @@ func TestTransferLeadership(t *testing.T) {
 	converge(t, c, 1, 1, 2, 3)
 }
 
-// syncHookFS calls onSync before every sync of a journal segment file.
+// syncHookFS calls onSync before every sync of a journal segment's records.
 type syncHookFS struct {
 	vfs.FS
 	onSync func()
@@ -466,8 +469,9 @@ func (f syncHookFile) hook() {
 	}
 }
 
+// SyncData is how the journal syncs its records; Sync, which the journal
+// calls on preallocated segments from another goroutine, is not hooked.
 func (f syncHookFile) SyncData() error { f.hook(); return f.File.SyncData() }
-func (f syncHookFile) Sync() error     { f.hook(); return f.File.Sync() }
 
 // TestCommittedAnsweredBeforeNextSync: a leader round that learns a
 // proposal is committed and appends the next proposal answers the first
@@ -582,5 +586,65 @@ func TestSnapshotsWeighTheLogAgainstTheState(t *testing.T) {
 	}
 	if d := converge(t, c, 1, 1, 2, 3); len(d["big"]) != len(big) {
 		t.Fatalf("big value has %d bytes", len(d["big"]))
+	}
+}
+
+// TestCheckSyncsTheJournal: Check returns once a round has synced the
+// journal; while the sync does not finish (a stuck disk) it does not
+// return, and a closed host fails it.
+func TestCheckSyncsTheJournal(t *testing.T) {
+	hook := &syncHookFS{}
+	c := rgt.New(t, rgt.Options{Nodes: 1, Seed: 5, Configure: func(cfg *raftgroup.Config) {
+		hook.FS = cfg.FS
+		cfg.FS = hook
+	}})
+	h := c.Host(1)
+
+	syncs := 0
+	hook.onSync = func() { syncs++ }
+	f := h.CheckAsync()
+	if isDone(f) {
+		t.Fatal("Check answered before a round")
+	}
+	h.Round()
+	hook.onSync = nil
+	if !isDone(f) {
+		t.Fatal("Check not answered after a round")
+	}
+	if _, err := f.Result(); err != nil {
+		t.Fatal(err)
+	}
+	if syncs == 0 {
+		t.Fatal("Check's round synced nothing")
+	}
+
+	// A sync that does not finish holds Check until it does.
+	stuck, entered := make(chan struct{}), make(chan struct{}, 1)
+	hook.onSync = func() {
+		entered <- struct{}{}
+		<-stuck
+	}
+	f = h.CheckAsync()
+	round := make(chan struct{})
+	go func() { h.Round(); close(round) }()
+	<-entered
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := h.Check(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Check during a stuck sync returned %v, want the deadline", err)
+	}
+	if isDone(f) {
+		t.Fatal("Check answered while its sync was stuck")
+	}
+	close(stuck)
+	<-round
+	hook.onSync = nil
+	if _, err := f.Result(); err != nil {
+		t.Fatal(err)
+	}
+
+	c.Crash(1)
+	if err := h.Check(context.Background()); !errors.Is(err, raftgroup.ErrClosed) {
+		t.Fatalf("Check on a closed host returned %v, want ErrClosed", err)
 	}
 }

@@ -150,11 +150,17 @@ func (n *node) forwardOrder(d *volumeDoc) []string {
 // replica of the group.
 func (n *node) serveForward(ctx context.Context, from string, req *volv1.ForwardRequest) (*volv1.ForwardResponse, error) {
 	n.stats.forwardedIn.Add(1)
-	if _, err := n.raftHost(); err != nil {
+	h, err := n.raftHost()
+	if err != nil {
 		return nil, err
 	}
 	g := raftgroup.GroupID(req.GetGroup())
 	if req.GetKind() == kindPing {
+		// Answered only once the host's loop has synced its journal: a
+		// vold whose loop or disk is stuck answers nothing else either.
+		if err := h.Check(ctx); err != nil {
+			return nil, fmt.Errorf("vold on %s cannot write: %w: %w", n.id, err, errdefs.ErrUnavailable)
+		}
 		return &volv1.ForwardResponse{}, nil
 	}
 	if req.GetKind() == kindSystemEnsure {

@@ -21,12 +21,15 @@ import (
 // are asked over VolPeer (kindPing), and those that do not answer are
 // passed over.
 
-// kindPing asks a vold whether it is ready to host replicas.
+// kindPing asks a vold whether it is ready to host replicas: it answers
+// once its Raft host's loop has synced a journal record
+// (raftgroup.Host.Check), so a stuck loop or disk does not answer.
 const kindPing = "ping"
 
 const (
 	// probeTimeout bounds one ping: a vold that is running answers in
-	// milliseconds, one that is not refuses the connection at once.
+	// milliseconds (a round and a sync), one that is not refuses the
+	// connection at once.
 	probeTimeout = 2 * time.Second
 	// probeTTL is how long an answer is remembered, so that a repair round
 	// over many groups or a burst of creates asks each node once.

@@ -4,6 +4,9 @@ import (
 	"context"
 	"testing"
 	"time"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
 // TestAnsweringPingsOverVolPeer pings real peers over mutual TLS: one
@@ -41,5 +44,49 @@ func TestAnsweringPingsOverVolPeer(t *testing.T) {
 	n.probes.mu.Unlock()
 	if got := n.answering(ctx, []string{"b2"}); got["b2"] {
 		t.Fatalf("b2 stopped but answering = %v", got)
+	}
+}
+
+// TestPingWaitsForTheHost: a vold answers a ping only once its Raft
+// host's loop has synced its journal, so a process that still serves
+// VolPeer while its loop is stuck is passed over like a silent one.
+func TestPingWaitsForTheHost(t *testing.T) {
+	peers := startClusterWith(t, clusterOpts{forward: func(p *testPeer) func(context.Context, string, *volv1.ForwardRequest) (*volv1.ForwardResponse, error) {
+		n := &node{id: p.id, log: testLogger(t), ready: make(chan struct{})}
+		close(n.ready)
+		n.host.Store(p.host)
+		return n.serveForward
+	}}, "a1", "b2")
+	n := &node{id: "a1", log: testLogger(t), pool: peers[0].pool}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if !n.ping(ctx, "b2") {
+		t.Fatal("b2's vold does not answer a ping")
+	}
+
+	// Hold b2's host loop: WithStateMachine runs on the loop's lock.
+	const g = raftgroup.GroupID(3)
+	if err := peers[1].host.CreateGroup(g, 1, []raftgroup.Member{{Replica: 1, Node: peers[1].rid}}); err != nil {
+		t.Fatal(err)
+	}
+	held, release := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = peers[1].host.WithStateMachine(g, func(raftgroup.StateMachine, uint64) {
+			close(held)
+			<-release
+		})
+	}()
+	<-held
+	start := time.Now()
+	answered := n.ping(ctx, "b2")
+	close(release)
+	if answered {
+		t.Fatal("b2 answered a ping while its host's loop was stuck")
+	}
+	if d := time.Since(start); d < probeTimeout/2 {
+		t.Errorf("the ping gave up after %s, before its timeout", d)
+	}
+	if !n.ping(ctx, "b2") {
+		t.Fatal("b2 does not answer once its loop runs again")
 	}
 }

@@ -62,6 +62,9 @@ type clusterOpts struct {
 	newSM func() raftgroup.StateMachine
 	// tick is the hosts' tick (default 10ms).
 	tick time.Duration
+	// forward, when set, returns what serves a peer's forwarded requests
+	// (default: an answer naming the caller's node).
+	forward func(p *testPeer) func(context.Context, string, *volv1.ForwardRequest) (*volv1.ForwardResponse, error)
 }
 
 func testLogger(t testing.TB) *slog.Logger {
@@ -167,6 +170,9 @@ func startClusterWith(t testing.TB, o clusterOpts, ids ...string) []*testPeer {
 		// Forward answers with the caller's node, as the certificate says.
 		svc.forward = func(_ context.Context, from string, _ *volv1.ForwardRequest) (*volv1.ForwardResponse, error) {
 			return &volv1.ForwardResponse{Payload: []byte(from)}, nil
+		}
+		if o.forward != nil {
+			svc.forward = o.forward(p)
 		}
 		p.srv = newPeerGRPC(testLogger(t), svc)
 		go p.srv.Serve(svc.peerListener(lis, getID, getCA))
