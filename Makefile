@@ -10,6 +10,7 @@ DAEMONS := statd schedd netd vold
 BINS := $(addprefix bin/shoal-,$(DAEMONS)) bin/shoalctl
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
+STATICCHECK_VERSION := v0.8.2
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 FUZZTIME ?= 10s
 # Packages needed by the tests and the demo on a fresh Debian machine.
@@ -22,7 +23,7 @@ help:
 	@echo "make test    - everything CI runs: checks, unit/property tests, fuzzing, e2e"
 	@echo "make demo    - start a local Shoal and show state converging"
 	@echo "make bench   - run the benchmarks and write docs/BENCHMARKS.md"
-	@echo "make check   - gofmt, go vet, generated code current"
+	@echo "make check   - gofmt, go vet, staticcheck, generated code current"
 	@echo "make proto   - regenerate Go code from proto/"
 	@echo "make install - install binaries and systemd units (PREFIX, DESTDIR)"
 
@@ -65,6 +66,8 @@ deps:
 		$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	@test -x $(GOBIN_DIR)/protoc-gen-go-grpc && $(GOBIN_DIR)/protoc-gen-go-grpc --version | grep -q $(PROTOC_GEN_GO_GRPC_VERSION:v%=%) || \
 		$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	@test -x $(GOBIN_DIR)/staticcheck && $(GOBIN_DIR)/staticcheck -version | grep -q '($(STATICCHECK_VERSION:v%=%))' || \
+		$(GO) install honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION)
 
 proto: deps
 	PATH="$(GOBIN_DIR):$$PATH" ./proto/gen.sh
@@ -73,6 +76,7 @@ check: deps
 	@bad=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); \
 	if [ -n "$$bad" ]; then echo "gofmt needed:"; echo "$$bad"; exit 1; fi
 	$(GO) vet ./...
+	$(GOBIN_DIR)/staticcheck ./...
 	PATH="$(GOBIN_DIR):$$PATH" ./proto/gen.sh
 	@if ! git diff --quiet -- proto/ || [ -n "$$(git ls-files --others --exclude-standard proto/)" ]; then \
 		echo "generated protobuf code is stale: run 'make proto' and commit"; git status --short proto/; exit 1; fi

@@ -340,9 +340,9 @@ exit code is CMD's.`,
 			if err != nil {
 				return err
 			}
-			// No context: the command lives as long as it wants; Ctrl-C
-			// reaches it from the terminal directly.
-			ec, err := c.Command(nil, i, args[1:]...)
+			// Never cancelled: the command lives as long as it wants;
+			// Ctrl-C reaches it from the terminal directly.
+			ec, err := c.Command(context.Background(), i, args[1:]...)
 			if err != nil {
 				return err
 			}

@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"time"
 
@@ -76,7 +75,6 @@ type Runtime struct {
 	started time.Time
 	ready   chan struct{}
 	fatal   chan error
-	once    sync.Once
 }
 
 // Fatal asks Main to shut the daemon down and exit non-zero. Background

@@ -649,8 +649,8 @@ func (c *Cluster) Stop(ctx context.Context, i int, name string, grace time.Durat
 // Command returns a command that runs argv on node i once started with
 // StartIn: argv[0] is looked up in BinDir first, then $PATH; the
 // environment is ours with BinDir first in PATH and SHOAL_RUN_DIR set to
-// the node's run dir. With a non-nil ctx, the process is killed when ctx
-// ends.
+// the node's run dir. The process is killed when ctx ends (never, for
+// context.Background()).
 func (c *Cluster) Command(ctx context.Context, i int, argv ...string) (*exec.Cmd, error) {
 	if err := c.CheckNode(i); err != nil {
 		return nil, err
@@ -662,12 +662,7 @@ func (c *Cluster) Command(ctx context.Context, i int, argv ...string) (*exec.Cmd
 	if err != nil {
 		return nil, notFoundError{err}
 	}
-	var cmd *exec.Cmd
-	if ctx != nil {
-		cmd = exec.CommandContext(ctx, path, argv[1:]...)
-	} else {
-		cmd = exec.Command(path, argv[1:]...)
-	}
+	cmd := exec.CommandContext(ctx, path, argv[1:]...)
 	cmd.Args[0] = argv[0]
 	cmd.Env = c.env(i)
 	cmd.WaitDelay = 2 * time.Second

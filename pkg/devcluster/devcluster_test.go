@@ -363,7 +363,7 @@ func TestCluster(t *testing.T) {
 	}
 
 	// A process of our own in a namespace is killed too.
-	sleeper, err := c.Command(nil, 3, "sleep", "300")
+	sleeper, err := c.Command(context.Background(), 3, "sleep", "300")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -331,24 +331,6 @@ func (s *simNet) converged() bool {
 	return true
 }
 
-// lastSeen returns, over all running observers but subject, the latest time
-// since from at which each first saw subject in state st; ok is false if
-// some observer has not.
-func (s *simNet) lastSeen(subject string, st State, from time.Time) (time.Duration, bool) {
-	var worst time.Duration
-	for _, n := range s.up() {
-		if n.id == subject {
-			continue
-		}
-		o, ok := s.seen[[2]string{n.id, subject}]
-		if !ok || o.m.State != st {
-			return 0, false
-		}
-		worst = max(worst, o.at.Sub(from))
-	}
-	return worst, true
-}
-
 func (s *simNet) ids(n int, prefix string) []string {
 	out := make([]string, n)
 	for i := range out {

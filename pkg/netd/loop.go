@@ -73,7 +73,6 @@ func (n *node) run(ctx context.Context) error {
 			return nil
 		case <-tick.C:
 		case <-changes:
-		case <-n.kick:
 		}
 	}
 }

@@ -118,8 +118,6 @@ type node struct {
 	// (written by it only, under pubMu; Status reads them).
 	pubMu sync.Mutex
 	pubs  map[portKey]*publication
-
-	kick chan struct{}
 }
 
 func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error, error) {
@@ -140,7 +138,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	if err != nil {
 		return nil, err
 	}
-	n := &node{cfg: cfg, log: rt.Log, statd: st, ready: make(chan struct{}), kick: make(chan struct{}, 1)}
+	n := &node{cfg: cfg, log: rt.Log, statd: st, ready: make(chan struct{})}
 	netv1.RegisterNetworkServer(rt.GRPC, &api{n: n})
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -157,13 +155,6 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		n.close()
 		return st.Close()
 	}, nil
-}
-
-func (n *node) wake() {
-	select {
-	case n.kick <- struct{}{}:
-	default:
-	}
 }
 
 func (n *node) isReady() bool {

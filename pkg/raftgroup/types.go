@@ -283,11 +283,3 @@ func thenMap[S, T any](src *Future[S], fn func(S) (T, error)) *Future[T] {
 	})
 	return dst
 }
-
-// failedFuture returns a future resolved with err.
-func failedFuture[T any](err error) *Future[T] {
-	f := newFuture[T]()
-	var zero T
-	f.resolve(zero, err)
-	return f
-}

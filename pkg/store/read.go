@@ -278,21 +278,6 @@ func (s *Store) isClosed() bool {
 	}
 }
 
-func readUint(r pebble.Reader, key []byte) (uint64, error) {
-	v, c, err := r.Get(key)
-	if errors.Is(err, pebble.ErrNotFound) {
-		return 0, nil
-	}
-	if err != nil {
-		return 0, err
-	}
-	defer c.Close()
-	if len(v) != 8 {
-		return 0, fmt.Errorf("scalar %q has %d bytes: %w", key, len(v), errdefs.ErrDataLoss)
-	}
-	return binary.BigEndian.Uint64(v), nil
-}
-
 // Scan calls fn with every stored document, tombstones included, in key
 // order from one snapshot, until fn returns false.
 func (s *Store) Scan(fn func(key string, d crdt.Doc) bool) error {

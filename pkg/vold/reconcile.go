@@ -109,16 +109,6 @@ func (n *node) volumeDoc(name string) *volumeDoc {
 	return v
 }
 
-// docOfGroup returns the name and document of the volume whose group is g.
-func (n *node) docOfGroup(g raftgroup.GroupID) (string, *volumeDoc) {
-	for name, d := range n.volumeDocs() {
-		if d.group() == g {
-			return name, d
-		}
-	}
-	return "", nil
-}
-
 // reconcile makes this node's replicas match the volume documents: a
 // member that has no replica creates it (initial members bootstrap the
 // group together) or joins empty (members added by repair); a replica

@@ -360,6 +360,3 @@ func DecodeResult(b []byte) (Result, error) {
 	}
 	return r, nil
 }
-
-// errResult encodes a result carrying only errno.
-func errResult(e syscall.Errno) []byte { return (&Result{Errno: e}).Encode() }

@@ -882,7 +882,7 @@ type bgCtl struct {
 // startCtl starts shoalctl args on node i; the test's end kills it.
 func (c *moreCluster) startCtl(i int, args ...string) *bgCtl {
 	c.t.Helper()
-	cmd, err := c.Command(nil, i, append([]string{"shoalctl"}, args...)...)
+	cmd, err := c.Command(context.Background(), i, append([]string{"shoalctl"}, args...)...)
 	if err != nil {
 		c.t.Fatal(err)
 	}

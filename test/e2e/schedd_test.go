@@ -29,7 +29,6 @@ type schedCluster struct {
 	t     *testing.T
 	ids   []string // node IDs, index 0 is node 1
 	image string   // path of the test image archive
-	v2    []testimage.Built
 }
 
 func newSchedCluster(t *testing.T) *schedCluster {
