@@ -155,6 +155,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	volv1.RegisterKVServer(rt.GRPC, &kvAPI{n: n})
 	volv1.RegisterStateMachinesServer(rt.GRPC, &machinesAPI{n: n})
 	rt.Details = n.details
+	rt.Liveness = n.live
 	rt.Metrics.MustRegister(newCollector(n))
 	n.lat = newLatencies()
 	rt.Metrics.MustRegister(n.lat.collectors()...)
@@ -329,6 +330,19 @@ func (n *node) raftHost() (*raftgroup.Host, error) {
 		return nil, errNotReady
 	}
 	return n.host.Load(), nil
+}
+
+// live is vold's check before each systemd watchdog ping: its Raft
+// host's loop syncs a journal record (raftgroup.Host.Check). A loop stuck
+// on a lock, or a disk that no longer finishes a sync, stops the pings and
+// systemd restarts vold; the mounts survive that (their FUSE sessions are
+// kept, fuse.go). A vold not in a cluster yet has no host, and is live.
+func (n *node) live(ctx context.Context) error {
+	h := n.host.Load()
+	if h == nil {
+		return nil
+	}
+	return h.Check(ctx)
 }
 
 // deliver hands an inbound batch to the host, if it runs.

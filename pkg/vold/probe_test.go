@@ -64,22 +64,10 @@ func TestPingWaitsForTheHost(t *testing.T) {
 		t.Fatal("b2's vold does not answer a ping")
 	}
 
-	// Hold b2's host loop: WithStateMachine runs on the loop's lock.
-	const g = raftgroup.GroupID(3)
-	if err := peers[1].host.CreateGroup(g, 1, []raftgroup.Member{{Replica: 1, Node: peers[1].rid}}); err != nil {
-		t.Fatal(err)
-	}
-	held, release := make(chan struct{}), make(chan struct{})
-	go func() {
-		_ = peers[1].host.WithStateMachine(g, func(raftgroup.StateMachine, uint64) {
-			close(held)
-			<-release
-		})
-	}()
-	<-held
+	release := holdLoop(t, peers[1])
 	start := time.Now()
 	answered := n.ping(ctx, "b2")
-	close(release)
+	release()
 	if answered {
 		t.Fatal("b2 answered a ping while its host's loop was stuck")
 	}
@@ -89,4 +77,51 @@ func TestPingWaitsForTheHost(t *testing.T) {
 	if !n.ping(ctx, "b2") {
 		t.Fatal("b2 does not answer once its loop runs again")
 	}
+}
+
+// TestLiveWaitsForTheHost: vold's watchdog check passes while its Raft
+// host's loop turns and fails while it is stuck, so systemd restarts a
+// vold whose loop or disk hangs; a vold with no host yet is live.
+func TestLiveWaitsForTheHost(t *testing.T) {
+	peers := startCluster(t, "a1")
+	n := &node{id: "a1", log: testLogger(t)}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.live(ctx); err != nil {
+		t.Fatalf("a vold with no host yet: %v", err)
+	}
+	n.host.Store(peers[0].host)
+	if err := n.live(ctx); err != nil {
+		t.Fatalf("a running host: %v", err)
+	}
+	release := holdLoop(t, peers[0])
+	short, cancelShort := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancelShort()
+	err := n.live(short)
+	release()
+	if err == nil {
+		t.Fatal("live passed while the host's loop was stuck")
+	}
+	if err := n.live(ctx); err != nil {
+		t.Fatalf("once the loop runs again: %v", err)
+	}
+}
+
+// holdLoop holds p's host loop until release is called: WithStateMachine
+// runs on the loop's lock.
+func holdLoop(t *testing.T, p *testPeer) (release func()) {
+	t.Helper()
+	g := raftgroup.GroupID(3000 + p.rid)
+	if err := p.host.CreateGroup(g, 1, []raftgroup.Member{{Replica: 1, Node: p.rid}}); err != nil {
+		t.Fatal(err)
+	}
+	held, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		_ = p.host.WithStateMachine(g, func(raftgroup.StateMachine, uint64) {
+			close(held)
+			<-done
+		})
+	}()
+	<-held
+	return func() { close(done) }
 }
