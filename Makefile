@@ -14,9 +14,15 @@ STATICCHECK_VERSION := v0.8.2
 GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 FUZZTIME ?= 10s
 # Packages needed by the tests and the demo on a fresh Debian machine.
-APT_PACKAGES := protobuf-compiler libprotobuf-dev systemd iproute2 nftables busybox-static containerd runc iperf3 tcpdump
+APT_PACKAGES := protobuf-compiler libprotobuf-dev systemd iproute2 nftables busybox-static containerd runc iperf3 tcpdump debootstrap systemd-container
+# A minimal Debian with systemd, which e2e's TestSystemdNode boots in a
+# container to run the units under a real systemd (this machine's PID 1
+# is not systemd). Built once by debootstrap, then reused.
+NSPAWN_ROOT ?= /var/tmp/shoal-nspawn-root
+DEBIAN_SUITE ?= $(shell . /etc/os-release && echo $$VERSION_CODENAME)
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
 
-.PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image
+.PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image nspawn-root
 
 help:
 	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold} and bin/shoalctl"
@@ -58,6 +64,8 @@ deps:
 	command -v runc >/dev/null || missing="$$missing runc"; \
 	command -v iperf3 >/dev/null || missing="$$missing iperf3"; \
 	command -v tcpdump >/dev/null || missing="$$missing tcpdump"; \
+	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
+	command -v systemd-nspawn >/dev/null || missing="$$missing systemd-container"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \
@@ -94,8 +102,18 @@ fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh $(FUZZ_TARGETS)
 
 # e2e runs the real binaries (built by `build`) as separate processes.
-e2e: build
-	SHOAL_BIN_DIR=$(CURDIR)/bin $(GO) test -count=1 -timeout 20m ./test/e2e/...
+e2e: build nspawn-root
+	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_NSPAWN_ROOT=$(NSPAWN_ROOT) $(GO) test -count=1 -timeout 20m ./test/e2e/...
+
+# nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 240 MB);
+# the tests boot it over a throwaway overlay and never change it.
+nspawn-root: deps
+	@test -x $(NSPAWN_ROOT)/lib/systemd/systemd || { \
+		echo "debootstrap $(DEBIAN_SUITE) into $(NSPAWN_ROOT)"; \
+		rm -rf $(NSPAWN_ROOT).tmp && \
+		debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus $(DEBIAN_SUITE) $(NSPAWN_ROOT).tmp $(DEBIAN_MIRROR) >$(NSPAWN_ROOT).log 2>&1 || \
+			{ tail -20 $(NSPAWN_ROOT).log; exit 1; }; \
+		mv $(NSPAWN_ROOT).tmp $(NSPAWN_ROOT); }
 
 bench: deps build
 	./bench/run.sh
