@@ -34,6 +34,7 @@ func (n *node) run(ctx context.Context) error {
 	go n.mirror.Run(ctx)
 	go n.identity.Follow(ctx, n.statd.Cluster, n.log)
 	go n.aliveLoop(ctx)
+	go n.releases.run(ctx)
 	n.peers = newPeerPool(n)
 	if err := n.servePeers(ctx, idr.GetAdvertiseIp()); err != nil {
 		return err

@@ -119,6 +119,8 @@ type node struct {
 	statd *client.Statd
 	netd  *client.Netd
 	vold  volv1.VolumesClient
+	// releases tells vold of tasks that no longer use a volume.
+	releases *volumeReleases
 
 	// Set once the node is in a cluster (identity from statd).
 	id       string
@@ -200,6 +202,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		unsched:  map[string]map[string]string{},
 		local:    map[string]*localTask{},
 	}
+	n.releases = &volumeReleases{vold: n.vold, log: rt.Log.With("component", "volumes")}
 	n.capacity = cfg.capacity()
 	n.ledger = sched.NewLedger(n.capacity, time.Duration(cfg.ReservationTTL))
 	schedv1.RegisterSchedulerServer(rt.GRPC, &api{n: n})

@@ -4,11 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
@@ -25,6 +30,9 @@ func (n *node) mountVolumes(ctx context.Context, t sched.Task, spec sched.Servic
 		if err != nil {
 			return err // validated on create: only a hand-edited document gets here
 		}
+		// A release of this task's earlier run that vold has not taken
+		// yet must not undo this mount.
+		n.releases.forget(volumeUser{volume: m.Name, task: t.ID})
 		resp, err := n.vold.Mount(ctx, &volv1.MountRequest{Name: m.Name, User: t.ID})
 		if err != nil {
 			return fmt.Errorf("volume %s from shoal-vold: %w", m.Name, err)
@@ -36,17 +44,109 @@ func (n *node) mountVolumes(ctx context.Context, t sched.Task, spec sched.Servic
 
 // unmountVolumes tells vold that the task no longer uses its volumes. It
 // is idempotent on vold's side, so a task that ends and is then removed
-// may call it twice.
+// may call it twice. A release vold does not take is retried.
 func (n *node) unmountVolumes(ctx context.Context, taskID string, spec sched.ServiceSpec) {
 	for _, v := range spec.Volumes {
 		m, err := sched.ParseVolume(v)
 		if err != nil {
 			continue
 		}
-		if _, err := n.vold.Unmount(ctx, &volv1.UnmountRequest{Name: m.Name, User: taskID}); err != nil {
-			n.log.Warn("release volume", "task", taskID, "volume", m.Name, "err", err)
+		n.releases.release(ctx, volumeUser{volume: m.Name, task: taskID})
+	}
+}
+
+// volumeUser is a task as a user of a volume on this node.
+type volumeUser struct{ volume, task string }
+
+const (
+	// releaseRetry is how often releases vold did not take are retried.
+	releaseRetry = 2 * time.Second
+	// releaseTimeout bounds one Unmount call.
+	releaseTimeout = 10 * time.Second
+)
+
+// volumeReleases tells vold that tasks no longer use volumes, and retries
+// what vold did not take: vold down or restarting when a task ended, as
+// on a node that restarts, where schedd comes back before vold. vold
+// counts a task as a user until it hears of the release, and `volume rm`
+// refuses a volume with users, so a release is never given up. (Pending
+// releases are kept in memory: a schedd restart forgets them.)
+type volumeReleases struct {
+	vold volv1.VolumesClient
+	log  *slog.Logger
+
+	// mu is held across each Unmount, so that a Mount of the same user
+	// (forget) waits for a release in flight rather than being undone by
+	// it.
+	mu      sync.Mutex
+	pending map[volumeUser]bool
+}
+
+// release asks vold to drop u, and keeps it for retry if vold does not.
+func (r *volumeReleases) release(ctx context.Context, u volumeUser) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if err := r.unmount(ctx, u); err != nil {
+		if !r.pending[u] {
+			r.log.Warn("release volume: retried until vold takes it", "task", u.task, "volume", u.volume, "err", err)
+		}
+		if r.pending == nil {
+			r.pending = map[volumeUser]bool{}
+		}
+		r.pending[u] = true
+		return
+	}
+	delete(r.pending, u)
+}
+
+// forget drops a pending release of u (u mounts again).
+func (r *volumeReleases) forget(u volumeUser) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.pending, u)
+}
+
+// retry tries every pending release once.
+func (r *volumeReleases) retry(ctx context.Context) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for u := range r.pending {
+		if ctx.Err() != nil {
+			return
+		}
+		if err := r.unmount(ctx, u); err != nil {
+			continue
+		}
+		delete(r.pending, u)
+		r.log.Info("volume released", "task", u.task, "volume", u.volume)
+	}
+}
+
+// run retries pending releases every releaseRetry until ctx ends.
+func (r *volumeReleases) run(ctx context.Context) {
+	t := time.NewTicker(releaseRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			r.retry(ctx)
 		}
 	}
+}
+
+// unmount is one Unmount call. A request vold rejects as invalid would
+// never be taken: it counts as done.
+func (r *volumeReleases) unmount(ctx context.Context, u volumeUser) error {
+	cctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	_, err := r.vold.Unmount(cctx, &volv1.UnmountRequest{Name: u.volume, User: u.task})
+	if status.Code(err) == codes.InvalidArgument {
+		r.log.Warn("release volume: vold rejects it", "task", u.task, "volume", u.volume, "err", err)
+		return nil
+	}
+	return err
 }
 
 // watchVolumes restarts a task whose volume mount died. A FUSE mount

@@ -657,9 +657,35 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 			return err == nil && s == "from-spec\nok\n"
 		})
 		c.releaseReader(members[0], "data")
-		c.mustCtl(1, "service", "rm", "deployed")
-		if _, err := c.volumes(outside).Unmount(ctx, &volv1.UnmountRequest{Name: "data", User: "e2e-proxy"}); err != nil {
+
+		// The task ends while its node's vold is down: schedd cannot
+		// release the volume then, and retries until vold is back. (Not
+		// retried, the task stayed a user of the volume for ever, and
+		// `volume rm` refused it: a CI run where schedd came back from a
+		// node restart before vold hit that.)
+		if err := c.Kill(context.Background(), outside, "vold"); err != nil {
 			t.Fatal(err)
+		}
+		c.mustCtl(1, "service", "rm", "deployed")
+		schedLog := c.LogPath(outside, "schedd")
+		waitFor(t, 60*time.Second, "schedd failing to release the volume while vold is down", func() bool {
+			b, _ := os.ReadFile(schedLog)
+			return strings.Contains(string(b), "release volume: retried until vold takes it")
+		})
+		if err := c.Start(context.Background(), outside, "vold"); err != nil {
+			t.Fatal(err)
+		}
+		mountDoc := "/volumemounts/data/" + c.ids[outside-1]
+		var doc string
+		waitFor(t, 60*time.Second, "the removed task no longer a user of the volume", func() bool {
+			out, _, code := c.ctl(1, "state", "get", mountDoc, "-o", "json")
+			doc = out
+			return code == 0 && strings.Contains(out, "e2e-proxy") && !strings.Contains(out, "deployed.")
+		})
+		uctx, ucancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer ucancel()
+		if _, err := c.volumes(outside).Unmount(uctx, &volv1.UnmountRequest{Name: "data", User: "e2e-proxy"}); err != nil {
+			t.Fatalf("%v (mount record %s)", err, doc)
 		}
 	})
 
