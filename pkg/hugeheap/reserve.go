@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -15,11 +16,15 @@ import (
 const madvPopulateWrite = 23
 
 var (
+	// reserveMu is held while a reserve is made, in the background too.
 	reserveMu sync.Mutex
 	// ballast is never touched: it only counts as live heap, so that the
 	// collector's goal, and the memory its scavenger keeps, stay above
 	// the reserve. Its pages are never faulted in.
 	ballast []byte
+	// reserved is len(ballast), read without waiting for a reserve being
+	// made.
+	reserved atomic.Int64
 )
 
 // Reserve makes n bytes of heap memory resident before anything uses
@@ -59,29 +64,97 @@ var (
 func Reserve(n int, huge bool) (int, error) {
 	reserveMu.Lock()
 	defer reserveMu.Unlock()
-	if n <= 0 || ballast != nil {
+	if !makeBallast(n) {
 		return 0, nil
+	}
+	return fill(n, huge)
+}
+
+// ReserveInBackground is Reserve with the reserve allocated and
+// populated on a goroutine of its own, which takes seconds for a GiB on
+// the project's VMs (more when the runtime zeroes the span it hands out,
+// page by page in small pages): the ballast is made before it returns,
+// so the collector's goal is as with Reserve, and only allocations made
+// while the population runs land on fresh pages, as without a reserve.
+// A daemon that calls it serves at once (vold's mounts wait while no
+// vold runs). done, when not nil, gets Reserve's results on that
+// goroutine.
+func ReserveInBackground(n int, huge bool, done func(populated int, err error)) {
+	reserveMu.Lock()
+	if !makeBallast(n) {
+		reserveMu.Unlock()
+		if done != nil {
+			done(0, nil)
+		}
+		return
+	}
+	go func() {
+		p, err := fill(n, huge)
+		reserveMu.Unlock()
+		if done != nil {
+			done(p, err)
+		}
+	}()
+}
+
+// makeBallast makes the ballast of a reserve of n bytes, unless there is
+// one. reserveMu is held.
+func makeBallast(n int) bool {
+	if n <= 0 || ballast != nil {
+		return false
 	}
 	// The ballast first, and a collection that sees it: the heap's goal
 	// is then above the reserve when the reserve is allocated, so growing
 	// the heap for it does not make the scavenger return memory.
 	ballast = make([]byte, n)
+	reserved.Store(int64(n))
 	runtime.GC()
+	return true
+}
+
+// fill allocates the reserve, populates it and drops it, or gives the
+// reserve up. reserveMu is held.
+func fill(n int, huge bool) (int, error) {
 	// Faults are counted from before the allocation: the runtime
 	// sometimes hands out a span it has to zero, and then make itself
 	// touches every page, before the advice below could ask for huge ones.
-	faults := minorFaults()
+	// They are this thread's: other goroutines fault pages meanwhile.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	start := threadFaults()
+	faults := func() int64 { return threadFaults() - start }
+	giveUp := func(err error) (int, error) {
+		ballast = nil
+		reserved.Store(0)
+		return 0, err
+	}
 	b := make([]byte, n)
 	if huge {
 		adviseRange(b)
 	}
-	populated, err := populate(b)
-	if err == nil && huge && minorFaults()-faults > int64(n/smallPageShare) {
+	var populated int
+	var err error
+	if huge && n > probeSize {
+		// The first probeSize bytes tell whether the kernel gives huge
+		// pages: in small ones the whole reserve would be a page fault
+		// per 4 KiB, only to be given up.
+		populated, err = populate(b[:probeSize])
+		if err == nil && faults() > int64(probeSize/smallPageShare) {
+			return giveUp(fmt.Errorf("hugeheap: the first %d bytes of a reserve of %d were populated in small pages (%d faults): %w", probeSize, n, faults(), ErrSmallPages))
+		}
+		if err == nil {
+			var rest int
+			rest, err = populate(b[probeSize:])
+			populated += rest
+		}
+	} else {
+		populated, err = populate(b)
+	}
+	if err == nil && huge && faults() > int64(n/smallPageShare) {
 		// Huge pages were asked for and the kernel populated small ones:
 		// on the project's VMs a heap kept in small pages made every
 		// process slower (see above), so no reserve at all.
-		ballast = nil
-		return 0, fmt.Errorf("hugeheap: a reserve of %d bytes was populated in small pages (%d faults): %w", n, minorFaults()-faults, ErrSmallPages)
+		return giveUp(fmt.Errorf("hugeheap: a reserve of %d bytes was populated in small pages (%d faults): %w", n, faults(), ErrSmallPages))
 	}
 	switch {
 	case errors.Is(err, unix.EINVAL):
@@ -90,8 +163,7 @@ func Reserve(n int, huge bool) (int, error) {
 			b[i] = 0
 		}
 	case err != nil:
-		ballast = nil
-		return 0, fmt.Errorf("hugeheap: populating a reserve of %d bytes: %w", n, err)
+		return giveUp(fmt.Errorf("hugeheap: populating a reserve of %d bytes: %w", n, err))
 	}
 	runtime.KeepAlive(b)
 	b = nil
@@ -102,14 +174,20 @@ func Reserve(n int, huge bool) (int, error) {
 // ErrSmallPages is why Reserve gave up a reserve of huge pages.
 var ErrSmallPages = errors.New("no huge pages")
 
+// probeSize is how much of a reserve is populated before the rest, to
+// learn whether the kernel gives it huge pages.
+const probeSize = 32 << 20
+
 // smallPageShare is the page size below which a reserve's average fault
 // counts as small pages: huge pages take one fault per 2 MiB, small ones
 // one per 4 KiB.
 const smallPageShare = 64 << 10
 
-func minorFaults() int64 {
+// threadFaults is the calling thread's minor faults (lock the goroutine
+// to it).
+func threadFaults() int64 {
 	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+	if err := unix.Getrusage(unix.RUSAGE_THREAD, &ru); err != nil {
 		return 0
 	}
 	return ru.Minflt
@@ -145,9 +223,6 @@ func pages(b []byte) (lo, hi uintptr) {
 	return (start + ps - 1) &^ (ps - 1), end &^ (ps - 1)
 }
 
-// Reserved returns the bytes Reserve holds (0 before it ran).
-func Reserved() int {
-	reserveMu.Lock()
-	defer reserveMu.Unlock()
-	return len(ballast)
-}
+// Reserved returns the bytes Reserve holds (0 before it ran, or once it
+// gave the reserve up).
+func Reserved() int { return int(reserved.Load()) }

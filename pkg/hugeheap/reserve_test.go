@@ -39,8 +39,20 @@ func reserveChild(mode string) int {
 	if mode == "small" {
 		return smallPagesChild()
 	}
-	if mode == "reserve" {
+	switch mode {
+	case "reserve":
 		if _, err := Reserve(testReserve, false); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+	case "background":
+		done := make(chan error, 1)
+		ReserveInBackground(testReserve, false, func(_ int, err error) { done <- err })
+		if Reserved() != testReserve {
+			fmt.Fprintln(os.Stderr, "Reserved", Reserved(), "while the reserve is populated")
+			return 1
+		}
+		if err := <-done; err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -110,8 +122,14 @@ func runReserveChild(t *testing.T, mode string) childResult {
 // reserve with next to no page faults and no more RSS, where a process
 // without one faults in every page its heap grows into.
 func TestReserveFaultsMemoryInAhead(t *testing.T) {
+	for _, mode := range []string{"reserve", "background"} {
+		t.Run(mode, func(t *testing.T) { testReserveFaultsMemoryInAhead(t, mode) })
+	}
+}
+
+func testReserveFaultsMemoryInAhead(t *testing.T, mode string) {
 	plain := runReserveChild(t, "none")
-	res := runReserveChild(t, "reserve")
+	res := runReserveChild(t, mode)
 	t.Logf("%d × %d MiB written; without a reserve: RSS %d → %d MiB, %d faults, %d collections; with %d MiB reserved: RSS %d → %d MiB, %d faults, %d collections",
 		testRounds, testAlloc>>20, plain.rss>>20, plain.endRSS>>20, plain.faults, plain.gcs, testReserve>>20, res.rss>>20, res.endRSS>>20, res.faults, res.gcs)
 	if res.rss < plain.rss+testReserve*9/10 {
@@ -136,13 +154,23 @@ func smallPagesChild() int {
 		fmt.Fprintln(os.Stderr, "prctl:", err)
 		return 1
 	}
+	before := minorFaults()
 	_, err := Reserve(testReserve, true)
-	fmt.Printf("%v %d\n", errors.Is(err, ErrSmallPages), Reserved())
+	fmt.Printf("%v %d %d\n", errors.Is(err, ErrSmallPages), Reserved(), minorFaults()-before)
 	return 0
 }
 
+func minorFaults() int64 {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Minflt
+}
+
 // TestReserveGivesUpSmallPages: where huge pages were asked for and the
-// kernel populated small ones, there is no reserve.
+// kernel populated small ones, there is no reserve, and the reserve was
+// given up after its first probeSize bytes, not populated whole.
 func TestReserveGivesUpSmallPages(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), childEnv+"=small")
@@ -151,12 +179,16 @@ func TestReserveGivesUpSmallPages(t *testing.T) {
 		t.Fatalf("child: %v", err)
 	}
 	var small bool
-	var reserved int
-	if _, err := fmt.Sscan(string(out), &small, &reserved); err != nil {
+	var reserved, faults int
+	if _, err := fmt.Sscan(string(out), &small, &reserved, &faults); err != nil {
 		t.Fatalf("child printed %q: %v", out, err)
 	}
 	if !small || reserved != 0 {
 		t.Fatalf("a reserve populated in small pages: ErrSmallPages %v, Reserved %d; want true, 0", small, reserved)
+	}
+	// 96 MiB in small pages is 24,576 faults; the probe's 32 MiB 8,192.
+	if whole := testReserve / pageSize; faults > whole/2 {
+		t.Fatalf("giving up a reserve in small pages took %d faults: it was populated whole (%d pages)", faults, whole)
 	}
 }
 

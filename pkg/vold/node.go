@@ -111,14 +111,18 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	if n := heapReserve(reserveMiB, mem); n > 0 {
 		// Before the huge pages' premap: a span freed there would be
 		// reused for the reserve and zeroed by the runtime, page by page.
+		// Populated in the background: a GiB takes seconds on the
+		// project's VMs, and while vold starts its mounts wait. The
+		// reserve's mapping is what the premap would have been.
 		t := time.Now()
-		if p, err := hugeheap.Reserve(n, cfg.HugePages); err != nil {
-			rt.Log.Info("heap reserve not made", "err", err)
-		} else {
+		hugeheap.ReserveInBackground(n, cfg.HugePages, func(p int, err error) {
+			if err != nil {
+				rt.Log.Info("heap reserve not made", "err", err)
+				return
+			}
 			rt.Log.Debug("heap reserved", "bytes", n, "populated", p, "took", time.Since(t))
-			// The reserve's mapping is what the premap would have been.
-			premap = max(0, premap-n)
-		}
+		})
+		premap = max(0, premap-n)
 	}
 	if ownProcess && cfg.HugePages {
 		if n, err := hugeheap.Enable(premap); err != nil {
