@@ -58,10 +58,17 @@ func TestSystemdNode(t *testing.T) {
 	// The writer: a service of the container's systemd, appending a
 	// counter to a file it keeps open; a failed write ends it (exit 7).
 	c.must("systemd-run", "--unit=shoal-writer", "bash", "-c",
-		`exec 3>>`+log+`; i=0; while [ $i -lt 200000 ]; do echo $i >&3 || exit 7; i=$((i+1)); sleep 0.02; done`)
+		`exec 3>>`+log+`; i=0; while [ $i -lt 200000 ]; do echo $i $EPOCHREALTIME >&3 || exit 7; i=$((i+1)); sleep 0.02; done`)
 	writer := c.prop("shoal-writer", "MainPID")
 	c.progress(log)
+	type step struct {
+		name string
+		line int // the writer's lines when the step began
+	}
+	var steps []step
+	begin := func(name string) { steps = append(steps, step{name, c.lines(log)}) }
 
+	begin("restart")
 	t.Run("restart", func(t *testing.T) {
 		before := c.prop("shoal-vold", "MainPID")
 		c.must("systemctl", "restart", "shoal-vold")
@@ -70,6 +77,7 @@ func TestSystemdNode(t *testing.T) {
 		})
 		c.progress(log)
 	})
+	begin("kill9")
 	t.Run("kill9", func(t *testing.T) {
 		restarts := c.restarts("shoal-vold")
 		c.must("systemctl", "kill", "--signal=KILL", "--kill-whom=main", "shoal-vold")
@@ -78,6 +86,7 @@ func TestSystemdNode(t *testing.T) {
 		})
 		c.progress(log)
 	})
+	begin("watchdog")
 	t.Run("watchdog", func(t *testing.T) {
 		// A short watchdog, so that the test waits seconds, not a minute.
 		c.must("sh", "-c", `mkdir -p /run/systemd/system/shoal-vold.service.d && `+
@@ -98,6 +107,7 @@ func TestSystemdNode(t *testing.T) {
 		}
 		c.progress(log)
 	})
+	begin("statd restart")
 	t.Run("statd restart", func(t *testing.T) {
 		vold := c.prop("shoal-vold", "MainPID")
 		statd := c.prop("shoal-statd", "MainPID")
@@ -116,8 +126,30 @@ func TestSystemdNode(t *testing.T) {
 		t.Fatalf("the writer is %s (main PID %s, was %s): its mount did not survive\n%s", c.prop("shoal-writer", "ActiveState"), got, writer,
 			c.journal("shoal-writer"))
 	}
-	out := c.must("awk", `NR-1 != $1 { print "line " NR " is " $1; exit 1 } END { print NR }`, log)
-	t.Logf("the writer wrote %s lines without a gap through four daemon restarts", strings.TrimSpace(out))
+	// The file is whole; and how long the writer waited at most in each
+	// step (a write that waits for vold to be back).
+	var at []float64
+	for k, line := range strings.Split(strings.TrimSpace(c.must("cat", log)), "\n") {
+		var i int
+		var ts float64
+		if _, err := fmt.Sscan(line, &i, &ts); err != nil || i != k {
+			t.Fatalf("line %d of the writer's file is %q, want %d and a time", k+1, line, k)
+		}
+		at = append(at, ts)
+	}
+	var waits []string
+	for k, st := range steps {
+		end := len(at)
+		if k+1 < len(steps) {
+			end = steps[k+1].line
+		}
+		longest := 0.0
+		for i := max(st.line, 1); i < end; i++ {
+			longest = max(longest, at[i]-at[i-1])
+		}
+		waits = append(waits, fmt.Sprintf("%s %.2f s", st.name, longest))
+	}
+	t.Logf("the writer wrote %d lines without a gap; its longest wait for a write in each step: %s", len(at), strings.Join(waits, ", "))
 }
 
 // container is a booted systemd-nspawn container.
@@ -219,25 +251,30 @@ func (c *container) journal(units ...string) string {
 	return out
 }
 
+// lines counts the lines of the file at path (-1: unknown).
+func (c *container) lines(path string) int {
+	out, err := c.run("wc", "-l", path)
+	if err != nil {
+		return -1
+	}
+	f := strings.Fields(out)
+	if len(f) == 0 {
+		return -1
+	}
+	n, err := strconv.Atoi(f[0])
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
 // progress waits for the file at path to gain 20 lines.
 func (c *container) progress(path string) {
 	c.t.Helper()
-	lines := func() int {
-		out, err := c.run("wc", "-l", path)
-		if err != nil {
-			return -1
-		}
-		f := strings.Fields(out)
-		if len(f) == 0 {
-			return -1
-		}
-		n, _ := strconv.Atoi(f[0])
-		return n
-	}
-	start := lines()
+	start := c.lines(path)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		n := lines()
+		n := c.lines(path)
 		if start >= 0 && n >= start+20 {
 			return
 		}
