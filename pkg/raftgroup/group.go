@@ -253,7 +253,22 @@ func (h *Host) openGroup(id GroupID, local ReplicaID) (*group, error) {
 	h.awake[id] = g
 	h.dirty[id] = g
 	h.peersStale = true
+	if g.soleVoter() {
+		// No one else can lead, and no one else's vote is needed: not
+		// waiting out an election timeout spares a restarted host's
+		// single-replica groups a second or two without a leader (a
+		// volume's mount waits that long).
+		_ = rn.Campaign()
+	}
 	return g, nil
+}
+
+// soleVoter reports whether this replica is its group's only voter, with
+// no configuration change under way.
+func (g *group) soleVoter() bool {
+	cfg := g.rn.Status().Config
+	_, in := cfg.Voters[0][uint64(g.replica)]
+	return in && len(cfg.Voters[0]) == 1 && len(cfg.Voters[1]) == 0 && len(cfg.Learners) == 0
 }
 
 // initialized reports whether the replica has state (a bootstrap or a

@@ -648,3 +648,34 @@ func TestCheckSyncsTheJournal(t *testing.T) {
 		t.Fatalf("Check on a closed host returned %v, want ErrClosed", err)
 	}
 }
+
+// TestSoleVoterLeadsWithoutElectionTimeout: a group whose only voter is
+// this replica has a leader after a host's first round, when created and
+// after a restart, without ticks; a three-voter group does not.
+func TestSoleVoterLeadsWithoutElectionTimeout(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 9})
+	c.CreateGroup(1, 1)
+	c.CreateGroup(2, 1, 2, 3)
+	leads := func(g raftgroup.GroupID) bool {
+		st, err := c.Host(1).Status(g)
+		return err == nil && st.Leader == st.Replica
+	}
+	c.Step()
+	if !leads(1) {
+		t.Fatalf("a created single-replica group has no leader after a round\n%s", c.String(1))
+	}
+	if leads(2) {
+		t.Fatal("a three-replica group elected a leader without ticks")
+	}
+	write(t, c, 1, 1, "k", "v")
+	ticks := c.Ticks
+	c.Crash(1)
+	c.Restart(1)
+	c.Step()
+	if !leads(1) {
+		t.Fatalf("a restarted single-replica group has no leader after a round\n%s", c.String(1))
+	}
+	if c.Ticks != ticks {
+		t.Fatalf("%d ticks ran", c.Ticks-ticks)
+	}
+}
