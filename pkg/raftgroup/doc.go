@@ -184,7 +184,10 @@
 // the number of groups. When a peer is silent for an election timeout, every
 // quiesced group with a replica there wakes, and the usual election (with
 // PreVote and CheckQuorum) takes over. A restarted replica wakes its group
-// by campaigning (PreVote), which reaches the leader too.
+// by campaigning (PreVote), which reaches the leader too. A group whose
+// only voter is this replica campaigns as soon as it is opened: no one
+// else could lead it, so an election timeout would only leave it without
+// a leader for a second or two after every restart.
 //
 // # Requests
 //
