@@ -109,11 +109,14 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		mem = meminfo.Available()
 	}
 	if n := heapReserve(reserveMiB, mem); n > 0 {
-		// Before the huge pages' premap: a span freed there would be
-		// reused for the reserve and zeroed by the runtime, page by page.
-		// Populated in the background: a GiB takes seconds on the
-		// project's VMs, and while vold starts its mounts wait. The
-		// reserve's mapping is what the premap would have been.
+		// Allocated and populated in the background: a GiB takes seconds
+		// on the project's VMs, and while vold starts its mounts wait.
+		// The reserve's mapping is what the premap would have been, so
+		// the premap shrinks by it (to nothing with the default 1 GiB
+		// reserve). What is left of a premap runs meanwhile, and a span
+		// it frees may then be reused for the reserve: Enable has advised
+		// it for huge pages first, so the runtime's zeroing of it faults
+		// in huge pages.
 		t := time.Now()
 		hugeheap.ReserveInBackground(n, cfg.HugePages, func(p int, err error) {
 			if err != nil {
