@@ -46,6 +46,9 @@ type Batch struct {
 	// Removed tells the receiver its replica was removed from the group,
 	// in answer to a message from it.
 	Removed []GroupReplica
+	// Leaving says the sender is handing its leaderships off before it
+	// stops (handoff.go): it is to be given none.
+	Leaving bool
 }
 
 // GroupMessage is a Raft message of one group.
@@ -158,6 +161,9 @@ func (b *Batch) AppendMarshal(dst []byte) ([]byte, error) {
 		sub = appendVarintField(sub, 2, uint64(r.Replica))
 		out = protowire.AppendTag(out, 7, protowire.BytesType)
 		out = protowire.AppendBytes(out, sub)
+	}
+	if b.Leaving {
+		out = appendVarintField(out, 8, 1)
 	}
 	return out, nil
 }
@@ -272,6 +278,8 @@ func UnmarshalBatch(data []byte) (*Batch, error) {
 				return err
 			}
 			b.Removed = append(b.Removed, r)
+		case 8:
+			b.Leaving = v != 0
 		}
 		return nil
 	})

@@ -19,7 +19,8 @@ import (
 // once get 0.6× the rate of two. So a leader sends appends with entries
 // at once only to the followers that complete its quorum — those on whose
 // nodes the entries were proposed (they answer their callers when they
-// apply), then the most up to date — and defers those to the others, the
+// apply), then the most up to date (nodes handing their leaderships off
+// last, Batch.Leaving) — and defers those to the others, the
 // spare followers, for up to Config.DeferAppends (or until
 // maxDeferredMessages or maxDeferredBytes wait): a spare then writes and
 // syncs several entries at once. Everything else (heartbeats, votes,
@@ -94,6 +95,7 @@ func (h *Host) spareFollowers(g *group, rd *raft.Ready) []ReplicaID {
 	type follower struct {
 		id        ReplicaID
 		proposer  bool
+		leaving   bool
 		match     uint64
 		replicate bool
 	}
@@ -103,7 +105,7 @@ func (h *Host) spareFollowers(g *group, rd *raft.Ready) []ReplicaID {
 			return
 		}
 		n, ok := g.nodeOf(ReplicaID(id))
-		fs = append(fs, follower{ReplicaID(id), ok && slices.Contains(proposers, n), pr.Match, pr.State == tracker.StateReplicate})
+		fs = append(fs, follower{ReplicaID(id), ok && slices.Contains(proposers, n), h.isLeaving(g, ReplicaID(id)), pr.Match, pr.State == tracker.StateReplicate})
 	})
 	// The leader and this many eager followers make a quorum.
 	eager := len(cs.GetVoters()) / 2
@@ -113,6 +115,15 @@ func (h *Host) spareFollowers(g *group, rd *raft.Ready) []ReplicaID {
 	slices.SortFunc(fs, func(a, b follower) int {
 		if a.proposer != b.proposer {
 			if a.proposer {
+				return -1
+			}
+			return 1
+		}
+		if a.leaving != b.leaving {
+			// A node about to stop makes a quorum only until it does;
+			// the write after would wait for the spare's deferred
+			// appends.
+			if b.leaving {
 				return -1
 			}
 			return 1

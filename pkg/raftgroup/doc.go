@@ -111,6 +111,11 @@
 // its writes no longer go to another node and back before they are
 // replicated.
 //
+// A host about to stop hands the groups it leads to their most up-to-date
+// voters on other live nodes (Host.HandOff, handoff.go): their writes
+// then wait for one election round instead of an election timeout. Its
+// batches say it is leaving, so that no peer hands a group back to it.
+//
 // After sending, a MsgSnap is always followed by ReportSnapshot (finished or
 // failed), and a batch the transport refuses makes the host report every
 // replica in it unreachable. Raft's storage reads (Entries, Term, ...) only

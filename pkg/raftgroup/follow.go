@@ -143,5 +143,10 @@ func (g *group) proposerToFollow() ReplicaID {
 	if !slices.Contains(cs.GetVoters(), uint64(top)) {
 		return 0 // a learner cannot lead
 	}
+	if g.h.isLeaving(g, top) {
+		// Its node is stopping: the transfer would hold this group's
+		// proposals until raft gave it up, an election timeout later.
+		return 0
+	}
 	return top
 }

@@ -234,9 +234,13 @@ type Host struct {
 	// to act on, requests to re-propose after a leader change).
 	attention  map[GroupID]*group
 	nextReadID uint64
-	err        error // fatal storage error: the host stopped
-	stopped    bool  // Close ran: the database may be closed
-	stats      Stats
+	// leaving is set by HandOff: the host takes no leadership from now
+	// on; handoff is the hand-off, until it is done (handoff.go).
+	leaving bool
+	handoff *handOff
+	err     error // fatal storage error: the host stopped
+	stopped bool  // Close ran: the database may be closed
+	stats   Stats
 }
 
 // Stats are counters of a host's activity (for tests and metrics).
@@ -285,6 +289,7 @@ type peer struct {
 	lastHeard uint64 // host tick of the last batch received
 	lastSent  uint64
 	dead      bool
+	leaving   bool // it hands its leaderships off (Batch.Leaving)
 }
 
 type sentSnap struct {
@@ -617,6 +622,7 @@ func (h *Host) Round() {
 	h.handleReadies()
 	clear(h.noticed)
 	h.afterRound()
+	h.checkHandOff(ticks > 0)
 	if ticks > 0 && h.err == nil {
 		h.relieveJournal()
 	}
@@ -843,7 +849,7 @@ func (h *Host) sortedGroups(m map[GroupID]*group) []GroupID {
 func (h *Host) outbox(n NodeID) *Batch {
 	b := h.out[n]
 	if b == nil {
-		b = &Batch{From: h.cfg.NodeID}
+		b = &Batch{From: h.cfg.NodeID, Leaving: h.leaving}
 		h.out[n] = b
 	}
 	return b
@@ -956,7 +962,7 @@ func (h *Host) flush() {
 		if failed[s.n] {
 			status = raft.SnapshotFailure
 		} else {
-			b := &Batch{From: h.cfg.NodeID, Messages: []GroupMessage{{Group: s.g, Msg: s.msg}}}
+			b := &Batch{From: h.cfg.NodeID, Leaving: h.leaving, Messages: []GroupMessage{{Group: s.g, Msg: s.msg}}}
 			h.stats.BatchesSent++
 			h.stats.MessagesSent++
 			if err := h.cfg.Transport.Send(s.n, b); err != nil {
@@ -1014,6 +1020,7 @@ func (h *Host) receive(b *Batch) {
 	if p := h.peers[from]; p != nil {
 		p.lastHeard = h.tick
 		p.dead = false
+		p.leaving = b.Leaving
 	}
 	for _, m := range b.Messages {
 		h.step(from, m.Group, m.Msg, true)
@@ -1093,6 +1100,10 @@ func (h *Host) step(from NodeID, gid GroupID, m *pb.Message, wake bool) *group {
 	}
 	if m.GetType() == pb.MsgProp {
 		g.countProposals(src, len(m.GetEntries()), entryBytes(m))
+	}
+	if h.refusesLeadership(m) {
+		h.stats.DroppedInbound++
+		return g
 	}
 	if err := g.rn.Step(m); err != nil && !errors.Is(err, raft.ErrStepPeerNotFound) && !errors.Is(err, raft.ErrStepLocalMsg) {
 		h.log.Debug("step failed", "group", uint64(gid), "type", m.GetType().String(), "err", err)

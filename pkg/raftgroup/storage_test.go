@@ -165,6 +165,7 @@ func TestBatchRoundTrip(t *testing.T) {
 		Acks:           []ApplyAck{{Group: 9, Replica: 2, Applied: 100}},
 		AckQueries:     []GroupID{9, 10},
 		Removed:        []GroupReplica{{Group: 4, Replica: 3}},
+		Leaving:        true,
 	}
 	data, err := b.Marshal()
 	if err != nil {
@@ -183,11 +184,11 @@ func TestBatchRoundTrip(t *testing.T) {
 		t.Fatalf("heartbeats %+v %+v", got.Heartbeats, got.HeartbeatResps)
 	}
 	if len(got.Acks) != 1 || got.Acks[0] != b.Acks[0] || len(got.AckQueries) != 2 || got.AckQueries[1] != 10 ||
-		len(got.Removed) != 1 || got.Removed[0] != b.Removed[0] {
+		len(got.Removed) != 1 || got.Removed[0] != b.Removed[0] || !got.Leaving {
 		t.Fatalf("host messages %+v", got)
 	}
 	empty, _ := (&Batch{From: 1}).Marshal()
-	if e, err := UnmarshalBatch(empty); err != nil || !e.Empty() || e.From != 1 {
+	if e, err := UnmarshalBatch(empty); err != nil || !e.Empty() || e.From != 1 || e.Leaving {
 		t.Fatalf("ping %+v %v", e, err)
 	}
 }
