@@ -167,7 +167,10 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	n.lat = newLatencies()
 	rt.Metrics.MustRegister(n.lat.collectors()...)
 	n.sess = connectSessions(rt.Log.With("component", "fuse"), cfg.KeepMounts, n.holderSocket())
-	runCtx, cancel := context.WithCancel(ctx)
+	// The daemon cancels ctx before it calls the stop function below,
+	// which still needs the Raft host and the peer API running: it hands
+	// leadership off first. The stop function ends them.
+	runCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() {
@@ -176,10 +179,11 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 			rt.Fatal(err)
 		}
 	}()
-	return func(context.Context) error {
+	return func(stopCtx context.Context) error {
 		// Kept mounts stay mounted for the next vold; what they ask
 		// from now on waits for it.
 		n.detachMounts()
+		n.handOff(stopCtx)
 		cancel()
 		wg.Wait()
 		if !n.sess.kept() {
@@ -396,4 +400,25 @@ func (n *node) details() map[string]string {
 	out["mounts"] = fmt.Sprint(len(n.mounts))
 	n.mountMu.Unlock()
 	return out
+}
+
+// handOff gives the leadership of the groups this node leads to other
+// replicas before vold stops (raftgroup Host.HandOff), for up to
+// HandOffTimeout: their writes then wait for one election round, not for
+// an election timeout. The mounts go on meanwhile, through the new
+// leaders.
+func (n *node) handOff(ctx context.Context) {
+	h := n.host.Load()
+	if h == nil || n.cfg.HandOffTimeout <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(n.cfg.HandOffTimeout))
+	defer cancel()
+	t := time.Now()
+	res, err := h.HandOff(ctx)
+	if err != nil {
+		n.log.Warn("leadership not handed off", "err", err, "took", time.Since(t).Round(time.Millisecond))
+		return
+	}
+	n.log.Info("leadership handed off", "groups", res.Moved, "kept", res.Kept, "took", time.Since(t).Round(time.Millisecond))
 }

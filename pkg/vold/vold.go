@@ -75,6 +75,11 @@ type Config struct {
 	// shorter for each of them (raftgroup Config.FollowProposers). Off,
 	// leadership moves only when a leader is lost.
 	FollowWriters bool `toml:"follow_writers"`
+	// HandOffTimeout bounds how long a stopping vold spends handing the
+	// leadership of the groups it leads to other replicas, so that their
+	// writes wait for one election round rather than an election timeout
+	// (raftgroup Host.HandOff); 0 stops without.
+	HandOffTimeout daemon.Duration `toml:"handoff_timeout"`
 	// MountDir holds the FUSE mounts of volumes (default
 	// <state-dir>/mounts).
 	MountDir string `toml:"mount_dir"`
@@ -127,6 +132,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 				CreateTimeout:  daemon.Duration(30 * time.Second),
 				RaftTick:       daemon.Duration(100 * time.Millisecond),
 				FollowWriters:  true,
+				HandOffTimeout: daemon.Duration(2 * time.Second),
 				KeepMounts:     true,
 				HugePages:      true,
 				HeapReserveMiB: -1,
@@ -141,6 +147,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 			fs.Int64Var(&c.Capacity, "capacity-bytes", c.Capacity, "bytes of volumes this node may host (0: the free space of the state dir)")
 			fs.Var(&c.RaftTick, "raft-tick", "Raft tick (election timeout is 10 ticks); the same on every node")
 			fs.BoolVar(&c.FollowWriters, "follow-writers", c.FollowWriters, "move a volume's Raft leadership to the node that writes most of it (a hop shorter per write)")
+			fs.Var(&c.HandOffTimeout, "handoff-timeout", "at stop, hand the leadership of the volumes this node leads to other replicas for up to this long (0: stop without)")
 			fs.StringVar(&c.MountDir, "mount-dir", c.MountDir, "directory of the volumes' FUSE mounts (default <state-dir>/mounts)")
 			fs.BoolVar(&c.KeepMounts, "keep-mounts", c.KeepMounts, "keep volume mounts alive across vold restarts (a holder process keeps their FUSE sessions)")
 			fs.BoolVar(&c.HugePages, "huge-pages", c.HugePages, "ask the kernel for transparent huge pages for vold's heap (fewer page faults as volume data grows in memory)")
@@ -175,6 +182,9 @@ func (c *Config) check() error {
 	}
 	if c.MaxProcs < 0 {
 		return fmt.Errorf("max_procs %d: want 0 (automatic) or more", c.MaxProcs)
+	}
+	if c.HandOffTimeout < 0 {
+		return fmt.Errorf("handoff_timeout %v: want 0 (none) or more", time.Duration(c.HandOffTimeout))
 	}
 	if c.ReplaceAfter <= 0 || c.RepairInterval <= 0 || c.CreateTimeout <= 0 || c.RaftTick <= 0 {
 		return fmt.Errorf("replace_after, repair_interval, create_timeout and raft_tick must be positive")

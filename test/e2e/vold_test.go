@@ -572,6 +572,49 @@ func TestVolumes(t *testing.T) {
 		}
 	})
 
+	c.run(t, "StopHandsLeadershipOff", func(t *testing.T) {
+		// A vold stopped on purpose first hands the volumes it leads to
+		// other replicas: right after the stop a remaining member leads
+		// data. Without the hand-off its followers would still name the
+		// stopped node until an election timeout (1-2 s) had passed, and
+		// the writes would wait that long (bench/vold's restart rows
+		// time it).
+		v, err := c.inspect(1, "data")
+		if err != nil || v.GetLeader() == "" {
+			t.Fatalf("data has no leader: %v %v", v, err)
+		}
+		old := c.node(v.GetLeader())
+		var other int
+		for _, n := range c.memberNodes(v) {
+			if n != old {
+				other = n
+				break
+			}
+		}
+		handedOff := func() int { return strings.Count(logOf(t, c.LogPath(old, "vold")), "leadership handed off") }
+		before := handedOff()
+		if err := c.Stop(context.Background(), old, "vold", 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		v, err = c.inspect(other, "data")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if now := c.node(v.GetLeader()); now == old || now == 0 || !slices.ContainsFunc(v.GetMembers(), func(m *volv1.Member) bool { return m.GetRole() == "leader" }) {
+			t.Errorf("right after node %d's vold stopped, data's leader is %q (members %v): not handed off", old, v.GetLeader(), v.GetMembers())
+		}
+		if handedOff() != before+1 {
+			t.Errorf("node %d's vold did not log its hand-off:\n%s", old, logOf(t, c.LogPath(old, "vold")))
+		}
+		if err := c.Start(context.Background(), old, "vold"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 60*time.Second, "data healthy again", func() bool {
+			v, err := c.inspect(other, "data")
+			return err == nil && v.GetHealth() == "healthy"
+		})
+	})
+
 	c.run(t, "MountWithoutReplica", func(t *testing.T) {
 		// The node that holds no replica of data mounts it all the same:
 		// its FUSE server proxies every operation to the group.
