@@ -101,19 +101,16 @@ func (a *appender) stall(from time.Time) time.Duration {
 	return worst
 }
 
-func (b *bench) failover(ctx context.Context, k int) foResult {
+// writeThrough mounts the bench volume on node writer for user, starts an
+// appender on file there and returns once it has made 20 writes; stop
+// stops it.
+func (b *bench) writeThrough(ctx context.Context, writer int, user, file string) (a *appender, stop func()) {
 	c := b.c
-	check(b.waitHealthy(ctx, 1+k%nodes, benchVol, c.timeout))
-	sleep(ctx, c.settle)
-	leader, writer, err := b.leaderAndFollower(ctx, benchVol)
-	check(err)
-	r := foResult{leader: leader, writer: writer}
-	user := fmt.Sprintf("bench-failover-%d", k)
 	dir, err := b.mount(ctx, writer, benchVol, user)
 	check(err)
-	a, err := startAppender(filepath.Join(dir, "failover.log"))
+	a, err = startAppender(filepath.Join(dir, file))
 	check(err)
-	stopWriter := func() {
+	stop = func() {
 		a.stop.Store(true)
 		select {
 		case <-a.done:
@@ -127,6 +124,18 @@ func (b *bench) failover(ctx context.Context, k int) foResult {
 		}
 		sleep(ctx, 10*time.Millisecond)
 	}
+	return a, stop
+}
+
+func (b *bench) failover(ctx context.Context, k int) foResult {
+	c := b.c
+	check(b.waitHealthy(ctx, 1+k%nodes, benchVol, c.timeout))
+	sleep(ctx, c.settle)
+	leader, writer, err := b.leaderAndFollower(ctx, benchVol)
+	check(err)
+	r := foResult{leader: leader, writer: writer}
+	user := fmt.Sprintf("bench-failover-%d", k)
+	a, stopWriter := b.writeThrough(ctx, writer, user, "failover.log")
 	if now := b.leaderNode(ctx); now != leader {
 		// vold moves leadership to the node that proposes most writes: a
 		// window may have closed on the writer's first ones.

@@ -15,6 +15,9 @@
 //     the leader's whole node is killed (devcluster Kill), timed until a
 //     write begun after the kill is acknowledged; then the node restarted
 //     and timed until the group is healthy again;
+//   - the leader's vold restarted under the same writer: stopped (SIGTERM:
+//     it hands its leaderships off first) or killed, and started again,
+//     timed by the writer's longest wait;
 //   - KV Put throughput and latency with 1 and 64 clients spread over the
 //     three nodes, against statd's durable local Put on the same nodes;
 //   - idle cost: each vold's CPU and RSS with no volume, and with 1,000
@@ -66,6 +69,7 @@ type config struct {
 	randDur     time.Duration
 	randWriters int
 	failovers   int
+	restarts    int
 	idleVols    int
 	idleWindow  time.Duration
 	createPar   int
@@ -91,6 +95,7 @@ func main() {
 	flag.DurationVar(&c.randDur, "rand-duration", 3*time.Second, "length of each random write run")
 	flag.IntVar(&c.randWriters, "rand-writers", 4, "writers at once, a file each, of the random writes' several-writer rows (local filesystem and the leader's mount); 0 or 1 leaves those rows out")
 	flag.IntVar(&c.failovers, "failovers", 3, "leader kill-and-restart cycles")
+	flag.IntVar(&c.restarts, "restarts", 3, "cycles of the leader's vold restarted under writes, each a stop (SIGTERM) and a kill (SIGKILL)")
 	flag.IntVar(&c.idleVols, "idle-volumes", 1000, "idle volumes created for the idle cost")
 	flag.DurationVar(&c.idleWindow, "idle", 10*time.Second, "length of each idle CPU measurement")
 	flag.IntVar(&c.createPar, "create-parallel", 16, "concurrent CreateVolume calls")
@@ -113,14 +118,14 @@ func main() {
 		}
 		c.kvClients = append(c.kvClients, n)
 	}
-	if c.seqMiB < 1 || c.reps < 1 || c.randMiB < 1 || c.randDur <= 0 || c.failovers < 0 || c.idleVols < 0 || c.createPar < 1 || c.idleWindow <= 0 || c.kvDur <= 0 {
+	if c.seqMiB < 1 || c.reps < 1 || c.randMiB < 1 || c.randDur <= 0 || c.failovers < 0 || c.restarts < 0 || c.idleVols < 0 || c.createPar < 1 || c.idleWindow <= 0 || c.kvDur <= 0 {
 		fail("-seq-mib, -reps, -rand-file-mib, -rand-duration, -idle, -kv-duration and -create-parallel must be positive")
 	}
 	if c.replicas < 1 || c.replicas > nodes {
 		fail("-replicas %d: want 1 to %d", c.replicas, nodes)
 	}
-	if c.replicas < nodes && c.failovers > 0 {
-		fail("-replicas %d: the failover phase needs %d replicas (pass -failovers 0)", c.replicas, nodes)
+	if c.replicas < nodes && (c.failovers > 0 || c.restarts > 0) {
+		fail("-replicas %d: the failover and restart phases need %d replicas (pass -failovers 0 -restarts 0)", c.replicas, nodes)
 	}
 
 	fmt.Printf("## Replicated volumes on %d real nodes (shoal-vold)\n\n", nodes)
@@ -265,6 +270,8 @@ type results struct {
 	kvLeader              int
 	fo                    []foResult
 	foLoad                phaseLoad
+	rs                    []rsResult
+	rsLoad                phaseLoad
 	create                createResult
 	idleN                 idleResult
 	acctExact             bool
@@ -339,6 +346,15 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 		r.fo = append(r.fo, b.failover(ctx, k))
 	}
 	r.foLoad = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
+
+	l0 = b.acct.Take()
+	for k := range c.restarts {
+		for _, how := range []string{restartStop, restartKill} {
+			progress("restart %d of %d: %s", k+1, c.restarts, how)
+			r.rs = append(r.rs, b.restartCycle(ctx, k, how))
+		}
+	}
+	r.rsLoad = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
 
 	if c.idleVols > 0 {
 		b.removeBenchVolume(ctx)

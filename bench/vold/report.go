@@ -22,6 +22,7 @@ func (r *results) print(c config) {
 	r.printSeq(c)
 	r.printRand(c)
 	r.printFailover(c)
+	r.printRestarts(c)
 	r.printKV(c)
 	r.printIdle(c)
 }
