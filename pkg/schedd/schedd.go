@@ -202,7 +202,12 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		unsched:  map[string]map[string]string{},
 		local:    map[string]*localTask{},
 	}
-	n.releases = &volumeReleases{vold: n.vold, log: rt.Log.With("component", "volumes")}
+	n.releases = &volumeReleases{vold: n.vold, log: rt.Log.With("component", "volumes"), path: filepath.Join(cfg.StateDir, "volume-releases.json")}
+	if err := n.releases.load(); err != nil {
+		// Kept for an operator to look at: overwritten only once a
+		// release is pending again.
+		rt.Log.Warn("pending volume releases not loaded", "err", err)
+	}
 	n.capacity = cfg.capacity()
 	n.ledger = sched.NewLedger(n.capacity, time.Duration(cfg.ReservationTTL))
 	schedv1.RegisterSchedulerServer(rt.GRPC, &api{n: n})

@@ -1,12 +1,16 @@
 package schedd
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -69,11 +73,14 @@ const (
 // what vold did not take: vold down or restarting when a task ended, as
 // on a node that restarts, where schedd comes back before vold. vold
 // counts a task as a user until it hears of the release, and `volume rm`
-// refuses a volume with users, so a release is never given up. (Pending
-// releases are kept in memory: a schedd restart forgets them.)
+// refuses a volume with users, so a release is never given up — nor
+// forgotten by a schedd restart: pending releases are kept in a file
+// (path) that the next schedd loads.
 type volumeReleases struct {
 	vold volv1.VolumesClient
 	log  *slog.Logger
+	// path is the file of pending releases ("": kept in memory only).
+	path string
 
 	// mu is held across each Unmount, so that a Mount of the same user
 	// (forget) waits for a release in flight rather than being undone by
@@ -93,17 +100,88 @@ func (r *volumeReleases) release(ctx context.Context, u volumeUser) {
 		if r.pending == nil {
 			r.pending = map[volumeUser]bool{}
 		}
-		r.pending[u] = true
+		if !r.pending[u] {
+			r.pending[u] = true
+			r.save()
+		}
 		return
 	}
-	delete(r.pending, u)
+	r.drop(u)
 }
 
 // forget drops a pending release of u (u mounts again).
 func (r *volumeReleases) forget(u volumeUser) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.pending, u)
+	r.drop(u)
+}
+
+// drop removes u from the pending releases. r.mu is held.
+func (r *volumeReleases) drop(u volumeUser) {
+	if r.pending[u] {
+		delete(r.pending, u)
+		r.save()
+	}
+}
+
+// pendingRelease is a pending release in the file.
+type pendingRelease struct {
+	Volume string `json:"volume"`
+	Task   string `json:"task"`
+}
+
+// save writes the pending releases to r.path, replacing the file whole.
+// r.mu is held. A failure is logged: the releases are still retried, only
+// a restart would forget them.
+func (r *volumeReleases) save() {
+	if r.path == "" {
+		return
+	}
+	list := make([]pendingRelease, 0, len(r.pending))
+	for u := range r.pending {
+		list = append(list, pendingRelease{Volume: u.volume, Task: u.task})
+	}
+	slices.SortFunc(list, func(a, b pendingRelease) int {
+		return cmp.Or(cmp.Compare(a.Volume, b.Volume), cmp.Compare(a.Task, b.Task))
+	})
+	data, err := json.Marshal(list)
+	if err == nil {
+		tmp := r.path + ".tmp"
+		if err = os.WriteFile(tmp, data, 0o600); err == nil {
+			err = os.Rename(tmp, r.path)
+		}
+	}
+	if err != nil {
+		r.log.Warn("pending volume releases not saved: a restart would forget them", "err", err)
+	}
+}
+
+// load reads the pending releases an earlier schedd saved; run retries
+// them.
+func (r *volumeReleases) load() error {
+	data, err := os.ReadFile(r.path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var list []pendingRelease
+	if err := json.Unmarshal(data, &list); err != nil {
+		return fmt.Errorf("%s: %w", r.path, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.pending == nil {
+		r.pending = map[volumeUser]bool{}
+	}
+	for _, p := range list {
+		r.pending[volumeUser{volume: p.Volume, task: p.Task}] = true
+	}
+	if len(list) > 0 {
+		r.log.Info("volume releases left by the last run: retried until vold takes them", "releases", len(list))
+	}
+	return nil
 }
 
 // retry tries every pending release once.
@@ -117,7 +195,7 @@ func (r *volumeReleases) retry(ctx context.Context) {
 		if err := r.unmount(ctx, u); err != nil {
 			continue
 		}
-		delete(r.pending, u)
+		r.drop(u)
 		r.log.Info("volume released", "task", u.task, "volume", u.volume)
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 
@@ -89,5 +91,49 @@ func TestReleasesRetriedUntilVoldTakesThem(t *testing.T) {
 	r.retry(ctx)
 	if len(r.pending) != 0 || v.calls != calls {
 		t.Fatalf("a rejected release was kept: pending %v, %d calls", r.pending, v.calls-calls)
+	}
+}
+
+// TestReleasesOutliveARestart: releases vold did not take are saved, and
+// the next schedd (a new volumeReleases on the same file) retries them;
+// the file empties as vold takes them. Kept in memory only, a restart
+// before vold came back left the tasks counted as users for good, and
+// `volume rm` refused the volume.
+func TestReleasesOutliveARestart(t *testing.T) {
+	v := &fakeVold{users: map[string]bool{"data/keeper.1": true, "logs/keeper.1": true}}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	path := filepath.Join(t.TempDir(), "volume-releases.json")
+	ctx := context.Background()
+
+	first := &volumeReleases{vold: v, log: log, path: path}
+	if err := first.load(); err != nil {
+		t.Fatalf("load with no file: %v", err)
+	}
+	v.set(true)
+	first.release(ctx, volumeUser{volume: "data", task: "keeper.1"})
+	first.release(ctx, volumeUser{volume: "logs", task: "keeper.1"})
+
+	next := &volumeReleases{vold: v, log: log, path: path}
+	if err := next.load(); err != nil {
+		t.Fatal(err)
+	}
+	if len(next.pending) != 2 {
+		t.Fatalf("the next schedd loaded %v, want both releases", next.pending)
+	}
+	v.set(false)
+	next.retry(ctx)
+	if len(v.users) != 0 || len(next.pending) != 0 {
+		t.Fatalf("after the retry: vold's users %v, pending %v", v.users, next.pending)
+	}
+	again := &volumeReleases{vold: v, log: log, path: path}
+	if err := again.load(); err != nil || len(again.pending) != 0 {
+		t.Fatalf("the file still holds %v (%v) once vold took every release", again.pending, err)
+	}
+
+	if err := os.WriteFile(path, []byte("{not json"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := (&volumeReleases{vold: v, log: log, path: path}).load(); err == nil {
+		t.Fatal("a corrupt file loaded without an error")
 	}
 }

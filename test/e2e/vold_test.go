@@ -715,6 +715,17 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 			b, _ := os.ReadFile(schedLog)
 			return strings.Contains(string(b), "release volume: retried until vold takes it")
 		})
+		// schedd itself restarts before vold is back: the next schedd
+		// takes the pending release over from its state dir.
+		if err := c.Stop(context.Background(), outside, "schedd", 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(context.Background(), outside, "schedd"); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(logOf(t, schedLog), "volume releases left by the last run") {
+			t.Fatalf("the restarted schedd did not load the pending release:\n%s", logOf(t, schedLog))
+		}
 		if err := c.Start(context.Background(), outside, "vold"); err != nil {
 			t.Fatal(err)
 		}
