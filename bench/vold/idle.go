@@ -30,6 +30,8 @@ type idleResult struct {
 	groups, leading []float64 // from each vold's metrics
 	awake, cacheMiB []float64 // groups not quiesced, their entry caches
 	heapMiB         []float64 // Go heap in use, less the reserve's ballast
+	gcs             []float64 // Go collections since the phase began (-1: unknown)
+	releasedMiB     []float64 // heap the Go runtime returned to the kernel during the window
 	reserveMiB      []float64 // heap reserved at start (resident from then on)
 	load            phaseLoad
 	quiesceWait     time.Duration
@@ -79,8 +81,10 @@ func cpuOver(ctx context.Context, pids []int, d time.Duration) ([]float64, time.
 
 // measureIdle measures every vold's and statd's CPU over c.idleWindow and
 // their RSS at the end. With quiesce, it first waits (up to
-// c.quiesceMax) until every vold uses less than the goal over 3 s.
-func (b *bench) measureIdle(ctx context.Context, volumes int, quiesce bool) idleResult {
+// c.quiesceMax) until every vold uses less than the goal over 3 s. The
+// Go collections are counted from since, the volds' metrics when the
+// phase began (nil: from the window's start).
+func (b *bench) measureIdle(ctx context.Context, volumes int, quiesce bool, since []map[string]float64) idleResult {
 	c := b.c
 	r := idleResult{volumes: volumes}
 	vold, statd := b.pids(ctx, "vold"), b.pids(ctx, "statd")
@@ -97,6 +101,10 @@ func (b *bench) measureIdle(ctx context.Context, volumes int, quiesce bool) idle
 		r.quiesceWait = time.Since(t0)
 	}
 	b.waitQuiet(ctx)
+	atStart := b.allMetrics()
+	if since == nil {
+		since = atStart
+	}
 	l0 := b.acct.Take()
 	cpu, w := cpuOver(ctx, append(vold, statd...), c.idleWindow)
 	r.load = phaseLoad{cpuacct.Phase{A: l0, B: b.acct.Take()}}
@@ -111,7 +119,17 @@ func (b *bench) measureIdle(ctx context.Context, volumes int, quiesce bool) idle
 			r.statd = append(r.statd, s)
 		}
 	}
-	for _, m := range b.allMetrics() {
+	for i, m := range b.allMetrics() {
+		gcs := -1.0
+		if n, ok := m["go_gc_duration_seconds_count"]; ok && i < len(since) && since[i] != nil {
+			gcs = n - since[i]["go_gc_duration_seconds_count"]
+		}
+		r.gcs = append(r.gcs, gcs)
+		rel := 0.0
+		if i < len(atStart) && atStart[i] != nil {
+			rel = (m["go_memstats_heap_released_bytes"] - atStart[i]["go_memstats_heap_released_bytes"]) / (1 << 20)
+		}
+		r.releasedMiB = append(r.releasedMiB, rel)
 		r.groups = append(r.groups, m["groups"])
 		r.leading = append(r.leading, m["groups_leading"])
 		r.awake = append(r.awake, m["groups_awake"])

@@ -24,8 +24,9 @@ import (
 // its network namespace (devcluster's default for vold).
 const voldMetricsAddr = "127.0.0.1:9464"
 
-// metrics scrapes node i's vold metrics (shoal_vold_*, prefix dropped, and
-// go_memstats_heap_inuse_bytes), from a socket made inside the node's
+// metrics scrapes node i's vold metrics (shoal_vold_*, prefix dropped,
+// go_memstats_heap_inuse_bytes, go_memstats_heap_released_bytes and
+// go_gc_duration_seconds_count), from a socket made inside the node's
 // network namespace.
 func (b *bench) metrics(i int) (map[string]float64, error) {
 	var conn net.Conn
@@ -46,7 +47,8 @@ func (b *bench) metrics(i int) (map[string]float64, error) {
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
 		line := sc.Text()
-		if !strings.HasPrefix(line, "shoal_vold_") && !strings.HasPrefix(line, "go_memstats_heap_inuse_bytes ") {
+		if !strings.HasPrefix(line, "shoal_vold_") && !strings.HasPrefix(line, "go_memstats_heap_inuse_bytes ") &&
+			!strings.HasPrefix(line, "go_gc_duration_seconds_count ") && !strings.HasPrefix(line, "go_memstats_heap_released_bytes ") {
 			continue
 		}
 		f := strings.Fields(line)

@@ -325,7 +325,7 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 	sleep(ctx, c.settle)
 
 	progress("idle cost with no volume")
-	r.idle0 = b.measureIdle(ctx, 0, false)
+	r.idle0 = b.measureIdle(ctx, 0, false, nil)
 
 	progress("creating volume %s (%d replicas)", benchVol, c.replicas)
 	_, err = b.create(ctx, 1, benchVol, int32(c.replicas), volumeSize)
@@ -358,10 +358,11 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 
 	if c.idleVols > 0 {
 		b.removeBenchVolume(ctx)
+		since := b.allMetrics()
 		progress("creating %d idle volumes, %d at a time", c.idleVols, c.createPar)
 		r.create = b.createMany(ctx)
 		progress("waiting for quiescence")
-		r.idleN = b.measureIdle(ctx, c.idleVols, true)
+		r.idleN = b.measureIdle(ctx, c.idleVols, true, since)
 		// After the measurement, so that profiling does not add to it.
 		b.startProfiles(ctx, "idle", c.profileFor)()
 		b.heapProfiles(ctx, "idle")

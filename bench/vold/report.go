@@ -354,7 +354,7 @@ func reserveText(mib []float64) string {
 func (r *results) printIdle(c config) {
 	fmt.Printf("### Idle cost of volumes\n\n")
 	a, z := r.idle0, r.idleN
-	fmt.Printf("CPU time of each node's vold (utime + stime from /proc/<pid>/stat) over %v as %% of one core, and its VmRSS at the end, with no client activity. Baseline: right after the cluster formed, with no volume (not even the KV system group). Then, after the other phases (the bench volume removed), %d volumes of 3 replicas and 1 MiB are created through the three nodes' sockets in turn, %d calls at a time, and once every vold has used under %.0f%% of a core over 3 s (waited %s%s) the same is measured; the KV system group exists by then too. *Groups* are the Raft groups each vold holds a replica of, and leads (its metrics); the Go heap in use (after the measurement, less the heap reserve's ballast, which is never touched) is the part of the RSS the groups' state, caches and requests can take, Pebble's memtables and block cache included (vold is built without cgo, so Pebble allocates them in the Go heap); the rest is the heap reserve (vold's heap_reserve_mib, %s here, resident from the start so that volume writes reuse mapped pages) and memory the Go runtime has not returned to the kernel yet, filled by the write phases. statd's figures are for context: it stores and watches the volume documents. One tick (10 ms) over %v is %.2f%% of a core.\n\n",
+	fmt.Printf("CPU time of each node's vold (utime + stime from /proc/<pid>/stat) over %v as %% of one core, and its VmRSS at the end, with no client activity. Baseline: right after the cluster formed, with no volume (not even the KV system group). Then, after the other phases (the bench volume removed), %d volumes of 3 replicas and 1 MiB are created through the three nodes' sockets in turn, %d calls at a time, and once every vold has used under %.0f%% of a core over 3 s (waited %s%s) the same is measured; the KV system group exists by then too. *Groups* are the Raft groups each vold holds a replica of, and leads (its metrics); the Go heap in use (after the measurement, less the heap reserve's ballast, which is never touched) is the part of the RSS the groups' state, caches and requests can take, Pebble's memtables and block cache included (vold is built without cgo, so Pebble allocates them in the Go heap); the rest is the heap reserve (vold's heap_reserve_mib, %s here, resident from the start so that volume writes reuse mapped pages) and memory the Go runtime has not returned to the kernel yet, filled by the write phases. *Go collections* counts each vold's garbage collections from the start of the volumes' creation to the end of the window (go_gc_duration_seconds_count): the heap reserve's ballast keeps them rare, so the garbage of the write phases stays in the heap (in use) until one runs; *heap returned* is what the Go runtime's scavenger gave back to the kernel during the window (go_memstats_heap_released_bytes). statd's figures are for context: it stores and watches the volume documents. One tick (10 ms) over %v is %.2f%% of a core.\n\n",
 		a.window.Round(10*time.Millisecond), z.volumes, c.createPar, idleGoal, dur(z.quiesceWait), map[bool]string{true: "", false: ": never got there, measured anyway"}[z.quiesced],
 		reserveText(a.reserveMiB), a.window.Round(10*time.Millisecond), 1.0/cpuacct.ClockTicks/a.window.Seconds()*100)
 	if z.volumes > 0 {
@@ -363,7 +363,7 @@ func (r *results) printIdle(c config) {
 			cr.n-cr.failed, dur(cr.elapsed), float64(cr.n-cr.failed)/cr.elapsed.Seconds(), dur(pctl(cr.lat, 0.5)), dur(pctl(cr.lat, 0.99)), cr.failed,
 			map[bool]string{true: "", false: " (first: " + cr.firstErr + ")"}[cr.firstErr == ""], cr.load)
 	}
-	fmt.Printf("| node | vold CPU, no volume | vold RSS, no volume | **vold CPU, %d volumes** | vold RSS (Go heap in use), %d volumes | groups (leading), %d volumes | statd CPU, none / %d | statd RSS, none / %d |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+	fmt.Printf("| node | vold CPU, no volume | vold RSS, no volume | **vold CPU, %d volumes** (Go collections; heap returned) | vold RSS (Go heap in use), %d volumes | groups (leading), %d volumes | statd CPU, none / %d | statd RSS, none / %d |\n|---:|---:|---:|---:|---:|---:|---:|---:|\n",
 		z.volumes, z.volumes, z.volumes, z.volumes, z.volumes)
 	worst := 0.0
 	for i := range nodes {
@@ -372,6 +372,9 @@ func (r *results) printIdle(c config) {
 			zc, zr = fmt.Sprintf("%.2f%%", z.vold[i].cpu), fmt.Sprintf("%.0f MiB", z.vold[i].rssMB)
 			if i < len(z.heapMiB) {
 				zr = fmt.Sprintf("%.0f MiB (%.0f)", z.vold[i].rssMB, z.heapMiB[i])
+			}
+			if i < len(z.gcs) && z.gcs[i] >= 0 {
+				zc += fmt.Sprintf(" (%.0f; %.0f MiB)", z.gcs[i], z.releasedMiB[i])
 			}
 			if i < len(z.groups) {
 				g = fmt.Sprintf("%.0f (%.0f)", z.groups[i], z.leading[i])
