@@ -46,6 +46,9 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/shoal-dev/shoal/bench/internal/cpuacct"
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
@@ -510,11 +513,22 @@ func (b *bench) leaderAndFollower(ctx context.Context, name string) (int, int, e
 	return 0, 0, fmt.Errorf("volume %s has no follower member", name)
 }
 
+// removeBenchVolume removes the bench volume. A refusal because it is
+// in use is retried for a while: node 1 learns of the last phase's
+// unmount on another node through statd's gossip, and a removal right
+// after it may still see the mount.
 func (b *bench) removeBenchVolume(ctx context.Context) {
-	rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if _, err := b.vold[0].Volumes.RemoveVolume(rctx, &volv1.RemoveVolumeRequest{Name: benchVol}); err != nil {
-		progress("remove %s (left in place): %v", benchVol, err)
+	for deadline := time.Now().Add(b.c.timeout); ; {
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := b.vold[0].Volumes.RemoveVolume(rctx, &volv1.RemoveVolumeRequest{Name: benchVol})
+		cancel()
+		if err == nil {
+			return
+		}
+		if status.Code(err) != codes.FailedPrecondition || time.Now().After(deadline) {
+			fail("remove %s: %v", benchVol, err)
+		}
+		sleep(ctx, 200*time.Millisecond)
 	}
 }
 
