@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 )
@@ -58,6 +60,9 @@ type daemonRow struct {
 	Error     string            `json:"error,omitempty"`
 }
 
+// infoTimeout bounds each daemon's answer to `daemon status`.
+const infoTimeout = 2 * time.Second
+
 // daemonStatus asks every daemon for Info in parallel, without retrying:
 // a status command should report what is, not wait for it to change.
 func (a *app) daemonStatus(ctx context.Context) []daemonRow {
@@ -73,11 +78,16 @@ func (a *app) daemonStatus(ctx context.Context) []daemonRow {
 				return
 			}
 			defer conn.Close()
-			cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, infoTimeout)
 			defer cancel()
 			info, err := client.Info(cctx, conn)
 			if err != nil {
+				// A daemon that accepts the call but does not answer is
+				// running but stuck, not absent: say which.
 				rows[i].Error = "not reachable at " + rows[i].Socket
+				if status.Code(err) == codes.DeadlineExceeded {
+					rows[i].Error = fmt.Sprintf("no answer within %v at %s", infoTimeout, rows[i].Socket)
+				}
 				return
 			}
 			started := info.GetStarted().AsTime()
