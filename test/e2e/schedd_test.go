@@ -209,19 +209,39 @@ func (c *schedCluster) tasks(service string) []*schedv1.Task {
 	return resp.GetTasks()
 }
 
-// perNode counts the current running tasks of a service per node index.
+// perNode counts the current running tasks of a service per node index,
+// as node 1 lists them once none of them is still pending or starting
+// (for up to 10 s). A command on another node returns once that node sees
+// its tasks run; node 1 hears of the last one's start a gossip round
+// later, and counting at once found a task short now and then.
 func (c *schedCluster) perNode(service string) [3]int {
-	var out [3]int
-	for _, t := range c.tasks(service) {
-		if t.GetCurrent() && t.GetState() == "running" {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var out [3]int
+		settled := true
+		for _, t := range c.tasks(service) {
+			if !t.GetCurrent() {
+				continue
+			}
+			switch t.GetState() {
+			case "pending", "starting":
+				settled = false
+				continue
+			case "running":
+			default:
+				continue
+			}
 			for i, id := range c.ids {
 				if t.GetNode() == id {
 					out[i]++
 				}
 			}
 		}
+		if settled || time.Now().After(deadline) {
+			return out
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	return out
 }
 
 func TestScheduler(t *testing.T) {
