@@ -35,7 +35,9 @@ type HandOffResult struct {
 	// Moved counts the groups this host led that now have another leader.
 	Moved int
 	// Kept counts the groups it leads that no other voter could take (a
-	// sole voter, or voters on nodes it deems dead).
+	// sole voter, or voters on nodes it deems dead or leaving) and those
+	// between two configurations (a replica being replaced), whose
+	// successor is not picked until the change completes.
 	Kept int
 }
 
