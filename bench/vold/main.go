@@ -514,9 +514,10 @@ func (b *bench) leaderAndFollower(ctx context.Context, name string) (int, int, e
 }
 
 // removeBenchVolume removes the bench volume. A refusal because it is
-// in use is retried for a while: node 1 learns of the last phase's
-// unmount on another node through statd's gossip, and a removal right
-// after it may still see the mount.
+// in use is retried for a while: the last phase unmounts it on another
+// node, and should that node's vold not answer node 1's question about
+// its mounts, node 1 goes by its statd, which learns of the unmount
+// through gossip.
 func (b *bench) removeBenchVolume(ctx context.Context) {
 	for deadline := time.Now().Add(b.c.timeout); ; {
 		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)

@@ -171,6 +171,13 @@ func (n *node) serveForward(ctx context.Context, from string, req *volv1.Forward
 		b, err := json.Marshal(d)
 		return &volv1.ForwardResponse{Payload: b}, err
 	}
+	if req.GetKind() == kindMountUsers {
+		b, err := n.ownMountUsers(ctx, string(req.GetPayload()))
+		if err != nil {
+			return nil, err
+		}
+		return &volv1.ForwardResponse{Payload: b}, nil
+	}
 	if !n.holds(g) {
 		return nil, fmt.Errorf("node %s holds no replica of group %d: %w", n.id, g, errdefs.ErrNotFound)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -208,19 +209,29 @@ func (n *node) mountUsers(name string) (nodes, users []string) {
 	return nodes, slices.Compact(users)
 }
 
-// readMountUsers lists a volume's users on every node from statd itself,
-// as "user on node". Users on nodes that left the cluster do not count;
-// those on dead nodes do (the node may come back with its tasks), and say
-// so.
+// readMountUsers lists a volume's users on every node, as "user on
+// node". Users on nodes that left the cluster do not count; those on dead
+// nodes do (the node may come back with its tasks), and say so.
+//
+// Each live node's own vold is asked for its record (kindMountUsers): the
+// node that writes a record is the one that knows it, where this node's
+// statd may not have heard of an unmount there yet (`volume rm` right
+// after a service's tasks stopped elsewhere was refused) or of a mount
+// (the volume would be removed under its user). A node whose vold does
+// not answer counts as this node's statd has it.
 func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error) {
 	prefix := mountsPrefix + name + "/"
 	resp, err := n.statd.List(ctx, &statev1.ListRequest{Prefix: prefix, PageSize: 1000})
 	if err != nil {
 		return nil, fmt.Errorf("list mounts of volume %q: %w", name, err)
 	}
-	var out []string
+	byNode := map[string][]string{}
 	for _, d := range resp.GetDocuments() {
-		node := strings.TrimPrefix(d.GetKey(), prefix)
+		byNode[strings.TrimPrefix(d.GetKey(), prefix)] = decodeUsers(d)
+	}
+	maps.Copy(byNode, n.askMountUsers(ctx, name))
+	var out []string
+	for node, users := range byNode {
 		state := ""
 		if m := n.members.Load(); m != nil {
 			state = m.members[node].State
@@ -228,7 +239,7 @@ func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error
 		if state == "left" {
 			continue
 		}
-		for _, u := range decodeUsers(d) {
+		for _, u := range users {
 			if state == "dead" {
 				out = append(out, u+" on "+node+" (dead)")
 			} else {

@@ -421,6 +421,8 @@ func TestVolumes(t *testing.T) {
 		c.mustCtl(1, "volume", "rm", "tiny")
 	})
 
+	c.run(t, "RemoveAsksTheMountingNodes", func(t *testing.T) { testRemoveAsksTheMountingNodes(t, c) })
+
 	var writerNode, leaderNode int
 	c.run(t, "ServiceWritesThroughLeaderLoss", func(t *testing.T) {
 		c.mustCtl(1, "volume", "create", "data", "--replicas", "3", "--size", "64Mi")
@@ -1538,4 +1540,87 @@ func metricValue(metrics, name string) float64 {
 		}
 	}
 	return -1
+}
+
+// testRemoveAsksTheMountingNodes: `volume rm` on a node whose statd has
+// not heard of a mount or an unmount on another node yet goes by what
+// that node's vold says. Node 1's statd is cut off from the others' for
+// each case (its vold still reaches theirs), well within the 2 s a
+// suspect has before it is declared dead.
+func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	st1 := nodeClient(t, c.Cluster, 1)
+	mountDoc := func(name string) bool {
+		_, ok := getField(st1, "/volumemounts/"+name+"/"+c.ids[1], "users")
+		return ok
+	}
+	cut := func() func() {
+		t.Helper()
+		const rules = `table inet shoal_e2e_statd {
+	chain input { type filter hook input priority -300; policy accept; iifname "lo" accept; tcp dport 7470 drop; udp dport 7470 drop; tcp sport 7470 drop; udp sport 7470 drop; }
+	chain output { type filter hook output priority -300; policy accept; oifname "lo" accept; tcp dport 7470 drop; udp dport 7470 drop; tcp sport 7470 drop; udp sport 7470 drop; }
+}`
+		if out, errOut, code, err := c.Exec(ctx, 1, []string{"sh", "-c", "nft -f - <<'EOF'\n" + rules + "\nEOF"}, nil); err != nil || code != 0 {
+			t.Fatalf("cut node 1's statd off: %v %d %s %s", err, code, out, errOut)
+		}
+		healed := false
+		heal := func() {
+			if !healed {
+				healed = true
+				c.Exec(context.Background(), 1, []string{"nft", "delete", "table", "inet", "shoal_e2e_statd"}, nil)
+			}
+		}
+		t.Cleanup(heal)
+		return heal
+	}
+
+	// An unmount node 1 has not heard of: the removal goes ahead.
+	c.mustCtl(1, "volume", "create", "rmgone", "--replicas", "1", "--size", "1Mi")
+	if _, err := c.volumes(2).Mount(ctx, &volv1.MountRequest{Name: "rmgone", User: "e2e-rm"}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "node 1's statd has rmgone's mount on node 2", func() bool { return mountDoc("rmgone") })
+	heal := cut()
+	if _, err := c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "rmgone", User: "e2e-rm"}); err != nil {
+		t.Fatal(err)
+	}
+	stale := mountDoc("rmgone")
+	_, errOut, code := c.ctl(1, "volume", "rm", "rmgone")
+	heal()
+	if !stale {
+		t.Fatalf("node 1's statd heard of the unmount on node 2 while cut off: the case is not tested")
+	}
+	if code != 0 {
+		t.Fatalf("volume rm on node 1 right after the unmount on node 2: exit %d: %s", code, errOut)
+	}
+
+	// A mount node 1 has not heard of: the removal is refused.
+	c.mustCtl(1, "volume", "create", "rmnew", "--replicas", "1", "--size", "1Mi")
+	waitFor(t, 15*time.Second, "node 2 knows rmnew", func() bool {
+		_, _, code := c.ctl(2, "volume", "inspect", "rmnew")
+		return code == 0
+	})
+	heal = cut()
+	if _, err := c.volumes(2).Mount(ctx, &volv1.MountRequest{Name: "rmnew", User: "e2e-rm"}); err != nil {
+		heal()
+		t.Fatal(err)
+	}
+	stale = !mountDoc("rmnew")
+	_, errOut, code = c.ctl(1, "volume", "rm", "rmnew")
+	heal()
+	if !stale {
+		t.Fatalf("node 1's statd heard of the mount on node 2 while cut off: the case is not tested")
+	}
+	if code == 0 || !strings.Contains(errOut, "e2e-rm on "+c.ids[1]) {
+		t.Fatalf("volume rm on node 1 right after a mount on node 2: exit %d: %s; want refused, in use by e2e-rm on %s", code, errOut, c.ids[1])
+	}
+	if _, err := c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "rmnew", User: "e2e-rm"}); err != nil {
+		t.Fatal(err)
+	}
+	c.mustCtl(1, "volume", "rm", "rmnew")
+	waitFor(t, 15*time.Second, "rmgone and rmnew gone from node 3's list", func() bool {
+		out, _, code := c.ctl(3, "volume", "ls")
+		return code == 0 && !strings.Contains(out, "rmgone") && !strings.Contains(out, "rmnew")
+	})
 }
