@@ -191,19 +191,35 @@ nothing), which on a large busy volume costs seconds of CPU per call.`,
 	inspect.Flags().BoolVar(&digests, "digests", false, "also show a SHA-256 of each replica's whole state (every replica hashes all its data)")
 
 	rm := &cobra.Command{
-		Use:   "rm NAME",
-		Short: "Remove a volume and its data (refused while a task uses it)",
-		Args:  cobra.ExactArgs(1),
+		Use:   "rm NAME...",
+		Short: "Remove volumes and their data (refused while a task uses one)",
+		Long: `Remove each volume named, and print its name once removed. A volume that
+cannot be removed (in use, missing) is reported and the others are still
+removed; the exit status is then that of the first failure.`,
+		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ctx, done, err := a.voldCall(cmd)
 			if err != nil {
 				return err
 			}
 			defer done()
-			if _, err := c.Volumes.RemoveVolume(ctx, &volv1.RemoveVolumeRequest{Name: args[0]}); err != nil {
-				return err
+			var first error
+			for _, name := range args {
+				if _, err := c.Volumes.RemoveVolume(ctx, &volv1.RemoveVolumeRequest{Name: name}); err != nil {
+					if len(args) == 1 {
+						return err
+					}
+					fmt.Fprintf(a.errOut, "error: %s\n", describe(err))
+					if first == nil {
+						first = err
+					}
+					continue
+				}
+				fmt.Fprintln(a.out, name)
 			}
-			fmt.Fprintln(a.out, args[0])
+			if first != nil {
+				return exitError{code: exitCode(first)}
+			}
 			return nil
 		},
 	}

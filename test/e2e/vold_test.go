@@ -1618,7 +1618,11 @@ func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 	if _, err := c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "rmnew", User: "e2e-rm"}); err != nil {
 		t.Fatal(err)
 	}
-	c.mustCtl(1, "volume", "rm", "rmnew")
+	// Several names: each is removed or reported, the status is the
+	// first failure's (3: not found).
+	if out, errOut, code := c.ctl(1, "volume", "rm", "rmnosuch", "rmnew"); code != 3 || strings.TrimSpace(out) != "rmnew" || !strings.Contains(errOut, `"rmnosuch" does not exist`) {
+		t.Fatalf("volume rm rmnosuch rmnew: exit %d, out %q, err %q; want 3, rmnew removed, rmnosuch reported", code, out, errOut)
+	}
 	waitFor(t, 15*time.Second, "rmgone and rmnew gone from node 3's list", func() bool {
 		out, _, code := c.ctl(3, "volume", "ls")
 		return code == 0 && !strings.Contains(out, "rmgone") && !strings.Contains(out, "rmnew")
