@@ -52,11 +52,18 @@ func (n *node) saveRecord(lt *localTask) error {
 	if err != nil {
 		return err
 	}
-	tmp := n.recordPath(lt.ID) + ".tmp"
+	return replaceFile(n.recordPath(lt.ID), data)
+}
+
+// replaceFile writes data to path whole: into a temporary file renamed
+// over it, so that a crash leaves the old file or the new one, never a
+// part.
+func replaceFile(path string, data []byte) error {
+	tmp := path + ".tmp"
 	if err := os.WriteFile(tmp, data, 0o600); err != nil {
 		return err
 	}
-	return os.Rename(tmp, n.recordPath(lt.ID))
+	return os.Rename(tmp, path)
 }
 
 func (n *node) logPath(id string) string { return filepath.Join(n.cfg.StateDir, "logs", id+".log") }

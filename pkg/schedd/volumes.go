@@ -146,10 +146,7 @@ func (r *volumeReleases) save() {
 	})
 	data, err := json.Marshal(list)
 	if err == nil {
-		tmp := r.path + ".tmp"
-		if err = os.WriteFile(tmp, data, 0o600); err == nil {
-			err = os.Rename(tmp, r.path)
-		}
+		err = replaceFile(r.path, data)
 	}
 	if err != nil {
 		r.log.Warn("pending volume releases not saved: a restart would forget them", "err", err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"sync"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -24,36 +23,19 @@ func (n *node) askMountUsers(ctx context.Context, name string) map[string][]stri
 			}
 		}
 	}
-	out := map[string][]string{}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for _, id := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			users, err := n.remoteMountUsers(ctx, id, name)
-			if err != nil {
-				n.log.Debug("mount users not confirmed by the node's vold; its record as statd has it counts", "volume", name, "peer_node", id, "err", err)
-				return
-			}
-			mu.Lock()
-			out[id] = users
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
-	return out
+	return askEach(nodes, func(id string) ([]string, bool) {
+		users, err := n.remoteMountUsers(ctx, id, name)
+		if err != nil {
+			n.log.Debug("mount users not confirmed by the node's vold; its record as statd has it counts", "volume", name, "peer_node", id, "err", err)
+			return nil, false
+		}
+		return users, true
+	})
 }
 
 // remoteMountUsers asks node's vold for its recorded users of a volume.
 func (n *node) remoteMountUsers(ctx context.Context, node, name string) ([]string, error) {
-	c, err := n.pool.client(node)
-	if err != nil {
-		return nil, err
-	}
-	actx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	resp, err := c.Forward(actx, &volv1.ForwardRequest{Kind: kindMountUsers, Payload: []byte(name)})
+	resp, err := n.askPeer(ctx, node, &volv1.ForwardRequest{Kind: kindMountUsers, Payload: []byte(name)})
 	if err != nil {
 		return nil, err
 	}

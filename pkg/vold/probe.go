@@ -69,20 +69,7 @@ func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
 	if len(ask) == 0 {
 		return out
 	}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	asked := map[string]bool{}
-	for _, id := range ask {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			ok := n.ping(ctx, id)
-			mu.Lock()
-			asked[id] = ok
-			mu.Unlock()
-		}()
-	}
-	wg.Wait()
+	asked := askEach(ask, func(id string) (bool, bool) { return n.ping(ctx, id), true })
 	maps.Copy(out, asked)
 	if ctx.Err() != nil {
 		return out // a cancelled caller learnt nothing about the nodes
@@ -108,13 +95,7 @@ func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
 // ping, say) still mean a vold runs there. Not through forwardTo: a ping
 // is not a forwarded request, and must not count as one in its metrics.
 func (n *node) ping(ctx context.Context, node string) bool {
-	c, err := n.pool.client(node)
-	if err != nil {
-		return false
-	}
-	pctx, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	_, err = c.Forward(pctx, &volv1.ForwardRequest{Kind: kindPing})
+	_, err := n.askPeer(ctx, node, &volv1.ForwardRequest{Kind: kindPing})
 	switch status.Code(err) {
 	case codes.OK:
 		return true
@@ -122,6 +103,42 @@ func (n *node) ping(ctx context.Context, node string) bool {
 		return false
 	}
 	return true
+}
+
+// askPeer sends req to node's vold over VolPeer, bounded by
+// probeTimeout: a question about the node itself (is it ready, what does
+// it mount), not a forwarded request, so not counted as one.
+func (n *node) askPeer(ctx context.Context, node string, req *volv1.ForwardRequest) (*volv1.ForwardResponse, error) {
+	c, err := n.pool.client(node)
+	if err != nil {
+		return nil, status.Error(codes.Unavailable, err.Error())
+	}
+	actx, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	return c.Forward(actx, req)
+}
+
+// askEach runs ask for every node at once and returns the answers it
+// gave (those whose second result is true), by node.
+func askEach[T any](nodes []string, ask func(node string) (T, bool)) map[string]T {
+	out := map[string]T{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, id := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v, ok := ask(id)
+			if !ok {
+				return
+			}
+			mu.Lock()
+			out[id] = v
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	return out
 }
 
 // placeAnswering places count replicas as place does, on nodes whose
