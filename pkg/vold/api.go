@@ -200,14 +200,16 @@ func (a *volumesAPI) RemoveVolume(ctx context.Context, req *volv1.RemoveVolumeRe
 	if d == nil {
 		return nil, fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
 	}
-	users, err := n.readMountUsers(ctx, name)
+	users, lift, err := n.fenceMountUsers(ctx, removalFence{Name: name, Group: d.Group})
 	if err != nil {
 		return nil, err
 	}
 	if len(users) > 0 {
+		lift()
 		return nil, fmt.Errorf("volume %q is in use by %s: stop them first: %w", name, strings.Join(users, ", "), errdefs.ErrFailedPrecondition)
 	}
 	if _, err := n.statd.Delete(ctx, &statev1.DeleteRequest{Key: volumeKey(name)}); err != nil {
+		lift()
 		return nil, fmt.Errorf("delete volume %q: %w", name, err)
 	}
 	n.log.Info("volume removed", "volume", name, "group", d.Group)

@@ -171,8 +171,8 @@ func (n *node) serveForward(ctx context.Context, from string, req *volv1.Forward
 		b, err := json.Marshal(d)
 		return &volv1.ForwardResponse{Payload: b}, err
 	}
-	if req.GetKind() == kindMountUsers {
-		b, err := n.ownMountUsers(ctx, string(req.GetPayload()))
+	if k := req.GetKind(); k == kindRemovalFence || k == kindRemovalLift {
+		b, err := n.serveRemovalFence(ctx, k, req.GetPayload())
 		if err != nil {
 			return nil, err
 		}

@@ -43,9 +43,10 @@ func (n *node) mount(ctx context.Context, name, user string) (string, error) {
 	if err := n.awaitRestore(ctx); err != nil {
 		return "", err
 	}
-	if d := n.volumeDoc(name); d == nil {
-		d, err := n.readVolume(ctx, name)
-		if err != nil {
+	d := n.volumeDoc(name)
+	if d == nil {
+		var err error
+		if d, err = n.readVolume(ctx, name); err != nil {
 			return "", err
 		}
 		if d == nil {
@@ -54,6 +55,9 @@ func (n *node) mount(ctx context.Context, name, user string) (string, error) {
 	}
 	n.mountMu.Lock()
 	defer n.mountMu.Unlock()
+	if err := n.fencedLocked(name, d.Group); err != nil {
+		return "", err
+	}
 	m, err := n.mountLocked(name, nil)
 	if err != nil {
 		return "", err
@@ -209,29 +213,46 @@ func (n *node) mountUsers(name string) (nodes, users []string) {
 	return nodes, slices.Compact(users)
 }
 
-// readMountUsers lists a volume's users on every node, as "user on
-// node". Users on nodes that left the cluster do not count; those on dead
-// nodes do (the node may come back with its tasks), and say so.
+// fenceMountUsers lists a volume's users on every node, as "user on
+// node", and fences the volume on every node that has none (see
+// mountusers.go): call lift unless the volume is then removed. Users on
+// nodes that left the cluster do not count; those on dead nodes do (the
+// node may come back with its tasks), and say so.
 //
-// Each live node's own vold is asked for its record (kindMountUsers): the
-// node that writes a record is the one that knows it, where this node's
-// statd may not have heard of an unmount there yet (`volume rm` right
-// after a service's tasks stopped elsewhere was refused) or of a mount
-// (the volume would be removed under its user). A node whose vold does
-// not answer counts as this node's statd has it.
-func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error) {
-	prefix := mountsPrefix + name + "/"
+// Each live node's own vold is asked for its record: the node that
+// writes a record is the one that knows it, where this node's statd may
+// not have heard of an unmount there yet (`volume rm` right after a
+// service's tasks stopped elsewhere was refused) or of a mount (the
+// volume would be removed under its user). A node whose vold does not
+// answer counts as this node's statd has it.
+func (n *node) fenceMountUsers(ctx context.Context, f removalFence) (users []string, lift func(), err error) {
+	prefix := mountsPrefix + f.Name + "/"
 	resp, err := n.statd.List(ctx, &statev1.ListRequest{Prefix: prefix, PageSize: 1000})
 	if err != nil {
-		return nil, fmt.Errorf("list mounts of volume %q: %w", name, err)
+		return nil, nil, fmt.Errorf("list mounts of volume %q: %w", f.Name, err)
 	}
 	byNode := map[string][]string{}
 	for _, d := range resp.GetDocuments() {
 		byNode[strings.TrimPrefix(d.GetKey(), prefix)] = decodeUsers(d)
 	}
-	maps.Copy(byNode, n.askMountUsers(ctx, name))
-	var out []string
-	for node, users := range byNode {
+	answers := n.fenceEach(ctx, f)
+	own, err := n.fenceOwn(ctx, f)
+	if err == nil {
+		answers[n.id] = own
+	}
+	var fenced []string
+	for node, u := range answers {
+		if len(u) == 0 {
+			fenced = append(fenced, node)
+		}
+	}
+	lift = func() { n.liftEach(context.WithoutCancel(ctx), f, fenced) }
+	if err != nil {
+		lift()
+		return nil, nil, err
+	}
+	maps.Copy(byNode, answers)
+	for node, u := range byNode {
 		state := ""
 		if m := n.members.Load(); m != nil {
 			state = m.members[node].State
@@ -239,16 +260,16 @@ func (n *node) readMountUsers(ctx context.Context, name string) ([]string, error
 		if state == "left" {
 			continue
 		}
-		for _, u := range users {
+		for _, user := range u {
 			if state == "dead" {
-				out = append(out, u+" on "+node+" (dead)")
+				users = append(users, user+" on "+node+" (dead)")
 			} else {
-				out = append(out, u+" on "+node)
+				users = append(users, user+" on "+node)
 			}
 		}
 	}
-	slices.Sort(out)
-	return out, nil
+	slices.Sort(users)
+	return users, lift, nil
 }
 
 // awaitRestore waits until restoreMounts has run: a mount asked for right

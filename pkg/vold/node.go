@@ -64,6 +64,9 @@ type node struct {
 	// mounts are this node's FUSE mounts (mount.go).
 	mountMu sync.Mutex
 	mounts  map[string]*mount
+	// fences are the volumes a removal asked this node not to mount
+	// (mountusers.go), under mountMu.
+	fences map[string]fenceHold
 	// sess keeps mounts' FUSE sessions across restarts (fuse.go).
 	sess *sessions
 	// restored is closed once restoreMounts has run.
@@ -149,7 +152,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	n := &node{
 		cfg: cfg, log: rt.Log, rt: rt, statd: st, names: newNodeNames(),
 		ready: make(chan struct{}), kick: make(chan struct{}, 1),
-		kvs: map[raftgroup.GroupID]*kvStore{}, mounts: map[string]*mount{}, restored: make(chan struct{}),
+		kvs: map[raftgroup.GroupID]*kvStore{}, mounts: map[string]*mount{}, fences: map[string]fenceHold{}, restored: make(chan struct{}),
 		failed: map[raftgroup.GroupID]string{},
 	}
 	// The mirror, peer pool and transport need no identity until used:

@@ -32,6 +32,7 @@ import (
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
 	"github.com/shoal-dev/shoal/pkg/testimage"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
@@ -1544,9 +1545,11 @@ func metricValue(metrics, name string) float64 {
 
 // testRemoveAsksTheMountingNodes: `volume rm` on a node whose statd has
 // not heard of a mount or an unmount on another node yet goes by what
-// that node's vold says. Node 1's statd is cut off from the others' for
-// each case (its vold still reaches theirs), well within the 2 s a
-// suspect has before it is declared dead.
+// that node's vold says, and a node that said it had no users does not
+// mount the volume afterwards, though its statd has not heard of the
+// removal yet. One node's statd is cut off from the others' for each case
+// (its vold still reaches theirs), well within the 2 s a suspect has
+// before it is declared dead.
 func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -1555,20 +1558,20 @@ func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 		_, ok := getField(st1, "/volumemounts/"+name+"/"+c.ids[1], "users")
 		return ok
 	}
-	cut := func() func() {
+	cut := func(node int) func() {
 		t.Helper()
 		const rules = `table inet shoal_e2e_statd {
 	chain input { type filter hook input priority -300; policy accept; iifname "lo" accept; tcp dport 7470 drop; udp dport 7470 drop; tcp sport 7470 drop; udp sport 7470 drop; }
 	chain output { type filter hook output priority -300; policy accept; oifname "lo" accept; tcp dport 7470 drop; udp dport 7470 drop; tcp sport 7470 drop; udp sport 7470 drop; }
 }`
-		if out, errOut, code, err := c.Exec(ctx, 1, []string{"sh", "-c", "nft -f - <<'EOF'\n" + rules + "\nEOF"}, nil); err != nil || code != 0 {
-			t.Fatalf("cut node 1's statd off: %v %d %s %s", err, code, out, errOut)
+		if out, errOut, code, err := c.Exec(ctx, node, []string{"sh", "-c", "nft -f - <<'EOF'\n" + rules + "\nEOF"}, nil); err != nil || code != 0 {
+			t.Fatalf("cut node %d's statd off: %v %d %s %s", node, err, code, out, errOut)
 		}
 		healed := false
 		heal := func() {
 			if !healed {
 				healed = true
-				c.Exec(context.Background(), 1, []string{"nft", "delete", "table", "inet", "shoal_e2e_statd"}, nil)
+				c.Exec(context.Background(), node, []string{"nft", "delete", "table", "inet", "shoal_e2e_statd"}, nil)
 			}
 		}
 		t.Cleanup(heal)
@@ -1581,7 +1584,7 @@ func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "node 1's statd has rmgone's mount on node 2", func() bool { return mountDoc("rmgone") })
-	heal := cut()
+	heal := cut(1)
 	if _, err := c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "rmgone", User: "e2e-rm"}); err != nil {
 		t.Fatal(err)
 	}
@@ -1601,7 +1604,7 @@ func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 		_, _, code := c.ctl(2, "volume", "inspect", "rmnew")
 		return code == 0
 	})
-	heal = cut()
+	heal = cut(1)
 	if _, err := c.volumes(2).Mount(ctx, &volv1.MountRequest{Name: "rmnew", User: "e2e-rm"}); err != nil {
 		heal()
 		t.Fatal(err)
@@ -1618,6 +1621,39 @@ func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 	if _, err := c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "rmnew", User: "e2e-rm"}); err != nil {
 		t.Fatal(err)
 	}
+	// A mount asked for on node 2 after the removal, whose statd has not
+	// heard of it: refused, where it used to mount the removed volume.
+	c.mustCtl(1, "volume", "create", "rmlate", "--replicas", "1", "--size", "1Mi")
+	waitFor(t, 15*time.Second, "node 2 knows rmlate", func() bool {
+		_, _, code := c.ctl(2, "volume", "inspect", "rmlate")
+		return code == 0
+	})
+	heal = cut(2)
+	_, errOut, code = c.ctl(1, "volume", "rm", "rmlate")
+	if code != 0 {
+		heal()
+		t.Fatalf("volume rm rmlate on node 1: exit %d: %s", code, errOut)
+	}
+	_, mountErr := c.volumes(2).Mount(ctx, &volv1.MountRequest{Name: "rmlate", User: "e2e-rm"})
+	_, staleErr := nodeClient(t, c.Cluster, 2).Get(ctx, &statev1.GetRequest{Key: "/volumes/rmlate"})
+	heal()
+	if staleErr != nil {
+		t.Fatalf("node 2's statd heard of rmlate's removal while cut off: the case is not tested")
+	}
+	if status.Code(mountErr) != codes.FailedPrecondition || !strings.Contains(mountErr.Error(), "is being removed") {
+		if mountErr == nil {
+			c.volumes(2).Unmount(ctx, &volv1.UnmountRequest{Name: "rmlate", User: "e2e-rm"})
+		}
+		t.Fatalf("mount of rmlate on node 2 right after its removal on node 1: %v; want FailedPrecondition, being removed", mountErr)
+	}
+	// The refused removal of rmnew lifted the fence it set on node 3,
+	// which had no user then.
+	if _, err := c.volumes(3).Mount(ctx, &volv1.MountRequest{Name: "rmnew", User: "e2e-rm"}); err != nil {
+		t.Fatalf("mount of rmnew on node 3 after its refused removal: %v", err)
+	}
+	if _, err := c.volumes(3).Unmount(ctx, &volv1.UnmountRequest{Name: "rmnew", User: "e2e-rm"}); err != nil {
+		t.Fatal(err)
+	}
 	// Several names: each is removed or reported, the status is the
 	// first failure's (3: not found).
 	if out, errOut, code := c.ctl(1, "volume", "rm", "rmnosuch", "rmnew"); code != 3 || strings.TrimSpace(out) != "rmnew" || !strings.Contains(errOut, `"rmnosuch" does not exist`) {
@@ -1625,6 +1661,6 @@ func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 	}
 	waitFor(t, 15*time.Second, "rmgone and rmnew gone from node 3's list", func() bool {
 		out, _, code := c.ctl(3, "volume", "ls")
-		return code == 0 && !strings.Contains(out, "rmgone") && !strings.Contains(out, "rmnew")
+		return code == 0 && !strings.Contains(out, "rmgone") && !strings.Contains(out, "rmnew") && !strings.Contains(out, "rmlate")
 	})
 }
