@@ -43,6 +43,10 @@ func reserveChild(mode string) int {
 		return smallPagesChild()
 	case "stall":
 		return stallChild()
+	case "churn-none":
+		return churnChild(false)
+	case "churn-given-up":
+		return churnChild(true)
 	}
 	switch mode {
 	case "reserve":
@@ -177,6 +181,37 @@ func smallPagesChild() int {
 	return 0
 }
 
+// churnChild, with THP off for the process, gives a reserve up for small
+// pages (when giveUp) or makes none, then allocates, writes and drops
+// churnMiB buffers of 1 MiB, eight of them live at a time, as vold's
+// writes do, and prints the page faults per MiB written.
+func churnChild(giveUp bool) int {
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "prctl:", err)
+		return 1
+	}
+	if giveUp {
+		if _, err := Reserve(testReserve, true); !errors.Is(err, ErrSmallPages) {
+			fmt.Fprintln(os.Stderr, "Reserve did not give up:", err)
+			return 1
+		}
+	}
+	live := make([][]byte, 8)
+	before := minorFaults()
+	for i := range churnMiB {
+		b := make([]byte, 1<<20)
+		for j := 0; j < len(b); j += pageSize {
+			b[j] = byte(i)
+		}
+		live[i%len(live)] = b
+	}
+	runtime.KeepAlive(live)
+	fmt.Printf("%.1f\n", float64(minorFaults()-before)/churnMiB)
+	return 0
+}
+
+const churnMiB = 2048
+
 func minorFaults() int64 {
 	var ru unix.Rusage
 	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
@@ -211,6 +246,29 @@ func TestReserveGivesUpSmallPages(t *testing.T) {
 		tries = append(tries, faults)
 	}
 	t.Fatalf("giving up a reserve in small pages took %v faults in three children: it was populated whole (%d pages)", tries, whole)
+}
+
+// TestGivenUpReserveLeavesNoChurn: a process whose reserve was given up
+// for small pages writes fresh buffers with about as few page faults as
+// one that never made a reserve. Before the reserve and its ballast were
+// collected and returned at once, the writes after a give-up faulted
+// about 26 pages per MiB, against 2.5–8.4 with no reserve, all along (a
+// vold in that state wrote sequentially at 28–38 MB/s where one without
+// a reserve wrote 105–130).
+func TestGivenUpReserveLeavesNoChurn(t *testing.T) {
+	per := func(mode string) float64 {
+		var f float64
+		out := childOutput(t, mode)
+		if _, err := fmt.Sscan(out, &f); err != nil {
+			t.Fatalf("child %s printed %q: %v", mode, out, err)
+		}
+		return f
+	}
+	none, givenUp := per("churn-none"), per("churn-given-up")
+	t.Logf("page faults per MiB written: %.1f with no reserve, %.1f after one given up", none, givenUp)
+	if givenUp > none+10 {
+		t.Fatalf("after a reserve was given up the writes faulted %.1f pages per MiB, with none %.1f", givenUp, none)
+	}
 }
 
 func TestReserveTwiceAndZero(t *testing.T) {
