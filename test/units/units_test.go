@@ -1,7 +1,8 @@
 // Package units checks the systemd units in systemd/: systemd-analyze
 // verify accepts them (against a throw-away root holding the installed
-// binaries), and no Shoal unit requires or binds to another Shoal daemon,
-// so each daemon restarts on its own.
+// binaries), no Shoal unit requires or binds to another Shoal daemon,
+// so each daemon restarts on its own, and a daemon that crashes is
+// started again for a while before its unit is given up.
 package units
 
 import (
@@ -9,8 +10,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 var daemons = []string{"statd", "schedd", "netd", "vold"}
@@ -93,6 +96,48 @@ func TestUnitsAreIndependent(t *testing.T) {
 	for _, d := range daemons {
 		if !strings.Contains(target["Unit.Wants"], "shoal-"+d+".service") {
 			t.Errorf("shoal.target does not want shoal-%s.service", d)
+		}
+	}
+}
+
+// TestCrashLoopsAreRetried: a daemon that fails at once is started
+// again for at least as long as systemd's default start limit allows with
+// 2 s between starts (5 starts in 10 s), before its unit is given up; and
+// vold, whose node's mounts wait for it, is started again within a second
+// of a crash.
+func TestCrashLoopsAreRetried(t *testing.T) {
+	dur := func(d, key, v, def string) time.Duration {
+		t.Helper()
+		if v == "" {
+			v = def
+		}
+		if _, err := strconv.Atoi(v); err == nil {
+			v += "s" // systemd's bare numbers are seconds
+		}
+		x, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("shoal-%s.service %s=%s: %v", d, key, v, err)
+		}
+		return x
+	}
+	for _, d := range daemons {
+		svc := readUnit(t, "shoal-"+d+".service")
+		delay := dur(d, "RestartSec", svc["Service.RestartSec"], "100ms")
+		interval := dur(d, "StartLimitIntervalSec", svc["Unit.StartLimitIntervalSec"], "10s")
+		burst := 5
+		if v := svc["Unit.StartLimitBurst"]; v != "" {
+			var err error
+			if burst, err = strconv.Atoi(v); err != nil {
+				t.Fatalf("shoal-%s.service StartLimitBurst=%s: %v", d, v, err)
+			}
+		}
+		// Starts every delay: the limit stops the burst+1st if the burst
+		// fits in the interval.
+		if tried := time.Duration(burst) * delay; tried < interval && tried < 10*time.Second {
+			t.Errorf("shoal-%s.service gives a crash loop up after %v (RestartSec=%v, %d starts in %v)", d, tried, delay, burst, interval)
+		}
+		if d == "vold" && delay > time.Second {
+			t.Errorf("shoal-vold.service RestartSec=%v: a crash leaves the node's mounts waiting that long", delay)
 		}
 	}
 }
