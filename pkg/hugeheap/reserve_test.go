@@ -171,8 +171,7 @@ func testReserveFaultsMemoryInAhead(t *testing.T, mode string) {
 // smallPagesChild asks for a reserve in huge pages with transparent huge
 // pages disabled for the process, and prints what Reserve said.
 func smallPagesChild() int {
-	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
-		fmt.Fprintln(os.Stderr, "prctl:", err)
+	if !disableTHP() {
 		return 1
 	}
 	before := minorFaults()
@@ -186,8 +185,7 @@ func smallPagesChild() int {
 // churnMiB buffers of 1 MiB, eight of them live at a time, as vold's
 // writes do, and prints the page faults per MiB written.
 func churnChild(giveUp bool) int {
-	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
-		fmt.Fprintln(os.Stderr, "prctl:", err)
+	if !disableTHP() {
 		return 1
 	}
 	if giveUp {
@@ -211,6 +209,16 @@ func churnChild(giveUp bool) int {
 }
 
 const churnMiB = 2048
+
+// disableTHP turns transparent huge pages off for this process, so that
+// the kernel populates a reserve in small pages.
+func disableTHP() bool {
+	if err := unix.Prctl(unix.PR_SET_THP_DISABLE, 1, 0, 0, 0); err != nil {
+		fmt.Fprintln(os.Stderr, "prctl:", err)
+		return false
+	}
+	return true
+}
 
 func minorFaults() int64 {
 	var ru unix.Rusage

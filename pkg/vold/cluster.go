@@ -75,6 +75,19 @@ func (n *node) alive(node string) bool {
 	return s == "alive" || s == "suspect"
 }
 
+// otherLiveNodes lists the live members other than this node.
+func (n *node) otherLiveNodes() []string {
+	var nodes []string
+	if m := n.members.Load(); m != nil {
+		for id := range m.members {
+			if id != n.id && n.alive(id) {
+				nodes = append(nodes, id)
+			}
+		}
+	}
+	return nodes
+}
+
 // anyNodeDead reports whether statd counts any member dead or left.
 func (n *node) anyNodeDead() bool {
 	m := n.members.Load()

@@ -134,19 +134,6 @@ func (n *node) liftEach(ctx context.Context, f removalFence, nodes []string) {
 	})
 }
 
-// otherLiveNodes lists the live members other than this node.
-func (n *node) otherLiveNodes() []string {
-	var nodes []string
-	if m := n.members.Load(); m != nil {
-		for id := range m.members {
-			if id != n.id && n.alive(id) {
-				nodes = append(nodes, id)
-			}
-		}
-	}
-	return nodes
-}
-
 // serveRemovalFence answers kindRemovalFence and kindRemovalLift.
 func (n *node) serveRemovalFence(ctx context.Context, kind string, payload []byte) ([]byte, error) {
 	var f removalFence
