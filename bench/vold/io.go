@@ -250,7 +250,7 @@ func (b *bench) random(ctx context.Context) randResult {
 		b.unmount(ctx, follower, benchVol, "bench-rand")
 	}()
 	if n := c.randWriters; n > 1 {
-		targets = append(targets, target{label: rowLocalMany, dir: b.local, writers: n, total: true}, target{label: rowLeaderMany, dir: targets[2].dir, writers: n, total: true, node: leader})
+		targets = append(targets, target{label: rowLocalMany, dir: b.local, writers: n, total: true}, target{label: rowLeaderMany, dir: targets[2].dir, writers: n, total: true, node: leader, profile: "leader-many"})
 	}
 	r := randResult{leader: leader, follower: follower, runs: map[string][]randRow{}}
 	for _, t := range targets {

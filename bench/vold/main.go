@@ -85,7 +85,9 @@ type config struct {
 	verbose     bool
 	profileDir  string
 	profileFor  time.Duration
-	replicas    int
+	// profileTrace takes execution traces instead of CPU profiles.
+	profileTrace bool
+	replicas     int
 }
 
 func main() {
@@ -110,8 +112,9 @@ func main() {
 	flag.DurationVar(&c.quiet, "quiet-wait", 10*time.Second, "before each phase, wait up to this long for other processes to use less than 0.25 CPUs")
 	flag.BoolVar(&c.verbose, "v", false, "print devcluster progress on stderr")
 	flag.IntVar(&c.replicas, "replicas", 3, "replicas of the write phases' volume (1 to 3; fewer than 3 needs -failovers 0): a measure of what each replica costs, the goals are for 3; with 1 the second mount is on a node that holds no replica")
-	flag.StringVar(&c.profileDir, "profile", "", "directory for CPU profiles of every vold over the first -profile-duration of the sequential write phase, over the first random write run through each mount (rand-leader-node<i>.pprof, rand-follower-node<i>.pprof), and over -profile-duration after the idle measurement with volumes, then a heap profile (vold runs with --debug-pprof)")
+	flag.StringVar(&c.profileDir, "profile", "", "directory for CPU profiles of every vold over the first -profile-duration of the sequential write phase, over the first random write run through each mount and of the several writers (rand-leader-node<i>.pprof, rand-follower-node<i>.pprof, rand-leader-many-node<i>.pprof), and over -profile-duration after the idle measurement with volumes, then a heap profile (vold runs with --debug-pprof)")
 	flag.DurationVar(&c.profileFor, "profile-duration", 10*time.Second, "length of each -profile capture")
+	flag.BoolVar(&c.profileTrace, "profile-trace", false, "with -profile, take Go execution traces (<phase>-node<i>.trace) where CPU profiles would be taken")
 	seed := flag.Uint64("seed", 1, "random seed (offsets, payloads)")
 	flag.Parse()
 	for _, s := range strings.Split(clients, ",") {

@@ -24,24 +24,29 @@ import (
 
 // startProfiles, with -profile DIR, fetches a CPU profile of every node's
 // vold (started with --debug-pprof) over the next d (whole seconds, at
-// least one), into DIR/<phase>-node<i>.pprof; the returned function waits
+// least one), into DIR/<phase>-node<i>.pprof, or with -profile-trace an
+// execution trace into DIR/<phase>-node<i>.trace (where goroutines wait:
+// `go tool trace -pprof=sync` or `=sched`); the returned function waits
 // for them. Without -profile it does nothing.
 func (b *bench) startProfiles(ctx context.Context, phase string, d time.Duration) func() {
 	if b.c.profileDir == "" {
 		return func() {}
 	}
-	query := fmt.Sprintf("profile?seconds=%d", max(1, int(d.Seconds())))
+	query, what, ext := fmt.Sprintf("profile?seconds=%d", max(1, int(d.Seconds()))), "CPU profile", "pprof"
+	if b.c.profileTrace {
+		query, what, ext = fmt.Sprintf("trace?seconds=%d", max(1, int(d.Seconds()))), "execution trace", "trace"
+	}
 	var wg sync.WaitGroup
 	for i := 1; i <= nodes; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			path := filepath.Join(b.c.profileDir, fmt.Sprintf("%s-node%d.pprof", phase, i))
+			path := filepath.Join(b.c.profileDir, fmt.Sprintf("%s-node%d.%s", phase, i, ext))
 			if err := b.fetchProfile(ctx, i, query, path); err != nil {
-				progress("CPU profile of node %d's vold: %v", i, err)
+				progress("%s of node %d's vold: %v", what, i, err)
 				return
 			}
-			progress("  CPU profile of node %d's vold: %s", i, path)
+			progress("  %s of node %d's vold: %s", what, i, path)
 		}()
 	}
 	return wg.Wait
