@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -54,10 +55,13 @@ type group struct {
 	proposedBytes map[ReplicaID]int
 	removed       bool
 	broken        error
-	quiesced      bool
-	idleTicks     int
-	quiesceHint   *Heartbeat
-	retryNow      bool
+	// retired is set with removed or broken: Host.Serves reads it off the
+	// loop.
+	retired     atomic.Bool
+	quiesced    bool
+	idleTicks   int
+	quiesceHint *Heartbeat
+	retryNow    bool
 	// logBytes counts the entry data applied since the last snapshot
 	// maybeCompact took, snapBytes is that snapshot's size.
 	logBytes, snapBytes uint64
@@ -181,6 +185,7 @@ func (h *Host) DestroyGroup(id GroupID) error {
 	}
 	h.jnl.dropGroup(id)
 	delete(h.groups, id)
+	h.index.Delete(id)
 	delete(h.awake, id)
 	delete(h.dirty, id)
 	delete(h.busy, id)
@@ -250,6 +255,7 @@ func (h *Host) openGroup(id GroupID, local ReplicaID) (*group, error) {
 	}
 	g.rn = rn
 	h.groups[id] = g
+	h.index.Store(id, g)
 	h.awake[id] = g
 	h.dirty[id] = g
 	h.peersStale = true
@@ -338,6 +344,7 @@ func (g *group) failPending(err error) {
 // ticking and answering; the application destroys it (DestroyGroup).
 func (g *group) markRemoved() {
 	g.removed = true
+	g.retired.Store(true)
 	delete(g.h.awake, g.id)
 	g.failPending(ErrRemoved)
 	g.h.peersStale = true
@@ -349,6 +356,7 @@ func (g *group) breakWith(err error) {
 		return
 	}
 	g.broken = fmt.Errorf("%w: group %d: %v", ErrGroupBroken, g.id, err)
+	g.retired.Store(true)
 	g.h.log.Error("raftgroup state machine failed", "group", uint64(g.id), "err", err)
 	delete(g.h.awake, g.id)
 	g.failPending(g.broken)

@@ -201,6 +201,9 @@ type Host struct {
 	// bgWG counts the goroutines writing snapshots off the loop.
 	bgWG sync.WaitGroup
 
+	// index mirrors groups for Serves, which must not wait for mu.
+	index sync.Map // GroupID → *group
+
 	// mu is held by the loop for a whole round and by structural calls.
 	// Everything below is guarded by it.
 	mu     sync.Mutex

@@ -473,17 +473,23 @@ func (f syncHookFile) hook() {
 // calls on preallocated segments from another goroutine, is not hooked.
 func (f syncHookFile) SyncData() error { f.hook(); return f.File.SyncData() }
 
+// syncHookedCluster is a cluster of three whose journal syncs are hooked.
+func syncHookedCluster(t *testing.T, seed uint64) (*rgt.Cluster, map[raftgroup.NodeID]*syncHookFS) {
+	hooks := map[raftgroup.NodeID]*syncHookFS{}
+	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: seed, Configure: func(cfg *raftgroup.Config) {
+		h := &syncHookFS{FS: cfg.FS}
+		hooks[cfg.NodeID] = h
+		cfg.FS = h
+	}})
+	return c, hooks
+}
+
 // TestCommittedAnsweredBeforeNextSync: a leader round that learns a
 // proposal is committed and appends the next proposal answers the first
 // before it syncs the second (appliesEarly) — its proposer does not wait
 // for another write's sync — and both still commit everywhere.
 func TestCommittedAnsweredBeforeNextSync(t *testing.T) {
-	hooks := map[raftgroup.NodeID]*syncHookFS{}
-	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: 11, Configure: func(cfg *raftgroup.Config) {
-		h := &syncHookFS{FS: cfg.FS}
-		hooks[cfg.NodeID] = h
-		cfg.FS = h
-	}})
+	c, hooks := syncHookedCluster(t, 11)
 	leader, followers := settledGroup(t, c)
 	before := c.Host(leader).Stats().EarlyApplies
 

@@ -444,6 +444,23 @@ func (h *Host) Status(id GroupID) (GroupStatus, error) {
 	return g.status(), nil
 }
 
+// Serves reports whether this host's replica of group id takes requests:
+// it exists, holds the group's state (a snapshot) and was neither removed
+// nor broken — Status's Initialized, !Removed and Err == nil. Unlike
+// Status it never waits for the loop, which holds the host's lock through
+// a whole round, journal sync included: a caller deciding where to send
+// each filesystem op waited there for the round before, so concurrent
+// writers' proposals reached the loop one round apart and no two shared
+// a sync.
+func (h *Host) Serves(id GroupID) bool {
+	v, ok := h.index.Load(id)
+	if !ok {
+		return false
+	}
+	g := v.(*group)
+	return g.st.hasSnap.Load() && !g.retired.Load()
+}
+
 // Brief is the part of a group's status that periodic sweeps over every
 // group need, without the cost of Status (member lists, progress maps).
 type Brief struct {
@@ -558,6 +575,18 @@ func (h *Host) WithStateMachine(id GroupID, fn func(sm StateMachine, applied uin
 	}
 	fn(g.fsm, g.applied)
 	return nil
+}
+
+// Machine returns group id's state machine without waiting for the loop,
+// for a state machine that guards itself against the loop applying
+// entries meanwhile (volfs.FS): a read through WithStateMachine waits for
+// the round in progress, journal sync included.
+func (h *Host) Machine(id GroupID) (StateMachine, error) {
+	v, ok := h.index.Load(id)
+	if !ok {
+		return nil, fmt.Errorf("%w: %d", ErrGroupNotFound, id)
+	}
+	return v.(*group).fsm, nil
 }
 
 // PeerSilence returns, for every node this host shares a group with, how

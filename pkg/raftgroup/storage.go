@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3"
@@ -35,6 +36,8 @@ type groupStorage struct {
 	lastTerm uint64
 	// snap is the metadata of the latest stored snapshot (nil: none).
 	snap *pb.SnapshotMetadata
+	// hasSnap is set once snap is: Host.Serves reads it off the loop.
+	hasSnap atomic.Bool
 	// cache holds the latest durable entries, in order and ending at last:
 	// raft reads entries back soon after they are written (to apply them,
 	// to send them to a follower) and asks for terms, and a read from
@@ -102,7 +105,7 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, jnl *journal, large int)
 		jnl.setSnapshot(g, ref.seg)
 	}
 	if snap != nil {
-		s.snap = snap.GetMetadata()
+		s.setSnap(snap.GetMetadata())
 	}
 	s.last, s.lastTerm = s.trunc.index, s.trunc.term
 	it, err := db.NewIter(&pebble.IterOptions{LowerBound: ks.logKey(g, 0), UpperBound: ks.logEnd(g)})
@@ -423,7 +426,7 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 	return func() {
 		s.trunc, s.last, s.lastTerm = trunc, last, lastTerm
 		if snapMeta != nil {
-			s.snap = snapMeta
+			s.setSnap(snapMeta)
 			s.cache.reset()
 		}
 		if hs != nil {
@@ -480,7 +483,13 @@ func (s *groupStorage) stageSnapshotRef(b *pebble.Batch, ref segmentRef, meta *p
 // group's latest once its batch is written.
 func (s *groupStorage) snapshotStaged(meta *pb.SnapshotMetadata) func() {
 	meta = proto.Clone(meta).(*pb.SnapshotMetadata)
-	return func() { s.snap = meta }
+	return func() { s.setSnap(meta) }
+}
+
+// setSnap records meta as the latest stored snapshot.
+func (s *groupStorage) setSnap(meta *pb.SnapshotMetadata) {
+	s.snap = meta
+	s.hasSnap.Store(true)
 }
 
 // stageCompact drops the log up to and including index (which must be

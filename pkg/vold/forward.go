@@ -231,6 +231,5 @@ func (n *node) holds(g raftgroup.GroupID) bool {
 	if h == nil {
 		return false
 	}
-	st, err := h.Status(g)
-	return err == nil && st.Initialized && !st.Removed && st.Err == nil
+	return h.Serves(g)
 }

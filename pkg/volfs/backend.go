@@ -45,10 +45,11 @@ func (b HostBackend) Query(ctx context.Context, req []byte) ([]byte, error) {
 // QueryHost runs an encoded query on the local replica of group g as it is
 // now (no ReadIndex: call one first for a linearizable read). The query
 // runs outside the host's loop lock (FS has its own), so a large read or a
-// digest does not stall the host's other groups.
+// digest does not stall the host's other groups, and it does not wait for
+// the loop's round in progress either (Host.Machine).
 func QueryHost(h *raftgroup.Host, g raftgroup.GroupID, req []byte) ([]byte, error) {
-	var sm raftgroup.StateMachine
-	if err := h.WithStateMachine(g, func(s raftgroup.StateMachine, _ uint64) { sm = s }); err != nil {
+	sm, err := h.Machine(g)
+	if err != nil {
 		return nil, fmt.Errorf("volume group %d: %w", g, err)
 	}
 	fs, ok := sm.(*FS)
