@@ -82,7 +82,7 @@ flags() {
 		[[ "$quick" == 1 ]] && printf '%s\n' -load-duration 1s -load-requests 50000 -dns-duration 1s -health-tasks 2 -restarts 1
 		;;
 	vold)
-		[[ "$quick" == 1 ]] && printf '%s\n' -seq-mib 16 -reps 1 -rand-duration 1s -failovers 1 -idle-volumes 100 -idle 5s -kv-duration 1s -settle 1s -quiesce-wait 30s -quiet-wait 0
+		[[ "$quick" == 1 ]] && printf '%s\n' -seq-mib 16 -reps 1 -rand-duration 1s -read-duration 1s -failovers 1 -idle-volumes 100 -idle 5s -kv-duration 1s -settle 1s -quiesce-wait 30s -quiet-wait 0
 		;;
 	esac
 	local var="BENCH_${name^^}_FLAGS"

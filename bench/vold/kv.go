@@ -86,12 +86,7 @@ type kvRun struct {
 	load              phaseLoad
 }
 
-func (r kvRun) rate() float64 {
-	if r.elapsed <= 0 {
-		return 0
-	}
-	return float64(len(r.lat)) / r.elapsed.Seconds()
-}
+func (r kvRun) rate() float64 { return perSecond(len(r.lat), r.elapsed) }
 
 type kvResult struct {
 	clients     int

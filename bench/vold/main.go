@@ -87,6 +87,7 @@ type config struct {
 	profileFor  time.Duration
 	// profileTrace takes execution traces instead of CPU profiles.
 	profileTrace bool
+	readDur      time.Duration
 	replicas     int
 }
 
@@ -114,6 +115,7 @@ func main() {
 	flag.IntVar(&c.replicas, "replicas", 3, "replicas of the write phases' volume (1 to 3; fewer than 3 needs -failovers 0): a measure of what each replica costs, the goals are for 3; with 1 the second mount is on a node that holds no replica")
 	flag.StringVar(&c.profileDir, "profile", "", "directory for CPU profiles of every vold over the first -profile-duration of the sequential write phase, over the first random write run through each mount and of the several writers (rand-leader-node<i>.pprof, rand-follower-node<i>.pprof, rand-leader-many-node<i>.pprof), and over -profile-duration after the idle measurement with volumes, then a heap profile (vold runs with --debug-pprof)")
 	flag.DurationVar(&c.profileFor, "profile-duration", 10*time.Second, "length of each -profile capture")
+	flag.DurationVar(&c.readDur, "read-duration", 3*time.Second, "length of each run of the random read phase (4 KiB reads through the leader's mount, alone and beside a writer); 0 leaves the phase out")
 	flag.BoolVar(&c.profileTrace, "profile-trace", false, "with -profile, take Go execution traces (<phase>-node<i>.trace) where CPU profiles would be taken")
 	seed := flag.Uint64("seed", 1, "random seed (offsets, payloads)")
 	flag.Parse()
@@ -278,6 +280,7 @@ type results struct {
 	foLoad                phaseLoad
 	rs                    []rsResult
 	rsLoad                phaseLoad
+	reads                 readResult
 	create                createResult
 	idleN                 idleResult
 	acctExact             bool
@@ -342,6 +345,11 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 	r.seq = b.sequential(ctx)
 	progress("random 4 KiB O_DSYNC writes: %d × %v", c.reps, c.randDur)
 	r.rnd = b.random(ctx)
+
+	if c.readDur > 0 {
+		progress("random 4 KiB reads: %d × %v, alone and beside a writer", c.reps, c.readDur)
+		r.reads = b.reads(ctx)
+	}
 
 	progress("KV puts")
 	r.kv, r.kvLeader = b.kvPhase(ctx)

@@ -21,6 +21,7 @@ func (r *results) print(c config) {
 		machine(), r.name, nodes, r.subnet, orDash(r.version), r.up.Round(100*time.Millisecond), r.fs, acctNote(r.acctExact))
 	r.printSeq(c)
 	r.printRand(c)
+	r.printReads(c)
 	r.printFailover(c)
 	r.printRestarts(c)
 	r.printKV(c)

@@ -93,6 +93,14 @@ func sleep(ctx context.Context, d time.Duration) error {
 
 // ---- statistics and formatting ----
 
+// perSecond is n over d (0 for no time).
+func perSecond(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
 // pctl is the nearest-rank percentile of ds (0 for none).
 func pctl(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
