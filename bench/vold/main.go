@@ -11,6 +11,8 @@
 //     holds the cluster's state, interleaved in the same run;
 //   - synchronous random 4 KiB writes (O_DSYNC, one thread) into a
 //     preallocated file, the same three ways, with latency percentiles;
+//   - random 4 KiB reads (one thread) through the leader's mount, alone
+//     and beside one O_DSYNC writer (reads.go);
 //   - leader failover: a writer appending through a follower's mount while
 //     the leader's whole node is killed (devcluster Kill), timed until a
 //     write begun after the kill is acknowledged; then the node restarted

@@ -38,7 +38,7 @@ func knows(h *raftgroup.Host, g raftgroup.GroupID) bool {
 // TestServesFollowsTheReplica: Serves (which vold asks before every
 // filesystem op) says what Status says at each step of a replica's life:
 // unknown, created, joined but without state, caught up, removed,
-// destroyed, joined again; and a group whose state machine failed.
+// destroyed; and a group whose state machine failed.
 func TestServesFollowsTheReplica(t *testing.T) {
 	c := rgt.New(t, rgt.Options{Nodes: 4, Seed: 31})
 	checkServes(t, c, 1, 9, false, "before the group")
