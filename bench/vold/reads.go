@@ -8,8 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
-	"syscall"
 	"time"
 )
 
@@ -85,63 +83,41 @@ func (b *bench) reads(ctx context.Context) readResult {
 }
 
 // readWhile reads 4 KiB blocks of rf at random offsets below size for d,
-// with a writer writing wf with O_DSYNC meanwhile if writer is set.
+// with a writer writing wf meanwhile as the random write phase does
+// (randWrite) if writer is set.
 func readWhile(rf, wf string, size int64, d time.Duration, writer bool, seed uint64) (readRun, error) {
-	f, err := os.Open(rf)
-	if err != nil {
-		return readRun{}, err
-	}
-	defer f.Close()
-	rng := rand.New(rand.NewPCG(seed, 2))
-	blocks := size / block
-	var ( // the writer's, read once it stopped
-		wg     sync.WaitGroup
-		stop   = make(chan struct{})
-		writes int
-		werr   error
-	)
-	if writer {
-		w, err := os.OpenFile(wf, os.O_WRONLY|syscall.O_DSYNC, 0)
-		if err != nil {
-			return readRun{}, err
-		}
-		defer w.Close()
-		wrng := rand.New(rand.NewPCG(seed, 3))
-		blk := make([]byte, block)
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				if _, err := w.WriteAt(blk, wrng.Int64N(blocks)*block); err != nil {
-					werr = err
-					return
-				}
-				writes++
-			}
-		}()
-	}
 	var run readRun
-	blk := make([]byte, block)
-	t0 := time.Now()
-	for time.Since(t0) < d {
-		s := time.Now()
-		if _, err := f.ReadAt(blk, rng.Int64N(blocks)*block); err != nil {
-			close(stop)
-			wg.Wait()
-			return run, err
-		}
-		run.lat = append(run.lat, time.Since(s))
+	var wrote randRow
+	n := 1
+	if writer {
+		n = 2
 	}
-	run.elapsed = time.Since(t0)
-	close(stop)
-	wg.Wait()
-	run.writes = writes
-	return run, werr
+	_, err := together(n, func(w int) (time.Duration, error) {
+		if w == 1 {
+			var err error
+			wrote, err = randWrite(wf, make([]byte, block), size, d, rand.New(rand.NewPCG(seed, 3)).Int64N)
+			return 0, err
+		}
+		f, err := os.Open(rf)
+		if err != nil {
+			return 0, err
+		}
+		defer f.Close()
+		rng := rand.New(rand.NewPCG(seed, 2))
+		blk := make([]byte, block)
+		t0 := time.Now()
+		for time.Since(t0) < d {
+			s := time.Now()
+			if _, err := f.ReadAt(blk, rng.Int64N(size/block)*block); err != nil {
+				return 0, err
+			}
+			run.lat = append(run.lat, time.Since(s))
+		}
+		run.elapsed = time.Since(t0)
+		return 0, nil
+	})
+	run.writes = len(wrote.lat)
+	return run, err
 }
 
 func (r *results) printReads(c config) {
