@@ -410,7 +410,7 @@ func (g *group) apply(rd *raft.Ready) {
 			return
 		}
 		h.appliedSome[g.id] = g
-		g.resolveJoint()
+		g.confsInSnapshot()
 	}
 	for _, rs := range rd.ReadStates {
 		if len(rs.RequestCtx) != 8 {
@@ -572,8 +572,10 @@ func (g *group) applyConfChange(e *pb.Entry) {
 	g.meta.dedup.prune(g.meta.clock)
 	if _, dup := g.meta.dedup.get(ctx.key); dup && ctx.key != "" {
 		// A retry of a change already applied: refuse it (no
-		// ApplyConfChange call). Its first application resolved the caller.
+		// ApplyConfChange call). Its first application resolved the caller,
+		// unless this replica got it in a snapshot.
 		g.applied = e.GetIndex()
+		g.confApplied(ctx.key)
 		return
 	}
 	if refuse := g.checkConfChange(cc, ctx); refuse != nil {
@@ -614,11 +616,7 @@ func (g *group) applyConfChange(e *pb.Entry) {
 	g.applied = e.GetIndex()
 	g.h.peersStale = true
 	g.h.log.Info("configuration changed", "group", uint64(g.id), "index", e.GetIndex(), "conf", raft.DescribeConfState(cs))
-	if p := g.confs[ctx.key]; p != nil {
-		delete(g.confs, ctx.key)
-		g.joint = append(g.joint, p)
-	}
-	g.resolveJoint()
+	g.confApplied(ctx.key)
 	if _, ok := members[g.replica]; !ok {
 		g.markRemoved()
 	}
@@ -629,23 +627,37 @@ func (g *group) applyConfChange(e *pb.Entry) {
 // node, and Raft's own rules hold (checked on a scratch tracker, since
 // ApplyConfChange panics on a change it refuses).
 func (g *group) checkConfChange(cc *pb.ConfChangeV2, ctx confContext) error {
-	nodes := map[ReplicaID]bool{}
+	nodes := map[ReplicaID]NodeID{}
 	for _, m := range ctx.nodes {
 		if m.Node != 0 {
-			nodes[m.Replica] = true
+			nodes[m.Replica] = m.Node
 		}
 	}
 	for _, c := range cc.GetChanges() {
 		r := ReplicaID(c.GetNodeId())
 		switch c.GetType() {
 		case pb.ConfChangeAddNode, pb.ConfChangeAddLearnerNode:
-			if _, member := g.meta.members[r]; member {
+			if n, member := g.meta.members[r]; member {
+				// Adding a member again is a promotion or a demotion at most.
+				// A voter added as a voter beside the removal of another
+				// member, or a member "added" on another node, is a change
+				// decided on a stale view (the same NextReplicaID handed out
+				// twice while the first change was in flight): applied, its
+				// removal would go through and its addition would not,
+				// shrinking the group. (A retry of a replacement that already
+				// happened adds a voter and removes a non-member: a no-op.)
+				if c.GetType() == pb.ConfChangeAddNode && slices.Contains(g.confState.GetVoters(), uint64(r)) && g.removesMember(cc) {
+					return fmt.Errorf("%w: replica %d is a voter already", ErrReplicaIDReused, r)
+				}
+				if m, ok := nodes[r]; ok && m != n {
+					return fmt.Errorf("%w: replica %d is on node %d, not %d", ErrReplicaIDReused, r, n, m)
+				}
 				continue
 			}
 			if r <= g.meta.maxReplica {
 				return fmt.Errorf("%w: replica %d", ErrReplicaIDReused, r)
 			}
-			if !nodes[r] {
+			if _, ok := nodes[r]; !ok {
 				return fmt.Errorf("%w: no node for replica %d", ErrInvalidChange, r)
 			}
 		}
@@ -654,6 +666,18 @@ func (g *group) checkConfChange(cc *pb.ConfChangeV2, ctx confContext) error {
 		return fmt.Errorf("%w: %v", ErrInvalidChange, err)
 	}
 	return nil
+}
+
+// removesMember reports whether cc removes a current member.
+func (g *group) removesMember(cc *pb.ConfChangeV2) bool {
+	for _, c := range cc.GetChanges() {
+		if c.GetType() == pb.ConfChangeRemoveNode {
+			if _, member := g.meta.members[ReplicaID(c.GetNodeId())]; member {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // validateConfChange runs cc against cs on a scratch tracker.
@@ -689,6 +713,29 @@ func confIDs(cs *pb.ConfState) []uint64 {
 }
 
 func isJoint(cs *pb.ConfState) bool { return len(cs.GetVotersOutgoing()) > 0 }
+
+// confApplied resolves this replica's change of key, applied: once the
+// group is out of the joint configuration (resolveJoint).
+func (g *group) confApplied(key string) {
+	if p := g.confs[key]; p != nil {
+		delete(g.confs, key)
+		g.joint = append(g.joint, p)
+	}
+	g.resolveJoint()
+}
+
+// confsInSnapshot resolves the changes proposed here that a snapshot just
+// installed shows applied (their keys are in its deduplication table):
+// their entries will not be applied here, and a retry would be refused
+// as a duplicate.
+func (g *group) confsInSnapshot() {
+	for _, k := range sortedKeys(g.confs) {
+		if _, dup := g.meta.dedup.get(k); dup {
+			g.confApplied(k)
+		}
+	}
+	g.resolveJoint()
+}
 
 // resolveJoint resolves membership changes that were applied once the
 // group is out of any joint configuration.

@@ -719,8 +719,10 @@ func (h *Host) handleReadies() {
 		}
 		b := h.db.NewBatchWithSize(size + 1024)
 		sync := false
+		persists := make([]bool, len(rds))
 		commits := make([]func(), 0, len(rds))
 		for i := range rds {
+			persists[i] = rds[i].g.st.commitMustPersist(&rds[i].rd)
 			c, err := rds[i].g.st.stage(b, &rds[i].rd)
 			if err != nil {
 				b.Close()
@@ -728,7 +730,7 @@ func (h *Host) handleReadies() {
 				return
 			}
 			commits = append(commits, c)
-			sync = sync || rds[i].rd.MustSync || !raft.IsEmptySnap(rds[i].rd.Snapshot)
+			sync = sync || rds[i].rd.MustSync || !raft.IsEmptySnap(rds[i].rd.Snapshot) || persists[i]
 		}
 		if !b.Empty() {
 			if sync {
@@ -767,14 +769,15 @@ func (h *Host) handleReadies() {
 // entries and hard state are durable: the Ready must need a sync (or there
 // is nothing to gain), come from a leader that stays leader, and change
 // neither the term nor the vote (only the commit index, which a restarted
-// leader learns again from its quorum). Etcd raft allows sending while the
+// leader learns again from its quorum — unless it covers a configuration
+// change, see commitMustPersist). Etcd raft allows sending while the
 // same Ready's entries are being persisted (its documentation, and the Raft
 // thesis §10.2.1): the leader's own acknowledgement of its entries reaches
 // raft only at Advance, after the sync, so an entry still commits only
 // once a quorum has it on disk, whether or not the leader is in it.
 // Snapshots are left to the normal path (flush reports them to raft).
 func sendsEarly(g *group, rd *raft.Ready) bool {
-	if !rd.MustSync || len(rd.Messages) == 0 || !raft.IsEmptySnap(rd.Snapshot) {
+	if !rd.MustSync || len(rd.Messages) == 0 || !raft.IsEmptySnap(rd.Snapshot) || g.st.commitMustPersist(rd) {
 		return false
 	}
 	if st := rd.SoftState; st != nil && st.RaftState != raft.StateLeader {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync/atomic"
 
 	"github.com/cockroachdb/pebble/v2"
@@ -46,6 +47,13 @@ type groupStorage struct {
 
 	// snapshotFor, set by the group, returns a snapshot for raft to send.
 	snapshotFor func() (*pb.Snapshot, error)
+
+	// confWatch holds the indexes of the configuration changes in the log
+	// above the durable commit index, ascending; up to unsureUpTo (the last
+	// index when the storage was loaded) the log may hold others not
+	// looked for. See commitMustPersist.
+	confWatch  []uint64
+	unsureUpTo uint64
 }
 
 type truncState struct{ index, term uint64 }
@@ -141,7 +149,76 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, jnl *journal, large int)
 	if s.snap != nil && s.hs != nil && s.hs.GetCommit() < s.snap.GetIndex() {
 		s.hs.Commit = new(s.snap.GetIndex())
 	}
+	s.unsureUpTo = s.last
 	return s, nil
+}
+
+// commitMustPersist reports whether rd's hard state must be written, and
+// synced, although only its commit index changed: the new commit index
+// covers a configuration change above the durable one. Otherwise a commit
+// index alone is not written (see stage), and a replica restarting
+// would go back to the configuration of its last durable commit index,
+// which may be several changes old. A restarted leader that had committed
+// the change removing a member, and told that member (which then fell
+// silent, see markRemoved), could then need that member's vote under its
+// old configuration while the others need its own — its log being the
+// longest — and the group would have no leader for good. So such a
+// Ready's commit index is made durable before it is applied or sent
+// (sendsEarly).
+func (s *groupStorage) commitMustPersist(rd *raft.Ready) bool {
+	hs := rd.HardState
+	if raft.IsEmptyHardState(hs) {
+		return false
+	}
+	durable := s.durableCommit()
+	c := hs.GetCommit()
+	if c <= durable {
+		return false
+	}
+	if durable < s.unsureUpTo || len(s.confWatch) > 0 && s.confWatch[0] <= c {
+		return true
+	}
+	for _, e := range rd.Entries {
+		if e.GetIndex() > c {
+			break
+		}
+		if isConfChange(e) {
+			return true
+		}
+	}
+	return false
+}
+
+// durableCommit is the commit index a restart would find: the stored hard
+// state's, or the stored snapshot's if greater.
+func (s *groupStorage) durableCommit() uint64 {
+	return max(s.hs.GetCommit(), s.snap.GetIndex())
+}
+
+// isConfChange reports whether e changes the group's configuration.
+func isConfChange(e *pb.Entry) bool {
+	t := e.GetType()
+	return t == pb.EntryConfChange || t == pb.EntryConfChangeV2
+}
+
+// watchConf is the configuration changes to watch after a Ready's writes:
+// those above the commit index made durable (hsCommit) among the
+// previous ones, less those its entries overwrote, and its own.
+func (s *groupStorage) watchConf(rd *raft.Ready, snap bool, hsCommit uint64) []uint64 {
+	w := s.confWatch
+	if snap {
+		w = nil
+	}
+	if len(rd.Entries) > 0 {
+		first := rd.Entries[0].GetIndex()
+		w = slices.DeleteFunc(slices.Clone(w), func(i uint64) bool { return i >= first })
+		for _, e := range rd.Entries {
+			if isConfChange(e) {
+				w = append(w, e.GetIndex())
+			}
+		}
+	}
+	return slices.DeleteFunc(w, func(i uint64) bool { return i <= hsCommit })
 }
 
 func (s *groupStorage) loadSnapshot() (*pb.Snapshot, error) {
@@ -412,8 +489,9 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 	// its commit index raft needs no durable copy (a restarted replica
 	// learns it again from its leader, and loadStorage never reports one
 	// below the stored snapshot), and writing it cost every replica a
-	// journal record and a Pebble write for every commit it heard of.
-	if newHS := rd.HardState; !raft.IsEmptyHardState(newHS) && (s.hs == nil || newHS.GetTerm() != s.hs.GetTerm() || newHS.GetVote() != s.hs.GetVote()) {
+	// journal record and a Pebble write for every commit it heard of —
+	// unless it commits a configuration change (commitMustPersist).
+	if newHS := rd.HardState; !raft.IsEmptyHardState(newHS) && (s.hs == nil || newHS.GetTerm() != s.hs.GetTerm() || newHS.GetVote() != s.hs.GetVote() || s.commitMustPersist(rd)) {
 		hs = proto.Clone(newHS).(*pb.HardState)
 		data, err := proto.Marshal(hs)
 		if err != nil {
@@ -423,7 +501,16 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 			return nil, err
 		}
 	}
+	durable := max(s.durableCommit(), snapMeta.GetIndex())
+	if hs != nil {
+		durable = max(durable, hs.GetCommit())
+	}
+	watch := s.watchConf(rd, snapMeta != nil, durable)
 	return func() {
+		s.confWatch = watch
+		if durable >= s.unsureUpTo {
+			s.unsureUpTo = 0
+		}
 		s.trunc, s.last, s.lastTerm = trunc, last, lastTerm
 		if snapMeta != nil {
 			s.setSnap(snapMeta)
