@@ -1,10 +1,14 @@
 package raftgroup_test
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"log/slog"
 	"math"
 	"os"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -94,6 +98,36 @@ type client struct {
 	seq     int
 }
 
+// lockedBuffer is a log sink for several hosts and their goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// done reports, when called, whether f resolved.
+func done[T any](f *raftgroup.Future[T]) func() bool {
+	return func() bool {
+		select {
+		case <-f.Done():
+			return true
+		default:
+			return false
+		}
+	}
+}
+
 func seedFromEnv(def uint64) uint64 {
 	if s := os.Getenv("RAFTGROUP_SEED"); s != "" {
 		if v, err := strconv.ParseUint(s, 10, 64); err == nil {
@@ -113,7 +147,7 @@ func seedFromEnv(def uint64) uint64 {
 func TestLinearizableKV(t *testing.T) {
 	seed := seedFromEnv(31)
 	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
-	linearizableKV(t, seed, 0, false)
+	linearizableKV(t, seed, lkvOptions{})
 }
 
 // TestLinearizableKVSegments is TestLinearizableKV with every entry's data
@@ -122,7 +156,7 @@ func TestLinearizableKV(t *testing.T) {
 func TestLinearizableKVSegments(t *testing.T) {
 	seed := seedFromEnv(32)
 	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
-	linearizableKV(t, seed, 1, false)
+	linearizableKV(t, seed, lkvOptions{largeEntry: 1})
 }
 
 // TestLinearizableKVFollow is TestLinearizableKV with FollowProposers on
@@ -131,11 +165,64 @@ func TestLinearizableKVSegments(t *testing.T) {
 func TestLinearizableKVFollow(t *testing.T) {
 	seed := seedFromEnv(33)
 	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
-	linearizableKV(t, seed, 0, true)
+	linearizableKV(t, seed, lkvOptions{follow: true})
 }
 
-func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
+// TestLinearizableKVMembership is TestLinearizableKV with groups of three
+// replicas on the five nodes whose members are replaced under the faults,
+// as vold's repair does: while a node is down, a replica on a spare node
+// joins, and one joint change adds it and removes the down node's. The
+// removed replicas are destroyed once they learn it (on restart); clients
+// use the nodes whose replica is a voter.
+func TestLinearizableKVMembership(t *testing.T) {
+	seed := seedFromEnv(34)
+	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
+	linearizableKV(t, seed, lkvOptions{churn: true})
+}
+
+// TestLinearizableKVMembershipLive is TestLinearizableKVMembership whose
+// changes also remove live members: a follower, the leader.
+func TestLinearizableKVMembershipLive(t *testing.T) {
+	seed := seedFromEnv(35)
+	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
+	linearizableKV(t, seed, lkvOptions{churn: true, liveVictims: true})
+}
+
+// lkvOptions vary linearizableKV: entry data in the segment log
+// (largeEntry), leadership following the busiest proposer (follow), and
+// membership changes under the faults (churn).
+type lkvOptions struct {
+	largeEntry int
+	follow     bool
+	churn      bool
+	// liveVictims: churn also replaces live members (a follower, the
+	// leader), not only the crashed node's.
+	liveVictims bool
+}
+
+func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
+	largeEntry, follow := o.largeEntry, o.follow
+	// RAFTGROUP_LOG=1 keeps the hosts' logs and prints them if the run
+	// fails or panics.
+	var logs *lockedBuffer
+	if os.Getenv("RAFTGROUP_LOG") != "" {
+		logs = &lockedBuffer{}
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Logf("hosts' log:\n%s", logs.String())
+			}
+		})
+		defer func() {
+			if r := recover(); r != nil {
+				fmt.Fprintf(os.Stderr, "hosts' log:\n%s", logs.String())
+				panic(r)
+			}
+		}()
+	}
 	c := rgt.New(t, rgt.Options{Nodes: 5, Seed: seed, CrashKeepsUnsynced: 50, Configure: func(cfg *raftgroup.Config) {
+		if logs != nil {
+			cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
 		cfg.SnapshotEntries = 20
 		cfg.CompactionMargin = 2
 		cfg.LargeEntry = largeEntry
@@ -144,9 +231,32 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 	c.Net.DropRate = 0.03
 	c.Net.MaxDelay = 2
 	groups := []raftgroup.GroupID{1, 2}
-	for _, g := range groups {
-		c.CreateGroup(g, 1, 2, 3, 4, 5)
+	for i, g := range groups {
+		if o.churn {
+			// Three replicas each, sharing node 3: two spare nodes per group.
+			c.CreateGroup(g, raftgroup.NodeID(2*i+1), raftgroup.NodeID(2*i+2), raftgroup.NodeID(2*i+3))
+		} else {
+			c.CreateGroup(g, 1, 2, 3, 4, 5)
+		}
 		c.WaitLeader(g, 100)
+	}
+	// voters returns the live nodes whose replica of g is an initialized
+	// voter, as that replica knows.
+	voters := func(g raftgroup.GroupID) []raftgroup.NodeID {
+		var out []raftgroup.NodeID
+		for _, n := range c.Up() {
+			st, err := c.Host(n).Status(g)
+			if err != nil || st.Removed || !st.Initialized || st.Err != nil {
+				continue
+			}
+			for _, v := range st.Voters {
+				if v.Replica == st.Replica {
+					out = append(out, n)
+					break
+				}
+			}
+		}
+		return out
 	}
 	rng := c.Rand
 	keys := []string{"a", "b", "c"}
@@ -214,7 +324,7 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 				case <-cl.read.Done():
 					_, err := cl.read.Result()
 					cl.read = nil
-					if err != nil || c.Host(cl.node) == nil {
+					if err != nil || c.Host(cl.node) == nil || c.SM(cl.node, cl.in.group) == nil {
 						cl.busy = false // a failed read has no effect: drop it
 						continue
 					}
@@ -232,13 +342,19 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 	}
 	var hot raftgroup.NodeID // with follow: the node most operations go to
 	start := func(cl *client) {
+		in := kvInput{group: groups[rng.IntN(len(groups))], key: keys[rng.IntN(len(keys))]}
 		up := c.Up()
+		if o.churn {
+			up = voters(in.group)
+			if len(up) == 0 {
+				return
+			}
+		}
 		cl.node = up[rng.IntN(len(up))]
 		if follow && c.Host(hot) != nil && rng.Float64() < 0.8 {
 			cl.node = hot
 		}
 		cl.seq++
-		in := kvInput{group: groups[rng.IntN(len(groups))], key: keys[rng.IntN(len(keys))]}
 		h := c.Host(cl.node)
 		switch p := rng.IntN(10); {
 		case p < 4:
@@ -272,6 +388,110 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 		crashedAt     int
 		crashes, cuts int
 	)
+	// Membership churn (o.churn): at most one change in flight per group.
+	// A replica whose change failed stays until the group's applied
+	// configuration shows its ID can no longer be added (the group admitted
+	// a greater one without it): destroying it earlier could take a voter's
+	// state away if the change still commits.
+	type pendingChange struct {
+		fut *raftgroup.Future[raftgroup.Membership]
+		at  int
+	}
+	var (
+		changing           = map[raftgroup.GroupID]*pendingChange{}
+		changed, unchanged int
+	)
+	isMember := func(st raftgroup.GroupStatus, r raftgroup.ReplicaID) bool {
+		for _, ms := range [][]raftgroup.Member{st.Voters, st.VotersOutgoing, st.Learners} {
+			for _, m := range ms {
+				if m.Replica == r {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	tidy := func() {
+		for _, g := range groups {
+			_, lst, led := c.Leader(g)
+			for _, n := range c.Up() {
+				st, err := c.Host(n).Status(g)
+				if err != nil {
+					continue
+				}
+				orphan := led && len(lst.VotersOutgoing) == 0 && lst.MaxReplica >= st.Replica && !isMember(lst, st.Replica)
+				if st.Removed || orphan {
+					if err := c.Host(n).DestroyGroup(g); err != nil {
+						t.Fatalf("destroy group %d on node %d: %v", g, n, err)
+					}
+				}
+			}
+		}
+	}
+	churn := func(tick int) {
+		tidy()
+		for _, g := range groups {
+			if ch := changing[g]; ch != nil {
+				select {
+				case <-ch.fut.Done():
+					if _, err := ch.fut.Result(); err != nil {
+						t.Logf("tick %d: group %d: change failed: %v", tick, g, err)
+						unchanged++
+					} else {
+						changed++
+					}
+					delete(changing, g)
+				default:
+					if tick-ch.at > 100 {
+						ch.fut.Cancel()
+						unchanged++
+						delete(changing, g)
+					}
+				}
+				continue
+			}
+			if rng.Float64() >= 0.2 {
+				continue
+			}
+			l, st, ok := c.Leader(g)
+			if !ok || len(st.VotersOutgoing) > 0 {
+				continue
+			}
+			var spares []raftgroup.NodeID
+			for _, n := range c.Up() {
+				if _, err := c.Host(n).Status(g); errors.Is(err, raftgroup.ErrGroupNotFound) {
+					spares = append(spares, n)
+				}
+			}
+			if len(spares) == 0 {
+				continue
+			}
+			// The victim is the crashed node's replica, as vold's repair
+			// replaces a member whose node is dead.
+			var victim raftgroup.ReplicaID
+			for _, v := range st.Voters {
+				if v.Node == crashed {
+					victim = v.Replica
+				}
+			}
+			if victim == 0 && o.liveVictims {
+				victim = st.Voters[rng.IntN(len(st.Voters))].Replica
+			}
+			if victim == 0 {
+				continue
+			}
+			n := spares[rng.IntN(len(spares))]
+			next, err := c.Host(l).NextReplicaID(g)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Host(n).JoinGroup(g, next); err != nil {
+				t.Fatalf("join group %d on node %d as %d: %v", g, n, next, err)
+			}
+			t.Logf("tick %d: group %d: replica %d on node %d replaces %d, proposed on node %d", tick, g, next, n, victim, l)
+			changing[g] = &pendingChange{fut: c.Host(l).ChangeMembershipAsync(g, raftgroup.Replace(victim, next, n)...), at: tick}
+		}
+	}
 	const chaosTicks = 800
 	for tick := range chaosTicks {
 		if follow && tick%100 == 0 {
@@ -301,6 +521,9 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 		} else if crashed != 0 && tick-crashedAt > 15 && rng.Float64() < 0.1 {
 			c.Restart(crashed)
 			crashed = 0
+		}
+		if o.churn {
+			churn(tick)
 		}
 		// Clients, with idle stretches in which groups quiesce (and faults
 		// still happen).
@@ -337,6 +560,48 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 		now++
 		poll()
 	}
+	// Final members: every node without churn; with it, the voters of the
+	// leader's configuration once the last changes settled and removed or
+	// orphaned replicas are gone.
+	final := map[raftgroup.GroupID][]raftgroup.NodeID{}
+	for _, g := range groups {
+		final[g] = c.NodeIDs()
+	}
+	if o.churn {
+		for _, g := range groups {
+			ch := changing[g]
+			if ch == nil {
+				continue
+			}
+			if !c.RunUntil(300, done(ch.fut)) {
+				t.Fatalf("membership change of group %d not resolved\n%s", g, c.String(g))
+			}
+			if _, err := ch.fut.Result(); err != nil {
+				unchanged++
+			} else {
+				changed++
+			}
+		}
+		for _, g := range groups {
+			var st raftgroup.GroupStatus
+			if !c.RunUntil(300, func() bool {
+				var ok bool
+				_, st, ok = c.Leader(g)
+				return ok && len(st.VotersOutgoing) == 0
+			}) {
+				t.Fatalf("group %d left no joint configuration\n%s", g, c.String(g))
+			}
+			final[g] = nil
+			for _, v := range st.Voters {
+				final[g] = append(final[g], v.Node)
+			}
+		}
+		tidy()
+		t.Logf("membership changes: %d made, %d failed or given up", changed, unchanged)
+		if changed == 0 {
+			t.Fatalf("no membership change was made")
+		}
+	}
 	for _, cl := range clients {
 		if cl.busy {
 			if cl.write != nil {
@@ -351,18 +616,22 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 	// Final reads of every key on every node: an acknowledged write that
 	// was lost (or applied twice over a later one) shows up here.
 	for _, g := range groups {
-		for _, n := range c.NodeIDs() {
+		for _, n := range final[g] {
 			for _, k := range keys {
 				cl := &client{id: len(clients), node: n}
 				cl.in, cl.call = kvInput{group: g, op: "get", key: k}, now
-				if _, err := rgt.Await(c, c.Host(n).ReadIndexAsync(g), 200); err != nil {
+				f := c.Host(n).ReadIndexAsync(g)
+				if !c.RunUntil(200, done(f)) {
+					t.Fatalf("final read of group %d on node %d not resolved\n%s", g, n, c.String(g))
+				}
+				if _, err := f.Result(); err != nil {
 					t.Fatalf("final read on node %d: %v", n, err)
 				}
 				now++
 				record(cl, kvOutput{ok: true, value: kvOf(c, n, g).Get(k)}, now)
 			}
 		}
-		final := converge(t, c, g, c.NodeIDs()...)
+		data := converge(t, c, g, final[g]...)
 		// No acknowledged write lost: each key holds a value written no
 		// earlier than its last acknowledged write (values are unique; one
 		// whose outcome was unknown to its client is not in ackedAt, and
@@ -372,7 +641,7 @@ func linearizableKV(t *testing.T, seed uint64, largeEntry int, follow bool) {
 			if !ok {
 				continue
 			}
-			v := final[k]
+			v := data[k]
 			if v == "" {
 				t.Fatalf("group %d key %s: empty after a write acknowledged at %d", g, k, last)
 			}

@@ -315,7 +315,7 @@ func (c *Cluster) WaitLeader(g raftgroup.GroupID, maxTicks int) raftgroup.NodeID
 		return false
 	})
 	if !ok {
-		c.t.Fatalf("group %d: no leader after %d ticks", g, maxTicks)
+		c.t.Fatalf("group %d: no leader after %d ticks\n%s", g, maxTicks, c.String(g))
 	}
 	return leader
 }
@@ -369,8 +369,15 @@ func (c *Cluster) String(g raftgroup.GroupID) string {
 			s += fmt.Sprintf("node %d: %v\n", id, err)
 			continue
 		}
-		s += fmt.Sprintf("node %d: replica %d %s term %d lead %d commit %d applied %d last %d first %d quiesced %v voters %v\n",
+		s += fmt.Sprintf("node %d: replica %d %s term %d lead %d commit %d applied %d last %d first %d quiesced %v voters %v",
 			id, st.Replica, st.Role, st.Term, st.Leader, st.Commit, st.Applied, st.LastIndex, st.FirstIndex, st.Quiesced, st.Voters)
+		if len(st.VotersOutgoing) > 0 {
+			s += fmt.Sprintf(" outgoing %v", st.VotersOutgoing)
+		}
+		if st.Removed || !st.Initialized || st.Err != nil {
+			s += fmt.Sprintf(" removed %v initialized %v err %v", st.Removed, st.Initialized, st.Err)
+		}
+		s += "\n"
 	}
 	return s
 }
