@@ -359,10 +359,11 @@ func Open(cfg Config) (*Host, error) {
 		return nil, err
 	}
 	h.jnl.maxSize = cfg.SegmentSize
-	n, err := h.jnl.replay(db, h.ks)
+	n, trace, err := h.jnl.replayTraced(db, h.ks)
 	if n > 0 {
 		h.log.Info("replayed the raft journal", "batches", n)
 	}
+	h.log.Debug("raft journal replay", "trace", trace)
 	if err == nil {
 		err = h.loadGroups()
 	}

@@ -238,13 +238,26 @@ func openJournal(fs vfs.FS, dir string) (*journal, error) {
 // flushes db, so that every batch in the journal is in Pebble's tables.
 // It returns the number of batches applied.
 //
-// The journal ends at the first record that is invalid or out of
+// A segment's records end at the first one that is invalid or out of
 // sequence: a sync covers every byte written before it, in every segment,
-// so nothing after such a record was ever acknowledged.
+// so nothing after such a record, in that segment or in a later one
+// written before the crash, was ever acknowledged. A later segment may
+// go on with the next record, though: a restart after such an end
+// writes its records there, with the sequence numbers that follow the
+// end. So a broken segment ends only itself, and its dead tail is
+// invalidated (see invalidate).
 func (j *journal) replay(db *pebble.DB, ks keyspace) (int, error) {
+	n, _, err := j.replayTraced(db, ks)
+	return n, err
+}
+
+// replayTraced is replay, also describing what it found in each segment
+// (for the host's log: a replay that ends early loses what came after).
+func (j *journal) replayTraced(db *pebble.DB, ks keyspace) (int, string, error) {
+	var trace strings.Builder
 	v, err := get(db, ks.seqKey())
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	var have uint64
 	if len(v) == 8 {
@@ -258,14 +271,20 @@ func (j *journal) replay(db *pebble.DB, ks keyspace) (int, error) {
 	}
 	slices.Sort(ids)
 	applied := 0
-	last := have // the last record's sequence number, from have on
-	ended := false
+	last := have        // the last record's sequence number, from have on
+	var stale []staleAt // the first records of dead tails
+	fmt.Fprintf(&trace, "have %d;", have)
 	for _, id := range ids {
-		if ended {
-			break
-		}
 		s := j.segs[id]
-		err := s.scan(func(h recordHeader, payload func() ([]byte, error)) (bool, error) {
+		var first, seen uint64
+		records := 0
+		ended := false
+		err := s.scan(func(off int64, h recordHeader, payload func() ([]byte, error)) (bool, error) {
+			if records == 0 {
+				first = h.seq
+			}
+			records++
+			seen = h.seq
 			if h.seq <= have && last == have {
 				// Pebble holds it already (segments of such records may be
 				// gone, so no order is checked here).
@@ -274,12 +293,15 @@ func (j *journal) replay(db *pebble.DB, ks keyspace) (int, error) {
 			}
 			if h.seq != last+1 {
 				ended = true
+				stale = append(stale, staleAt{s, off})
 				return false, nil
 			}
 			if h.kind == recordBatch {
 				data, err := payload()
 				if err != nil {
-					ended = true // torn: the end of what was written
+					// Torn: the end of what was written.
+					ended = true
+					stale = append(stale, staleAt{s, off})
 					return false, nil
 				}
 				b := db.NewBatch()
@@ -297,22 +319,66 @@ func (j *journal) replay(db *pebble.DB, ks keyspace) (int, error) {
 			s.lastSeq = h.seq
 			return true, nil
 		})
+		fmt.Fprintf(&trace, " %x: %d records, seq %d..%d, size %d, ended %v;", id, records, first, seen, s.size, ended)
 		if err != nil {
-			return applied, err
+			return applied, trace.String(), err
 		}
 	}
+	// A dead tail was never acknowledged, but it stays in its file, and
+	// the journal goes on in a new segment with the sequence numbers that
+	// follow last: a later replay must not take a dead record for one of
+	// those (a torn record whose header survived has the number the next
+	// record takes; a record after it, intact, one of the numbers after).
+	// Their headers are zeroed, durably, before anything new is written.
+	if err := j.invalidate(stale); err != nil {
+		return applied, trace.String(), err
+	}
 	if err := db.Flush(); err != nil {
-		return applied, fmt.Errorf("raftgroup: flush after journal replay: %w", err)
+		return applied, trace.String(), fmt.Errorf("raftgroup: flush after journal replay: %w", err)
 	}
 	j.seq = last
 	j.flushed, j.synced = j.seq, j.seq
-	return applied, nil
+	fmt.Fprintf(&trace, " last %d", last)
+	return applied, trace.String(), nil
+}
+
+// staleAt is a record of segment s at offset off.
+type staleAt struct {
+	s   *segment
+	off int64
+}
+
+// invalidate zeroes the header of each record named, so that a scan
+// stops there, and syncs the files.
+func (j *journal) invalidate(recs []staleAt) error {
+	var zeros [headerSize]byte
+	for _, r := range recs {
+		if r.off+headerSize > r.s.size {
+			continue
+		}
+		path := j.fs.PathJoin(j.dir, segmentName(r.s.id))
+		f, err := j.fs.OpenReadWrite(path, vfs.WriteCategoryUnspecified)
+		if err != nil {
+			return fmt.Errorf("raftgroup: open journal segment %d to end it: %w", r.s.id, err)
+		}
+		_, err = f.WriteAt(zeros[:], r.off)
+		if err == nil {
+			err = f.Sync()
+		}
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return fmt.Errorf("raftgroup: end journal segment %d at %d: %w", r.s.id, r.off, err)
+		}
+	}
+	return nil
 }
 
 // scan visits the segment's records in order until fn returns false or
 // the next record is invalid (torn, or left from an earlier use of the
 // file) or past the end; payload reads and checks a record's payload.
-func (s *segment) scan(fn func(h recordHeader, payload func() ([]byte, error)) (bool, error)) error {
+func (s *segment) scan(fn func(off int64, h recordHeader, payload func() ([]byte, error)) (bool, error)) error {
 	var hdr [headerSize]byte
 	for off := int64(0); off+headerSize <= s.size; {
 		if _, err := s.r.ReadAt(hdr[:], off); err != nil {
@@ -333,7 +399,7 @@ func (s *segment) scan(fn func(h recordHeader, payload func() ([]byte, error)) (
 			}
 			return buf, nil
 		}
-		if more, err := fn(h, payload); err != nil || !more {
+		if more, err := fn(off, h, payload); err != nil || !more {
 			return err
 		}
 		off = start + int64(h.n)
