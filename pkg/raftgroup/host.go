@@ -672,6 +672,10 @@ func (h *Host) handleReadies() {
 	type ready struct {
 		g  *group
 		rd raft.Ready
+		// persist: the Ready's commit index must be made durable
+		// (commitMustPersist), judged once, before stage changes what
+		// it depends on.
+		persist bool
 	}
 	for range maxReadyIterations {
 		var rds []ready
@@ -681,7 +685,8 @@ func (h *Host) handleReadies() {
 				delete(h.dirty, id)
 				continue
 			}
-			rds = append(rds, ready{g, g.rn.Ready()})
+			rd := g.rn.Ready()
+			rds = append(rds, ready{g: g, rd: rd, persist: g.st.commitMustPersist(&rd)})
 		}
 		if len(rds) == 0 {
 			return
@@ -691,7 +696,7 @@ func (h *Host) handleReadies() {
 		early := make([]bool, len(rds))
 		anyEarly := false
 		for i := range rds {
-			if early[i] = sendsEarly(rds[i].g, &rds[i].rd); early[i] {
+			if early[i] = sendsEarly(rds[i].g, &rds[i].rd, rds[i].persist); early[i] {
 				h.route(rds[i].g, rds[i].rd.Messages, noticeHolder(rds[i].g, &rds[i].rd), h.spareFollowers(rds[i].g, &rds[i].rd))
 				anyEarly = true
 			}
@@ -720,18 +725,16 @@ func (h *Host) handleReadies() {
 		}
 		b := h.db.NewBatchWithSize(size + 1024)
 		sync := false
-		persists := make([]bool, len(rds))
 		commits := make([]func(), 0, len(rds))
 		for i := range rds {
-			persists[i] = rds[i].g.st.commitMustPersist(&rds[i].rd)
-			c, err := rds[i].g.st.stage(b, &rds[i].rd)
+			c, err := rds[i].g.st.stage(b, &rds[i].rd, rds[i].persist)
 			if err != nil {
 				b.Close()
 				h.fail(fmt.Errorf("group %d: stage ready: %w", rds[i].g.id, err))
 				return
 			}
 			commits = append(commits, c)
-			sync = sync || rds[i].rd.MustSync || !raft.IsEmptySnap(rds[i].rd.Snapshot) || persists[i]
+			sync = sync || rds[i].rd.MustSync || !raft.IsEmptySnap(rds[i].rd.Snapshot) || rds[i].persist
 		}
 		if !b.Empty() {
 			if sync {
@@ -771,14 +774,14 @@ func (h *Host) handleReadies() {
 // is nothing to gain), come from a leader that stays leader, and change
 // neither the term nor the vote (only the commit index, which a restarted
 // leader learns again from its quorum — unless it covers a configuration
-// change, see commitMustPersist). Etcd raft allows sending while the
+// change: persist, see commitMustPersist). Etcd raft allows sending while the
 // same Ready's entries are being persisted (its documentation, and the Raft
 // thesis §10.2.1): the leader's own acknowledgement of its entries reaches
 // raft only at Advance, after the sync, so an entry still commits only
 // once a quorum has it on disk, whether or not the leader is in it.
 // Snapshots are left to the normal path (flush reports them to raft).
-func sendsEarly(g *group, rd *raft.Ready) bool {
-	if !rd.MustSync || len(rd.Messages) == 0 || !raft.IsEmptySnap(rd.Snapshot) || g.st.commitMustPersist(rd) {
+func sendsEarly(g *group, rd *raft.Ready, persist bool) bool {
+	if !rd.MustSync || len(rd.Messages) == 0 || !raft.IsEmptySnap(rd.Snapshot) || persist {
 		return false
 	}
 	if st := rd.SoftState; st != nil && st.RaftState != raft.StateLeader {

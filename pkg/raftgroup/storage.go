@@ -424,8 +424,10 @@ func (s *groupStorage) Snapshot() (*pb.Snapshot, error) {
 
 // stage adds a Ready's durable parts (snapshot, entries, hard state) to
 // the round's batch and returns the cache update to run once the batch
-// committed.
-func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
+// committed. persistCommit is commitMustPersist's answer for rd, judged
+// once per Ready by the host, which also decides its send and its sync by
+// it.
+func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready, persistCommit bool) (func(), error) {
 	trunc, last, lastTerm := s.trunc, s.last, s.lastTerm
 	var snapMeta *pb.SnapshotMetadata
 	if !raft.IsEmptySnap(rd.Snapshot) {
@@ -491,7 +493,7 @@ func (s *groupStorage) stage(b *pebble.Batch, rd *raft.Ready) (func(), error) {
 	// below the stored snapshot), and writing it cost every replica a
 	// journal record and a Pebble write for every commit it heard of —
 	// unless it commits a configuration change (commitMustPersist).
-	if newHS := rd.HardState; !raft.IsEmptyHardState(newHS) && (s.hs == nil || newHS.GetTerm() != s.hs.GetTerm() || newHS.GetVote() != s.hs.GetVote() || s.commitMustPersist(rd)) {
+	if newHS := rd.HardState; !raft.IsEmptyHardState(newHS) && (s.hs == nil || newHS.GetTerm() != s.hs.GetTerm() || newHS.GetVote() != s.hs.GetVote() || persistCommit) {
 		hs = proto.Clone(newHS).(*pb.HardState)
 		data, err := proto.Marshal(hs)
 		if err != nil {

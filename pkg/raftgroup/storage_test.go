@@ -46,7 +46,7 @@ func ents(term uint64, lo, hi uint64) []*pb.Entry {
 func persist(t *testing.T, db *pebble.DB, s *groupStorage, rd raft.Ready) {
 	t.Helper()
 	b := db.NewBatch()
-	commit, err := s.stage(b, &rd)
+	commit, err := s.stage(b, &rd, s.commitMustPersist(&rd))
 	if err != nil {
 		t.Fatal(err)
 	}
