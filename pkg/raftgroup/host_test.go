@@ -503,7 +503,7 @@ func TestCommittedAnsweredBeforeNextSync(t *testing.T) {
 		c.Host(n).Round()
 	}
 	c.Net.Deliver()
-	if isDone(f1) {
+	if rgt.Resolved(f1) {
 		t.Fatal("first proposal answered before the followers' acknowledgements were handled")
 	}
 
@@ -513,7 +513,7 @@ func TestCommittedAnsweredBeforeNextSync(t *testing.T) {
 	syncs, answeredAtSync := 0, false
 	hooks[leader].onSync = func() {
 		if syncs == 0 {
-			answeredAtSync = isDone(f1)
+			answeredAtSync = rgt.Resolved(f1)
 		}
 		syncs++
 	}
@@ -537,15 +537,6 @@ func TestCommittedAnsweredBeforeNextSync(t *testing.T) {
 	data := converge(t, c, 1, c.Up()...)
 	if data["a"] != "1" || data["b"] != "2" {
 		t.Fatalf("replicas hold %v", data)
-	}
-}
-
-func isDone[T any](f *raftgroup.Future[T]) bool {
-	select {
-	case <-f.Done():
-		return true
-	default:
-		return false
 	}
 }
 
@@ -609,12 +600,12 @@ func TestCheckSyncsTheJournal(t *testing.T) {
 	syncs := 0
 	hook.onSync = func() { syncs++ }
 	f := h.CheckAsync()
-	if isDone(f) {
+	if rgt.Resolved(f) {
 		t.Fatal("Check answered before a round")
 	}
 	h.Round()
 	hook.onSync = nil
-	if !isDone(f) {
+	if !rgt.Resolved(f) {
 		t.Fatal("Check not answered after a round")
 	}
 	if _, err := f.Result(); err != nil {
@@ -639,7 +630,7 @@ func TestCheckSyncsTheJournal(t *testing.T) {
 	if err := h.Check(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Check during a stuck sync returned %v, want the deadline", err)
 	}
-	if isDone(f) {
+	if rgt.Resolved(f) {
 		t.Fatal("Check answered while its sync was stuck")
 	}
 	close(stuck)

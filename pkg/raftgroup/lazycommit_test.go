@@ -12,19 +12,12 @@ import (
 // or max steps passed; it reports whether f resolved.
 func stepUntil[T any](c *rgt.Cluster, f *raftgroup.Future[T], max int) bool {
 	for range max {
-		select {
-		case <-f.Done():
+		if rgt.Resolved(f) {
 			return true
-		default:
 		}
 		c.Step()
 	}
-	select {
-	case <-f.Done():
-		return true
-	default:
-		return false
-	}
+	return rgt.Resolved(f)
 }
 
 // statusOn returns node n's status of group 1.

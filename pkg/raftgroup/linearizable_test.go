@@ -116,18 +116,6 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-// done reports, when called, whether f resolved.
-func done[T any](f *raftgroup.Future[T]) func() bool {
-	return func() bool {
-		select {
-		case <-f.Done():
-			return true
-		default:
-			return false
-		}
-	}
-}
-
 func seedFromEnv(def uint64) uint64 {
 	if s := os.Getenv("RAFTGROUP_SEED"); s != "" {
 		if v, err := strconv.ParseUint(s, 10, 64); err == nil {
@@ -573,7 +561,7 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
 			if ch == nil {
 				continue
 			}
-			if !c.RunUntil(300, done(ch.fut)) {
+			if !c.RunUntil(300, func() bool { return rgt.Resolved(ch.fut) }) {
 				t.Fatalf("membership change of group %d not resolved\n%s", g, c.String(g))
 			}
 			if _, err := ch.fut.Result(); err != nil {
@@ -621,7 +609,7 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
 				cl := &client{id: len(clients), node: n}
 				cl.in, cl.call = kvInput{group: g, op: "get", key: k}, now
 				f := c.Host(n).ReadIndexAsync(g)
-				if !c.RunUntil(200, done(f)) {
+				if !c.RunUntil(200, func() bool { return rgt.Resolved(f) }) {
 					t.Fatalf("final read of group %d on node %d not resolved\n%s", g, n, c.String(g))
 				}
 				if _, err := f.Result(); err != nil {

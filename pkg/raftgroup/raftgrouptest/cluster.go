@@ -248,14 +248,7 @@ func (c *Cluster) RunUntil(maxTicks int, cond func() bool) bool {
 // Await ticks until f resolves (at most maxTicks) and returns its outcome;
 // an unresolved future fails the test.
 func Await[T any](c *Cluster, f *raftgroup.Future[T], maxTicks int) (T, error) {
-	done := func() bool {
-		select {
-		case <-f.Done():
-			return true
-		default:
-			return false
-		}
-	}
+	done := func() bool { return Resolved(f) }
 	// A step first: a request queued just now may resolve within a round.
 	for range c.opts.StepsPerTick {
 		if done() {
@@ -267,6 +260,16 @@ func Await[T any](c *Cluster, f *raftgroup.Future[T], maxTicks int) (T, error) {
 		c.t.Fatalf("future not resolved after %d ticks", maxTicks)
 	}
 	return f.Result()
+}
+
+// Resolved reports whether f has resolved, without waiting.
+func Resolved[T any](f *raftgroup.Future[T]) bool {
+	select {
+	case <-f.Done():
+		return true
+	default:
+		return false
+	}
 }
 
 // Leader returns the node holding the leader of group g with the highest
