@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -95,6 +96,15 @@ type Config struct {
 	// journal, referenced from Pebble, instead of being copied into Pebble
 	// (default 16 KiB; negative: never).
 	LargeEntry int
+	// Deterministic runs on the loop, to their end, what the host
+	// otherwise leaves to goroutines beside it — filling a spare journal
+	// segment, and the Pebble flush that frees dead segments — and turns
+	// Pebble's automatic compactions off. Beside the loop their progress
+	// depends on the scheduler, and so does what a simulated crash keeps;
+	// with this, a simulation's run depends only on its seed
+	// (raftgrouptest sets it, with BackgroundSnapshots off). It costs the
+	// loop that work's time, and Pebble its compactions: for tests only.
+	Deterministic bool
 	// ObserveSync, when set, is told how long each synced journal write
 	// took (a round's, or a group's creation, join or removal: the write
 	// and its fdatasync, by the real clock whatever Now is). The loop
@@ -348,6 +358,13 @@ func Open(cfg Config) (*Host, error) {
 	popts := pebbleOptions(pebbleLogger{h.log.With("component", "pebble")})
 	fs := cmp.Or[vfs.FS](cfg.FS, vfs.Default)
 	popts.FS = fs
+	if cfg.Deterministic {
+		// Compactions run beside the loop, and what a crash in the middle
+		// of one keeps would depend on how far it got. Without them level
+		// 0 only grows: it must never stop writes.
+		popts.DisableAutomaticCompactions = true
+		popts.L0StopWritesThreshold = math.MaxInt32
+	}
 	db, err := pebble.Open(cfg.Dir, popts)
 	popts.Cache.Unref()
 	if err != nil {
@@ -359,6 +376,7 @@ func Open(cfg Config) (*Host, error) {
 		return nil, err
 	}
 	h.jnl.maxSize = cfg.SegmentSize
+	h.jnl.inline = cfg.Deterministic
 	n, trace, err := h.jnl.replayTraced(db, h.ks)
 	if n > 0 {
 		h.log.Info("replayed the raft journal", "batches", n)

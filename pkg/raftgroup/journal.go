@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"io"
 	iofs "io/fs"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -92,6 +93,9 @@ type journal struct {
 	// (the entry cache, messages to followers). The OS filesystem never
 	// does, and spares the copy.
 	copyBlobs bool
+	// inline fills spares and waits for flushes on the loop
+	// (Config.Deterministic).
+	inline bool
 
 	// refs is, for each segment, the greatest log index of each group
 	// whose log references it; a group's entry stops counting once its
@@ -516,12 +520,22 @@ func (j *journal) referenced() map[uint64]bool {
 	return out
 }
 
+// segIDs lists the segments in order: what the journal does to its files
+// (which dead ones it keeps to write over, and their order) must not
+// depend on Go's map order, or a simulation's run would not follow from
+// its seed (Config.Deterministic).
+func (j *journal) segIDs() []uint64 {
+	ids := slices.Collect(maps.Keys(j.segs))
+	slices.Sort(ids)
+	return ids
+}
+
 // dropUnreferenced removes, at start (after replay), the segments no log
 // references: every batch in them is in Pebble's tables.
 func (j *journal) dropUnreferenced() error {
 	live := j.referenced()
-	for id, s := range j.segs {
-		if !live[id] {
+	for _, id := range j.segIDs() {
+		if s := j.segs[id]; !live[id] {
 			if err := j.remove(s); err != nil {
 				return err
 			}
@@ -799,14 +813,19 @@ func (j *journal) prepare() {
 	fs, size := j.fs, j.maxSize
 	spare, stop := make(chan string, 1), make(chan struct{})
 	j.spare, j.stopSpare = spare, stop
-	go func() {
+	fill := func() {
 		ok := fillZeros(fs, tmp, size, stop) == nil && fs.Rename(tmp, free) == nil
 		if !ok {
 			_ = fs.Remove(tmp)
 			free = ""
 		}
 		spare <- free
-	}()
+	}
+	if j.inline {
+		fill()
+		return
+	}
+	go fill()
 }
 
 // fillZeros writes a file of size zero bytes and syncs it, unless stop is
@@ -909,7 +928,8 @@ func (j *journal) collect(db *pebble.DB) error {
 	live := j.referenced()
 	durable := max(j.flushed, j.synced)
 	flush := false
-	for id, s := range j.segs {
+	for _, id := range j.segIDs() {
+		s := j.segs[id]
 		if live[id] || s == j.active || s.w != nil {
 			continue
 		}
@@ -932,6 +952,9 @@ func (j *journal) collect(db *pebble.DB) error {
 			return fmt.Errorf("raftgroup: flush before dropping journal segments: %w", err)
 		}
 		j.flushing, j.flushingSeq = ch, j.seq
+		if j.inline {
+			<-ch
+		}
 	}
 	return nil
 }
