@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"testing/cryptotest"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -78,8 +79,15 @@ func (c *Clock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// New starts a cluster; it is closed when the test ends.
+// New starts a cluster; it is closed when the test ends. In a test (not
+// a benchmark) it also seeds crypto/rand from opts.Seed for the test's
+// duration: etcd raft draws its randomized election timeouts from it, and
+// a run is then a function of its seed. So a test with a Cluster cannot
+// be parallel.
 func New(t testing.TB, opts Options) *Cluster {
+	if tt, ok := t.(*testing.T); ok {
+		cryptotest.SetGlobalRandom(tt, opts.Seed)
+	}
 	if opts.StepsPerTick <= 0 {
 		opts.StepsPerTick = 3
 	}
@@ -129,8 +137,9 @@ func (c *Cluster) start(n *Node) {
 			n.smMu.Unlock()
 			return sm
 		},
-		Now:  c.Clock.Now,
-		Seed: n.seed + uint64(n.runs)<<32,
+		Now:           c.Clock.Now,
+		Seed:          n.seed + uint64(n.runs)<<32,
+		Deterministic: true,
 		// Small journal segments: rotation and reuse happen often, and a
 		// spare segment costs 1 MiB of zeros in memory, not 64.
 		SegmentSize: 1 << 20,
@@ -331,11 +340,14 @@ func (c *Cluster) Crash(id raftgroup.NodeID) {
 		return
 	}
 	c.Net.Detach(id)
-	cfg := vfs.CrashCloneCfg{UnsyncedDataPercent: c.opts.CrashKeepsUnsynced}
-	if cfg.UnsyncedDataPercent > 0 {
-		cfg.RNG = rand.New(rand.NewPCG(c.Rand.Uint64(), c.Rand.Uint64()))
+	var rng *rand.Rand
+	if c.opts.CrashKeepsUnsynced > 0 {
+		rng = rand.New(rand.NewPCG(c.Rand.Uint64(), c.Rand.Uint64()))
 	}
-	crashed := n.FS.CrashClone(cfg)
+	crashed, err := crashDisk(n.FS, c.opts.CrashKeepsUnsynced, rng)
+	if err != nil {
+		c.t.Fatalf("crash node %d: %v", id, err)
+	}
 	_ = n.Host.Close()
 	n.Host = nil
 	n.FS = crashed

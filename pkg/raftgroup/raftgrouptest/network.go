@@ -8,10 +8,13 @@
 // Nothing runs on its own: a test advances the world with Cluster.Step
 // (every live host runs one round, then due messages are delivered) and
 // Cluster.Tick (the clock and every host's Raft clock advance, then a few
-// steps). All randomness (loss, delay, crash loss, proposal keys) comes
-// from the cluster's seed; the one exception is Raft's randomized election
-// timeout, which etcd raft draws from crypto/rand: who wins an election
-// may differ between runs, so tests assert outcomes that hold whoever wins.
+// steps). All randomness comes from the cluster's seed: loss, delay, what
+// a crash keeps (rolled in path order, crash.go), proposal keys, and
+// Raft's randomized election timeouts, which etcd raft draws from
+// crypto/rand (New seeds it for the test). The hosts run with
+// Config.Deterministic, so nothing they do depends on the scheduler: two
+// runs of a seed deliver the same batches in the same order (Network's
+// Digest), and a seed that fails fails again.
 package raftgrouptest
 
 import (
@@ -53,6 +56,23 @@ type Network struct {
 	Tap func(from, to raftgroup.NodeID, b *raftgroup.Batch)
 
 	stats map[[2]raftgroup.NodeID]*LinkStats
+	// delivered digests every batch handed over so far, with its step,
+	// source and destination: two runs of a seed agree on it exactly
+	// when they delivered the same batches in the same order.
+	delivered uint64
+	// trail keeps, when Trail is on, one entry per delivered batch.
+	trail []Delivery
+	// Trail keeps a Delivery for every batch handed over (see Trail),
+	// for finding where two runs of a seed part.
+	Trail bool
+}
+
+// Delivery describes one batch handed to its destination.
+type Delivery struct {
+	Step     uint64
+	From, To raftgroup.NodeID
+	// Digest is the digest of the encoded batch.
+	Digest uint64
 }
 
 // LinkStats counts what one node sent another.
@@ -181,9 +201,9 @@ func (n *Network) Deliver() int {
 	clear(n.queue[len(keep):])
 	n.queue = keep
 	type delivery struct {
-		h    *raftgroup.Host
-		from raftgroup.NodeID
-		data []byte
+		h        *raftgroup.Host
+		from, to raftgroup.NodeID
+		data     []byte
 	}
 	var ds []delivery
 	for _, m := range due {
@@ -192,7 +212,17 @@ func (n *Network) Deliver() int {
 			n.link(m.from, m.to).Dropped++
 			continue
 		}
-		ds = append(ds, delivery{h, m.from, m.data})
+		ds = append(ds, delivery{h, m.from, m.to, m.data})
+	}
+	for _, d := range ds {
+		dg := fnv1a(fnv1a(fnv1a(fnv1a(fnvOffset, n.now), uint64(d.from)), uint64(d.to)), uint64(len(d.data)))
+		for _, c := range d.data {
+			dg = (dg ^ uint64(c)) * fnvPrime
+		}
+		n.delivered = fnv1a(n.delivered, dg)
+		if n.Trail {
+			n.trail = append(n.trail, Delivery{Step: n.now, From: d.from, To: d.to, Digest: dg})
+		}
 	}
 	n.mu.Unlock()
 	for _, d := range ds {
@@ -203,6 +233,36 @@ func (n *Network) Deliver() int {
 		d.h.Deliver(d.from, b)
 	}
 	return len(ds)
+}
+
+const (
+	fnvOffset = 14695981039346656037
+	fnvPrime  = 1099511628211
+)
+
+// fnv1a folds the eight bytes of v into the FNV-1a hash h.
+func fnv1a(h, v uint64) uint64 {
+	for range 8 {
+		h = (h ^ v&0xff) * fnvPrime
+		v >>= 8
+	}
+	return h
+}
+
+// Digest returns the digest of every batch delivered so far (see
+// Delivery): equal for two runs of a seed that delivered the same
+// batches in the same order.
+func (n *Network) Digest() uint64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.delivered
+}
+
+// Deliveries returns the batches delivered since Trail was turned on.
+func (n *Network) Deliveries() []Delivery {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.trail)
 }
 
 // InFlight returns how many batches are queued.
