@@ -252,7 +252,10 @@
 //
 // Package raftgrouptest runs hosts deterministically — an in-memory
 // network whose loss, delay and partitions the test controls, manual
-// clocks and ticks, crashes that keep exactly what was synced — and the
+// clocks and ticks, crashes that keep exactly what was synced, and every
+// random choice, Raft's election timeouts included, drawn from one seed
+// (Config.Deterministic keeps the hosts' own work on their loops), so
+// that a seed replays its run exactly (TestSeedReplays) — and the
 // tests here check elections, replication, catch-up by log and by
 // snapshot, partitions, leader loss mid-stream, membership changes,
 // quiescence, coalescing, locks, and (with porcupine) the linearizability

@@ -186,9 +186,19 @@ type lkvOptions struct {
 	// liveVictims: churn also replaces live members (a follower, the
 	// leader), not only the crashed node's.
 	liveVictims bool
+	// trail keeps every delivered batch's digest (rgt.Network.Trail).
+	trail bool
 }
 
-func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
+// lkvRun is what a run of linearizableKV did, for comparing two runs of a
+// seed.
+type lkvRun struct {
+	digest     uint64 // rgt.Network.Digest
+	deliveries []rgt.Delivery
+	history    []porcupine.Operation
+}
+
+func linearizableKV(t *testing.T, seed uint64, o lkvOptions) lkvRun {
 	largeEntry, follow := o.largeEntry, o.follow
 	// RAFTGROUP_LOG=1 keeps the hosts' logs and prints them if the run
 	// fails or panics.
@@ -218,6 +228,7 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
 	}})
 	c.Net.DropRate = 0.03
 	c.Net.MaxDelay = 2
+	c.Net.Trail = o.trail
 	groups := []raftgroup.GroupID{1, 2}
 	for i, g := range groups {
 		if o.churn {
@@ -256,7 +267,11 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
 	)
 	nclients := 8
 	if follow {
-		nclients = 24 // enough writes through one node to move leadership
+		// Enough writes through one node to move leadership, and more
+		// keys, so that porcupine still checks a history with that many
+		// clients (and their unknown outcomes) in seconds.
+		nclients = 32
+		keys = append(keys, "d", "e", "f")
 	}
 	for i := range nclients {
 		clients = append(clients, &client{id: i})
@@ -481,6 +496,14 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
 		}
 	}
 	const chaosTicks = 800
+	// With churn a crashed node stays down longer: its groups need a new
+	// leader first, and only then can one replace its member (vold waits
+	// for a node to be dead past a timeout). 15 ticks left one seed in
+	// about 900 without a single change.
+	minDown := 15
+	if o.churn {
+		minDown = 40
+	}
 	for tick := range chaosTicks {
 		if follow && tick%100 == 0 {
 			up := c.Up()
@@ -506,7 +529,7 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
 				crashed, crashedAt = l, tick
 				crashes++
 			}
-		} else if crashed != 0 && tick-crashedAt > 15 && rng.Float64() < 0.1 {
+		} else if crashed != 0 && tick-crashedAt > minDown && rng.Float64() < 0.1 {
 			c.Restart(crashed)
 			crashed = 0
 		}
@@ -664,4 +687,5 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) {
 		}
 		t.Fatalf("history is not linearizable (%s); visualization in %s", res, path)
 	}
+	return lkvRun{digest: c.Net.Digest(), deliveries: c.Net.Deliveries(), history: history}
 }
