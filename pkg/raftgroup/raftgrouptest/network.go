@@ -19,7 +19,10 @@ package raftgrouptest
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"hash"
+	"hash/fnv"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -59,11 +62,11 @@ type Network struct {
 	// delivered digests every batch handed over so far, with its step,
 	// source and destination: two runs of a seed agree on it exactly
 	// when they delivered the same batches in the same order.
-	delivered uint64
+	delivered hash.Hash64
 	// trail keeps, when Trail is on, one entry per delivered batch.
 	trail []Delivery
-	// Trail keeps a Delivery for every batch handed over (see Trail),
-	// for finding where two runs of a seed part.
+	// Trail keeps a Delivery for every batch handed over (see
+	// Deliveries), for finding where two runs of a seed part.
 	Trail bool
 }
 
@@ -92,10 +95,11 @@ type inflight struct {
 // NewNetwork returns a network whose randomness comes from rng.
 func NewNetwork(rng *rand.Rand) *Network {
 	return &Network{
-		rng:   rng,
-		hosts: map[raftgroup.NodeID]*raftgroup.Host{},
-		cut:   map[[2]raftgroup.NodeID]bool{},
-		stats: map[[2]raftgroup.NodeID]*LinkStats{},
+		rng:       rng,
+		hosts:     map[raftgroup.NodeID]*raftgroup.Host{},
+		cut:       map[[2]raftgroup.NodeID]bool{},
+		stats:     map[[2]raftgroup.NodeID]*LinkStats{},
+		delivered: fnv.New64a(),
 	}
 }
 
@@ -215,11 +219,11 @@ func (n *Network) Deliver() int {
 		ds = append(ds, delivery{h, m.from, m.to, m.data})
 	}
 	for _, d := range ds {
-		dg := fnv1a(fnv1a(fnv1a(fnv1a(fnvOffset, n.now), uint64(d.from)), uint64(d.to)), uint64(len(d.data)))
-		for _, c := range d.data {
-			dg = (dg ^ uint64(c)) * fnvPrime
-		}
-		n.delivered = fnv1a(n.delivered, dg)
+		h := fnv.New64a()
+		h.Write(binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(binary.BigEndian.AppendUint64(nil, n.now), uint64(d.from)), uint64(d.to)))
+		h.Write(d.data)
+		dg := h.Sum64()
+		n.delivered.Write(binary.BigEndian.AppendUint64(nil, dg))
 		if n.Trail {
 			n.trail = append(n.trail, Delivery{Step: n.now, From: d.from, To: d.to, Digest: dg})
 		}
@@ -235,27 +239,13 @@ func (n *Network) Deliver() int {
 	return len(ds)
 }
 
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
-
-// fnv1a folds the eight bytes of v into the FNV-1a hash h.
-func fnv1a(h, v uint64) uint64 {
-	for range 8 {
-		h = (h ^ v&0xff) * fnvPrime
-		v >>= 8
-	}
-	return h
-}
-
 // Digest returns the digest of every batch delivered so far (see
 // Delivery): equal for two runs of a seed that delivered the same
 // batches in the same order.
 func (n *Network) Digest() uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.delivered
+	return n.delivered.Sum64()
 }
 
 // Deliveries returns the batches delivered since Trail was turned on.
