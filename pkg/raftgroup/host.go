@@ -102,8 +102,9 @@ type Config struct {
 	// Pebble's automatic compactions off. Beside the loop their progress
 	// depends on the scheduler, and so does what a simulated crash keeps;
 	// with this, a simulation's run depends only on its seed
-	// (raftgrouptest sets it, with BackgroundSnapshots off). It costs the
-	// loop that work's time, and Pebble its compactions: for tests only.
+	// (raftgrouptest sets it; BackgroundSnapshots, where a test turns it
+	// on, still writes off the loop). It costs the loop that work's time,
+	// and Pebble its compactions: for tests only.
 	Deterministic bool
 	// ObserveSync, when set, is told how long each synced journal write
 	// took (a round's, or a group's creation, join or removal: the write

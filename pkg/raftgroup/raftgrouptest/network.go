@@ -12,9 +12,10 @@
 // a crash keeps (rolled in path order, crash.go), proposal keys, and
 // Raft's randomized election timeouts, which etcd raft draws from
 // crypto/rand (New seeds it for the test). The hosts run with
-// Config.Deterministic, so nothing they do depends on the scheduler: two
-// runs of a seed deliver the same batches in the same order (Network's
-// Digest), and a seed that fails fails again.
+// Config.Deterministic, so nothing they do depends on the scheduler
+// (unless a test turns BackgroundSnapshots on): two runs of a seed
+// deliver the same batches in the same order (Network's Digest), and a
+// seed that fails fails again.
 package raftgrouptest
 
 import (
