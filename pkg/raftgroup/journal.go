@@ -267,13 +267,7 @@ func (j *journal) replayTraced(db *pebble.DB, ks keyspace) (int, string, error) 
 	if len(v) == 8 {
 		have = binary.BigEndian.Uint64(v)
 	}
-	ids := make([]uint64, 0, len(j.segs))
-	for id, s := range j.segs {
-		if !s.legacy {
-			ids = append(ids, id)
-		}
-	}
-	slices.Sort(ids)
+	ids := slices.DeleteFunc(j.segIDs(), func(id uint64) bool { return j.segs[id].legacy })
 	applied := 0
 	last := have        // the last record's sequence number, from have on
 	var stale []staleAt // the first records of dead tails
