@@ -174,7 +174,10 @@
 //
 // An idle group should cost nothing. A leader whose group has had no
 // request for QuiesceAfterTicks ticks, with everything committed and
-// applied, every live follower replicating and caught up, and no
+// applied, every live follower replicating and caught up (a dead one
+// too unless it has acknowledged something in the leader's term: one
+// added while its node was down has no state, no election timer, and
+// only the leader's heartbeats find it when it is back), and no
 // configuration or leadership change under way, stops ticking and sends
 // its followers a final heartbeat marked Quiesce (with the commit index);
 // a follower that agrees (same leader and term, fully caught up, nothing

@@ -151,9 +151,15 @@ func (h *Host) canQuiesce(g *group) bool {
 		if ReplicaID(id) == g.replica || !ok {
 			return
 		}
-		if n, known := g.nodeOf(ReplicaID(id)); known {
+		if n, known := g.nodeOf(ReplicaID(id)); known && pr.Match > 0 {
 			if p := h.peers[n]; p != nil && p.dead {
-				return // a dead follower catches up when it is back
+				// A dead follower catches up when it is back: its
+				// election timer makes it speak up. Not one that has
+				// acknowledged nothing in this term: if it never
+				// received the group's state (it was added while its
+				// node was down) it has no timer, and only the leader's
+				// heartbeats would find it back.
+				return
 			}
 		}
 		if pr.Match != last || pr.State != tracker.StateReplicate {

@@ -254,3 +254,44 @@ func TestPeerSilenceTellsADownHostFromAQuietOne(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaderFindsAMemberAddedWhileDown adds a replica on a node that dies
+// before the replica received anything, and that holds no other replica:
+// its host has no peer to ping. The leader quiesced with a dead follower
+// before, counting on it to speak up once back; but a replica without
+// the group's state has no election timer and never does, so the group
+// stayed short of a member for good. A follower that has acknowledged
+// nothing in the leader's term now keeps the leader awake.
+func TestLeaderFindsAMemberAddedWhileDown(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 4, Seed: 42})
+	l, _ := settledGroup(t, c)
+	const late = raftgroup.NodeID(4)
+	next, err := c.Host(l).NextReplicaID(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Host(late).JoinGroup(1, next); err != nil {
+		t.Fatal(err)
+	}
+	c.Crash(late)
+	if _, err := rgt.Await(c, c.Host(l).ChangeMembershipAsync(1, raftgroup.Change{Type: raftgroup.AddVoter, Replica: next, Node: late}), 300); err != nil {
+		t.Fatal(err)
+	}
+	c.RunTicks(100)
+	c.Restart(late)
+	ok := c.RunUntil(200, func() bool {
+		st, err := c.Host(late).Status(1)
+		return err == nil && st.Initialized
+	})
+	c.Require(ok, "the new member never received the group's state\n%s", c.String(1))
+	write(t, c, l, 1, "after", "the late member")
+	if d := converge(t, c, 1, 1, 2, 3, late); d["after"] != "the late member" {
+		t.Fatalf("%v", d)
+	}
+	// With every member caught up, the group quiesces as before.
+	ok = c.RunUntil(200, func() bool {
+		st, _ := c.Host(l).Status(1)
+		return st.Quiesced
+	})
+	c.Require(ok, "the group never quiesced again\n%s", c.String(1))
+}
