@@ -44,8 +44,11 @@ type Batch struct {
 	// AckQueries ask for Acks of these groups (the proposer lost some).
 	AckQueries []GroupID
 	// Removed tells the receiver its replica was removed from the group,
-	// in answer to a message from it.
-	Removed []GroupReplica
+	// in answer to a message or a RetireQuery from it (leaving.go).
+	Removed []RemovedNotice
+	// RetireQueries ask the receiver to answer with a RemovedNotice if
+	// its replica of the group counts the sender's replica removed.
+	RetireQueries []GroupReplica
 	// Leaving says the sender is handing its leaderships off before it
 	// stops (handoff.go): it is to be given none.
 	Leaving bool
@@ -80,10 +83,21 @@ type GroupReplica struct {
 	Replica ReplicaID
 }
 
+// RemovedNotice tells Replica that From, a replica of the same group,
+// applied a configuration without it: the one made at Conf, whose voters
+// are Voters.
+type RemovedNotice struct {
+	Group   GroupID
+	Replica ReplicaID
+	From    ReplicaID
+	Conf    uint64
+	Voters  []Member
+}
+
 // Empty reports whether the batch carries nothing but the sender's ID.
 func (b *Batch) Empty() bool {
 	return len(b.Messages) == 0 && len(b.Heartbeats) == 0 && len(b.HeartbeatResps) == 0 &&
-		len(b.Acks) == 0 && len(b.AckQueries) == 0 && len(b.Removed) == 0
+		len(b.Acks) == 0 && len(b.AckQueries) == 0 && len(b.Removed) == 0 && len(b.RetireQueries) == 0
 }
 
 // Marshal encodes the batch (protobuf wire format; see batch.go for the
@@ -106,7 +120,7 @@ func (b *Batch) AppendMarshal(dst []byte) ([]byte, error) {
 	}
 	// Heartbeats and the host's own messages are a few varints each; the
 	// estimate only saves regrowing.
-	n += 64 * (len(b.Heartbeats) + len(b.HeartbeatResps) + len(b.Acks) + len(b.AckQueries) + len(b.Removed))
+	n += 64 * (len(b.Heartbeats) + len(b.HeartbeatResps) + len(b.Acks) + len(b.AckQueries) + 4*len(b.Removed) + len(b.RetireQueries))
 	out := slices.Grow(dst, n)
 	out = protowire.AppendTag(out, 1, protowire.VarintType)
 	out = protowire.AppendVarint(out, uint64(b.From))
@@ -159,11 +173,19 @@ func (b *Batch) AppendMarshal(dst []byte) ([]byte, error) {
 		var sub []byte
 		sub = appendVarintField(sub, 1, uint64(r.Group))
 		sub = appendVarintField(sub, 2, uint64(r.Replica))
+		sub = appendVarintField(sub, 3, uint64(r.From))
+		sub = appendVarintField(sub, 4, r.Conf)
+		for _, m := range r.Voters {
+			sub = appendPair(sub, 5, uint64(m.Replica), uint64(m.Node))
+		}
 		out = protowire.AppendTag(out, 7, protowire.BytesType)
 		out = protowire.AppendBytes(out, sub)
 	}
 	if b.Leaving {
 		out = appendVarintField(out, 8, 1)
+	}
+	for _, r := range b.RetireQueries {
+		out = appendPair(out, 9, uint64(r.Group), uint64(r.Replica))
 	}
 	return out, nil
 }
@@ -184,6 +206,29 @@ func appendVarintField(b []byte, n protowire.Number, v uint64) []byte {
 	}
 	b = protowire.AppendTag(b, n, protowire.VarintType)
 	return protowire.AppendVarint(b, v)
+}
+
+// appendPair appends field n as a message of two varint fields, 1 and 2.
+func appendPair(b []byte, n protowire.Number, v1, v2 uint64) []byte {
+	var sub []byte
+	sub = appendVarintField(sub, 1, v1)
+	sub = appendVarintField(sub, 2, v2)
+	b = protowire.AppendTag(b, n, protowire.BytesType)
+	return protowire.AppendBytes(b, sub)
+}
+
+// decodePair decodes a message appended by appendPair.
+func decodePair(b []byte) (v1, v2 uint64, err error) {
+	err = eachField(b, func(n protowire.Number, v uint64, _ []byte) error {
+		switch n {
+		case 1:
+			v1 = v
+		case 2:
+			v2 = v
+		}
+		return nil
+	})
+	return v1, v2, err
 }
 
 // UnmarshalBatch decodes a batch encoded by Marshal. The entries of its
@@ -264,13 +309,21 @@ func UnmarshalBatch(data []byte) (*Batch, error) {
 		case 6:
 			b.AckQueries = append(b.AckQueries, GroupID(v))
 		case 7:
-			var r GroupReplica
-			err := eachField(sub, func(n protowire.Number, v uint64, _ []byte) error {
+			var r RemovedNotice
+			err := eachField(sub, func(n protowire.Number, v uint64, raw []byte) error {
 				switch n {
 				case 1:
 					r.Group = GroupID(v)
 				case 2:
 					r.Replica = ReplicaID(v)
+				case 3:
+					r.From = ReplicaID(v)
+				case 4:
+					r.Conf = v
+				case 5:
+					replica, node, err := decodePair(raw)
+					r.Voters = append(r.Voters, Member{Replica: ReplicaID(replica), Node: NodeID(node)})
+					return err
 				}
 				return nil
 			})
@@ -280,6 +333,12 @@ func UnmarshalBatch(data []byte) (*Batch, error) {
 			b.Removed = append(b.Removed, r)
 		case 8:
 			b.Leaving = v != 0
+		case 9:
+			group, replica, err := decodePair(sub)
+			if err != nil {
+				return err
+			}
+			b.RetireQueries = append(b.RetireQueries, GroupReplica{Group: GroupID(group), Replica: ReplicaID(replica)})
 		}
 		return nil
 	})

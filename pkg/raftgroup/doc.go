@@ -30,6 +30,11 @@
 // that an ID names one member for all time): a node that leaves a group and
 // comes back gets a new replica ID, the group refuses to re-admit an old
 // one (ErrReplicaIDReused), and a destroyed replica leaves a tombstone.
+// A replica that learns it was removed retires: it takes no requests but
+// stays a Raft peer, its vote perhaps still needed by a member that has
+// not applied the change, until every voter of the newest configuration
+// it heard of says it counts it removed; then it is Removed and may be
+// destroyed (retiring.go).
 // Replica-to-node routing is part of the replicated state (it rides in the
 // configuration change that adds a replica), so every member can reach
 // every other; a new replica learns its leader's node from its first

@@ -119,7 +119,7 @@ func (h *Host) endWindow(g *group, to ReplicaID) {
 // proposerToFollow returns the replica g's leadership should move to, or
 // 0 to stay.
 func (g *group) proposerToFollow() ReplicaID {
-	if g.removed || g.broken != nil || g.leader != g.replica || g.h.tick-g.leaderTick < followWindows*followWindowTicks {
+	if g.removed || g.retiring != nil || g.broken != nil || g.leader != g.replica || g.h.tick-g.leaderTick < followWindows*followWindowTicks {
 		return 0
 	}
 	cs := g.confState

@@ -54,9 +54,12 @@ type group struct {
 	proposed      map[ReplicaID]int
 	proposedBytes map[ReplicaID]int
 	removed       bool
-	broken        error
-	// retired is set with removed or broken: Host.Serves reads it off the
-	// loop.
+	// retiring is set while the replica knows it was removed but may
+	// still be needed for a vote (retiring.go); removed follows.
+	retiring *retirement
+	broken   error
+	// retired is set with removed, retiring or broken: Host.Serves reads it
+	// off the loop.
 	retired     atomic.Bool
 	quiesced    bool
 	idleTicks   int
@@ -189,6 +192,7 @@ func (h *Host) DestroyGroup(id GroupID) error {
 	delete(h.awake, id)
 	delete(h.dirty, id)
 	delete(h.busy, id)
+	delete(h.retiring, id)
 	delete(h.appliedSome, id)
 	delete(h.attention, id)
 	h.peersStale = true
@@ -259,6 +263,7 @@ func (h *Host) openGroup(id GroupID, local ReplicaID) (*group, error) {
 	h.awake[id] = g
 	h.dirty[id] = g
 	h.peersStale = true
+	g.checkMembership()
 	if g.soleVoter() {
 		// No one else can lead, and no one else's vote is needed: not
 		// waiting out an election timeout spares a restarted host's
@@ -340,8 +345,9 @@ func (g *group) failPending(err error) {
 	delete(g.h.busy, g.id)
 }
 
-// markRemoved retires the replica after the group removed it: it stops
-// ticking and answering; the application destroys it (DestroyGroup).
+// markRemoved retires the replica once no voter needs it (retiring.go):
+// it stops ticking and answering; the application destroys it
+// (DestroyGroup).
 func (g *group) markRemoved() {
 	g.removed = true
 	g.retired.Store(true)
@@ -617,9 +623,7 @@ func (g *group) applyConfChange(e *pb.Entry) {
 	g.h.peersStale = true
 	g.h.log.Info("configuration changed", "group", uint64(g.id), "index", e.GetIndex(), "conf", raft.DescribeConfState(cs))
 	g.confApplied(ctx.key)
-	if _, ok := members[g.replica]; !ok {
-		g.markRemoved()
-	}
+	g.checkMembership()
 }
 
 // checkConfChange decides deterministically whether a committed change

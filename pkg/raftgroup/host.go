@@ -223,6 +223,9 @@ type Host struct {
 	awake  map[GroupID]*group // groups that tick (not quiesced)
 	dirty  map[GroupID]*group // groups that may have a Ready
 	busy   map[GroupID]*group // groups with pending requests
+	// retiring are the replicas removed from their groups that wait
+	// until no voter needs them (retiring.go).
+	retiring map[GroupID]*group
 	// counted lists the groups with proposals counted this window
 	// (follow.go).
 	counted map[GroupID]*group
@@ -335,6 +338,7 @@ func Open(cfg Config) (*Host, error) {
 		awake:       map[GroupID]*group{},
 		dirty:       map[GroupID]*group{},
 		busy:        map[GroupID]*group{},
+		retiring:    map[GroupID]*group{},
 		counted:     map[GroupID]*group{},
 		peers:       map[NodeID]*peer{},
 		out:         map[NodeID]*Batch{},
@@ -1093,9 +1097,14 @@ func (h *Host) receive(b *Batch) {
 		}
 	}
 	for _, r := range b.Removed {
-		if g := h.groups[r.Group]; g != nil && g.replica == r.Replica && !g.removed {
-			h.log.Info("replica removed from group", "group", uint64(g.id), "replica", uint64(g.replica))
-			g.markRemoved()
+		if g := h.groups[r.Group]; g != nil && g.replica == r.Replica && r.From != 0 {
+			g.learnRemoved(r.Conf, r.Voters, r.From)
+		}
+	}
+	for _, q := range b.RetireQueries {
+		if g := h.groups[q.Group]; g != nil && g.initialized() && !g.removed && g.isRemovedReplica(q.Replica) {
+			b := h.outbox(from)
+			b.Removed = append(b.Removed, g.removedNotice(q.Replica))
 		}
 	}
 }
@@ -1114,7 +1123,7 @@ func (h *Host) step(from NodeID, gid GroupID, m *pb.Message, wake bool) *group {
 		// disturb the group.
 		h.stats.DroppedInbound++
 		b := h.outbox(from)
-		b.Removed = append(b.Removed, GroupReplica{Group: gid, Replica: src})
+		b.Removed = append(b.Removed, g.removedNotice(src))
 		return nil
 	}
 	if _, ok := g.meta.members[src]; !ok {

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 	"math"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -160,8 +162,9 @@ func TestLinearizableKVFollow(t *testing.T) {
 // replicas on the five nodes whose members are replaced under the faults,
 // as vold's repair does: while a node is down, a replica on a spare node
 // joins, and one joint change adds it and removes the down node's. The
-// removed replicas are destroyed once they learn it (on restart); clients
-// use the nodes whose replica is a voter.
+// removed replicas retire once they learn it (on restart, or told as vold
+// tells them) and are destroyed once Removed; clients use the nodes whose
+// replica is a voter.
 func TestLinearizableKVMembership(t *testing.T) {
 	seed := seedFromEnv(34)
 	t.Logf("seed %d (RAFTGROUP_SEED)", seed)
@@ -422,10 +425,18 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) lkvRun {
 				if err != nil {
 					continue
 				}
+				// A replica the leader's configuration dropped is
+				// told so, as vold does from the volume's document: it
+				// retires, and is destroyed once Removed.
 				orphan := led && len(lst.VotersOutgoing) == 0 && lst.MaxReplica >= st.Replica && !isMember(lst, st.Replica)
-				if st.Removed || orphan {
+				switch {
+				case st.Removed:
 					if err := c.Host(n).DestroyGroup(g); err != nil {
 						t.Fatalf("destroy group %d on node %d: %v", g, n, err)
+					}
+				case orphan && !st.Retiring:
+					if err := c.Host(n).Retire(g, lst.Voters); err != nil && !errors.Is(err, raftgroup.ErrRemoved) {
+						t.Fatalf("retire group %d on node %d: %v", g, n, err)
 					}
 				}
 			}
@@ -607,7 +618,32 @@ func linearizableKV(t *testing.T, seed uint64, o lkvOptions) lkvRun {
 				final[g] = append(final[g], v.Node)
 			}
 		}
-		tidy()
+		// With every node up, every voter answers: each replica the
+		// groups removed is Removed (and destroyed) in a few pings.
+		var left []string
+		if !c.RunUntil(100, func() bool {
+			tidy()
+			left = nil
+			for _, g := range groups {
+				for _, n := range c.NodeIDs() {
+					// (A replica that joined for a change that failed
+					// never held the group's state: nothing waits for it.)
+					if st, err := c.Host(n).Status(g); err == nil && st.Initialized && !slices.Contains(final[g], n) {
+						left = append(left, fmt.Sprintf("group %d on node %d: %+v", g, n, st))
+					}
+				}
+			}
+			return len(left) == 0
+		}) {
+			var all strings.Builder
+			for _, g := range groups {
+				fmt.Fprintf(&all, "group %d:\n%s\n", g, c.String(g))
+				if l, st, ok := c.Leader(g); ok {
+					fmt.Fprintf(&all, "leader %d's progress: %+v\n", l, st.Progress)
+				}
+			}
+			t.Fatalf("removed replicas never retired: %v\n%s", left, all.String())
+		}
 		t.Logf("membership changes: %d made, %d failed or given up", changed, unchanged)
 		if changed == 0 {
 			t.Fatalf("no membership change was made")

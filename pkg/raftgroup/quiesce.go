@@ -29,6 +29,7 @@ func (h *Host) tickOnce() {
 		h.markDirty(g)
 	}
 	h.followProposers()
+	h.askRetirements()
 	for _, id := range h.sortedGroups(h.busy) {
 		g := h.busy[id]
 		g.retry(false)

@@ -76,7 +76,7 @@ func (h *Host) liveGroup(id GroupID) (*group, error) {
 	switch {
 	case g == nil:
 		return nil, fmt.Errorf("%w: %d", ErrGroupNotFound, id)
-	case g.removed:
+	case g.removed || g.retiring != nil:
 		return nil, ErrRemoved
 	case g.broken != nil:
 		return nil, g.broken
@@ -413,9 +413,12 @@ type GroupStatus struct {
 	// MaxReplica is the greatest replica ID the group ever admitted.
 	MaxReplica ReplicaID
 	// Clock is the group clock (the greatest proposer time applied).
-	Clock       time.Time
-	Quiesced    bool
-	Removed     bool
+	Clock    time.Time
+	Quiesced bool
+	Removed  bool
+	// Retiring: the group removed this replica, but a voter may still
+	// need its vote; it takes no requests (retiring.go). Removed follows.
+	Retiring    bool
 	Initialized bool
 	// Progress of every replica, on the leader only.
 	Progress map[ReplicaID]ReplicaProgress
@@ -464,8 +467,10 @@ func (h *Host) Serves(id GroupID) bool {
 // Brief is the part of a group's status that periodic sweeps over every
 // group need, without the cost of Status (member lists, progress maps).
 type Brief struct {
-	Leader  bool // this replica leads the group
-	Removed bool // the group removed this replica
+	Replica  ReplicaID
+	Leader   bool // this replica leads the group
+	Removed  bool // the group removed this replica
+	Retiring bool // the group removed this replica, which may still be needed for a vote
 }
 
 // Brief returns id's Brief.
@@ -476,7 +481,12 @@ func (h *Host) Brief(id GroupID) (Brief, error) {
 	if g == nil {
 		return Brief{}, fmt.Errorf("%w: %d", ErrGroupNotFound, id)
 	}
-	return Brief{Leader: g.rn.BasicStatus().RaftState == raft.StateLeader, Removed: g.removed}, nil
+	return Brief{
+		Replica:  g.replica,
+		Leader:   g.rn.BasicStatus().RaftState == raft.StateLeader,
+		Removed:  g.removed,
+		Retiring: g.retiring != nil && !g.removed,
+	}, nil
 }
 
 func (g *group) status() GroupStatus {
@@ -495,6 +505,7 @@ func (g *group) status() GroupStatus {
 		Clock:       time.Unix(0, g.meta.clock).UTC(),
 		Quiesced:    g.quiesced,
 		Removed:     g.removed,
+		Retiring:    g.retiring != nil && !g.removed,
 		Initialized: g.initialized(),
 		Err:         g.broken,
 	}

@@ -160,7 +160,8 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, jnl *journal, large int)
 // would go back to the configuration of its last durable commit index,
 // which may be several changes old. A restarted leader that had committed
 // the change removing a member, and told that member (which then fell
-// silent, see markRemoved), could then need that member's vote under its
+// silent once the other voters said they knew, see retiring.go), could
+// then need that member's vote under its
 // old configuration while the others need its own — its log being the
 // longest — and the group would have no leader for good. So such a
 // Ready's commit index is made durable before it is applied or sent

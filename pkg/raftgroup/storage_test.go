@@ -3,6 +3,7 @@ package raftgroup
 import (
 	"errors"
 	"log/slog"
+	"reflect"
 	"slices"
 	"strconv"
 	"testing"
@@ -164,8 +165,9 @@ func TestBatchRoundTrip(t *testing.T) {
 		HeartbeatResps: []Heartbeat{{Group: 5, From: 2, To: 1, Term: 3}},
 		Acks:           []ApplyAck{{Group: 9, Replica: 2, Applied: 100}},
 		AckQueries:     []GroupID{9, 10},
-		Removed:        []GroupReplica{{Group: 4, Replica: 3}},
+		Removed:        []RemovedNotice{{Group: 4, Replica: 3, From: 5, Conf: 77, Voters: []Member{{Replica: 1, Node: 2}, {Replica: 5, Node: 6}}}},
 		Leaving:        true,
+		RetireQueries:  []GroupReplica{{Group: 4, Replica: 3}, {Group: 8, Replica: 1}},
 	}
 	data, err := b.Marshal()
 	if err != nil {
@@ -184,7 +186,7 @@ func TestBatchRoundTrip(t *testing.T) {
 		t.Fatalf("heartbeats %+v %+v", got.Heartbeats, got.HeartbeatResps)
 	}
 	if len(got.Acks) != 1 || got.Acks[0] != b.Acks[0] || len(got.AckQueries) != 2 || got.AckQueries[1] != 10 ||
-		len(got.Removed) != 1 || got.Removed[0] != b.Removed[0] || !got.Leaving {
+		!reflect.DeepEqual(got.Removed, b.Removed) || !got.Leaving || !slices.Equal(got.RetireQueries, b.RetireQueries) {
 		t.Fatalf("host messages %+v", got)
 	}
 	empty, _ := (&Batch{From: 1}).Marshal()
@@ -202,6 +204,9 @@ func FuzzUnmarshalBatch(f *testing.F) {
 	f.Add(data)
 	app, _ := proto.Marshal(&pb.Message{Type: pb.MsgApp.Enum(), Term: new(uint64(2)), Entries: ents(2, 3, 4), Commit: new(uint64(3))})
 	f.Add(app)
+	retire, _ := (&Batch{From: 2, Removed: []RemovedNotice{{Group: 1, Replica: 3, From: 1, Conf: 9, Voters: []Member{{Replica: 1, Node: 1}}}},
+		RetireQueries: []GroupReplica{{Group: 4, Replica: 5}}}).Marshal()
+	f.Add(retire)
 	f.Fuzz(func(t *testing.T, data []byte) {
 		sameAsProto(t, data)
 		b, err := UnmarshalBatch(data)

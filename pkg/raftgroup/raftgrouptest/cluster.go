@@ -225,14 +225,23 @@ func (c *Cluster) Step() {
 // Tick advances the clock and every live host's logical clock by one
 // tick, then runs StepsPerTick steps.
 func (c *Cluster) Tick() {
+	c.tick(nil)
+}
+
+// tick is Tick; it stops before a step once cond, if not nil, holds.
+func (c *Cluster) tick(cond func() bool) bool {
 	c.Ticks++
 	c.Clock.Advance(c.opts.TickInterval)
 	for _, id := range c.Up() {
 		c.nodes[id].Host.Tick()
 	}
 	for range c.opts.StepsPerTick {
+		if cond != nil && cond() {
+			return true
+		}
 		c.Step()
 	}
+	return false
 }
 
 // RunTicks runs n ticks.
@@ -250,6 +259,17 @@ func (c *Cluster) RunUntil(maxTicks int, cond func() bool) bool {
 			return true
 		}
 		c.Tick()
+	}
+	return cond()
+}
+
+// RunUntilStep is RunUntil with cond checked before every step too, for
+// a test that must act between two rounds.
+func (c *Cluster) RunUntilStep(maxTicks int, cond func() bool) bool {
+	for range maxTicks {
+		if cond() || c.tick(cond) {
+			return true
+		}
 	}
 	return cond()
 }
