@@ -112,8 +112,8 @@ func (n *node) volumeDoc(name string) *volumeDoc {
 // reconcile makes this node's replicas match the volume documents: a
 // member that has no replica creates it (initial members bootstrap the
 // group together) or joins empty (members added by repair); a replica
-// whose group no document places here any more, or that its group removed,
-// is destroyed.
+// whose group no document places here any more is destroyed, and one that
+// its group removed once its group is done with it (Removed).
 func (n *node) reconcile(ctx context.Context) {
 	h := n.host.Load()
 	if h == nil || ctx.Err() != nil {
@@ -125,8 +125,10 @@ func (n *node) reconcile(ctx context.Context) {
 		_, _ = n.names.add(strings.TrimPrefix(d.GetKey(), nodesPrefix))
 	}
 	want := map[raftgroup.GroupID]*volumeDoc{}
+	all := map[raftgroup.GroupID]*volumeDoc{}
 	names := map[raftgroup.GroupID]string{}
 	for name, d := range n.volumeDocs() {
+		all[d.group()] = d
 		if _, ok := d.member(n.id); ok {
 			want[d.group()] = d
 			names[d.group()] = name
@@ -173,12 +175,31 @@ func (n *node) reconcile(ctx context.Context) {
 			continue
 		}
 		reason := ""
+		d := all[g]
+		m, placed := docMember{}, false
+		if d != nil {
+			m, placed = d.member(n.id)
+		}
 		switch {
 		case st.Removed:
 			reason = "removed from group"
-		case want[g] == nil && n.synced.Load():
+		case !n.synced.Load():
 			// NB: only once statd has synced since start; before that a
 			// missing document may just not have arrived yet.
+		case placed && raftgroup.ReplicaID(m.Replica) > st.Replica:
+			// The group placed a newer replica here, which can start only
+			// once this one is gone.
+			if !st.Retiring {
+				n.retire(h, g, d)
+			}
+			reason = "replaced by a newer replica on this node"
+		case d != nil && !placed:
+			// The group removed this replica. It votes until every voter
+			// knows (raftgroup's retiring.go), then it is Removed.
+			if !st.Retiring {
+				n.retire(h, g, d)
+			}
+		case d == nil:
 			reason = "no volume places it here"
 		}
 		if reason == "" {
@@ -190,6 +211,24 @@ func (n *node) reconcile(ctx context.Context) {
 		}
 		n.log.Info("replica destroyed", "group", uint64(g), "reason", reason)
 	}
+}
+
+// retire tells the host that d, the group's document, no longer places
+// this node's replica of g, with the members it places instead.
+func (n *node) retire(h *raftgroup.Host, g raftgroup.GroupID, d *volumeDoc) {
+	var voters []raftgroup.Member
+	for _, m := range d.Members {
+		id, err := n.names.add(m.Node)
+		if err != nil {
+			continue
+		}
+		voters = append(voters, raftgroup.Member{Replica: raftgroup.ReplicaID(m.Replica), Node: id})
+	}
+	if err := h.Retire(g, voters); err != nil {
+		n.log.Warn("retire replica", "group", uint64(g), "err", err)
+		return
+	}
+	n.log.Info("replica retiring: it votes until the group's voters know it was removed", "group", uint64(g))
 }
 
 // destroyReplica deletes this node's replica of g and forgets what

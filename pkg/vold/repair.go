@@ -85,11 +85,11 @@ func (n *node) repairRound(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if b, err := h.Brief(g); err != nil || !b.Leader || b.Removed {
+		if b, err := h.Brief(g); err != nil || !b.Leader || b.Removed || b.Retiring {
 			continue
 		}
 		st, err := h.Status(g)
-		if err != nil || st.Role != "leader" || len(st.VotersOutgoing) > 0 || st.Removed {
+		if err != nil || st.Role != "leader" || len(st.VotersOutgoing) > 0 || st.Removed || st.Retiring {
 			continue
 		}
 		name, ok := byGroup[g]
