@@ -17,7 +17,9 @@
 // group and members. Any node creates one: it places the replicas on the
 // live nodes that host the fewest, writes the document and waits for the
 // group to elect a leader. Every vold watches the documents and creates,
-// joins or destroys its replicas to match (reconcile.go). The leader of
+// joins or destroys its replicas to match (reconcile.go); a replica the
+// document dropped retires first, and goes once its group no longer
+// needs its vote (raftgroup's retiring.go). The leader of
 // each group replaces members whose node has been dead for replace_after
 // (repair.go): the new member goes into the document first, so that its
 // node joins empty, then a joint-consensus change swaps it for the dead
