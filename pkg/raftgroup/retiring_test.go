@@ -1,6 +1,7 @@
 package raftgroup_test
 
 import (
+	"errors"
 	"slices"
 	"testing"
 
@@ -102,4 +103,63 @@ func TestRemovedReplicaVotesUntilNoVoterNeedsIt(t *testing.T) {
 	if d["after"] != "the replacement" || !slices.Contains([]raftgroup.NodeID{lag, spare, spare2}, nl) {
 		t.Fatalf("%v, leader %d", d, nl)
 	}
+}
+
+// TestRetireOnTheApplicationsWord has the application tell replicas they
+// were removed (as vold does from a volume's document). One that was
+// removed, cut off so that it never heard, retires at once (it takes no
+// requests) and is Removed once the voters answer. One that is still a
+// member retires too, but no voter confirms it: it is never Removed, and
+// its vote still elects a leader.
+func TestRetireOnTheApplicationsWord(t *testing.T) {
+	c := rgt.New(t, rgt.Options{Nodes: 4, Seed: 43})
+	l, followers := settledGroup(t, c)
+	gone, kept := followers[0], followers[1]
+	const spare = raftgroup.NodeID(4)
+	c.Net.Isolate(gone, c.NodeIDs())
+	next, err := c.Host(l).NextReplicaID(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Host(spare).JoinGroup(1, next); err != nil {
+		t.Fatal(err)
+	}
+	m, err := rgt.Await(c, c.Host(l).ChangeMembershipAsync(1, raftgroup.Replace(raftgroup.ReplicaID(gone), next, spare)...), 300)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Host(gone).Retire(1, m.Voters); err != nil {
+		t.Fatal(err)
+	}
+	st, _ := c.Host(gone).Status(1)
+	c.Require(st.Retiring && !st.Removed, "told, cut off: %+v", st)
+	if _, err := rgt.Await(c, c.Host(gone).Submit(1, raftgroup.Proposal{Data: put("k", "v")}), 10); !errors.Is(err, raftgroup.ErrRemoved) {
+		t.Fatalf("a retiring replica took a write: %v", err)
+	}
+	c.Net.Heal()
+	ok := c.RunUntil(100, func() bool {
+		st, _ := c.Host(gone).Status(1)
+		return st.Removed
+	})
+	c.Require(ok, "the removed replica was never confirmed")
+
+	// A member told it was removed, wrongly.
+	if err := c.Host(kept).Retire(1, m.Voters); err != nil {
+		t.Fatal(err)
+	}
+	c.RunTicks(50)
+	st, _ = c.Host(kept).Status(1)
+	c.Require(st.Retiring && !st.Removed, "a member told it was removed: %+v", st)
+	// The leader dies: the spare needs the member's vote to lead.
+	c.Crash(l)
+	ok = c.RunUntil(300, func() bool {
+		n, _, found := c.Leader(1)
+		return found && n != l
+	})
+	c.Require(ok, "no leader without the dead one's vote\n%s", c.String(1))
+	// (Through the spare: a retiring replica takes no requests of its
+	// own, though it may lead.)
+	write(t, c, spare, 1, "after", "the crash")
+	st, _ = c.Host(kept).Status(1)
+	c.Require(st.Retiring && !st.Removed, "a member told it was removed: %+v", st)
 }
