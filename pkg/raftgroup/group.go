@@ -55,7 +55,7 @@ type group struct {
 	proposedBytes map[ReplicaID]int
 	removed       bool
 	// retiring is set while the replica knows it was removed but may
-	// still be needed for a vote (retiring.go); removed follows.
+	// still be needed for a vote (retiring.go); removed replaces it.
 	retiring *retirement
 	broken   error
 	// retired is set with removed, retiring or broken: Host.Serves reads it

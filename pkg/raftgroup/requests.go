@@ -485,7 +485,7 @@ func (h *Host) Brief(id GroupID) (Brief, error) {
 		Replica:  g.replica,
 		Leader:   g.rn.BasicStatus().RaftState == raft.StateLeader,
 		Removed:  g.removed,
-		Retiring: g.retiring != nil && !g.removed,
+		Retiring: g.retiring != nil,
 	}, nil
 }
 
@@ -505,7 +505,7 @@ func (g *group) status() GroupStatus {
 		Clock:       time.Unix(0, g.meta.clock).UTC(),
 		Quiesced:    g.quiesced,
 		Removed:     g.removed,
-		Retiring:    g.retiring != nil && !g.removed,
+		Retiring:    g.retiring != nil,
 		Initialized: g.initialized(),
 		Err:         g.broken,
 	}

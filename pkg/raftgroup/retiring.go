@@ -74,6 +74,7 @@ func (g *group) learnRemoved(conf uint64, voters []Member, from ReplicaID) {
 		}
 	}
 	delete(h.retiring, g.id)
+	g.retiring = nil
 	h.log.Info("replica removed from group", "group", uint64(g.id), "replica", uint64(g.replica))
 	g.markRemoved()
 }
@@ -130,11 +131,11 @@ func (g *group) voters() []Member {
 	return vs
 }
 
-// Retire tells the host that the group's configuration made by a change
-// it has not applied yet no longer has its replica of group id, and that
-// voters are that configuration's voters (as the application recorded
-// them): the replica retires as if a voter had said so (learnRemoved),
-// then asks voters whether they count it removed. A replica that is
+// Retire tells the host that group id removed its replica, by a change
+// the replica may not have applied yet, and that voters are the voters
+// the group has now (as the application recorded them): the replica
+// retires as if a voter had said so (learnRemoved), then asks them
+// whether they count it removed. A replica that is
 // still a member is never confirmed, so it is never Removed: it only
 // stops taking requests. A replica that never received the group's
 // state is Removed at once.

@@ -161,9 +161,9 @@ func loadStorage(db *pebble.DB, ks keyspace, g GroupID, jnl *journal, large int)
 // which may be several changes old. A restarted leader that had committed
 // the change removing a member, and told that member (which then fell
 // silent once the other voters said they knew, see retiring.go), could
-// then need that member's vote under its
-// old configuration while the others need its own — its log being the
-// longest — and the group would have no leader for good. So such a
+// then need that member's vote under its old configuration while the
+// others need its own — its log being the longest — and the group would
+// have no leader for good. So such a
 // Ready's commit index is made durable before it is applied or sent
 // (sendsEarly).
 func (s *groupStorage) commitMustPersist(rd *raft.Ready) bool {
