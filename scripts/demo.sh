@@ -5,22 +5,26 @@
 # volume. Needs root.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-ctl=bin/shoalctl
+ctl=${SHOAL_CTL:-bin/shoalctl}
 nodes=${NODES:-3}
-x() { $ctl dev exec "$@"; }
+image=${DEMO_IMAGE:-$PWD/bin/busybox.tar}
+# DEMO_NAME and DEMO_SUBNET (e2e's TestDemo sets them) make it a named dev
+# cluster on a subnet of its own, which leaves the default one alone.
+dev="$ctl dev${DEMO_NAME:+ --name $DEMO_NAME}"
+x() { $dev exec "$@"; }
 
 if [ "$(id -u)" != 0 ]; then
   echo "make demo needs root (it creates network namespaces)" >&2
   exit 1
 fi
 
-if $ctl dev status >/dev/null 2>&1; then
+if $dev status >/dev/null 2>&1; then
   echo "== a dev cluster exists already; removing it"
-  $ctl dev down
+  $dev down
 fi
 
 echo "== starting $nodes nodes (statd, schedd, netd, vold and a containerd each)"
-$ctl dev up --nodes "$nodes"
+$dev up --nodes "$nodes" ${DEMO_SUBNET:+--subnet "$DEMO_SUBNET"}
 
 echo
 echo "== state: write on node 1, read on every node"
@@ -47,7 +51,7 @@ done
 
 echo
 echo "== load an image on node 1 only (built from Debian's static busybox)"
-x 1 -- shoalctl image load "$PWD/bin/busybox.tar"
+x 1 -- shoalctl image load "$image"
 
 echo
 echo "== create a 3-replica service from node 2: placed without a master"
@@ -65,7 +69,7 @@ x 3 -- shoalctl service logs hello
 echo
 echo "== port 8080 answers on every node's address, whichever node runs a replica"
 for i in $(seq 1 "$nodes"); do
-  addr=$($ctl dev status -o json | grep '"addr"' | sed -n "${i}p" | cut -d'"' -f4)
+  addr=$($dev status -o json | grep '"addr"' | sed -n "${i}p" | cut -d'"' -f4)
   [ -n "$addr" ] && echo "http://$addr:8080/ -> $(wget -qO- -T 3 "http://$addr:8080/" || echo unreachable)"
 done
 
@@ -92,9 +96,9 @@ for _ in $(seq 1 60); do
 done
 scribe=$(task_field id)
 snode=$(x 1 -- shoalctl node ls | awk -v id="$(task_field node)" '$1==id{print $2}')
-$ctl dev kill "${snode#n}" vold
+$dev kill "${snode#n}" vold
 sleep 2
-$ctl dev start "${snode#n}" vold
+$dev start "${snode#n}" vold
 sleep 3
 x 1 -- shoalctl service ps scribe
 if [ "$(task_field id)" = "$scribe" ]; then
@@ -103,7 +107,7 @@ fi
 
 echo
 echo "== kill node $nodes (its daemons and containers); its replica moves"
-$ctl dev kill "$nodes"
+$dev kill "$nodes"
 for _ in $(seq 1 60); do
   running=$(x 1 -- shoalctl service ls -o json | grep -m1 '"running"' | tr -dc 0-9)
   [ "$running" = 3 ] && ! x 1 -- shoalctl service ps hello | grep -q "$(x 1 -- shoalctl node ls | awk -v n="n$nodes" '$2==n{print $1}')" && break
@@ -114,7 +118,7 @@ x 1 -- shoalctl cluster status
 
 echo
 echo "== bring node $nodes back: it rejoins, no duplicate survives"
-$ctl dev start "$nodes"
+$dev start "$nodes"
 sleep 5
 x 1 -- shoalctl service ps hello
 echo
@@ -129,12 +133,12 @@ x 1 -- shoalctl volume inspect notes --digests
 cat <<MSG
 
 The cluster keeps running. Try:
-  $ctl dev exec 1 -- shoalctl service scale hello=6
-  $ctl dev exec 2 -- shoalctl task ls
-  $ctl dev exec 3 -- shoalctl task exec <task-id> -- hostname
-  $ctl dev exec 1 -- shoalctl node ls
-  $ctl dev exec 2 -- shoalctl volume mount notes   # prints a host path: cat <path>/log
-  $ctl dev exec 1 -- shoalctl lock acquire deploy --ttl 30s
-  $ctl dev partition 1 2,3   # cut node 1 off; $ctl dev heal to restore
-  $ctl dev down              # remove everything
+  $dev exec 1 -- shoalctl service scale hello=6
+  $dev exec 2 -- shoalctl task ls
+  $dev exec 3 -- shoalctl task exec <task-id> -- hostname
+  $dev exec 1 -- shoalctl node ls
+  $dev exec 2 -- shoalctl volume mount notes   # prints a host path: cat <path>/log
+  $dev exec 1 -- shoalctl lock acquire deploy --ttl 30s
+  $dev partition 1 2,3   # cut node 1 off; $dev heal to restore
+  $dev down              # remove everything
 MSG

@@ -5,13 +5,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/shoal-dev/shoal/pkg/devcluster"
+	"github.com/shoal-dev/shoal/pkg/testimage"
 )
 
 // The `shoalctl dev` commands end to end, as a user types them: a
@@ -134,4 +138,86 @@ func TestDevCommands(t *testing.T) {
 	if _, errOut, code := dev("status"); code == 0 || !strings.Contains(errOut, "no dev cluster named") {
 		t.Fatalf("dev status after down: exit %d %q", code, errOut)
 	}
+}
+
+// TestDemo runs `make demo`'s script, the README's first command, as a
+// newcomer would (on a dev cluster of its own name and subnet), and checks
+// what it shows: state read on every node, the published port answering
+// on every node, the scribe's task surviving its vold's restart, and, once
+// the scribe stops writing, the volume's three replicas identical.
+func TestDemo(t *testing.T) {
+	name := fmt.Sprintf("m%d", rand.IntN(1_000_000))
+	image := filepath.Join(t.TempDir(), "busybox.tar")
+	if _, err := testimage.WriteFile(image, "oci", testimage.Default()); err != nil {
+		t.Fatal(err)
+	}
+	dev := func(args ...string) (string, error) {
+		out, err := exec.Command(bin("shoalctl"), append([]string{"dev", "--name", name}, args...)...).CombinedOutput()
+		return string(out), err
+	}
+	t.Cleanup(func() {
+		if out, err := dev("down"); err != nil {
+			t.Errorf("dev down: %v\n%s", err, out)
+		}
+	})
+
+	cmd := exec.Command("../../scripts/demo.sh")
+	cmd.Env = append(os.Environ(), "SHOAL_CTL="+bin("shoalctl"), "DEMO_NAME="+name, "DEMO_SUBNET=auto", "DEMO_IMAGE="+image)
+	start := time.Now()
+	b, err := cmd.CombinedOutput()
+	out := string(b)
+	if err != nil {
+		t.Fatalf("scripts/demo.sh: %v\n%s", err, out)
+	}
+	t.Logf("scripts/demo.sh ran in %v", time.Since(start).Round(time.Second))
+	count := func(re string) int { return len(regexp.MustCompile(re).FindAllString(out, -1)) }
+	for _, c := range []struct {
+		what, re string
+		want     int
+	}{
+		{"every node reads node 1's state", `(?m)^node [123]:\s+"text": "hello from node 1"$`, 3},
+		{"port 8080 answers on every node", `(?m)^http://\S+:8080/ -> hello from hello-\d$`, 3},
+		{"the scribe's task outlives its vold's restart", `(?m)^\(the same task scribe\.\S+, never restarted`, 1},
+	} {
+		if got := count(c.re); got != c.want {
+			t.Errorf("%s: %d lines match %s, want %d", c.what, got, c.re, c.want)
+		}
+	}
+	if t.Failed() {
+		t.Fatalf("demo output:\n%s", out)
+	}
+
+	// With the scribe stopped, the replicas reach the same index; their
+	// data must then hash alike.
+	if o, err := dev("exec", "1", "--", "shoalctl", "service", "rm", "scribe"); err != nil {
+		t.Fatalf("service rm scribe: %v\n%s", err, o)
+	}
+	var last string
+	defer func() {
+		if t.Failed() {
+			t.Logf("last volume inspect: %s", last)
+		}
+	}()
+	waitFor(t, 60*time.Second, "the volume's 3 replicas alive, at one applied index, with one digest", func() bool {
+		o, err := dev("exec", "1", "--", "shoalctl", "volume", "inspect", "notes", "--digests", "-o", "json")
+		last = o
+		var v struct {
+			Health  string `json:"health"`
+			Members []struct {
+				Applied uint64 `json:"applied"`
+				Alive   bool   `json:"alive"`
+				Digest  string `json:"digest"`
+			} `json:"members"`
+		}
+		if err != nil || json.Unmarshal([]byte(o), &v) != nil || v.Health != "healthy" || len(v.Members) != 3 {
+			return false
+		}
+		for _, m := range v.Members {
+			if !m.Alive || m.Digest == "" || m.Applied != v.Members[0].Applied || m.Digest != v.Members[0].Digest {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("volume notes: %s", last)
 }

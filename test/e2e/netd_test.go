@@ -1001,7 +1001,7 @@ func TestNetwork(t *testing.T) {
 		var lastVictim time.Time
 		var after, afterErrs int
 		var slowest result
-		counts := map[string]int{}
+		counts, perURL := map[string]int{}, map[string]int{}
 		for _, r := range results {
 			if r.took > slowest.took {
 				slowest = r
@@ -1016,10 +1016,11 @@ func TestNetwork(t *testing.T) {
 					t.Errorf("%s at +%v after unhealthy: %v", r.url, r.at.Sub(unhealthyAt).Round(time.Millisecond), r.err)
 				}
 				counts[strings.TrimSpace(r.body)]++
+				perURL[r.url]++
 			}
 		}
-		t.Logf("unhealthy replica: rm at 0, marked unhealthy at +%v, last served at %+v; %d requests from +%v on: %v; slowest %v (%s at +%v)",
-			unhealthyAt.Sub(rmAt).Round(time.Millisecond), lastVictim.Sub(rmAt).Round(time.Millisecond), after, grace, counts,
+		t.Logf("unhealthy replica: rm at 0, marked unhealthy at +%v, last served at %+v; %d requests from +%v on: %v, by address %v; slowest %v (%s at +%v)",
+			unhealthyAt.Sub(rmAt).Round(time.Millisecond), lastVictim.Sub(rmAt).Round(time.Millisecond), after, grace, counts, perURL,
 			slowest.took.Round(time.Millisecond), slowest.url, slowest.at.Sub(rmAt).Round(time.Millisecond))
 		if lastVictim.After(unhealthyAt.Add(grace)) {
 			t.Fatalf("the unhealthy replica got a new connection %v after it was marked unhealthy", lastVictim.Sub(unhealthyAt))
