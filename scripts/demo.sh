@@ -68,9 +68,18 @@ x 3 -- shoalctl service logs hello
 
 echo
 echo "== port 8080 answers on every node's address, whichever node runs a replica"
+# A node's proxy learns of the replicas through state, a moment after
+# they run: a few tries each.
+fetch() {
+  for _ in $(seq 1 10); do
+    wget -qO- -T 2 "$1" 2>/dev/null && return
+    sleep 0.5
+  done
+  echo unreachable
+}
 for i in $(seq 1 "$nodes"); do
   addr=$($dev status -o json | grep '"addr"' | sed -n "${i}p" | cut -d'"' -f4)
-  [ -n "$addr" ] && echo "http://$addr:8080/ -> $(wget -qO- -T 3 "http://$addr:8080/" || echo unreachable)"
+  [ -n "$addr" ] && echo "http://$addr:8080/ -> $(fetch "http://$addr:8080/")"
 done
 
 echo
