@@ -16,6 +16,7 @@ var metricHelp = map[string]string{
 	"groups":                              "Raft groups this node holds a replica of.",
 	"groups_leading":                      "Raft groups whose leader is this node's replica.",
 	"groups_awake":                        "Raft groups ticking on this node (not quiesced).",
+	"groups_retiring":                     "Replicas of this node that their groups removed and that still vote until every voter of the group confirmed the removal (one that stays is waiting on a voter that is down).",
 	"raft_entry_cache_bytes":              "Bytes of log entries the groups keep in memory (idle groups keep none).",
 	"mounts":                              "Volumes mounted on this node.",
 	"proposals_total":                     "Proposals made through this node's replicas.",
@@ -67,14 +68,22 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	g, ct := prometheus.GaugeValue, prometheus.CounterValue
 	if h := n.host.Load(); h != nil {
 		groups := h.Groups()
-		leading := 0
+		leading, retiring := 0, 0
 		for _, id := range groups {
-			if st, err := h.Status(id); err == nil && st.Role == "leader" {
+			st, err := h.Status(id)
+			if err != nil {
+				continue
+			}
+			if st.Role == "leader" {
 				leading++
+			}
+			if st.Retiring {
+				retiring++
 			}
 		}
 		emit("groups", g, uint64(len(groups)))
 		emit("groups_leading", g, uint64(leading))
+		emit("groups_retiring", g, uint64(retiring))
 		st := h.Stats()
 		emit("groups_awake", g, uint64(st.AwakeGroups))
 		emit("raft_entry_cache_bytes", g, st.EntryCacheBytes)
