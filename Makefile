@@ -64,6 +64,7 @@ deps:
 	command -v runc >/dev/null || missing="$$missing runc"; \
 	command -v iperf3 >/dev/null || missing="$$missing iperf3"; \
 	command -v tcpdump >/dev/null || missing="$$missing tcpdump"; \
+	command -v wget >/dev/null || missing="$$missing wget"; \
 	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 	command -v systemd-nspawn >/dev/null || missing="$$missing systemd-container"; \
 	if [ -n "$$missing" ]; then \
