@@ -938,6 +938,14 @@ func TestNetwork(t *testing.T) {
 		var results []result
 		stop := make(chan struct{})
 		var wg sync.WaitGroup
+		var stopOnce sync.Once
+		// halt stops the clients and waits for them; deferred too, so a
+		// failure on the way does not leave them polling.
+		halt := func() {
+			stopOnce.Do(func() { close(stop) })
+			wg.Wait()
+		}
+		defer halt()
 		for _, u := range urls {
 			wg.Add(1)
 			go func() {
@@ -996,8 +1004,7 @@ func TestNetwork(t *testing.T) {
 		for end := time.Now().Add(20 * time.Second); sent() < 40 && time.Now().Before(end); {
 			time.Sleep(100 * time.Millisecond)
 		}
-		close(stop)
-		wg.Wait()
+		halt()
 		var lastVictim time.Time
 		var after, afterErrs int
 		var slowest result
