@@ -374,7 +374,7 @@ func TestSchedulerMore(t *testing.T) {
 
 	t.Run("GlobalService", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "g", "--image", img, "--global", "--stop-grace", "1s", "--", "sleep", "1000000")
-		if got := c.perNode("g"); got != [3]int{1, 1, 1} {
+		if got := c.perNode("g", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("global service runs %v tasks per node, want 1/1/1", got)
 		}
 		before := c.mustRunning("g")
@@ -398,7 +398,7 @@ func TestSchedulerMore(t *testing.T) {
 		if len(after[2]) != 0 || fmt.Sprint(after[1]) != fmt.Sprint(before[1]) || fmt.Sprint(after[3]) != fmt.Sprint(before[3]) {
 			t.Fatalf("after draining n2: containers %v, before %v; want n2 empty, n1 and n3 untouched", after, before)
 		}
-		if got := c.perNode("g"); got != [3]int{1, 0, 1} {
+		if got := c.perNode("g", 2); got != [3]int{1, 0, 1} {
 			t.Fatalf("after draining n2: %v tasks per node, want 1/0/1", got)
 		}
 		// Every node's view follows (the drain was asked on node 3).
@@ -413,7 +413,7 @@ func TestSchedulerMore(t *testing.T) {
 		}
 
 		c.mustCtl(1, "node", "activate", "n2")
-		waitFor(t, 30*time.Second, "a task of g on n2 again", func() bool { return c.perNode("g") == [3]int{1, 1, 1} })
+		waitFor(t, 30*time.Second, "a task of g on n2 again", func() bool { return c.perNode("g", 3) == [3]int{1, 1, 1} })
 		back := c.mustRunning("g")
 		if len(back[2]) != 1 || ids(back)[firstKey(before[2])] {
 			t.Fatalf("after activate n2: containers %v, want one new container on n2 (old %v)", back, before[2])
@@ -436,7 +436,7 @@ func TestSchedulerMore(t *testing.T) {
 			return true
 		})
 		c.mustCtl(2, "service", "create", "gone", "--image", img, "--global", "--constraint", "node.labels.tier==edge", "--stop-grace", "1s", "--", "sleep", "1000000")
-		if got := c.perNode("gone"); got != [3]int{1, 0, 0} {
+		if got := c.perNode("gone", 1); got != [3]int{1, 0, 0} {
 			t.Fatalf("global service constrained to tier=edge (n1) runs %v tasks per node, want 1/0/0", got)
 		}
 		time.Sleep(time.Second)
@@ -477,7 +477,7 @@ func TestSchedulerMore(t *testing.T) {
 		// Not loaded anywhere: the first node pulls it from the registry and
 		// the others from the registry or from that node.
 		c.mustCtl(2, "service", "create", "pulled", "--image", ref, "--replicas", "3", "--stop-grace", "1s", "--", "sleep", "1000000")
-		if got := c.perNode("pulled"); got != [3]int{1, 1, 1} {
+		if got := c.perNode("pulled", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("pulled image service runs %v per node, want 1/1/1", got)
 		}
 		if pulls.Load() == 0 {
@@ -525,7 +525,7 @@ func TestSchedulerMore(t *testing.T) {
 
 	t.Run("DrainReplicated", func(t *testing.T) {
 		c.mustCtl(1, append([]string{"service", "create", "dr", "--image", img, "--replicas", "3", "--stop-grace", "1s", "--"}, termSleep...)...)
-		if got := c.perNode("dr"); got != [3]int{1, 1, 1} {
+		if got := c.perNode("dr", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("3 replicas spread as %v, want 1/1/1", got)
 		}
 		before := c.mustRunning("dr")
@@ -554,7 +554,7 @@ func TestSchedulerMore(t *testing.T) {
 				}
 			}
 		}
-		if got := c.perNode("dr"); got[2] != 0 || got[0]+got[1] != 3 {
+		if got := c.perNode("dr", 3); got[2] != 0 || got[0]+got[1] != 3 {
 			t.Fatalf("after draining n3: %v tasks per node", got)
 		}
 		if ts := c.tasks("dr"); slices.ContainsFunc(ts, func(tk *schedv1.Task) bool {
@@ -564,13 +564,13 @@ func TestSchedulerMore(t *testing.T) {
 		}
 		// While drained, new placements avoid n3.
 		c.mustCtl(1, "service", "scale", "dr=4")
-		if got := c.perNode("dr"); got[2] != 0 {
+		if got := c.perNode("dr", 4); got[2] != 0 {
 			t.Fatalf("scaled while n3 drained: %v tasks per node", got)
 		}
 
 		c.mustCtl(3, "node", "activate", "n3")
 		c.mustCtl(1, "service", "scale", "dr=6")
-		got := c.perNode("dr")
+		got := c.perNode("dr", 6)
 		if got[2] == 0 || got[0]+got[1]+got[2] != 6 {
 			t.Fatalf("scaled to 6 after activating n3: %v tasks per node, want some on n3", got)
 		}

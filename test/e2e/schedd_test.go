@@ -210,11 +210,13 @@ func (c *schedCluster) tasks(service string) []*schedv1.Task {
 }
 
 // perNode counts the current running tasks of a service per node index,
-// as node 1 lists them once none of them is still pending or starting
-// (for up to 10 s). A command on another node returns once that node sees
-// its tasks run; node 1 hears of the last one's start a gossip round
-// later, and counting at once found a task short now and then.
-func (c *schedCluster) perNode(service string) [3]int {
+// as node 1 lists them once none of them is still pending or starting and
+// want of them run (for up to 10 s; then it returns what it counted). A
+// command on another node returns once that node sees its tasks run;
+// node 1 hears of the last one's start a gossip round later, or of the
+// task itself: counting at once found a task short now and then, and so
+// did counting once none was pending (CI: 9 replicas as [3 3 2]).
+func (c *schedCluster) perNode(service string, want int) [3]int {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		var out [3]int
@@ -237,7 +239,7 @@ func (c *schedCluster) perNode(service string) [3]int {
 				}
 			}
 		}
-		if settled || time.Now().After(deadline) {
+		if (settled && out[0]+out[1]+out[2] == want) || time.Now().After(deadline) {
 			return out
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -250,7 +252,7 @@ func TestScheduler(t *testing.T) {
 
 	t.Run("SpreadScaleRemove", func(t *testing.T) {
 		c.mustCtl(2, "service", "create", "spread", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "6", "--", "sleep", "1000000")
-		if got := c.perNode("spread"); got != [3]int{2, 2, 2} {
+		if got := c.perNode("spread", 6); got != [3]int{2, 2, 2} {
 			t.Fatalf("6 replicas spread as %v, want 2/2/2", got)
 		}
 		// The image was loaded on node 1 only; nodes 2 and 3 fetched it.
@@ -260,7 +262,7 @@ func TestScheduler(t *testing.T) {
 			}
 		}
 		c.mustCtl(3, "service", "scale", "spread=9")
-		if got := c.perNode("spread"); got != [3]int{3, 3, 3} {
+		if got := c.perNode("spread", 9); got != [3]int{3, 3, 3} {
 			t.Fatalf("9 replicas spread as %v, want 3/3/3", got)
 		}
 		c.mustCtl(1, "service", "scale", "spread=3")
@@ -273,7 +275,7 @@ func TestScheduler(t *testing.T) {
 			}
 			return n == 3
 		})
-		if got := c.perNode("spread"); got != [3]int{1, 1, 1} {
+		if got := c.perNode("spread", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("3 replicas spread as %v, want 1/1/1", got)
 		}
 		c.mustCtl(2, "service", "rm", "spread")
@@ -733,7 +735,7 @@ func TestScheduler(t *testing.T) {
 	// Last: it leaves the cluster with four nodes.
 	t.Run("GlobalOnLateJoiner", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "everywhere", "--image", "local/busybox:latest", "--global", "--stop-grace", "1s", "--", "sleep", "1000000")
-		if got := c.perNode("everywhere"); got != [3]int{1, 1, 1} {
+		if got := c.perNode("everywhere", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("global service runs %v per node, want 1/1/1", got)
 		}
 		i, err := c.AddNode(ctx)
