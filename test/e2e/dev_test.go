@@ -2,20 +2,21 @@ package e2e
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
-	"github.com/shoal-dev/shoal/pkg/testimage"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
 // The `shoalctl dev` commands end to end, as a user types them: a
@@ -147,10 +148,7 @@ func TestDevCommands(t *testing.T) {
 // the scribe stops writing, the volume's three replicas identical.
 func TestDemo(t *testing.T) {
 	name := fmt.Sprintf("m%d", rand.IntN(1_000_000))
-	image := filepath.Join(t.TempDir(), "busybox.tar")
-	if _, err := testimage.WriteFile(image, "oci", testimage.Default()); err != nil {
-		t.Fatal(err)
-	}
+	image := writeTestImage(t)
 	dev := func(args ...string) (string, error) {
 		out, err := exec.Command(bin("shoalctl"), append([]string{"dev", "--name", name}, args...)...).CombinedOutput()
 		return string(out), err
@@ -192,32 +190,28 @@ func TestDemo(t *testing.T) {
 	if o, err := dev("exec", "1", "--", "shoalctl", "service", "rm", "scribe"); err != nil {
 		t.Fatalf("service rm scribe: %v\n%s", err, o)
 	}
-	var last string
+	dc, err := devcluster.Load(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := client.Dial(dc.RunDir(1), "vold", client.Retry{Attempts: 20, Max: 500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	vols := volv1.NewVolumesClient(conn)
+	var last *volv1.Volume
 	defer func() {
 		if t.Failed() {
-			t.Logf("last volume inspect: %s", last)
+			t.Logf("last volume inspect: %v", last)
 		}
 	}()
 	waitFor(t, 60*time.Second, "the volume's 3 replicas alive, at one applied index, with one digest", func() bool {
-		o, err := dev("exec", "1", "--", "shoalctl", "volume", "inspect", "notes", "--digests", "-o", "json")
-		last = o
-		var v struct {
-			Health  string `json:"health"`
-			Members []struct {
-				Applied uint64 `json:"applied"`
-				Alive   bool   `json:"alive"`
-				Digest  string `json:"digest"`
-			} `json:"members"`
-		}
-		if err != nil || json.Unmarshal([]byte(o), &v) != nil || v.Health != "healthy" || len(v.Members) != 3 {
-			return false
-		}
-		for _, m := range v.Members {
-			if !m.Alive || m.Digest == "" || m.Applied != v.Members[0].Applied || m.Digest != v.Members[0].Digest {
-				return false
-			}
-		}
-		return true
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		v, err := vols.InspectVolume(ctx, &volv1.InspectVolumeRequest{Name: "notes", Digests: true})
+		last = v
+		return err == nil && v.GetHealth() == "healthy" && converged(v, 3)
 	})
-	t.Logf("volume notes: %s", last)
+	t.Logf("volume notes: %v", last)
 }

@@ -16,6 +16,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/testimage"
 )
 
 var binDir string
@@ -56,6 +57,17 @@ func TestMain(m *testing.M) {
 }
 
 func bin(name string) string { return filepath.Join(binDir, name) }
+
+// writeTestImage writes local/busybox:latest as an OCI archive in a
+// temporary directory of t and returns its path, for `image load`.
+func writeTestImage(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "busybox.tar")
+	if _, err := testimage.WriteFile(path, "oci", testimage.Default()); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
 
 // node is one node's directories; tests keep paths short because Unix
 // socket paths are limited to 108 bytes.

@@ -31,7 +31,6 @@ import (
 	"github.com/shoal-dev/shoal/pkg/overlay"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
-	"github.com/shoal-dev/shoal/pkg/testimage"
 	netv1 "github.com/shoal-dev/shoal/proto/shoal/net/v1"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
@@ -124,11 +123,7 @@ func newNetCluster(t *testing.T, nodes int) *netCluster {
 	for i := 1; i <= nodes; i++ {
 		nc.noteIface(nc.status(i).GetInterface())
 	}
-	image := filepath.Join(t.TempDir(), "busybox.tar")
-	if _, err := testimage.WriteFile(image, "oci", testimage.Default()); err != nil {
-		t.Fatal(err)
-	}
-	nc.mustCtl(1, "image", "load", image)
+	nc.mustCtl(1, "image", "load", writeTestImage(t))
 	waitFor(t, 15*time.Second, "the image recorded on every node", func() bool {
 		for i := 1; i <= nodes; i++ {
 			if out, _, _ := nc.ctl(i, "image", "ls", "-o", "json"); !strings.Contains(out, nc.ids[0]) {

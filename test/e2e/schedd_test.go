@@ -85,11 +85,7 @@ func newSchedCluster(t *testing.T) *schedCluster {
 		}
 		return true
 	})
-	dir := t.TempDir()
-	sc.image = filepath.Join(dir, "busybox.tar")
-	if _, err := testimage.WriteFile(sc.image, "oci", testimage.Default()); err != nil {
-		t.Fatal(err)
-	}
+	sc.image = writeTestImage(t)
 	sc.mustCtl(1, "image", "load", sc.image)
 	waitFor(t, 15*time.Second, "the image recorded on every node", func() bool {
 		for i := 1; i <= 3; i++ {

@@ -31,7 +31,6 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
-	"github.com/shoal-dev/shoal/pkg/testimage"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
@@ -97,11 +96,7 @@ func newVolCluster(t *testing.T, nodes int) *volCluster {
 
 func (c *volCluster) loadImage() {
 	c.t.Helper()
-	image := filepath.Join(c.t.TempDir(), "busybox.tar")
-	if _, err := testimage.WriteFile(image, "oci", testimage.Default()); err != nil {
-		c.t.Fatal(err)
-	}
-	c.mustCtl(1, "image", "load", image)
+	c.mustCtl(1, "image", "load", writeTestImage(c.t))
 }
 
 func (c *volCluster) down() {
