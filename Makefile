@@ -106,15 +106,17 @@ fuzz:
 e2e: build nspawn-root
 	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_NSPAWN_ROOT=$(NSPAWN_ROOT) $(GO) test -count=1 -timeout 20m ./test/e2e/...
 
-# nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 240 MB);
-# the tests boot it over a throwaway overlay and never change it.
+# nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 300 MB):
+# systemd, and containerd and runc for schedd's tasks. The tests boot it
+# over a throwaway overlay and never change it; a root from before
+# containerd was added is built again.
 nspawn-root: deps
-	@test -x $(NSPAWN_ROOT)/lib/systemd/systemd || { \
+	@test -x $(NSPAWN_ROOT)/lib/systemd/systemd -a -x $(NSPAWN_ROOT)/usr/bin/containerd -a -x $(NSPAWN_ROOT)/usr/sbin/runc || { \
 		echo "debootstrap $(DEBIAN_SUITE) into $(NSPAWN_ROOT)"; \
 		rm -rf $(NSPAWN_ROOT).tmp && \
-		debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus $(DEBIAN_SUITE) $(NSPAWN_ROOT).tmp $(DEBIAN_MIRROR) >$(NSPAWN_ROOT).log 2>&1 || \
+		debootstrap --variant=minbase --include=systemd,systemd-sysv,dbus,containerd,runc $(DEBIAN_SUITE) $(NSPAWN_ROOT).tmp $(DEBIAN_MIRROR) >$(NSPAWN_ROOT).log 2>&1 || \
 			{ tail -20 $(NSPAWN_ROOT).log; exit 1; }; \
-		mv $(NSPAWN_ROOT).tmp $(NSPAWN_ROOT); }
+		rm -rf $(NSPAWN_ROOT) && mv $(NSPAWN_ROOT).tmp $(NSPAWN_ROOT); }
 
 bench: deps build
 	./bench/run.sh

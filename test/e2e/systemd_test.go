@@ -2,10 +2,13 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -18,14 +21,22 @@ import (
 const nspawnRootEnv = "SHOAL_NSPAWN_ROOT"
 
 // TestSystemdNode boots a real systemd in a container (systemd-nspawn on
-// a minimal Debian root, over a throwaway overlay: PID 1 of this machine
-// is not systemd) and runs statd and vold from the project's own unit
-// files, as `make install` and `systemctl enable` leave them. A service
-// of that systemd writes to a volume through its mount while vold is
-// restarted, killed with SIGKILL, hung (SIGSTOP) until systemd's watchdog
-// kills it, and while statd restarts: the writer stays the same process,
-// its writes never fail, and the file has no gap (the unit's
-// KillMode=process lets the FUSE session holder outlive each restart).
+// a minimal Debian root with containerd and runc, over a throwaway
+// overlay: PID 1 of this machine is not systemd) and runs a whole node
+// from the project's own unit files, as `make install` and `systemctl
+// enable --now shoal.target` leave them. Two workloads run meanwhile: a
+// service of that systemd appending to a volume through its mount, and
+// a Shoal service (a container on containerd, on the overlay network,
+// with the volume bind-mounted and a published port) serving a file from
+// the volume. Each daemon is then restarted on its own: vold (stopped,
+// killed with SIGKILL, hung with SIGSTOP until systemd's watchdog kills
+// it), statd, netd, schedd (stopped and killed) and containerd. Through
+// all of it the writer stays the same process, its writes never fail
+// and the file has no gap; the task stays the same task, never
+// restarted, and its published port serves the volume's file after
+// every step (the units' KillMode=process lets the FUSE session holder,
+// the WireGuard device's holder and containerd's shims outlive each
+// restart).
 func TestSystemdNode(t *testing.T) {
 	root := os.Getenv(nspawnRootEnv)
 	if root == "" {
@@ -38,13 +49,25 @@ func TestSystemdNode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := bootContainer(t, root, units)
+	image := writeTestImage(t)
+	c := bootContainer(t, root, units, filepath.Dir(image))
+	// On a cgroup v1 host nspawn mounts the container's controller
+	// hierarchies read-only; a real node's are writable, and runc needs
+	// them so to make a task's cgroups. The tasks' cgroups go under a
+	// parent named after the container, which stop removes.
+	c.must("sh", "-c", "for h in /sys/fs/cgroup/*/; do mount -o remount,bind,rw $h; done && "+
+		"mkdir -p /etc/shoal && echo 'cgroup_parent = \"/"+c.name+"\"' > /etc/shoal/schedd.toml")
 
-	// Install the units as `make install` does and enable them.
+	// Install the units as `make install` does and enable the node.
 	c.must("sh", "-c", "cp /opt/shoal/systemd/* /etc/systemd/system/ && systemctl daemon-reload && "+
-		"systemctl enable --now shoal-statd.socket shoal-vold.socket shoal-statd.service shoal-vold.service")
-	waitFor(t, 60*time.Second, "statd and vold active", func() bool {
-		return c.prop("shoal-statd", "ActiveState") == "active" && c.prop("shoal-vold", "ActiveState") == "active"
+		"systemctl enable --now shoal.target")
+	waitFor(t, 60*time.Second, "every daemon active", func() bool {
+		for _, d := range daemons {
+			if c.prop("shoal-"+d, "ActiveState") != "active" {
+				return false
+			}
+		}
+		return true
 	})
 	c.must("shoalctl", "cluster", "init", "--advertise", "127.0.0.1")
 	waitFor(t, 60*time.Second, "vold in the cluster", func() bool {
@@ -54,6 +77,15 @@ func TestSystemdNode(t *testing.T) {
 	c.must("shoalctl", "volume", "create", "v1", "--replicas", "1", "--size", "16m")
 	mnt := strings.TrimSpace(c.must("shoalctl", "volume", "mount", "v1"))
 	log := mnt + "/log"
+	c.must("sh", "-c", "echo hello from v1 > "+mnt+"/hello")
+
+	// The task: busybox's httpd serving the volume on a published port.
+	c.must("shoalctl", "image", "load", "/opt/shoal/images/"+filepath.Base(image))
+	c.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "-p", "8080:80",
+		"--volume", "v1:/data", "--", "httpd", "-f", "-p", "80", "-h", "/data")
+	t.Cleanup(func() { _, _ = c.run("shoalctl", "service", "rm", "web") }) // before the container stops
+	task := c.task()
+	c.serves()
 
 	// The writer: a service of the container's systemd, appending a
 	// counter to a file it keeps open; a failed write ends it (exit 7).
@@ -70,21 +102,15 @@ func TestSystemdNode(t *testing.T) {
 
 	begin("restart")
 	t.Run("restart", func(t *testing.T) {
-		before := c.prop("shoal-vold", "MainPID")
-		c.must("systemctl", "restart", "shoal-vold")
-		waitFor(t, 60*time.Second, "vold active again", func() bool {
-			return c.prop("shoal-vold", "ActiveState") == "active" && c.prop("shoal-vold", "MainPID") != before
-		})
+		c.restart(t, "shoal-vold")
 		c.progress(log)
+		c.still(task)
 	})
 	begin("kill9")
 	t.Run("kill9", func(t *testing.T) {
-		restarts := c.restarts("shoal-vold")
-		c.must("systemctl", "kill", "--signal=KILL", "--kill-whom=main", "shoal-vold")
-		waitFor(t, 60*time.Second, "vold restarted by systemd", func() bool {
-			return c.restarts("shoal-vold") > restarts && c.prop("shoal-vold", "ActiveState") == "active"
-		})
+		c.kill9(t, "shoal-vold")
 		c.progress(log)
+		c.still(task)
 	})
 	begin("watchdog")
 	t.Run("watchdog", func(t *testing.T) {
@@ -106,21 +132,46 @@ func TestSystemdNode(t *testing.T) {
 			t.Fatalf("vold was restarted, but not by its watchdog:\n%s", out)
 		}
 		c.progress(log)
+		c.still(task)
 	})
 	begin("statd restart")
 	t.Run("statd restart", func(t *testing.T) {
 		vold := c.prop("shoal-vold", "MainPID")
-		statd := c.prop("shoal-statd", "MainPID")
-		c.must("systemctl", "restart", "shoal-statd")
-		waitFor(t, 60*time.Second, "statd active again", func() bool {
-			return c.prop("shoal-statd", "ActiveState") == "active" && c.prop("shoal-statd", "MainPID") != statd
-		})
+		c.restart(t, "shoal-statd")
 		c.progress(log)
 		if got := c.prop("shoal-vold", "MainPID"); got != vold {
 			t.Fatalf("statd's restart restarted vold (main PID %s, was %s)", got, vold)
 		}
 		c.must("shoalctl", "volume", "inspect", "v1")
+		c.still(task)
 	})
+	begin("netd restart")
+	t.Run("netd restart", func(t *testing.T) {
+		holder := c.pid("wg-holder")
+		c.restart(t, "shoal-netd")
+		if got := c.pid("wg-holder"); got != holder {
+			t.Fatalf("the WireGuard device's holder is %q after netd's restart, was %q", got, holder)
+		}
+		c.progress(log)
+		c.still(task)
+	})
+	for _, st := range []struct {
+		name string
+		do   func(*testing.T, string)
+		unit string
+	}{{"schedd restart", c.restart, "shoal-schedd"}, {"schedd kill9", c.kill9, "shoal-schedd"}, {"containerd restart", c.restart, "containerd"}} {
+		begin(st.name)
+		t.Run(st.name, func(t *testing.T) {
+			st.do(t, st.unit)
+			c.progress(log)
+			c.still(task)
+		})
+	}
+	for _, d := range daemons {
+		if n := c.restarts("shoal-" + d); d != "vold" && d != "schedd" && n != 0 {
+			t.Errorf("shoal-%s was restarted %d times by systemd, by no step of the test's\n%s", d, n, c.journal("shoal-"+d))
+		}
+	}
 
 	if got := c.prop("shoal-writer", "MainPID"); got != writer || c.prop("shoal-writer", "ActiveState") != "active" {
 		t.Fatalf("the writer is %s (main PID %s, was %s): its mount did not survive\n%s", c.prop("shoal-writer", "ActiveState"), got, writer,
@@ -152,9 +203,129 @@ func TestSystemdNode(t *testing.T) {
 	t.Logf("the writer wrote %d lines without a gap; its longest wait for a write in each step: %s", len(at), strings.Join(waits, ", "))
 }
 
+// restart restarts unit with systemctl and waits until it is active
+// with another main process.
+func (c *container) restart(t *testing.T, unit string) {
+	t.Helper()
+	before := c.prop(unit, "MainPID")
+	c.must("systemctl", "restart", unit)
+	waitFor(t, 60*time.Second, unit+" active again", func() bool {
+		return c.prop(unit, "ActiveState") == "active" && c.prop(unit, "MainPID") != before
+	})
+}
+
+// kill9 kills unit's main process with SIGKILL and waits until systemd
+// has restarted it (Restart=always).
+func (c *container) kill9(t *testing.T, unit string) {
+	t.Helper()
+	restarts := c.restarts(unit)
+	c.must("systemctl", "kill", "--signal=KILL", "--kill-whom=main", unit)
+	waitFor(t, 60*time.Second, unit+" restarted by systemd", func() bool {
+		return c.restarts(unit) > restarts && c.prop(unit, "ActiveState") == "active"
+	})
+}
+
+// daemons are a node's Shoal daemons, each a unit shoal-<name>.
+var daemons = []string{"statd", "vold", "netd", "schedd"}
+
+// taskState is a task as `service ps -o json` shows it.
+type taskState struct {
+	ID       string `json:"id"`
+	State    string `json:"state"`
+	Restarts int    `json:"restarts"`
+}
+
+// tasks returns the service's tasks, current and past.
+func (c *container) tasks(service string) []taskState {
+	c.t.Helper()
+	var ts []taskState
+	out := c.must("shoalctl", "service", "ps", service, "-o", "json")
+	if err := json.Unmarshal([]byte(out), &ts); err != nil {
+		c.t.Fatalf("service ps %s -o json: %v\n%s", service, err, out)
+	}
+	return ts
+}
+
+// task returns the ID of web's one task, which must be running.
+func (c *container) task() string {
+	c.t.Helper()
+	ts := c.tasks("web")
+	if len(ts) != 1 || ts[0].State != "running" {
+		c.t.Fatalf("want one running task of web, got %+v\n%s", ts, c.journal("shoal-schedd", "containerd"))
+	}
+	return ts[0].ID
+}
+
+// still checks that web has had no task but task, running and never
+// restarted (waiting up to 30 s for a restarted schedd to say so), and
+// that it serves the volume's file.
+func (c *container) still(task string) {
+	c.t.Helper()
+	want := []taskState{{ID: task, State: "running"}}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		got := c.tasks("web")
+		if slices.Equal(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("web's tasks are %+v, want %+v\n%s", got, want, c.journal("shoal-schedd", "containerd"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	c.serves()
+}
+
+// serves waits until web's published port answers with the file the
+// test wrote into the volume (the port may be down while netd restarts).
+func (c *container) serves() {
+	c.t.Helper()
+	const want = "hello from v1"
+	get := `exec 3<>/dev/tcp/127.0.0.1/8080 && printf 'GET /hello HTTP/1.0\r\n\r\n' >&3 && cat <&3`
+	var out string
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, _ = c.run("timeout", "5", "bash", "-c", get)
+		if strings.Contains(out, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("port 8080 answered %q, want %q\n%s", out, want, c.journal("shoal-netd", "shoal-schedd", "shoal-vold"))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// pid returns the PID (as this machine numbers it) of the container's
+// one process whose command line contains pattern. The container's root
+// has no pgrep.
+func (c *container) pid(pattern string) string {
+	c.t.Helper()
+	ns, err := os.Readlink(fmt.Sprintf("/proc/%d/ns/pid", c.init))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	procs, _ := filepath.Glob("/proc/[0-9]*")
+	var found []string
+	for _, p := range procs {
+		cmdline, err := os.ReadFile(p + "/cmdline")
+		if err != nil || !strings.Contains(string(cmdline), pattern) {
+			continue
+		}
+		if pns, err := os.Readlink(p + "/ns/pid"); err == nil && pns == ns {
+			found = append(found, filepath.Base(p))
+		}
+	}
+	if len(found) != 1 {
+		c.t.Fatalf("want one process of the container matching %q, got %v", pattern, found)
+	}
+	return found[0]
+}
+
 // container is a booted systemd-nspawn container.
 type container struct {
 	t      *testing.T
+	name   string // the machine's name, also the tasks' cgroup parent
 	nspawn *exec.Cmd
 	init   int // the container's PID 1, as this machine numbers it
 	done   chan struct{}
@@ -162,20 +333,25 @@ type container struct {
 
 // bootContainer boots root's systemd in a container of its own network
 // (loopback only) over a tmpfs overlay, with this run's binaries in
-// /usr/local/bin and units in /opt/shoal/systemd; the test's end powers
-// it off.
-func bootContainer(t *testing.T, root, units string) *container {
+// /usr/local/bin, units in /opt/shoal/systemd and images (a directory)
+// in /opt/shoal/images; the test's end powers it off. containerd keeps
+// its snapshots on a tmpfs of their own (overlayfs cannot stack on the
+// root's overlay), and runc may use the kernel's keyrings, which
+// nspawn's system call filter refuses by default.
+func bootContainer(t *testing.T, root, units, images string) *container {
 	t.Helper()
 	name := fmt.Sprintf("shoal-e2e-%d", os.Getpid())
 	cmd := exec.Command("systemd-nspawn", "--directory", root, "--boot", "--machine", name,
 		"--register=no", "--keep-unit", "--private-network", "--console=read-only", "--volatile=overlay",
-		"--bind=/dev/fuse", "--bind-ro="+binDir+":/usr/local/bin", "--bind-ro="+units+":/opt/shoal/systemd")
+		"--tmpfs=/var/lib/containerd", "--system-call-filter=@keyring",
+		"--bind=/dev/fuse", "--bind=/dev/net/tun", "--bind-ro="+binDir+":/usr/local/bin",
+		"--bind-ro="+units+":/opt/shoal/systemd", "--bind-ro="+images+":/opt/shoal/images")
 	console := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = console, console
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("systemd-nspawn: %v", err)
 	}
-	c := &container{t: t, nspawn: cmd, done: make(chan struct{})}
+	c := &container{t: t, name: name, nspawn: cmd, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(c.done) }()
 	t.Cleanup(func() { c.stop() })
 	waitFor(t, 30*time.Second, "the container's PID 1", func() bool {
@@ -225,7 +401,8 @@ func (c *container) must(argv ...string) string {
 	c.t.Helper()
 	out, err := c.run(argv...)
 	if err != nil {
-		c.t.Fatalf("in the container, %s: %v\n%s\n%s", strings.Join(argv, " "), err, out, c.journal("shoal-statd", "shoal-vold"))
+		c.t.Fatalf("in the container, %s: %v\n%s\n%s", strings.Join(argv, " "), err, out,
+			c.journal("shoal-statd", "shoal-vold", "shoal-netd", "shoal-schedd", "containerd"))
 	}
 	return out
 }
@@ -294,12 +471,62 @@ func (c *container) stop() {
 	_ = c.nspawn.Process.Signal(syscall.SIGTERM)
 	select {
 	case <-c.done:
-		return
 	case <-time.After(30 * time.Second):
+		if c.init != 0 {
+			_ = syscall.Kill(c.init, syscall.SIGKILL) // ends every process of its PID namespace
+		}
+		_ = c.nspawn.Process.Kill()
+		<-c.done
 	}
-	if c.init != 0 {
-		_ = syscall.Kill(c.init, syscall.SIGKILL) // ends every process of its PID namespace
+	c.removeCgroups()
+}
+
+// removeCgroups removes the cgroups the container leaves behind in this
+// machine's hierarchies: those of its tasks, under their parent (c.name;
+// runc deletes a task's own when the task is removed, not the parent,
+// nor those of a task killed with the container), and nspawn's
+// "payload", the container's own, which it leaves under this process's
+// cgroup when no systemd runs it as a unit.
+func (c *container) removeCgroups() {
+	var roots []string
+	_ = filepath.WalkDir("/sys/fs/cgroup", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || !d.IsDir() {
+			return nil
+		}
+		if d.Name() == c.name {
+			roots = append(roots, path)
+			return filepath.SkipDir
+		}
+		if strings.Count(strings.TrimPrefix(path, "/sys/fs/cgroup"), "/") >= 4 {
+			return filepath.SkipDir // parents are at most a few levels down
+		}
+		return nil
+	})
+	own, _ := os.ReadFile("/proc/self/cgroup")
+	for _, line := range strings.Split(strings.TrimSpace(string(own)), "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 {
+			continue
+		}
+		switch f[1] {
+		case "name=systemd":
+			roots = append(roots, filepath.Join("/sys/fs/cgroup/systemd", f[2], "payload"))
+		case "":
+			roots = append(roots, filepath.Join("/sys/fs/cgroup/unified", f[2], "payload"))
+		}
 	}
-	_ = c.nspawn.Process.Kill()
-	<-c.done
+	for _, root := range roots {
+		var dirs []string
+		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err == nil && d.IsDir() {
+				dirs = append(dirs, path)
+			}
+			return nil
+		})
+		for i := len(dirs) - 1; i >= 0; i-- { // children first
+			if err := os.Remove(dirs[i]); err != nil {
+				c.t.Errorf("cgroup left behind: %v", err)
+			}
+		}
+	}
 }

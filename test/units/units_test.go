@@ -92,6 +92,16 @@ func TestUnitsAreIndependent(t *testing.T) {
 			t.Errorf("shoal-%s.socket: %v", d, sock)
 		}
 	}
+	// schedd's tasks run on containerd: ordered after it, never tied to it.
+	schedd := readUnit(t, "shoal-schedd.service")
+	if !strings.Contains(schedd["Unit.After"], "containerd.service") || !strings.Contains(schedd["Unit.Wants"], "containerd.service") {
+		t.Errorf("shoal-schedd.service After=%s Wants=%s: want containerd.service in both", schedd["Unit.After"], schedd["Unit.Wants"])
+	}
+	for _, key := range []string{"Unit.Requires", "Unit.BindsTo", "Unit.Requisite", "Unit.PartOf"} {
+		if strings.Contains(schedd[key], "containerd") {
+			t.Errorf("shoal-schedd.service %s=%s ties it to containerd", key, schedd[key])
+		}
+	}
 	target := readUnit(t, "shoal.target")
 	for _, d := range daemons {
 		if !strings.Contains(target["Unit.Wants"], "shoal-"+d+".service") {
