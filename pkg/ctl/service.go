@@ -696,6 +696,9 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 	for {
 		s, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: name})
 		if err != nil {
+			if ctx.Err() != nil {
+				return waitEnded(cmd, fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, last), name)
+			}
 			return err
 		}
 		line := fmt.Sprintf("%s: %d/%d running (version %d, %s)", name, s.GetRunning(), s.GetDesired(), s.GetVersion(), s.GetState())
@@ -732,7 +735,7 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 			if tty {
 				fmt.Fprintln(a.errOut)
 			}
-			return fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, last)
+			return waitEnded(cmd, fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, last), name)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}
@@ -746,6 +749,9 @@ func (a *app) waitGone(cmd *cobra.Command, c *client.Schedd, names []string, w w
 		for {
 			resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Service: name})
 			if err != nil {
+				if ctx.Err() != nil {
+					return waitEnded(cmd, fmt.Errorf("%s: tasks still stopping after %v", name, w.timeout), name)
+				}
 				return err
 			}
 			left := 0
@@ -759,13 +765,23 @@ func (a *app) waitGone(cmd *cobra.Command, c *client.Schedd, names []string, w w
 			}
 			select {
 			case <-ctx.Done():
-				return fmt.Errorf("%s: %d tasks still stopping after %v", name, left, w.timeout)
+				return waitEnded(cmd, fmt.Errorf("%s: %d tasks still stopping after %v", name, left, w.timeout), name)
 			case <-time.After(250 * time.Millisecond):
 			}
 		}
 	}
 	fmt.Fprintln(a.errOut, "all tasks stopped")
 	return nil
+}
+
+// waitEnded is the error of a wait for service name cut short: by the
+// wait's timeout (timedOut), or by an interrupt. Either way the change
+// the wait was for was made, and the cluster goes on with it.
+func waitEnded(cmd *cobra.Command, timedOut error, name string) error {
+	if cmd.Context().Err() != nil {
+		return fmt.Errorf("interrupted while waiting; the change was made and goes on without shoalctl (see `shoalctl service ps %s`)", name)
+	}
+	return timedOut
 }
 
 func isTerminal(w any) bool {

@@ -36,6 +36,12 @@ func (f *fakeSchedd) CreateService(_ context.Context, req *schedv1.CreateService
 	return &schedv1.Service{Name: spec.Name, Version: 1, Spec: req.GetSpec()}, nil
 }
 
+// GetService answers that the service has none of its one task running,
+// so a wait for it to converge never ends by itself.
+func (f *fakeSchedd) GetService(_ context.Context, req *schedv1.GetServiceRequest) (*schedv1.Service, error) {
+	return &schedv1.Service{Name: req.GetName(), Version: 1, Desired: 1, State: "active"}, nil
+}
+
 // startFakeSchedd serves a fakeSchedd on <dir>/schedd.sock.
 func startFakeSchedd(t *testing.T) (string, *fakeSchedd) {
 	t.Helper()
@@ -152,5 +158,27 @@ func TestServiceCreateBadFlags(t *testing.T) {
 	defer fake.mu.Unlock()
 	if len(fake.specs) != 0 {
 		t.Fatalf("bad flags reached schedd: %+v", fake.specs)
+	}
+}
+
+// TestServiceWaitEnds: a wait that times out says so; one that is
+// interrupted (Ctrl-C) says the service was created all the same, not
+// that it timed out.
+func TestServiceWaitEnds(t *testing.T) {
+	dir, _ := startFakeSchedd(t)
+	args := []string{"--run-dir", dir, "service", "create", "web", "--image", "local/busybox:latest"}
+
+	_, errOut, code := ctlRun(t, append(args, "--wait-timeout", "300ms")...)
+	if code == 0 || !strings.Contains(errOut, "web did not converge within 300ms (last: web: 0/1 running") {
+		t.Fatalf("timed out: exit %d, stderr:\n%s", code, errOut)
+	}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(300*time.Millisecond, cancel) // what the signal handler does
+	var out, stderr bytes.Buffer
+	code = run(ctx, args, &out, &stderr)
+	if code == 0 || !strings.Contains(stderr.String(), "interrupted while waiting; the change was made") ||
+		strings.Contains(stderr.String(), "did not converge") {
+		t.Fatalf("interrupted: exit %d, stderr:\n%s", code, stderr.String())
 	}
 }
