@@ -287,6 +287,7 @@ func TestSchedulerMore(t *testing.T) {
 
 	t.Run("JSONOutput", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "js", "--image", img, "--replicas", "2", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "js")
 		var task string
 		for _, tk := range c.currentTasks("js") {
 			task = tk.GetId()
@@ -374,6 +375,7 @@ func TestSchedulerMore(t *testing.T) {
 
 	t.Run("GlobalService", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "g", "--image", img, "--global", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "g")
 		if got := c.perNode("g", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("global service runs %v tasks per node, want 1/1/1", got)
 		}
@@ -436,6 +438,7 @@ func TestSchedulerMore(t *testing.T) {
 			return true
 		})
 		c.mustCtl(2, "service", "create", "gone", "--image", img, "--global", "--constraint", "node.labels.tier==edge", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 2, "gone")
 		if got := c.perNode("gone", 1); got != [3]int{1, 0, 0} {
 			t.Fatalf("global service constrained to tier=edge (n1) runs %v tasks per node, want 1/0/0", got)
 		}
@@ -477,6 +480,7 @@ func TestSchedulerMore(t *testing.T) {
 		// Not loaded anywhere: the first node pulls it from the registry and
 		// the others from the registry or from that node.
 		c.mustCtl(2, "service", "create", "pulled", "--image", ref, "--replicas", "3", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 2, "pulled")
 		if got := c.perNode("pulled", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("pulled image service runs %v per node, want 1/1/1", got)
 		}
@@ -510,6 +514,7 @@ func TestSchedulerMore(t *testing.T) {
 			})
 		})
 		c.mustCtl(2, "service", "create", "saved", "--image", "local/saved:1", "--constraint", "node.name==n3", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 2, "saved")
 		cur := c.currentTasks("saved")
 		if len(cur) != 1 || cur[0].GetNode() != c.ids[2] {
 			t.Fatalf("current tasks of saved: %v, want one on n3", cur)
@@ -525,6 +530,7 @@ func TestSchedulerMore(t *testing.T) {
 
 	t.Run("DrainReplicated", func(t *testing.T) {
 		c.mustCtl(1, append([]string{"service", "create", "dr", "--image", img, "--replicas", "3", "--stop-grace", "1s", "--"}, termSleep...)...)
+		removeIfFailed(t, c.Cluster, 1, "dr")
 		if got := c.perNode("dr", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("3 replicas spread as %v, want 1/1/1", got)
 		}
@@ -583,6 +589,7 @@ func TestSchedulerMore(t *testing.T) {
 	t.Run("LogsAndExecFromAnyNode", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "lx", "--image", img, "--replicas", "2", "--stop-grace", "1s", "--",
 			"sh", "-c", "echo hello-$HOSTNAME; exec sleep 1000000")
+		removeIfFailed(t, c.Cluster, 1, "lx")
 		cur := c.currentTasks("lx")
 		if len(cur) != 2 {
 			t.Fatalf("%d current tasks, want 2", len(cur))
@@ -642,6 +649,7 @@ func TestSchedulerMore(t *testing.T) {
 	t.Run("LogsFollow", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "lf", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--env", "GEN=1", "--",
 			"sh", "-c", "trap 'exit 0' TERM; i=0; while true; do echo gen$GEN-line$i; i=$((i+1)); sleep 0.2; done")
+		removeIfFailed(t, c.Cluster, 1, "lf")
 		cur := c.currentTasks("lf")
 		if len(cur) != 1 {
 			t.Fatalf("%d current tasks, want 1", len(cur))
@@ -779,6 +787,7 @@ update:
 		// after the delete, and being later they outlive it. Write
 		// exactly such a leftover.
 		c.mustCtl(1, "service", "create", "zombie", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "zombie")
 		c.mustCtl(1, "service", "rm", "zombie")
 		statds := []*client.Statd{nodeClient(t, c.Cluster, 1), nodeClient(t, c.Cluster, 2), nodeClient(t, c.Cluster, 3)}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -811,6 +820,7 @@ update:
 		// The name can be used again, and the new service's updates are
 		// watched from version 1 on: a bad update rolls back.
 		c.mustCtl(3, "service", "create", "zombie", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 3, "zombie")
 		_, errOut, code := c.ctlWithin(time.Minute, 2, "service", "update", "zombie", "--update-failure-action", "rollback", "--update-monitor", "3s",
 			"--restart-max-attempts", "1", "--wait-timeout", "30s", "--", "sh", "-c", "exit 7")
 		if code == 0 || !strings.Contains(errOut, "rolled back") {
@@ -826,6 +836,7 @@ update:
 		// between batches outlasts the grace.
 		c.mustCtl(1, "service", "create", "ru", "--image", img, "--replicas", "4", "--stop-grace", "1s",
 			"--update-parallelism", "2", "--update-order", "start-first", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "ru")
 		v1 := ids(c.mustRunning("ru"))
 		if len(v1) != 4 {
 			t.Fatalf("%d containers, want 4", len(v1))

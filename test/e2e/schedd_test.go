@@ -116,6 +116,17 @@ func (c *schedCluster) mustCtl(i int, args ...string) string {
 	return out
 }
 
+// removeIfFailed removes service name (through node i of c) when t
+// fails, so that a failed subtest does not leave its tasks, ports or
+// volume users to the subtests after it.
+func removeIfFailed(t *testing.T, c *devcluster.Cluster, i int, name string) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			_, _, _, _ = c.Ctl(context.Background(), i, "service", "rm", "--detach", name)
+		}
+	})
+}
+
 func (c *schedCluster) schedd(i int) *client.Schedd {
 	c.t.Helper()
 	// A schedd that was just restarted answers UNAVAILABLE until it has
@@ -248,6 +259,7 @@ func TestScheduler(t *testing.T) {
 
 	t.Run("SpreadScaleRemove", func(t *testing.T) {
 		c.mustCtl(2, "service", "create", "spread", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "6", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 2, "spread")
 		if got := c.perNode("spread", 6); got != [3]int{2, 2, 2} {
 			t.Fatalf("6 replicas spread as %v, want 2/2/2", got)
 		}
@@ -314,12 +326,14 @@ func TestScheduler(t *testing.T) {
 			t.Errorf("malformed spec file: exit %d %q", code, errOut)
 		}
 		c.mustCtl(1, "service", "create", "dup", "--image", "local/busybox:latest", "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "dup")
 		if _, errOut, code := c.ctl(2, "service", "create", "dup", "--image", "local/busybox:latest"); code == 0 || !strings.Contains(errOut, "already exists") {
 			t.Errorf("duplicate service: exit %d %q", code, errOut)
 		}
 		// An impossible constraint is accepted but reported unschedulable,
 		// with the reason.
 		c.mustCtl(1, "service", "create", "nowhere", "--image", "local/busybox:latest", "--constraint", "node.labels.zone==mars", "--detach", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "nowhere")
 		// The reason is the owner's placement verdict, published in the
 		// service document: every node's inspect and ps show it. (The
 		// constraint itself is in spec.constraints whatever happens, so
@@ -352,6 +366,7 @@ func TestScheduler(t *testing.T) {
 
 	t.Run("ScheddKill9KeepsContainers", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "steady", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "steady")
 		// The victim is the service's owner, which runs one of its tasks
 		// too: both roles restart.
 		var svc struct{ Owner string }
@@ -422,6 +437,7 @@ func TestScheduler(t *testing.T) {
 
 	t.Run("CrashLoopBacksOff", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "crash", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "1", "--detach", "--", "sh", "-c", "exit 3")
+		removeIfFailed(t, c.Cluster, 1, "crash")
 		time.Sleep(8 * time.Second)
 		var restarts uint32
 		for _, tk := range c.tasks("crash") {
@@ -439,6 +455,7 @@ func TestScheduler(t *testing.T) {
 		c.mustCtl(1, "service", "create", "health", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "1",
 			"--health-cmd", "test -f /tmp/ok", "--health-interval", "500ms", "--health-retries", "2",
 			"--", "sh", "-c", "touch /tmp/ok; exec sleep 1000000")
+		removeIfFailed(t, c.Cluster, 1, "health")
 		var first *schedv1.Task
 		for _, tk := range c.tasks("health") {
 			if tk.GetCurrent() {
@@ -462,6 +479,7 @@ func TestScheduler(t *testing.T) {
 
 	t.Run("BadUpdateRollsBack", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "roll", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "2", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "roll")
 		_, errOut, code := c.ctl(2, "service", "update", "roll", "--update-failure-action", "rollback", "--update-monitor", "3s",
 			"--restart-max-attempts", "1", "--", "sh", "-c", "exit 7")
 		if code == 0 || !strings.Contains(errOut, "rolled back") {
@@ -609,6 +627,7 @@ func TestScheduler(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.mustCtl(1, "service", "create", "corrupt", "--image", "local/busybox:v2", "--stop-grace", "1s", "--constraint", "node.name==n2", "--detach", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "corrupt")
 		waitFor(t, 30*time.Second, "digest error reported", func() bool {
 			for _, tk := range c.tasks("corrupt") {
 				if strings.Contains(tk.GetError(), "digest") || strings.Contains(tk.GetError(), "data loss") {
@@ -625,6 +644,7 @@ func TestScheduler(t *testing.T) {
 
 	t.Run("NodeDeathAndReturn", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "survive", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "survive")
 		if err := c.Kill(ctx, 3, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -651,6 +671,7 @@ func TestScheduler(t *testing.T) {
 		// before the split (DESIGN.md 2), and the copies each side made
 		// during it stop.
 		c.mustCtl(1, append([]string{"service", "create", "split", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--"}, termSleep...)...)
+		removeIfFailed(t, c.Cluster, 1, "split")
 		before := c.containers("split")
 		if len(before[1]) != 1 || len(before[2]) != 1 || len(before[3]) != 1 {
 			t.Fatalf("containers %v, want one per node", before)
@@ -731,6 +752,7 @@ func TestScheduler(t *testing.T) {
 	// Last: it leaves the cluster with four nodes.
 	t.Run("GlobalOnLateJoiner", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "everywhere", "--image", "local/busybox:latest", "--global", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "everywhere")
 		if got := c.perNode("everywhere", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("global service runs %v per node, want 1/1/1", got)
 		}

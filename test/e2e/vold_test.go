@@ -443,6 +443,7 @@ func TestVolumes(t *testing.T) {
 		c.mustCtl(1, "service", "create", "keeper", "--image", "local/busybox:latest", "--stop-grace", "1s",
 			"--constraint", "node.id=="+c.ids[leaderNode-1], "--volume", "data:/data",
 			"--", "sh", "-c", "while true; do echo k > /data/keep; sleep 0.01; done")
+		removeIfFailed(t, c.Cluster, 1, "keeper")
 		waitFor(t, 30*time.Second, "the keeper writing", func() bool {
 			_, err := c.readVolumeFile(leaderNode, "data", "keep")
 			return err == nil
@@ -450,6 +451,7 @@ func TestVolumes(t *testing.T) {
 		c.mustCtl(1, "service", "create", "writer", "--image", "local/busybox:latest", "--stop-grace", "1s",
 			"--constraint", "node.id=="+c.ids[writerNode-1], "--volume", "data:/data",
 			"--", "sh", "-c", "i=$(tail -n 1 /data/log 2>/dev/null); i=${i:-0}; while true; do i=$((i+1)); echo $i >> /data/log; sleep 0.05; done")
+		removeIfFailed(t, c.Cluster, 1, "writer")
 		var before int
 		waitFor(t, 30*time.Second, "the writer's log growing", func() bool {
 			s, err := c.readVolumeFile(writerNode, "data", "log")
