@@ -222,9 +222,12 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 			rt.Fatal(err)
 		}
 	}()
-	return func(context.Context) error {
+	return func(ctx context.Context) error {
 		cancel()
 		wg.Wait()
+		if daemon.SystemStopping(ctx) {
+			n.stopForShutdown()
+		}
 		st.Close()
 		nd.Close()
 		vc.Close()

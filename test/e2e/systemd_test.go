@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -81,9 +82,12 @@ func TestSystemdNode(t *testing.T) {
 
 	// The task: busybox's httpd serving the volume on a published port.
 	c.must("shoalctl", "image", "load", "/opt/shoal/images/"+filepath.Base(image))
+	// On SIGTERM the task appends to the volume, and exits 0 only if that
+	// write succeeded (the shutdown step below).
 	c.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "-p", "8080:80",
-		"--volume", "v1:/data", "--", "httpd", "-f", "-p", "80", "-h", "/data")
-	t.Cleanup(func() { _, _ = c.run("shoalctl", "service", "rm", "web") }) // before the container stops
+		"--volume", "v1:/data", "--stop-grace", "5s", "--", "sh", "-c",
+		`trap 'echo bye >> /data/bye && exit 0; exit 9' TERM; httpd -p 80 -h /data; while true; do sleep 0.2; done`)
+	t.Cleanup(func() { _, _ = c.run("shoalctl", "service", "rm", "web") }) // before the container stops, if it still runs
 	task := c.task()
 	c.serves()
 
@@ -201,6 +205,27 @@ func TestSystemdNode(t *testing.T) {
 		waits = append(waits, fmt.Sprintf("%s %.2f s", st.name, longest))
 	}
 	t.Logf("the writer wrote %d lines without a gap; its longest wait for a write in each step: %s", len(at), strings.Join(waits, ", "))
+
+	// The machine shuts down: schedd, ordered after vold, netd and
+	// containerd, stops first and stops the task while its volume still
+	// serves it (its SIGTERM handler's write succeeds: exit code 0), not
+	// leaving it to systemd's last SIGTERM and SIGKILL. The journal goes
+	// to the console (journald.conf.d in bootContainer).
+	t.Run("shutdown", func(t *testing.T) {
+		_, _ = c.run("systemctl", "poweroff")
+		select {
+		case <-c.done:
+		case <-time.After(90 * time.Second):
+			t.Fatalf("the container did not power off within 90 s; console:\n%s", c.tail(80))
+		}
+		want := regexp.MustCompile(`task stopped for the system's shutdown.* task=` + regexp.QuoteMeta(task) + ` exit_code=(\d+)`)
+		m := want.FindStringSubmatch(c.console.String())
+		if m == nil || m[1] != "0" {
+			t.Fatalf("want schedd to stop %s at shutdown, with exit code 0 (its write to the volume succeeded); got %q; console:\n%s",
+				task, m, c.tail(80))
+		}
+		t.Logf("at shutdown: %s", m[0])
+	})
 }
 
 // restart restarts unit with systemctl and waits until it is active
@@ -324,11 +349,12 @@ func (c *container) pid(pattern string) string {
 
 // container is a booted systemd-nspawn container.
 type container struct {
-	t      *testing.T
-	name   string // the machine's name, also the tasks' cgroup parent
-	nspawn *exec.Cmd
-	init   int // the container's PID 1, as this machine numbers it
-	done   chan struct{}
+	t       *testing.T
+	name    string // the machine's name, also the tasks' cgroup parent
+	nspawn  *exec.Cmd
+	console *syncBuffer // its console, with the journal (journald.conf.d)
+	init    int         // the container's PID 1, as this machine numbers it
+	done    chan struct{}
 }
 
 // bootContainer boots root's systemd in a container of its own network
@@ -341,17 +367,24 @@ type container struct {
 func bootContainer(t *testing.T, root, units, images string) *container {
 	t.Helper()
 	name := fmt.Sprintf("shoal-e2e-%d", os.Getpid())
+	// The journal goes to the console too, which the test reads: it is
+	// all that is left of the container's log once it powered off.
+	journald := t.TempDir()
+	if err := os.WriteFile(filepath.Join(journald, "console.conf"), []byte("[Journal]\nForwardToConsole=yes\nMaxLevelConsole=info\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	cmd := exec.Command("systemd-nspawn", "--directory", root, "--boot", "--machine", name,
 		"--register=no", "--keep-unit", "--private-network", "--console=read-only", "--volatile=overlay",
 		"--tmpfs=/var/lib/containerd", "--system-call-filter=@keyring",
 		"--bind=/dev/fuse", "--bind=/dev/net/tun", "--bind-ro="+binDir+":/usr/local/bin",
-		"--bind-ro="+units+":/opt/shoal/systemd", "--bind-ro="+images+":/opt/shoal/images")
+		"--bind-ro="+units+":/opt/shoal/systemd", "--bind-ro="+images+":/opt/shoal/images",
+		"--bind-ro="+journald+":/etc/systemd/journald.conf.d")
 	console := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = console, console
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("systemd-nspawn: %v", err)
 	}
-	c := &container{t: t, name: name, nspawn: cmd, done: make(chan struct{})}
+	c := &container{t: t, name: name, nspawn: cmd, console: console, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(c.done) }()
 	t.Cleanup(func() { c.stop() })
 	waitFor(t, 30*time.Second, "the container's PID 1", func() bool {
@@ -416,6 +449,12 @@ func (c *container) prop(unit, name string) string {
 func (c *container) restarts(unit string) int {
 	n, _ := strconv.Atoi(c.prop(unit, "NRestarts"))
 	return n
+}
+
+// tail returns the console's last n lines.
+func (c *container) tail(n int) string {
+	lines := strings.Split(c.console.String(), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // journal returns the units' recent log.
