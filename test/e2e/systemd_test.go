@@ -37,7 +37,9 @@ const nspawnRootEnv = "SHOAL_NSPAWN_ROOT"
 // restarted, and its published port serves the volume's file after
 // every step (the units' KillMode=process lets the FUSE session holder,
 // the WireGuard device's holder and containerd's shims outlive each
-// restart).
+// restart). At last the container powers off, and schedd stops the task
+// before vold goes: the task's SIGTERM handler can still write to its
+// volume.
 func TestSystemdNode(t *testing.T) {
 	root := os.Getenv(nspawnRootEnv)
 	if root == "" {
