@@ -22,8 +22,8 @@ import (
 const nspawnRootEnv = "SHOAL_NSPAWN_ROOT"
 
 // TestSystemdNode boots a real systemd in a container (systemd-nspawn on
-// a minimal Debian root with containerd and runc, over a throwaway
-// overlay: PID 1 of this machine is not systemd) and runs a whole node
+// a copy of a minimal Debian root with containerd and runc: PID 1 of this
+// machine is not systemd) and runs a whole node
 // from the project's own unit files, as `make install` and `systemctl
 // enable --now shoal.target` leave them. Two workloads run meanwhile: a
 // service of that systemd appending to a volume through its mount, and
@@ -39,7 +39,8 @@ const nspawnRootEnv = "SHOAL_NSPAWN_ROOT"
 // the WireGuard device's holder and containerd's shims outlive each
 // restart). At last the container powers off, and schedd stops the task
 // before vold goes: the task's SIGTERM handler can still write to its
-// volume.
+// volume. Booted again, the node comes back by itself, with the volume's
+// data, that last write included, and web running again.
 func TestSystemdNode(t *testing.T) {
 	root := os.Getenv(nspawnRootEnv)
 	if root == "" {
@@ -53,13 +54,16 @@ func TestSystemdNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	image := writeTestImage(t)
-	c := bootContainer(t, root, units, filepath.Dir(image))
-	// On a cgroup v1 host nspawn mounts the container's controller
-	// hierarchies read-only; a real node's are writable, and runc needs
-	// them so to make a task's cgroups. The tasks' cgroups go under a
-	// parent named after the container, which stop removes.
-	c.must("sh", "-c", "for h in /sys/fs/cgroup/*/; do mount -o remount,bind,rw $h; done && "+
-		"mkdir -p /etc/shoal && echo 'cgroup_parent = \"/"+c.name+"\"' > /etc/shoal/schedd.toml")
+	// The machine's disk: a copy of the root, which keeps what the node
+	// wrote from one boot to the next (the reboot step).
+	machine := t.TempDir()
+	if out, err := exec.Command("cp", "-a", root+"/.", machine).CombinedOutput(); err != nil {
+		t.Fatalf("copy the container's root: %v\n%s", err, out)
+	}
+	c := bootContainer(t, machine, units, filepath.Dir(image))
+	// The tasks' cgroups go under a parent named after the container,
+	// which stop removes.
+	c.must("sh", "-c", "mkdir -p /etc/shoal && echo 'cgroup_parent = \"/"+c.name+"\"' > /etc/shoal/schedd.toml")
 
 	// Install the units as `make install` does and enable the node.
 	c.must("sh", "-c", "cp /opt/shoal/systemd/* /etc/systemd/system/ && systemctl daemon-reload && "+
@@ -228,6 +232,46 @@ func TestSystemdNode(t *testing.T) {
 		}
 		t.Logf("at shutdown: %s", m[0])
 	})
+
+	// The machine boots again: the enabled units start the node, the
+	// volume holds everything written before (the task's last write at
+	// shutdown included), and schedd runs web again.
+	lines := len(at)
+	t.Run("reboot", func(t *testing.T) {
+		c := bootContainer(t, machine, units, filepath.Dir(image))
+		waitFor(t, 60*time.Second, "every daemon active after the reboot", func() bool {
+			for _, d := range daemons {
+				if c.prop("shoal-"+d, "ActiveState") != "active" {
+					return false
+				}
+			}
+			return true
+		})
+		var mnt string
+		waitFor(t, 60*time.Second, "the volume mounted after the reboot", func() bool {
+			out, err := c.run("shoalctl", "volume", "mount", "v1")
+			mnt = strings.TrimSpace(out)
+			return err == nil
+		})
+		if got := c.must("cat", mnt+"/hello", mnt+"/bye"); got != "hello from v1\nbye\n" {
+			t.Fatalf("after the reboot the volume holds %q, want hello's and bye's lines", got)
+		}
+		if n := c.lines(mnt + "/log"); n < lines {
+			t.Fatalf("after the reboot the writer's file has %d lines, had %d", n, lines)
+		}
+		var tasks []taskState
+		waitFor(t, 90*time.Second, "web running again after the reboot", func() bool {
+			tasks = c.tasks("web")
+			for _, ts := range tasks {
+				if ts.State == "running" {
+					return true
+				}
+			}
+			return false
+		})
+		c.serves()
+		t.Logf("after the reboot: web's tasks %+v (before: %s)", tasks, task)
+	})
 }
 
 // restart restarts unit with systemctl and waits until it is active
@@ -360,12 +404,12 @@ type container struct {
 }
 
 // bootContainer boots root's systemd in a container of its own network
-// (loopback only) over a tmpfs overlay, with this run's binaries in
-// /usr/local/bin, units in /opt/shoal/systemd and images (a directory)
-// in /opt/shoal/images; the test's end powers it off. containerd keeps
-// its snapshots on a tmpfs of their own (overlayfs cannot stack on the
-// root's overlay), and runc may use the kernel's keyrings, which
-// nspawn's system call filter refuses by default.
+// (loopback only), with this run's binaries in /usr/local/bin, units in
+// /opt/shoal/systemd and images (a directory) in /opt/shoal/images; the
+// end of t powers it off. root is written to: it is the machine's disk
+// (a copy; containerd's overlayfs snapshots could not stack on nspawn's
+// --volatile=overlay). runc may use the kernel's keyrings, which nspawn's
+// system call filter refuses by default.
 func bootContainer(t *testing.T, root, units, images string) *container {
 	t.Helper()
 	name := fmt.Sprintf("shoal-e2e-%d", os.Getpid())
@@ -376,8 +420,8 @@ func bootContainer(t *testing.T, root, units, images string) *container {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("systemd-nspawn", "--directory", root, "--boot", "--machine", name,
-		"--register=no", "--keep-unit", "--private-network", "--console=read-only", "--volatile=overlay",
-		"--tmpfs=/var/lib/containerd", "--system-call-filter=@keyring",
+		"--register=no", "--keep-unit", "--private-network", "--console=read-only",
+		"--system-call-filter=@keyring",
 		"--bind=/dev/fuse", "--bind=/dev/net/tun", "--bind-ro="+binDir+":/usr/local/bin",
 		"--bind-ro="+units+":/opt/shoal/systemd", "--bind-ro="+images+":/opt/shoal/images",
 		"--bind-ro="+journald+":/etc/systemd/journald.conf.d")
@@ -406,6 +450,10 @@ func bootContainer(t *testing.T, root, units, images string) *container {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
+	// On a cgroup v1 host nspawn mounts the container's controller
+	// hierarchies read-only; a real node's are writable, and runc needs
+	// them so to make a task's cgroups.
+	c.must("sh", "-c", "for h in /sys/fs/cgroup/*/; do mount -o remount,bind,rw $h; done")
 	return c
 }
 
