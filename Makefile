@@ -106,10 +106,10 @@ fuzz:
 e2e: build nspawn-root
 	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_NSPAWN_ROOT=$(NSPAWN_ROOT) $(GO) test -count=1 -timeout 20m ./test/e2e/...
 
-# nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 300 MB):
-# systemd, and containerd and runc for schedd's tasks. The tests boot it
-# over a throwaway overlay and never change it; a root from before
-# containerd was added is built again.
+# nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 373 MB):
+# systemd, and containerd and runc for schedd's tasks. TestSystemdNode
+# boots a copy of it and never changes it; a root from before containerd
+# was added is built again.
 nspawn-root: deps
 	@test -x $(NSPAWN_ROOT)/lib/systemd/systemd -a -x $(NSPAWN_ROOT)/usr/bin/containerd -a -x $(NSPAWN_ROOT)/usr/sbin/runc || { \
 		echo "debootstrap $(DEBIAN_SUITE) into $(NSPAWN_ROOT)"; \
