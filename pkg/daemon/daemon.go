@@ -157,12 +157,13 @@ func run(spec Spec, cfg Configurable) error {
 	defer cancelBg()
 
 	unary, stream := rpc.ServerInterceptors(log)
+	stopping := make(chan struct{}) // closed when the daemon stops serving
 	rt := &Runtime{
 		Name:    spec.Name,
 		Config:  cfg,
 		Common:  c,
 		Log:     log,
-		GRPC:    grpc.NewServer(grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(stream)),
+		GRPC:    grpc.NewServer(grpc.ChainUnaryInterceptor(unary), grpc.ChainStreamInterceptor(endStreamsOnStop(stopping), stream)),
 		Health:  health.NewServer(),
 		Metrics: prometheus.NewRegistry(),
 		started: time.Now(),
@@ -236,6 +237,7 @@ func run(spec Spec, cfg Configurable) error {
 	}
 	sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
 	rt.Health.Shutdown()
+	close(stopping)
 	gracefulStop(rt.GRPC, 5*time.Second)
 	cancelBg()
 	if !activated {
