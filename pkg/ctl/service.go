@@ -693,11 +693,12 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 	defer cancel()
 	tty := isTerminal(a.errOut)
 	last := ""
+	timedOut := func() error { return fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, last) }
 	for {
 		s, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: name})
 		if err != nil {
 			if ctx.Err() != nil {
-				return waitEnded(cmd, fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, last), name)
+				return waitEnded(cmd, timedOut(), name)
 			}
 			return err
 		}
@@ -735,7 +736,7 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 			if tty {
 				fmt.Fprintln(a.errOut)
 			}
-			return waitEnded(cmd, fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, last), name)
+			return waitEnded(cmd, timedOut(), name)
 		case <-time.After(250 * time.Millisecond):
 		}
 	}

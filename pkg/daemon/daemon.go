@@ -157,7 +157,8 @@ func run(spec Spec, cfg Configurable) error {
 	defer cancelBg()
 
 	unary, stream := rpc.ServerInterceptors(log)
-	stopping := make(chan struct{}) // closed when the daemon stops serving
+	stopping, stopStreams := context.WithCancel(context.Background()) // done when the daemon stops serving
+	defer stopStreams()
 	rt := &Runtime{
 		Name:    spec.Name,
 		Config:  cfg,
@@ -237,7 +238,7 @@ func run(spec Spec, cfg Configurable) error {
 	}
 	sddaemon.SdNotify(false, sddaemon.SdNotifyStopping)
 	rt.Health.Shutdown()
-	close(stopping)
+	stopStreams()
 	gracefulStop(rt.GRPC, 5*time.Second)
 	cancelBg()
 	if !activated {

@@ -32,7 +32,8 @@ func (blockingHealth) Watch(_ *healthpb.HealthCheckRequest, s healthpb.Health_Wa
 // daemon stops, with Unavailable (clients reconnect on it), so that
 // GracefulStop does not wait for it.
 func TestStreamsEndWhenTheDaemonStops(t *testing.T) {
-	stopping := make(chan struct{})
+	stopping, stop := context.WithCancel(context.Background())
+	defer stop()
 	srv := grpc.NewServer(grpc.ChainStreamInterceptor(endStreamsOnStop(stopping)))
 	healthpb.RegisterHealthServer(srv, blockingHealth{})
 	sock := filepath.Join(t.TempDir(), "d.sock")
@@ -57,7 +58,7 @@ func TestStreamsEndWhenTheDaemonStops(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	close(stopping)
+	stop()
 	stopped := make(chan struct{})
 	go func() { srv.GracefulStop(); close(stopped) }()
 	_, err = w.Recv()

@@ -396,6 +396,14 @@ func removeCgroups(ctx context.Context, hierarchies []string, parent string) err
 	}
 }
 
+// RemoveCgroupTrees removes each cgroup directory in dirs and everything
+// below it, deepest first, retrying for a few seconds while one refuses
+// (EBUSY, its last process just died). A directory that does not exist
+// is fine.
+func RemoveCgroupTrees(ctx context.Context, dirs ...string) error {
+	return removeCgroups(ctx, dirs, "")
+}
+
 // ScheddArgs are shoal-schedd's flags pointing it at its node's
 // containerd (placeholders expanded per node), for Spec.Args["schedd"].
 func ScheddArgs() []string {

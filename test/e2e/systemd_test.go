@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/shoal-dev/shoal/pkg/devcluster"
 )
 
 // nspawnRootEnv names the Debian root (with systemd) that make e2e
@@ -68,14 +70,7 @@ func TestSystemdNode(t *testing.T) {
 	// Install the units as `make install` does and enable the node.
 	c.must("sh", "-c", "cp /opt/shoal/systemd/* /etc/systemd/system/ && systemctl daemon-reload && "+
 		"systemctl enable --now shoal.target")
-	waitFor(t, 60*time.Second, "every daemon active", func() bool {
-		for _, d := range daemons {
-			if c.prop("shoal-"+d, "ActiveState") != "active" {
-				return false
-			}
-		}
-		return true
-	})
+	c.allActive(t)
 	c.must("shoalctl", "cluster", "init", "--advertise", "127.0.0.1")
 	waitFor(t, 60*time.Second, "vold in the cluster", func() bool {
 		_, err := c.run("shoalctl", "volume", "ls")
@@ -239,14 +234,7 @@ func TestSystemdNode(t *testing.T) {
 	lines := len(at)
 	t.Run("reboot", func(t *testing.T) {
 		c := bootContainer(t, machine, units, filepath.Dir(image))
-		waitFor(t, 60*time.Second, "every daemon active after the reboot", func() bool {
-			for _, d := range daemons {
-				if c.prop("shoal-"+d, "ActiveState") != "active" {
-					return false
-				}
-			}
-			return true
-		})
+		c.allActive(t)
 		var mnt string
 		waitFor(t, 60*time.Second, "the volume mounted after the reboot", func() bool {
 			out, err := c.run("shoalctl", "volume", "mount", "v1")
@@ -293,6 +281,19 @@ func (c *container) kill9(t *testing.T, unit string) {
 	c.must("systemctl", "kill", "--signal=KILL", "--kill-whom=main", unit)
 	waitFor(t, 60*time.Second, unit+" restarted by systemd", func() bool {
 		return c.restarts(unit) > restarts && c.prop(unit, "ActiveState") == "active"
+	})
+}
+
+// allActive waits until every daemon's unit is active.
+func (c *container) allActive(t *testing.T) {
+	t.Helper()
+	waitFor(t, 60*time.Second, "every daemon active", func() bool {
+		for _, d := range daemons {
+			if c.prop("shoal-"+d, "ActiveState") != "active" {
+				return false
+			}
+		}
+		return true
 	})
 }
 
@@ -604,18 +605,9 @@ func (c *container) removeCgroups() {
 			roots = append(roots, filepath.Join("/sys/fs/cgroup/unified", f[2], "payload"))
 		}
 	}
-	for _, root := range roots {
-		var dirs []string
-		_ = filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
-			if err == nil && d.IsDir() {
-				dirs = append(dirs, path)
-			}
-			return nil
-		})
-		for i := len(dirs) - 1; i >= 0; i-- { // children first
-			if err := os.Remove(dirs[i]); err != nil {
-				c.t.Errorf("cgroup left behind: %v", err)
-			}
-		}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := devcluster.RemoveCgroupTrees(ctx, roots...); err != nil {
+		c.t.Errorf("cgroups left behind: %v", err)
 	}
 }
