@@ -62,6 +62,7 @@ func TestSystemdNode(t *testing.T) {
 	if out, err := exec.Command("cp", "-a", root+"/.", machine).CombinedOutput(); err != nil {
 		t.Fatalf("copy the container's root: %v\n%s", err, out)
 	}
+	writableCgroups(t, machine)
 	c := bootContainer(t, machine, units, filepath.Dir(image))
 	// The tasks' cgroups go under a parent named after the container,
 	// which stop removes.
@@ -259,6 +260,11 @@ func TestSystemdNode(t *testing.T) {
 		})
 		c.serves()
 		t.Logf("after the reboot: web's tasks %+v (before: %s)", tasks, task)
+		// schedd starts the task that was stopped at shutdown again, in
+		// place: the same task, restarted once.
+		if len(tasks) != 1 || tasks[0].ID != task || tasks[0].Restarts != 1 {
+			t.Fatalf("after the reboot web's tasks are %+v, want %s alone, restarted once", tasks, task)
+		}
 	})
 }
 
@@ -451,11 +457,41 @@ func bootContainer(t *testing.T, root, units, images string) *container {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	// On a cgroup v1 host nspawn mounts the container's controller
-	// hierarchies read-only; a real node's are writable, and runc needs
-	// them so to make a task's cgroups.
-	c.must("sh", "-c", "for h in /sys/fs/cgroup/*/; do mount -o remount,bind,rw $h; done")
 	return c
+}
+
+// writableCgroups installs and enables, in the machine's root, a unit
+// that remounts the cgroup v1 controller hierarchies read-write at every
+// boot before containerd and schedd start. On a cgroup v1 host nspawn
+// mounts them read-only; a real node's are writable, and runc needs them
+// so to make a task's cgroups. Remounted from outside once the machine
+// was up, schedd's first start of a task after a reboot could come first
+// and fail ("cgroup.procs: read-only file system").
+func writableCgroups(t *testing.T, root string) {
+	t.Helper()
+	unit := `[Unit]
+Description=cgroup v1 hierarchies writable, as on a real node (test machine only)
+DefaultDependencies=no
+Before=sysinit.target containerd.service shoal-schedd.service
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/sh -c 'for h in /sys/fs/cgroup/*/; do mount -o remount,bind,rw $h; done'
+
+[Install]
+WantedBy=sysinit.target
+`
+	dir := filepath.Join(root, "etc/systemd/system")
+	if err := os.MkdirAll(filepath.Join(dir, "sysinit.target.wants"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "cgroups-writable.service"), []byte(unit), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../cgroups-writable.service", filepath.Join(dir, "sysinit.target.wants/cgroups-writable.service")); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // childOf returns a child process of pid, or 0.
