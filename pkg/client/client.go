@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
 
 	"github.com/shoal-dev/shoal/pkg/rpc"
@@ -87,18 +88,32 @@ type retryInterceptor struct {
 
 func (ri retryInterceptor) unary(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
 	var err error
+	var answered peer.Peer
+	opts = append(opts, grpc.Peer(&answered))
 	for attempt := 0; attempt < ri.retry.Attempts; attempt++ {
 		if attempt > 0 {
 			select {
 			case <-time.After(ri.retry.Backoff(attempt - 1)):
 			case <-ctx.Done():
-				return ri.explain(err)
+				return ri.explainUnanswered(err, answered)
 			}
 		}
+		answered = peer.Peer{}
 		err = invoker(ctx, method, req, reply, cc, opts...)
 		if status.Code(err) != codes.Unavailable {
 			return err
 		}
+	}
+	return ri.explainUnanswered(err, answered)
+}
+
+// explainUnanswered explains an UNAVAILABLE as explain does, unless the
+// daemon itself answered with it: then something beyond it is not
+// reachable (a peer that `cluster join` dials, say), and saying that the
+// daemon is not would send the user the wrong way.
+func (ri retryInterceptor) explainUnanswered(err error, answered peer.Peer) error {
+	if answered.Addr != nil {
+		return err
 	}
 	return ri.explain(err)
 }
