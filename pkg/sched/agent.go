@@ -130,6 +130,20 @@ type UpdateTask struct {
 	SupersededAt time.Time
 }
 
+// ShutDownReason is the error recorded on a task that its node stopped
+// because its machine shut down.
+const ShutDownReason = "stopped: its node shut down"
+
+// StoppedForShutDown is how a node records a task that it stopped because
+// its machine shuts down (rt is the stopped container): stopped, a
+// terminal state, so that neither the node, once it is back, nor the
+// owner's restart policy runs the task again, and the owner replaces it
+// at once (as a task stopped by hand; its node is no longer Up either).
+func StoppedForShutDown(t Task, rt Runtime, now time.Time) UpdateTask {
+	return UpdateTask{TaskID: t.ID, State: TaskStopped, Health: HealthNone, Restarts: t.Restarts, ExitCode: rt.ExitCode,
+		Error: ShutDownReason, Started: rt.StartedAt, Finished: cmp.Or(rt.ExitedAt, now)}
+}
+
 // ClaimTask writes into a task's document that its container runs although
 // the slot write naming Against replaced it as lost (Slot.Lost): the owner
 // then gives the slot to the older of the two.

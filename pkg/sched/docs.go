@@ -307,6 +307,7 @@ const (
 	fCapacityCPU    = "capacity.cpu"
 	fCapacityMemory = "capacity.memory"
 	fCPUs           = "cpus"
+	fShutDown       = "shutdown"
 )
 
 // NodeFromDoc decodes a node document; alive comes from the observer's
@@ -317,6 +318,7 @@ func NodeFromDoc(id string, d crdt.Doc, alive bool) Node {
 	n := Node{ID: id, Alive: alive, Availability: Active, Labels: map[string]string{}}
 	n.Name, _ = f[fName].AsString()
 	n.Hostname, _ = f[fHostname].AsString()
+	n.ShutDown, _ = f[fShutDown].AsBool()
 	if a, ok := f[fAvailability].AsString(); ok && a != "" {
 		n.Availability = Availability(a)
 	}
@@ -344,7 +346,15 @@ func NodeFields(capacity Resources, availability Availability) map[string]crdt.V
 		fCapacityCPU:    crdt.Int(capacity.CPUMillis),
 		fCapacityMemory: crdt.Int(capacity.MemoryBytes),
 		fAvailability:   crdt.String(string(availability)),
+		fShutDown:       crdt.Bool(false), // up (again)
 	}
+}
+
+// ShutDownFields are the node document's fields by which a node's
+// scheduler says that its machine is shutting down (down true, see Up),
+// or that it is up again (NodeFields, written at every start, say so too).
+func ShutDownFields(down bool) map[string]crdt.Value {
+	return map[string]crdt.Value{fShutDown: crdt.Bool(down)}
 }
 
 func intField(f map[string]crdt.Value, name string) int64 {

@@ -59,3 +59,22 @@ func weight(keyHash uint64, node string) uint64 {
 	h ^= h >> 31
 	return h
 }
+
+// Up is the liveness view that owners and placement act on: the members
+// that membership reports alive, less the nodes whose scheduler said
+// their machine is shutting down (shutDown reports it from the node's
+// document; self is always kept, as its own loop only runs while it is
+// up). Such a node stops its tasks and records them stopped before it
+// goes, and is left out at once, where membership would report it alive
+// until its statd stops and dead only after its failure detector's
+// timeout: so the services it owned get another owner, its tasks are
+// replaced elsewhere at once, and nothing new is placed on it.
+func Up(alive []string, self string, shutDown func(id string) bool) []string {
+	out := make([]string, 0, len(alive))
+	for _, id := range alive {
+		if id == self || !shutDown(id) {
+			out = append(out, id)
+		}
+	}
+	return out
+}

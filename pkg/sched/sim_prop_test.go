@@ -80,7 +80,7 @@ func (ch *chaos) step(t *rapid.T) {
 	c := ch.c
 	node := rapid.SampledFrom(ch.nodes).Draw(t, "node")
 	svc := rapid.SampledFrom(ch.services).Draw(t, "service")
-	switch rapid.IntRange(0, 9).Draw(t, "op") {
+	switch rapid.IntRange(0, 10).Draw(t, "op") {
 	case 0:
 		if !c.Service(svc).Spec.Global {
 			_ = c.Scale(svc, rapid.IntRange(0, 8).Draw(t, "scale"))
@@ -116,6 +116,10 @@ func (ch *chaos) step(t *rapid.T) {
 		}
 	case 9:
 		// just let time pass
+	case 10: // its machine shuts down: schedd stops and hands over its tasks
+		if !c.Node(node).Down() {
+			c.ShutDown(node)
+		}
 	}
 	c.RunFor(time.Duration(rapid.IntRange(0, 30).Draw(t, "wait")) * 100 * time.Millisecond)
 }

@@ -83,6 +83,9 @@ type Node struct {
 	Alive        bool
 	Availability Availability
 	Capacity     Resources
+	// ShutDown: the node's scheduler said its machine is shutting down
+	// and stopped its tasks (see Up), and has not started since.
+	ShutDown bool
 }
 
 // TaskState is a task's lifecycle state, written by the node running it.

@@ -102,7 +102,10 @@ func (n *Node) step() {
 			delete(n.fresh, id)
 		}
 	}
-	alive := n.Alive()
+	alive := sched.Up(n.Alive(), n.cfg.ID, func(id string) bool {
+		nd, ok := n.read(sched.NodeKey(id)).(sched.Node)
+		return ok && nd.ShutDown
+	})
 	n.followAlive(alive)
 	for _, svc := range slices.Sorted(maps.Keys(n.c.st.services)) {
 		if sched.Owner(svc, alive) == n.cfg.ID {
@@ -575,12 +578,34 @@ func (c *Cluster) Kill(id string) {
 	n.down, n.downAt = true, c.now
 }
 
+// ShutDown shuts a node's machine down as schedd does when systemd stops
+// it: it stops its containers, records their tasks stopped
+// (sched.StoppedForShutDown), says in its node document that it shut
+// down, then goes down as Kill does. Revive brings it back.
+func (c *Cluster) ShutDown(id string) {
+	n := c.nodes[id]
+	n.write(sched.NodeKey(id), sched.ShutDownFields(true))
+	for _, lt := range n.RunningTasks() {
+		ct := n.runtime[lt.ID]
+		ct.state, ct.exited, ct.exitCode = sched.RuntimeExited, c.now, 0
+		c.Stats.Stops++
+		a := sched.StoppedForShutDown(lt.Task, sched.Runtime{State: ct.state, StartedAt: ct.started, ExitedAt: ct.exited}, c.now)
+		n.writeTask(a, lt.ID, a.Fields(), a.Apply)
+		n.Ledger.Release(lt.ID)
+	}
+	c.Kill(id)
+}
+
 // Revive brings a node back. The Reserve calls it had in flight are
-// forgotten (its executor restarted), the rest is as it was.
+// forgotten (its executor restarted), the rest is as it was; a node that
+// shut down says it is up again (schedd's start writes its node fields).
 func (c *Cluster) Revive(id string) {
 	n := c.nodes[id]
 	n.down = false
 	n.inflight = map[string]map[string]sched.InFlight{}
+	if nd, ok := n.read(sched.NodeKey(id)).(sched.Node); ok && nd.ShutDown {
+		n.write(sched.NodeKey(id), sched.ShutDownFields(false))
+	}
 }
 
 // Partition splits the cluster into sides, each a list of node IDs (every
