@@ -15,9 +15,10 @@ GOBIN_DIR := $(shell $(GO) env GOPATH)/bin
 FUZZTIME ?= 10s
 # Packages needed by the tests and the demo on a fresh Debian machine.
 APT_PACKAGES := protobuf-compiler libprotobuf-dev systemd iproute2 nftables busybox-static containerd runc iperf3 tcpdump debootstrap systemd-container
-# A minimal Debian with systemd, which e2e's TestSystemdNode boots in a
-# container to run the units under a real systemd (this machine's PID 1
-# is not systemd). Built once by debootstrap, then reused.
+# A minimal Debian with systemd, which e2e's TestSystemdNode and
+# TestSystemdCluster boot in containers to run the units under a real
+# systemd (this machine's PID 1 is not systemd). Built once by
+# debootstrap, then reused.
 NSPAWN_ROOT ?= /var/tmp/shoal-nspawn-root
 DEBIAN_SUITE ?= $(shell . /etc/os-release && echo $$VERSION_CODENAME)
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
@@ -107,8 +108,8 @@ e2e: build nspawn-root
 	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_NSPAWN_ROOT=$(NSPAWN_ROOT) $(GO) test -count=1 -timeout 20m ./test/e2e/...
 
 # nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 373 MB):
-# systemd, and containerd and runc for schedd's tasks. TestSystemdNode
-# boots a copy of it and never changes it; a root from before containerd
+# systemd, and containerd and runc for schedd's tasks. The systemd tests
+# boot copies of it and never changes it; a root from before containerd
 # was added is built again.
 nspawn-root: deps
 	@test -x $(NSPAWN_ROOT)/lib/systemd/systemd -a -x $(NSPAWN_ROOT)/usr/bin/containerd -a -x $(NSPAWN_ROOT)/usr/sbin/runc || { \

@@ -25,16 +25,27 @@ func (a *app) nodeCommand() *cobra.Command {
 // nodeView is a node as shoalctl shows it: its document plus this node's
 // view of its liveness.
 type nodeView struct {
-	ID       string            `json:"id"`
-	Name     string            `json:"name"`
-	Addr     string            `json:"addr"`
-	State    string            `json:"state"`
-	CPUs     int64             `json:"cpus"`
-	Memory   int64             `json:"memory"`
-	Version  string            `json:"version"`
-	Labels   map[string]string `json:"labels"`
-	Left     bool              `json:"left,omitempty"`
-	Revision uint64            `json:"revision"`
+	ID      string            `json:"id"`
+	Name    string            `json:"name"`
+	Addr    string            `json:"addr"`
+	State   string            `json:"state"`
+	CPUs    int64             `json:"cpus"`
+	Memory  int64             `json:"memory"`
+	Version string            `json:"version"`
+	Labels  map[string]string `json:"labels"`
+	Left    bool              `json:"left,omitempty"`
+	// ShutDown: its scheduler said its machine shut down and handed its
+	// tasks over, and has not started since.
+	ShutDown bool   `json:"shutdown,omitempty"`
+	Revision uint64 `json:"revision"`
+}
+
+// stateText is the STATE column: membership's word, and a shutdown's.
+func (v nodeView) stateText() string {
+	if v.ShutDown && !v.Left {
+		return v.State + " (shut down)"
+	}
+	return v.State
 }
 
 func (a *app) loadNodes(cmd *cobra.Command, c *client.Statd) ([]nodeView, error) {
@@ -74,6 +85,7 @@ func nodeOf(d *statev1.Document, states map[string]string) nodeView {
 		Memory:   f["memory"].GetIntValue(),
 		Version:  f["version"].GetStringValue(),
 		Left:     f["left"].GetBoolValue(),
+		ShutDown: f["shutdown"].GetBoolValue(),
 		Labels:   map[string]string{},
 		Revision: d.GetRevision(),
 	}
@@ -141,7 +153,7 @@ func (a *app) nodeLs() *cobra.Command {
 			return render(a.out, format, nodes, func(tw *tabwriter.Writer) {
 				fmt.Fprintln(tw, "ID\tNAME\tADDRESS\tSTATE\tCPUS\tMEMORY\tLABELS")
 				for _, n := range nodes {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Name, n.Addr, n.State, n.CPUs, bytesText(uint64(n.Memory)), labelsText(n.Labels))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Name, n.Addr, n.stateText(), n.CPUs, bytesText(uint64(n.Memory)), labelsText(n.Labels))
 				}
 			})
 		},
@@ -183,7 +195,7 @@ func (a *app) nodeInspect() *cobra.Command {
 			}
 			return render(a.out, format, n, func(tw *tabwriter.Writer) {
 				fmt.Fprintf(tw, "ID\t%s\nNAME\t%s\nADDRESS\t%s\nSTATE\t%s\nCPUS\t%d\nMEMORY\t%s\nVERSION\t%s\nLABELS\t%s\n",
-					n.ID, n.Name, n.Addr, n.State, n.CPUs, bytesText(uint64(n.Memory)), n.Version, labelsText(n.Labels))
+					n.ID, n.Name, n.Addr, n.stateText(), n.CPUs, bytesText(uint64(n.Memory)), n.Version, labelsText(n.Labels))
 			})
 		},
 	}

@@ -166,6 +166,8 @@ func (n *node) aliveLoop(ctx context.Context) {
 					dead[m.GetId()] = true
 				}
 			}
+			// Nodes whose machines shut down are left out at once.
+			alive = sched.Up(alive, n.id, n.shutDown)
 			if prev := n.alive.Load(); prev == nil || strings.Join(*prev, ",") != strings.Join(alive, ",") {
 				n.alive.Store(&alive)
 				n.wake()
@@ -179,7 +181,8 @@ func (n *node) aliveLoop(ctx context.Context) {
 	}
 }
 
-// aliveNodes returns the IDs statd last reported alive (this node always).
+// aliveNodes returns the IDs statd last reported alive, less those whose
+// machines shut down (sched.Up; this node always).
 func (n *node) aliveNodes() []string {
 	if p := n.alive.Load(); p != nil && len(*p) > 0 {
 		return *p
@@ -187,7 +190,8 @@ func (n *node) aliveNodes() []string {
 	return []string{n.id}
 }
 
-// publishNode writes this node's capacity and (if unset) availability.
+// publishNode writes this node's capacity and (if unset) availability,
+// and that it is up (clearing a shutdown's word, see stopForShutdown).
 func (n *node) publishNode(ctx context.Context) error {
 	avail := sched.Active
 	if d := n.mirror.Get(sched.NodeKey(n.id)); d != nil {

@@ -6,59 +6,137 @@ import (
 	"sync"
 	"time"
 
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
+
 	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/statepb"
 )
 
-// shutdownStopLimit bounds the stops of stopForShutdown: systemd kills
-// schedd TimeoutStopSec (30 s) after it asked it to stop.
-const shutdownStopLimit = 25 * time.Second
+// Bounds of stopForShutdown, within the 30 s after which systemd kills
+// schedd (TimeoutStopSec): the tasks' stops, then the wait for statd to
+// pass the news on.
+const (
+	shutdownStopLimit = 22 * time.Second
+	shutdownSyncLimit = 3 * time.Second
+)
 
-// stopForShutdown stops every task running on this node, each with its
-// service's stop grace, when the machine shuts down (schedd's loop has
-// ended by then, so none is restarted).
+// stopForShutdown hands this node's tasks over to the cluster when the
+// machine shuts down (schedd's loop has ended by then, so none is
+// restarted here):
+//
+//   - It first writes into its node document that the node shut down.
+//     Every other node's scheduler leaves it out at once (sched.Up), where
+//     membership would count it alive until its statd stops and dead only
+//     after the failure detector's timeout: the services it owned get
+//     another owner, nothing new is placed on it, and its tasks are
+//     replaced elsewhere.
+//   - It stops every running task, each with its service's stop grace,
+//     and records it stopped (sched.StoppedForShutDown): a terminal
+//     state, so that the task is not started again here after a reboot,
+//     and its owner replaces it at once. A task whose stop failed is
+//     left to membership, as after any node that goes down.
+//   - It waits (shortly) until statd has completed a sync with a peer
+//     since, so that the writes have left the machine before statd stops.
 //
 // A restart of schedd leaves its tasks running, and so would a shutdown:
 // the tasks would then get systemd's last SIGTERM and SIGKILL after every
 // unit had stopped, their volumes' vold and their network's netd gone and
 // their root file systems unmounted. schedd's unit is ordered after
-// vold's, netd's and containerd's, so at shutdown it stops first, and
-// the tasks stop while all of those still serve them. Nothing is written
-// to the cluster: the node's tasks are replaced elsewhere as after any
-// node that goes down.
+// vold's, netd's, statd's and containerd's, so at shutdown it stops first,
+// and all of those still serve it and the tasks meanwhile. The next start
+// clears the node document's word (publishNode).
 func (n *node) stopForShutdown() {
+	ctx, cancel := context.WithTimeout(context.Background(), shutdownStopLimit+shutdownSyncLimit)
+	defer cancel()
+	if err := n.put(ctx, sched.NodeKey(n.id), sched.ShutDownFields(true)); err != nil {
+		n.log.Warn("tell the cluster this node shuts down", "err", err)
+	}
 	type stop struct {
-		id    string
+		task  sched.Task
+		rt    sched.Runtime
 		grace time.Duration
 	}
 	var stops []stop
 	var longest time.Duration
 	n.amu.Lock()
-	for id, lt := range n.local {
+	for _, lt := range n.local {
 		if lt.Runtime.State == sched.RuntimeRunning || lt.Runtime.State == sched.RuntimeStarting {
 			grace := cmp.Or(lt.Spec.StopGrace.D(), sched.DefaultStopGrace)
-			stops = append(stops, stop{id, grace})
+			stops = append(stops, stop{lt.Task, lt.Runtime, grace})
 			longest = max(longest, grace)
 		}
 	}
 	n.amu.Unlock()
-	if len(stops) == 0 {
-		return
+	if len(stops) > 0 {
+		n.log.Info("the system is shutting down: stopping this node's tasks and handing them over", "tasks", len(stops))
+		sctx, scancel := context.WithTimeout(ctx, min(longest+5*time.Second, shutdownStopLimit))
+		var wg sync.WaitGroup
+		for _, s := range stops {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				exit, err := n.rt.Stop(sctx, s.task.ID, s.grace)
+				if err != nil {
+					n.log.Warn("stop task for the system's shutdown", "task", s.task.ID, "err", err)
+					return
+				}
+				n.log.Info("task stopped for the system's shutdown", "task", s.task.ID, "exit_code", exit.Code)
+				rt := s.rt
+				rt.State, rt.ExitCode, rt.ExitedAt = sched.RuntimeExited, exit.Code, exit.ExitedAt
+				n.amu.Lock()
+				if lt := n.local[s.task.ID]; lt != nil {
+					lt.Runtime = rt
+				}
+				n.amu.Unlock()
+				n.execAgent(ctx, sched.StoppedForShutDown(s.task, rt, time.Now()))
+			}()
+		}
+		wg.Wait()
+		scancel()
 	}
-	n.log.Info("the system is shutting down: stopping this node's tasks", "tasks", len(stops))
-	ctx, cancel := context.WithTimeout(context.Background(), min(longest+5*time.Second, shutdownStopLimit))
+	// Pushed to peers as they were written; a round of anti-entropy
+	// that began after them makes sure.
+	n.waitSyncedSince(ctx, time.Now(), shutdownSyncLimit)
+}
+
+// waitSyncedSince waits, for limit at most, until statd has completed an
+// anti-entropy round with a peer after since, which then had what this
+// node wrote before since (unless the round began before since; statd
+// pushes every write to peers at once as well). Alone in the cluster, it
+// returns at once.
+func (n *node) waitSyncedSince(ctx context.Context, since time.Time, limit time.Duration) {
+	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
-	var wg sync.WaitGroup
-	for _, s := range stops {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			exit, err := n.rt.Stop(ctx, s.id, s.grace)
-			if err != nil {
-				n.log.Warn("stop task for the system's shutdown", "task", s.id, "err", err)
+	for {
+		st, err := n.statd.Cluster.Status(ctx, &clusterv1.StatusRequest{})
+		if err == nil {
+			others := 0
+			for _, m := range st.GetMembers() {
+				if m.GetSelf() || (m.GetState() != "alive" && m.GetState() != "suspect") {
+					continue
+				}
+				others++
+				if ls := m.GetSync().GetLastSync(); ls != nil && ls.AsTime().After(since) {
+					n.log.Info("the cluster has this node's shutdown", "peer", m.GetId())
+					return
+				}
+			}
+			if others == 0 {
 				return
 			}
-			n.log.Info("task stopped for the system's shutdown", "task", s.id, "exit_code", exit.Code)
-		}()
+		}
+		select {
+		case <-ctx.Done():
+			n.log.Warn("statd has not synced with a peer since the shutdown began; the cluster learns of it from membership")
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
 	}
-	wg.Wait()
+}
+
+// shutDown reports whether a node's document says its machine shut down
+// (sched.Up).
+func (n *node) shutDown(id string) bool {
+	d := n.mirror.Get(sched.NodeKey(id))
+	return d != nil && sched.NodeFromDoc(id, statepb.FromDocument(d), false).ShutDown
 }

@@ -44,34 +44,13 @@ const nspawnRootEnv = "SHOAL_NSPAWN_ROOT"
 // volume. Booted again, the node comes back by itself, with the volume's
 // data, that last write included, and web running again.
 func TestSystemdNode(t *testing.T) {
-	root := os.Getenv(nspawnRootEnv)
-	if root == "" {
-		t.Skipf("$%s is not set: make e2e prepares the container's root (make nspawn-root) and sets it", nspawnRootEnv)
-	}
-	if _, err := os.Stat(filepath.Join(root, "lib/systemd/systemd")); err != nil {
-		t.Fatalf("$%s=%s holds no systemd: %v", nspawnRootEnv, root, err)
-	}
-	units, err := filepath.Abs("../../systemd")
-	if err != nil {
-		t.Fatal(err)
-	}
-	image := writeTestImage(t)
+	root, units, image := nspawnInputs(t)
 	// The machine's disk: a copy of the root, which keeps what the node
 	// wrote from one boot to the next (the reboot step).
-	machine := t.TempDir()
-	if out, err := exec.Command("cp", "-a", root+"/.", machine).CombinedOutput(); err != nil {
-		t.Fatalf("copy the container's root: %v\n%s", err, out)
-	}
-	writableCgroups(t, machine)
-	c := bootContainer(t, machine, units, filepath.Dir(image))
-	// The tasks' cgroups go under a parent named after the container,
-	// which stop removes.
-	c.must("sh", "-c", "mkdir -p /etc/shoal && echo 'cgroup_parent = \"/"+c.name+"\"' > /etc/shoal/schedd.toml")
-
-	// Install the units as `make install` does and enable the node.
-	c.must("sh", "-c", "cp /opt/shoal/systemd/* /etc/systemd/system/ && systemctl daemon-reload && "+
-		"systemctl enable --now shoal.target")
-	c.allActive(t)
+	disk := machineDisk(t, root)
+	node := machine{name: fmt.Sprintf("shoal-e2e-%d", os.Getpid())}
+	c := bootContainer(t, disk, units, filepath.Dir(image), node)
+	c.installNode(t, "")
 	c.must("shoalctl", "cluster", "init", "--advertise", "127.0.0.1")
 	waitFor(t, 60*time.Second, "vold in the cluster", func() bool {
 		_, err := c.run("shoalctl", "volume", "ls")
@@ -234,7 +213,7 @@ func TestSystemdNode(t *testing.T) {
 	// shutdown included), and schedd runs web again.
 	lines := len(at)
 	t.Run("reboot", func(t *testing.T) {
-		c := bootContainer(t, machine, units, filepath.Dir(image))
+		c := bootContainer(t, disk, units, filepath.Dir(image), node)
 		c.allActive(t)
 		var mnt string
 		waitFor(t, 60*time.Second, "the volume mounted after the reboot", func() bool {
@@ -260,11 +239,28 @@ func TestSystemdNode(t *testing.T) {
 		})
 		c.serves()
 		t.Logf("after the reboot: web's tasks %+v (before: %s)", tasks, task)
-		// schedd starts the task that was stopped at shutdown again, in
-		// place: the same task, restarted once.
-		if len(tasks) != 1 || tasks[0].ID != task || tasks[0].Restarts != 1 {
-			t.Fatalf("after the reboot web's tasks are %+v, want %s alone, restarted once", tasks, task)
+		// schedd recorded the task it stopped at the shutdown as stopped
+		// for it, so that its owner replaced it (here, once the node was
+		// back: it is the only one), and it did not run it again.
+		tasks = c.allTasks("web")
+		var old, running []taskState
+		for _, ts := range tasks {
+			switch {
+			case ts.ID == task:
+				old = append(old, ts)
+			case ts.State == "running":
+				running = append(running, ts)
+			}
 		}
+		if len(old) != 1 || old[0].State != "stopped" || old[0].Error != "stopped: its node shut down" ||
+			len(running) != 1 || len(tasks) != 2 {
+			t.Fatalf("after the reboot web's tasks are %+v; want %s stopped for the shutdown, and one new task running", tasks, task)
+		}
+		// The node's word that it shut down is gone: it takes tasks again.
+		waitFor(t, 30*time.Second, "the node's shutdown word cleared", func() bool {
+			nodes := c.nodes()
+			return len(nodes) == 1 && !nodes[0].ShutDown
+		})
 	})
 }
 
@@ -309,17 +305,30 @@ var daemons = []string{"statd", "vold", "netd", "schedd"}
 // taskState is a task as `service ps -o json` shows it.
 type taskState struct {
 	ID       string `json:"id"`
+	Node     string `json:"node"`
 	State    string `json:"state"`
 	Restarts int    `json:"restarts"`
+	Error    string `json:"error"`
 }
 
-// tasks returns the service's tasks, current and past.
+// tasks returns the service's current tasks.
 func (c *container) tasks(service string) []taskState {
 	c.t.Helper()
 	var ts []taskState
 	out := c.must("shoalctl", "service", "ps", service, "-o", "json")
 	if err := json.Unmarshal([]byte(out), &ts); err != nil {
 		c.t.Fatalf("service ps %s -o json: %v\n%s", service, err, out)
+	}
+	return ts
+}
+
+// allTasks returns the service's tasks, finished ones included.
+func (c *container) allTasks(service string) []taskState {
+	c.t.Helper()
+	var ts []taskState
+	out := c.must("shoalctl", "service", "ps", service, "--all", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &ts); err != nil {
+		c.t.Fatalf("service ps %s --all -o json: %v\n%s", service, err, out)
 	}
 	return ts
 }
@@ -400,6 +409,47 @@ func (c *container) pid(pattern string) string {
 	return found[0]
 }
 
+// nspawnInputs returns what the systemd tests boot: the Debian root
+// that make e2e prepares ($SHOAL_NSPAWN_ROOT; the test is skipped
+// without it), the project's units and the test image's file.
+func nspawnInputs(t *testing.T) (root, units, image string) {
+	t.Helper()
+	root = os.Getenv(nspawnRootEnv)
+	if root == "" {
+		t.Skipf("$%s is not set: make e2e prepares the container's root (make nspawn-root) and sets it", nspawnRootEnv)
+	}
+	if _, err := os.Stat(filepath.Join(root, "lib/systemd/systemd")); err != nil {
+		t.Fatalf("$%s=%s holds no systemd: %v", nspawnRootEnv, root, err)
+	}
+	units, err := filepath.Abs("../../systemd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root, units, writeTestImage(t)
+}
+
+// installNode installs the units as `make install` does and enables the
+// node (systemctl enable --now shoal.target), with statdConf as
+// /etc/shoal/statd.toml if it is not empty. The tasks' cgroups go under
+// a parent named after the container, which stop removes.
+func (c *container) installNode(t *testing.T, statdConf string) {
+	t.Helper()
+	c.must("sh", "-c", "mkdir -p /etc/shoal && echo 'cgroup_parent = \"/"+c.name+"\"' > /etc/shoal/schedd.toml")
+	if statdConf != "" {
+		c.must("sh", "-c", "cat > /etc/shoal/statd.toml <<'EOF'\n"+statdConf+"EOF\n")
+	}
+	c.must("sh", "-c", "cp /opt/shoal/systemd/* /etc/systemd/system/ && systemctl daemon-reload && "+
+		"systemctl enable --now shoal.target")
+	c.allActive(t)
+}
+
+// machine is what tells containers that bootContainer boots apart.
+type machine struct {
+	name string // the machine's name, also its cgroups' and its tasks' cgroup parent
+	zone string // nspawn's --network-zone, a bridge shared with the zone's other machines; "" for loopback only
+	addr string // with a zone: the machine's address on it (CIDR)
+}
+
 // container is a booted systemd-nspawn container.
 type container struct {
 	t       *testing.T
@@ -410,24 +460,41 @@ type container struct {
 	done    chan struct{}
 }
 
-// bootContainer boots root's systemd in a container of its own network
-// (loopback only), with this run's binaries in /usr/local/bin, units in
+// bootContainer boots root's systemd in a container named m.name, with
+// a network of its own (loopback only, or m's zone), with this run's binaries in /usr/local/bin, units in
 // /opt/shoal/systemd and images (a directory) in /opt/shoal/images; the
 // end of t powers it off. root is written to: it is the machine's disk
 // (a copy; containerd's overlayfs snapshots could not stack on nspawn's
 // --volatile=overlay). runc may use the kernel's keyrings, which nspawn's
 // system call filter refuses by default.
-func bootContainer(t *testing.T, root, units, images string) *container {
+func bootContainer(t *testing.T, root, units, images string, m machine) *container {
 	t.Helper()
-	name := fmt.Sprintf("shoal-e2e-%d", os.Getpid())
+	name := m.name
 	// The journal goes to the console too, which the test reads: it is
 	// all that is left of the container's log once it powered off.
 	journald := t.TempDir()
 	if err := os.WriteFile(filepath.Join(journald, "console.conf"), []byte("[Journal]\nForwardToConsole=yes\nMaxLevelConsole=info\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command("systemd-nspawn", "--directory", root, "--boot", "--machine", name,
-		"--register=no", "--keep-unit", "--private-network", "--console=read-only",
+	network := "--private-network"
+	if m.zone != "" {
+		network = "--network-zone=" + m.zone
+	}
+	// nspawn puts the container in a cgroup "payload" below its own, in
+	// the systemd and unified hierarchies: each container gets a cgroup
+	// of its own there (named after it, which stop removes), so that two
+	// of them do not share one payload.
+	enter := ""
+	for _, h := range []string{"systemd", "unified"} {
+		dir := filepath.Join("/sys/fs/cgroup", h, name)
+		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+			t.Fatalf("cgroup for the container: %v", err)
+		}
+		enter += "echo $$ > " + dir + "/cgroup.procs && "
+	}
+	cmd := exec.Command("sh", "-c", enter+`exec systemd-nspawn "$@"`, "sh",
+		"--directory", root, "--boot", "--machine", name,
+		"--register=no", "--keep-unit", network, "--console=read-only",
 		"--system-call-filter=@keyring",
 		"--bind=/dev/fuse", "--bind=/dev/net/tun", "--bind-ro="+binDir+":/usr/local/bin",
 		"--bind-ro="+units+":/opt/shoal/systemd", "--bind-ro="+images+":/opt/shoal/images",
@@ -444,6 +511,37 @@ func bootContainer(t *testing.T, root, units, images string) *container {
 		c.init = childOf(cmd.Process.Pid)
 		return c.init != 0
 	})
+	if m.zone != "" {
+		// The zone's bridge and this container's end of it on this
+		// machine: nspawn makes them and leaves them down (systemd-networkd,
+		// which would bring them up, does not run here).
+		bridge := "vz-" + m.zone
+		out, err := exec.Command("ip", "-o", "link", "show", "master", bridge).CombinedOutput()
+		if err != nil {
+			t.Fatalf("ip link show master %s: %v\n%s", bridge, err, out)
+		}
+		links := []string{bridge}
+		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+			if f := strings.Fields(line); len(f) > 1 {
+				links = append(links, strings.SplitN(strings.TrimSuffix(f[1], ":"), "@", 2)[0])
+			}
+		}
+		for _, l := range links {
+			if out, err := exec.Command("ip", "link", "set", l, "up").CombinedOutput(); err != nil {
+				t.Fatalf("ip link set %s up: %v\n%s", l, err, out)
+			}
+		}
+	}
+	if m.addr != "" {
+		// The zone's end in the container (nspawn's host0), with this
+		// machine's address: set from here, the root has no ip(8).
+		ns := []string{"--target", strconv.Itoa(c.init), "--net", "--", "ip"}
+		for _, args := range [][]string{{"addr", "add", m.addr, "dev", "host0"}, {"link", "set", "host0", "up"}} {
+			if out, err := exec.Command("nsenter", append(ns, args...)...).CombinedOutput(); err != nil {
+				t.Fatalf("ip %s in the container: %v\n%s", strings.Join(args, " "), err, out)
+			}
+		}
+	}
 	var state string
 	deadline := time.Now().Add(90 * time.Second)
 	for {
@@ -458,6 +556,20 @@ func bootContainer(t *testing.T, root, units, images string) *container {
 		time.Sleep(200 * time.Millisecond)
 	}
 	return c
+}
+
+// machineDisk returns a machine's disk: a copy of root in a temporary
+// directory, which keeps what the machine wrote from one boot to the next
+// (containerd's overlayfs snapshots could not stack on nspawn's
+// --volatile=overlay), with writable cgroups (writableCgroups).
+func machineDisk(t *testing.T, root string) string {
+	t.Helper()
+	disk := t.TempDir()
+	if out, err := exec.Command("cp", "-a", root+"/.", disk).CombinedOutput(); err != nil {
+		t.Fatalf("copy the container's root: %v\n%s", err, out)
+	}
+	writableCgroups(t, disk)
+	return disk
 }
 
 // writableCgroups installs and enables, in the machine's root, a unit

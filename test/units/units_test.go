@@ -93,13 +93,14 @@ func TestUnitsAreIndependent(t *testing.T) {
 		}
 	}
 	// schedd's tasks run on containerd: ordered after it, never tied to it.
-	// Ordered after vold and netd too, so that at shutdown it stops (and
-	// stops the tasks) before them.
+	// Ordered after vold, netd and statd too, so that at shutdown it
+	// stops (and stops the tasks, and hands them over through statd)
+	// before them.
 	schedd := readUnit(t, "shoal-schedd.service")
 	if !strings.Contains(schedd["Unit.After"], "containerd.service") || !strings.Contains(schedd["Unit.Wants"], "containerd.service") {
 		t.Errorf("shoal-schedd.service After=%s Wants=%s: want containerd.service in both", schedd["Unit.After"], schedd["Unit.Wants"])
 	}
-	for _, d := range []string{"vold", "netd"} {
+	for _, d := range []string{"vold", "netd", "statd"} {
 		if !strings.Contains(schedd["Unit.After"], "shoal-"+d+".service") {
 			t.Errorf("shoal-schedd.service After=%s: want shoal-%s.service (it stops first at shutdown)", schedd["Unit.After"], d)
 		}

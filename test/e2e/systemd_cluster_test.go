@@ -1,0 +1,130 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestSystemdCluster boots two machines, each a whole node under a real
+// systemd (as TestSystemdNode), on one network of their own (an nspawn
+// zone: a bridge on this machine and a veth into each), joins them into a
+// cluster by token, and runs a service's task on one of them. That
+// machine then powers off: its schedd stops the task, records it stopped
+// for the shutdown and says in its node document that it shut down, and
+// the other machine runs a replacement at once. The statds' suspicion
+// timeout is two minutes here, so the failure detector cannot have done
+// it: the replacement must come, and the powered-off node must still not
+// be dead, within one minute.
+func TestSystemdCluster(t *testing.T) {
+	root, units, image := nspawnInputs(t)
+	// The zone's bridge is vz-<zone>, at most 15 characters; the subnet is
+	// the zone's alone (nothing else on this machine routes it).
+	zone := fmt.Sprintf("se%d", os.Getpid()%10000000)
+	const subnet = "10.254.77."
+	var ms [2]*container
+	for i, x := range []string{"a", "b"} {
+		m := machine{name: fmt.Sprintf("shoal-e2e-%d-%s", os.Getpid(), x), zone: zone, addr: fmt.Sprintf("%s%d/24", subnet, i+1)}
+		ms[i] = bootContainer(t, machineDisk(t, root), units, filepath.Dir(image), m)
+	}
+	// Failure detection far slower than any hand-over.
+	for _, c := range ms {
+		c.installNode(t, "suspicion_timeout = \"120s\"\n")
+	}
+	a, b := ms[0], ms[1]
+	a.must("shoalctl", "cluster", "init", "--advertise", subnet+"1")
+	token := strings.TrimSpace(a.must("shoalctl", "cluster", "token"))
+	b.must("shoalctl", "cluster", "join", "--token", token, "--advertise", subnet+"2", subnet+"1")
+	addrOf := map[string]*container{}
+	waitFor(t, 60*time.Second, "both nodes alive in the cluster", func() bool {
+		nodes := a.nodes()
+		alive := 0
+		for _, n := range nodes {
+			if n.State == "alive" {
+				alive++
+			}
+			addrOf[n.ID] = map[string]*container{subnet + "1": a, subnet + "2": b}[n.Addr]
+		}
+		return alive == 2
+	})
+	for _, c := range ms {
+		c.must("shoalctl", "image", "load", "/opt/shoal/images/"+filepath.Base(image))
+	}
+	a.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "--stop-grace", "2s", "--", "sh", "-c",
+		`trap 'exit 0' TERM; while true; do sleep 0.2; done`)
+	var task taskState
+	waitFor(t, 60*time.Second, "web's task running", func() bool {
+		ts := a.tasks("web")
+		if len(ts) == 1 && ts[0].State == "running" {
+			task = ts[0]
+			return true
+		}
+		return false
+	})
+	victim := addrOf[task.Node]
+	if victim == nil {
+		t.Fatalf("web's task %s is on node %q, which is neither machine (%v)", task.ID, task.Node, addrOf)
+	}
+	survivor := a
+	if victim == a {
+		survivor = b
+	}
+	t.Logf("web's task %s runs on %s; %s powers off", task.ID, victim.name, victim.name)
+
+	start := time.Now()
+	_, _ = victim.run("systemctl", "poweroff")
+	var replacement taskState
+	waitFor(t, 60*time.Second, "web's task replaced on "+survivor.name, func() bool {
+		var stopped bool
+		for _, ts := range survivor.allTasks("web") {
+			switch {
+			case ts.ID == task.ID:
+				stopped = ts.State == "stopped" && ts.Error == "stopped: its node shut down"
+			case ts.State == "running" && addrOf[ts.Node] == survivor:
+				replacement = ts
+			}
+		}
+		return stopped && replacement.ID != ""
+	})
+	took := time.Since(start)
+	var seen nodeState
+	for _, n := range survivor.nodes() {
+		if n.ID == task.Node {
+			seen = n
+		}
+	}
+	if seen.State == "dead" || !seen.ShutDown {
+		t.Fatalf("%s sees the node that shut down as %+v; want it not dead yet (its failure detector takes minutes), and shut down", survivor.name, seen)
+	}
+	t.Logf("%s ran %s in place of %s %.1f s after the poweroff began; it sees the other node as %q (shut down)",
+		survivor.name, replacement.ID, task.ID, took.Seconds(), seen.State)
+	select {
+	case <-victim.done:
+	case <-time.After(90 * time.Second):
+		t.Fatalf("%s did not power off within 90 s; console:\n%s", victim.name, victim.tail(80))
+	}
+	_, _ = survivor.run("shoalctl", "service", "rm", "web")
+}
+
+// nodeState is a node as `node ls -o json` shows it.
+type nodeState struct {
+	ID       string `json:"id"`
+	Addr     string `json:"addr"`
+	State    string `json:"state"`
+	ShutDown bool   `json:"shutdown"`
+}
+
+// nodes returns the cluster's nodes as this machine's node sees them.
+func (c *container) nodes() []nodeState {
+	c.t.Helper()
+	var ns []nodeState
+	out := c.must("shoalctl", "node", "ls", "-o", "json")
+	if err := json.Unmarshal([]byte(out), &ns); err != nil {
+		c.t.Fatalf("node ls -o json: %v\n%s", err, out)
+	}
+	return ns
+}
