@@ -109,7 +109,7 @@ e2e: build nspawn-root
 
 # nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 373 MB):
 # systemd, and containerd and runc for schedd's tasks. The systemd tests
-# boot copies of it and never changes it; a root from before containerd
+# boot copies of it and never change it; a root from before containerd
 # was added is built again.
 nspawn-root: deps
 	@test -x $(NSPAWN_ROOT)/lib/systemd/systemd -a -x $(NSPAWN_ROOT)/usr/bin/containerd -a -x $(NSPAWN_ROOT)/usr/sbin/runc || { \
