@@ -46,6 +46,9 @@ const (
 // and all of those still serve it and the tasks meanwhile. The next start
 // clears the node document's word (publishNode).
 func (n *node) stopForShutdown() {
+	if n.nodeID() == "" {
+		return // never found its cluster, so it adopted no task either
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), shutdownStopLimit+shutdownSyncLimit)
 	defer cancel()
 	if err := n.put(ctx, sched.NodeKey(n.id), sched.ShutDownFields(true)); err != nil {
@@ -127,7 +130,7 @@ func (n *node) waitSyncedSince(ctx context.Context, since time.Time, limit time.
 		}
 		select {
 		case <-ctx.Done():
-			n.log.Warn("statd has not synced with a peer since the shutdown began; the cluster learns of it from membership")
+			n.log.Warn("statd has not synced with a peer since the tasks were handed over; they reached the cluster by push, or it learns of the shutdown from membership")
 			return
 		case <-time.After(50 * time.Millisecond):
 		}

@@ -352,6 +352,9 @@ func (c *container) still(task string) {
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		got := c.tasks("web")
+		if len(got) == 1 {
+			got[0].Node = "" // the node's ID, which this test does not know
+		}
 		if slices.Equal(got, want) {
 			break
 		}
