@@ -60,6 +60,7 @@ func (n *node) run(ctx context.Context) error {
 
 	tick := time.NewTicker(time.Duration(n.cfg.Tick))
 	defer tick.Stop()
+	var republished time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -71,6 +72,14 @@ func (n *node) run(ctx context.Context) error {
 		now := time.Now()
 		n.agentRounds(ctx, now)
 		n.ownerRound(ctx, now)
+		// The other nodes leave this one out while its document says it
+		// shut down: a failed publishNode must not leave it so.
+		if n.shutDown(n.id) && now.Sub(republished) > time.Second {
+			republished = now
+			if err := n.publishNode(ctx); err != nil {
+				n.log.Warn("publish node capacity", "err", err)
+			}
+		}
 	}
 }
 

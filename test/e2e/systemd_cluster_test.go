@@ -13,8 +13,10 @@ import (
 // TestSystemdCluster boots two machines, each a whole node under a real
 // systemd (as TestSystemdNode), on one network of their own (an nspawn
 // zone: a bridge on this machine and a veth into each), joins them into a
-// cluster by token, and runs a service's task on one of them. That
-// machine then powers off: its schedd stops the task, records it stopped
+// cluster by token, and runs a service's task on one of them, whose
+// published port serves on both (the other one reaches it through the
+// overlay: WireGuard between the machines' netds). That machine then
+// powers off: its schedd stops the task, records it stopped
 // for the shutdown and says in its node document that it shut down, and
 // the other machine runs a replacement at once. The statds' suspicion
 // timeout is two minutes here, so the failure detector cannot have done
@@ -54,8 +56,8 @@ func TestSystemdCluster(t *testing.T) {
 	for _, c := range ms {
 		c.must("shoalctl", "image", "load", "/opt/shoal/images/"+filepath.Base(image))
 	}
-	a.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "--stop-grace", "2s", "--", "sh", "-c",
-		`trap 'exit 0' TERM; while true; do sleep 0.2; done`)
+	a.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "-p", "8080:80", "--stop-grace", "2s", "--", "sh", "-c",
+		`trap 'exit 0' TERM; mkdir -p /www && echo hello from web > /www/hello && httpd -p 80 -h /www; while true; do sleep 0.2; done`)
 	var task taskState
 	waitFor(t, 60*time.Second, "web's task running", func() bool {
 		ts := a.tasks("web")
@@ -73,7 +75,11 @@ func TestSystemdCluster(t *testing.T) {
 	if victim == a {
 		survivor = b
 	}
-	t.Logf("web's task %s runs on %s; %s powers off", task.ID, victim.name, victim.name)
+	// The published port answers on both machines: on the other one
+	// through the overlay, WireGuard between the two netds' devices.
+	victim.servesAt(victim.addr, "hello from web")
+	survivor.servesAt(survivor.addr, "hello from web")
+	t.Logf("web's task %s runs on %s, and port 8080 serves it on both machines; %s powers off", task.ID, victim.name, victim.name)
 
 	start := time.Now()
 	_, _ = victim.run("systemctl", "poweroff")
@@ -102,6 +108,7 @@ func TestSystemdCluster(t *testing.T) {
 	}
 	t.Logf("%s ran %s in place of %s %.1f s after the poweroff began; it sees the other node as %q (shut down)",
 		survivor.name, replacement.ID, task.ID, took.Seconds(), seen.State)
+	survivor.servesAt(survivor.addr, "hello from web")
 	select {
 	case <-victim.done:
 	case <-time.After(90 * time.Second):

@@ -370,8 +370,14 @@ func (c *container) still(task string) {
 // test wrote into the volume (the port may be down while netd restarts).
 func (c *container) serves() {
 	c.t.Helper()
-	const want = "hello from v1"
-	get := `exec 3<>/dev/tcp/127.0.0.1/8080 && printf 'GET /hello HTTP/1.0\r\n\r\n' >&3 && cat <&3`
+	c.servesAt("127.0.0.1", "hello from v1")
+}
+
+// servesAt checks that port 8080 at addr, seen from the container,
+// serves /hello with want in it, within 30 s.
+func (c *container) servesAt(addr, want string) {
+	c.t.Helper()
+	get := `exec 3<>/dev/tcp/` + addr + `/8080 && printf 'GET /hello HTTP/1.0\r\n\r\n' >&3 && cat <&3`
 	var out string
 	deadline := time.Now().Add(30 * time.Second)
 	for {
@@ -380,7 +386,7 @@ func (c *container) serves() {
 			return
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("port 8080 answered %q, want %q\n%s", out, want, c.journal("shoal-netd", "shoal-schedd", "shoal-vold"))
+			c.t.Fatalf("port 8080 at %s answered %q, want %q\n%s", addr, out, want, c.journal("shoal-netd", "shoal-schedd", "shoal-vold"))
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
@@ -457,6 +463,7 @@ type machine struct {
 type container struct {
 	t       *testing.T
 	name    string // the machine's name, also the tasks' cgroup parent
+	addr    string // its address on its zone (machine.addr without the prefix length)
 	nspawn  *exec.Cmd
 	console *syncBuffer // its console, with the journal (journald.conf.d)
 	init    int         // the container's PID 1, as this machine numbers it
@@ -507,7 +514,7 @@ func bootContainer(t *testing.T, root, units, images string, m machine) *contain
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("systemd-nspawn: %v", err)
 	}
-	c := &container{t: t, name: name, nspawn: cmd, console: console, done: make(chan struct{})}
+	c := &container{t: t, name: name, addr: strings.Split(m.addr, "/")[0], nspawn: cmd, console: console, done: make(chan struct{})}
 	go func() { _ = cmd.Wait(); close(c.done) }()
 	t.Cleanup(func() { c.stop() })
 	waitFor(t, 30*time.Second, "the container's PID 1", func() bool {
