@@ -471,7 +471,8 @@ type container struct {
 }
 
 // bootContainer boots root's systemd in a container named m.name, with
-// a network of its own (loopback only, or m's zone), with this run's binaries in /usr/local/bin, units in
+// a network of its own (loopback only, or m's zone), with this run's
+// binaries in /usr/local/bin, units in
 // /opt/shoal/systemd and images (a directory) in /opt/shoal/images; the
 // end of t powers it off. root is written to: it is the machine's disk
 // (a copy; containerd's overlayfs snapshots could not stack on nspawn's
@@ -522,34 +523,19 @@ func bootContainer(t *testing.T, root, units, images string, m machine) *contain
 		return c.init != 0
 	})
 	if m.zone != "" {
-		// The zone's bridge and this container's end of it on this
-		// machine: nspawn makes them and leaves them down (systemd-networkd,
-		// which would bring them up, does not run here).
-		bridge := "vz-" + m.zone
-		out, err := exec.Command("ip", "-o", "link", "show", "master", bridge).CombinedOutput()
-		if err != nil {
-			t.Fatalf("ip link show master %s: %v\n%s", bridge, err, out)
-		}
-		links := []string{bridge}
-		for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
-			if f := strings.Fields(line); len(f) > 1 {
-				links = append(links, strings.SplitN(strings.TrimSuffix(f[1], ":"), "@", 2)[0])
+		// nspawn makes the zone's links as the container starts: wait for
+		// them rather than race it.
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			c.init = childOf(cmd.Process.Pid)
+			err := c.zoneUp(m)
+			if err == nil {
+				break
 			}
-		}
-		for _, l := range links {
-			if out, err := exec.Command("ip", "link", "set", l, "up").CombinedOutput(); err != nil {
-				t.Fatalf("ip link set %s up: %v\n%s", l, err, out)
+			if time.Now().After(deadline) {
+				t.Fatalf("the container's links on its zone: %v", err)
 			}
-		}
-	}
-	if m.addr != "" {
-		// The zone's end in the container (nspawn's host0), with this
-		// machine's address: set from here, the root has no ip(8).
-		ns := []string{"--target", strconv.Itoa(c.init), "--net", "--", "ip"}
-		for _, args := range [][]string{{"addr", "add", m.addr, "dev", "host0"}, {"link", "set", "host0", "up"}} {
-			if out, err := exec.Command("nsenter", append(ns, args...)...).CombinedOutput(); err != nil {
-				t.Fatalf("ip %s in the container: %v\n%s", strings.Join(args, " "), err, out)
-			}
+			time.Sleep(100 * time.Millisecond)
 		}
 	}
 	var state string
@@ -566,6 +552,40 @@ func bootContainer(t *testing.T, root, units, images string, m machine) *contain
 		time.Sleep(200 * time.Millisecond)
 	}
 	return c
+}
+
+// zoneUp brings up m's zone: its bridge and this machine's ends of the
+// containers' veths (nspawn makes them and leaves them down, as
+// systemd-networkd, which would bring them up, does not run here), and
+// the container's end (host0) with m's address, set from here: the root
+// has no ip(8). It can be called again.
+func (c *container) zoneUp(m machine) error {
+	bridge := "vz-" + m.zone
+	out, err := exec.Command("ip", "-o", "link", "show", "master", bridge).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("ip link show master %s: %v: %s", bridge, err, out)
+	}
+	links := []string{bridge}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if f := strings.Fields(line); len(f) > 1 {
+			links = append(links, strings.SplitN(strings.TrimSuffix(f[1], ":"), "@", 2)[0])
+		}
+	}
+	if len(links) == 1 {
+		return fmt.Errorf("no veth on %s yet", bridge)
+	}
+	for _, l := range links {
+		if out, err := exec.Command("ip", "link", "set", l, "up").CombinedOutput(); err != nil {
+			return fmt.Errorf("ip link set %s up: %v: %s", l, err, out)
+		}
+	}
+	ns := []string{"--target", strconv.Itoa(c.init), "--net", "--", "ip"}
+	for _, args := range [][]string{{"addr", "replace", m.addr, "dev", "host0"}, {"link", "set", "host0", "up"}} {
+		if out, err := exec.Command("nsenter", append(ns, args...)...).CombinedOutput(); err != nil {
+			return fmt.Errorf("ip %s in the container: %v: %s", strings.Join(args, " "), err, out)
+		}
+	}
+	return nil
 }
 
 // machineDisk returns a machine's disk: a copy of root in a temporary
