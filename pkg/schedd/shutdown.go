@@ -6,10 +6,9 @@ import (
 	"sync"
 	"time"
 
-	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
-
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 )
 
 // Bounds of stopForShutdown, within the 30 s after which systemd kills
