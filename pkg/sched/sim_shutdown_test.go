@@ -42,20 +42,7 @@ func TestSimShutDownHandsOver(t *testing.T) {
 			} else {
 				c.Kill(victim)
 			}
-			replaced := c.RunUntil(func() bool {
-				up := 0
-				for node, n := range c.Running("web") {
-					if node != victim {
-						up += n
-					}
-				}
-				for _, sl := range c.Slots("web") {
-					if sl.Node == victim {
-						return false
-					}
-				}
-				return up == 6
-			}, detect-5*time.Second)
+			replaced := c.RunUntil(movedOff(c, "web", victim, 6), detect-5*time.Second)
 			if !tc.shutDown {
 				if replaced {
 					t.Fatalf("a killed node's tasks were replaced after %v, before its death was detected (%v)", c.Now().Sub(start), detect)

@@ -54,6 +54,25 @@ func settle(t *testing.T, c *sim.Cluster, service string, within time.Duration) 
 	}
 }
 
+// movedOff reports whether service runs want tasks on nodes other than
+// node, and no slot of it names node any more.
+func movedOff(c *sim.Cluster, service, node string, want int) func() bool {
+	return func() bool {
+		up := 0
+		for at, n := range c.Running(service) {
+			if at != node {
+				up += n
+			}
+		}
+		for _, sl := range c.Slots(service) {
+			if sl.Node == node {
+				return false
+			}
+		}
+		return up == want
+	}
+}
+
 func slotSummary(c *sim.Cluster, service string) string {
 	var parts []string
 	for _, sl := range c.Slots(service) {
@@ -134,20 +153,7 @@ func TestSimNodeDies(t *testing.T) {
 				had = append(had, lt.ID)
 			}
 			c.Kill(victim)
-			ok := c.RunUntil(func() bool {
-				up := 0
-				for node, n := range c.Running("web") {
-					if node != victim {
-						up += n
-					}
-				}
-				for _, sl := range c.Slots("web") {
-					if sl.Node == victim {
-						return false
-					}
-				}
-				return up == 6
-			}, 20*time.Second)
+			ok := c.RunUntil(movedOff(c, "web", victim, 6), 20*time.Second)
 			if !ok {
 				t.Fatalf("not replaced: running %v, slots %s", c.Running("web"), slotSummary(c, "web"))
 			}

@@ -95,20 +95,14 @@ func (n *node) waitStatdSynced(ctx context.Context) {
 		st, err := n.statd.Cluster.Status(cctx, &clusterv1.StatusRequest{})
 		cancel()
 		if err == nil {
-			others := 0
-			for _, m := range st.GetMembers() {
-				if m.GetSelf() {
-					continue
-				}
-				others++
-				if ls := m.GetSync().GetLastSync(); ls != nil && ls.AsTime().After(start) {
-					if err := n.mirrorCatchUp(ctx); err == nil {
-						return
-					}
-				}
-			}
-			if others == 0 {
+			peer, others := syncedSince(st, start)
+			if !others {
 				return // alone in the cluster: nothing to catch up with
+			}
+			if peer != "" {
+				if err := n.mirrorCatchUp(ctx); err == nil {
+					return
+				}
 			}
 		}
 		select {
@@ -118,6 +112,23 @@ func (n *node) waitStatdSynced(ctx context.Context) {
 		}
 	}
 	n.log.Warn("statd has not synced with a peer yet; going on")
+}
+
+// syncedSince returns a member with which statd completed an anti-entropy
+// round after since ("" if none), and whether statd knows other members
+// at all (dead ones too: a node back from a partition may still hold the
+// others dead).
+func syncedSince(st *clusterv1.StatusResponse, since time.Time) (peer string, others bool) {
+	for _, m := range st.GetMembers() {
+		if m.GetSelf() {
+			continue
+		}
+		others = true
+		if ls := m.GetSync().GetLastSync(); ls != nil && ls.AsTime().After(since) {
+			return m.GetId(), true
+		}
+	}
+	return "", others
 }
 
 // mirrorCatchUp waits until the mirror reflects statd's current revision:

@@ -105,25 +105,19 @@ func (n *node) stopForShutdown() {
 // anti-entropy round with a peer after since, which then had what this
 // node wrote before since (unless the round began before since; statd
 // pushes every write to peers at once as well). Alone in the cluster, it
-// returns at once.
+// returns at once; with only dead peers, after limit.
 func (n *node) waitSyncedSince(ctx context.Context, since time.Time, limit time.Duration) {
 	ctx, cancel := context.WithTimeout(ctx, limit)
 	defer cancel()
 	for {
 		st, err := n.statd.Cluster.Status(ctx, &clusterv1.StatusRequest{})
 		if err == nil {
-			others := 0
-			for _, m := range st.GetMembers() {
-				if m.GetSelf() || (m.GetState() != "alive" && m.GetState() != "suspect") {
-					continue
-				}
-				others++
-				if ls := m.GetSync().GetLastSync(); ls != nil && ls.AsTime().After(since) {
-					n.log.Info("the cluster has this node's shutdown", "peer", m.GetId())
-					return
-				}
+			peer, others := syncedSince(st, since)
+			if !others {
+				return
 			}
-			if others == 0 {
+			if peer != "" {
+				n.log.Info("the cluster has this node's shutdown", "peer", peer)
 				return
 			}
 		}
