@@ -110,8 +110,23 @@ func (c *Client) Link(ctx context.Context, ino, newParent uint64, newName string
 
 // Unlink removes non-directory name from parent.
 func (c *Client) Unlink(ctx context.Context, parent uint64, name string) error {
-	_, err := c.do(ctx, &Op{Kind: KindUnlink, Parent: parent, Name: name})
+	_, err := c.UnlinkHolding(ctx, parent, name, Holder{})
 	return err
+}
+
+// UnlinkHolding is Unlink from a mount that has files open: if name was
+// the last name of one of h.Open, h keeps that file until it forgets it,
+// and held is its inode number (0 otherwise).
+func (c *Client) UnlinkHolding(ctx context.Context, parent uint64, name string, h Holder) (held uint64, err error) {
+	return c.holding(ctx, h.on(&Op{Kind: KindUnlink, Parent: parent, Name: name}))
+}
+
+func (c *Client) holding(ctx context.Context, op *Op) (uint64, error) {
+	r, err := c.do(ctx, op)
+	if err != nil || r.Attr == nil {
+		return 0, err
+	}
+	return r.Attr.Ino, nil
 }
 
 // Rmdir removes empty directory name from parent.
@@ -123,7 +138,41 @@ func (c *Client) Rmdir(ctx context.Context, parent uint64, name string) error {
 // Rename moves parent/name to newParent/newName, replacing a compatible
 // existing target. flags are RenameNoReplace or RenameExchange.
 func (c *Client) Rename(ctx context.Context, parent uint64, name string, newParent uint64, newName string, flags uint32) error {
-	_, err := c.do(ctx, &Op{Kind: KindRename, Parent: parent, Name: name, NewParent: newParent, NewName: newName, Flags: flags})
+	_, err := c.RenameHolding(ctx, parent, name, newParent, newName, flags, Holder{})
+	return err
+}
+
+// RenameHolding is Rename from a mount that has files open: a replaced
+// target that is one of h.Open and loses its last name is kept for h,
+// and held is its inode number (0 otherwise).
+func (c *Client) RenameHolding(ctx context.Context, parent uint64, name string, newParent uint64, newName string, flags uint32, h Holder) (held uint64, err error) {
+	return c.holding(ctx, h.on(&Op{Kind: KindRename, Parent: parent, Name: name, NewParent: newParent, NewName: newName, Flags: flags}))
+}
+
+// Forget frees file ino if h's session holds it (its last open handle
+// there has closed). A file that is not held, or held by another
+// session, stays.
+func (c *Client) Forget(ctx context.Context, h Holder, ino uint64) error {
+	return c.forget(ctx, h, ino, 0)
+}
+
+// ForgetSession frees every file h's session holds (its mount has ended).
+func (c *Client) ForgetSession(ctx context.Context, h Holder) error {
+	return c.forget(ctx, h, 0, ForgetSession)
+}
+
+// ForgetOthers frees every file held by a session of h.Node other than
+// h.Session: a node mounting a volume afresh has no other session of it
+// left.
+func (c *Client) ForgetOthers(ctx context.Context, h Holder) error {
+	return c.forget(ctx, h, 0, ForgetOthers)
+}
+
+func (c *Client) forget(ctx context.Context, h Holder, ino uint64, flags uint32) error {
+	if h.Session == "" {
+		return syscall.EINVAL
+	}
+	_, err := c.do(ctx, h.on(&Op{Kind: KindForget, Ino: ino, Flags: flags}))
 	return err
 }
 

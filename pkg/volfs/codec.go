@@ -36,6 +36,9 @@ const (
 	fOpAtime
 	fOpMtime
 	fOpAfter
+	fOpNode
+	fOpSession
+	fOpOpen
 )
 
 // Result fields.
@@ -70,6 +73,7 @@ const (
 	fStLimit  protowire.Number = 1
 	fStUsed   protowire.Number = 2
 	fStInodes protowire.Number = 3
+	fStHeld   protowire.Number = 4
 )
 
 func putVarint(b []byte, n protowire.Number, v uint64) []byte {
@@ -164,6 +168,15 @@ func (o *Op) Encode() []byte {
 	b = putVarint(b, fOpAtime, uint64(o.Atime))
 	b = putVarint(b, fOpMtime, uint64(o.Mtime))
 	b = putString(b, fOpAfter, o.After)
+	b = putString(b, fOpNode, o.Node)
+	b = putString(b, fOpSession, o.Session)
+	if len(o.Open) > 0 {
+		var packed []byte
+		for _, ino := range o.Open {
+			packed = protowire.AppendVarint(packed, ino)
+		}
+		b = putBytes(b, fOpOpen, packed)
+	}
 	return b
 }
 
@@ -214,6 +227,19 @@ func DecodeOp(b []byte) (Op, error) {
 				o.Data = p
 			case fOpAfter:
 				o.After = string(p)
+			case fOpNode:
+				o.Node = string(p)
+			case fOpSession:
+				o.Session = string(p)
+			case fOpOpen:
+				for len(p) > 0 {
+					ino, m := protowire.ConsumeVarint(p)
+					if m < 0 {
+						return fmt.Errorf("%w: open inodes: %v", ErrMalformed, protowire.ParseError(m))
+					}
+					o.Open = append(o.Open, ino)
+					p = p[m:]
+				}
 			}
 		}
 		return err
@@ -296,6 +322,7 @@ func (r *Result) Encode() []byte {
 		m = putVarint(m, fStLimit, uint64(r.Statfs.Limit))
 		m = putVarint(m, fStUsed, uint64(r.Statfs.Used))
 		m = putVarint(m, fStInodes, r.Statfs.Inodes)
+		m = putVarint(m, fStHeld, r.Statfs.Held)
 		b = putMessage(b, fResStatfs, m)
 	}
 	return b
@@ -347,6 +374,8 @@ func DecodeResult(b []byte) (Result, error) {
 					st.Used = int64(v)
 				case fStInodes:
 					st.Inodes = v
+				case fStHeld:
+					st.Held = v
 				}
 				return nil
 			})

@@ -59,10 +59,19 @@
 //     each is atomic, the whole is not. WriteAppend writes at the file's
 //     size as of the entry, so concurrent appends from several nodes do not
 //     overwrite each other.
-//   - Open files are not tracked: unlinking the last name frees an inode
-//     at once, even if a process somewhere still has it open (its next
-//     read or write fails with ENOENT). Tracking opens across nodes would
-//     need leases that die with their node.
+//   - Open-unlinked files are kept for the mount that unlinks them: an
+//     unlink or a rename carries the inodes its mount has open (Holder),
+//     and one of them that loses its last name stays, without a name
+//     (nlink 0), its bytes counted in Used and Statfs.Held, held by the
+//     mount's node and session, until that mount forgets it (Forget, at
+//     the last close there) or ends (ForgetSession; ForgetOthers when
+//     the node mounts the volume afresh). Held files replicate like any
+//     other state, snapshots included. A file open on one node and
+//     unlinked through another is freed at once (its next read there
+//     fails with ENOENT): opens are not replicated, which would cost a
+//     proposal per open and leases that die with their node. A node that
+//     never mounts the volume again keeps its held files until the volume
+//     is removed.
 //   - No device nodes, FIFOs, sockets, extended attributes or ACLs; file
 //     locks are not replicated.
 //   - Digest is a SHA-256 over the canonical encoding of the whole state

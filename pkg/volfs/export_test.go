@@ -36,6 +36,14 @@ func (fs *FS) CheckInvariants() error {
 		if n.nlink != nlinks[ino] {
 			return fmt.Errorf("inode %d: nlink %d, names %d", ino, n.nlink, nlinks[ino])
 		}
+		if _, held := fs.held[ino]; held != (n.heldSession != "") {
+			return fmt.Errorf("inode %d: in the held set %v, holder %q", ino, held, n.heldSession)
+		}
+	}
+	for ino := range fs.held {
+		if fs.inodes[ino] == nil {
+			return fmt.Errorf("held inode %d does not exist", ino)
+		}
 	}
 	return nil
 }

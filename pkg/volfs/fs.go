@@ -29,6 +29,10 @@ type inode struct {
 	data    fileData          // regular files
 	target  string            // symbolic links
 	entries map[string]uint64 // directories
+	// heldNode and heldSession name the mount that keeps this regular
+	// file, which has no name left (nlink 0), while a process there has
+	// it open; empty for every inode with a name.
+	heldNode, heldSession string
 }
 
 func (n *inode) isDir() bool     { return n.mode&ModeType == ModeDir }
@@ -65,6 +69,8 @@ type FS struct {
 	nextIno uint64
 	limit   int64
 	used    int64 // total length of regular files' data
+	// held is the set of open-unlinked files (inodes with heldSession).
+	held    map[uint64]struct{}
 	applied uint64
 	// version counts the changes of the state (applies, restores; New's
 	// is 1): memo is the digest Summary last computed, of the state at
@@ -90,6 +96,7 @@ func (fs *FS) reset() {
 		RootIno: {ino: RootIno, mode: ModeDir | 0o755, nlink: 2, parent: RootIno, entries: map[string]uint64{}},
 	}
 	fs.nextIno = RootIno + 1
+	fs.held = map[uint64]struct{}{}
 	fs.limit, fs.used, fs.applied = 0, 0, 0
 	fs.version++
 }
@@ -99,6 +106,28 @@ func (fs *FS) Used() int64 {
 	fs.mu.RLock()
 	defer fs.mu.RUnlock()
 	return fs.used
+}
+
+// Held returns the number of open-unlinked files the volume keeps.
+func (fs *FS) Held() uint64 {
+	fs.mu.RLock()
+	defer fs.mu.RUnlock()
+	return uint64(len(fs.held))
+}
+
+// HeldNodes returns the nodes whose mounts hold open-unlinked files, in
+// order.
+func (fs *FS) HeldNodes() []string {
+	fs.mu.RLock()
+	defer fs.mu.RUnlock()
+	var nodes []string
+	for ino := range fs.held {
+		if n := fs.inodes[ino].heldNode; !slices.Contains(nodes, n) {
+			nodes = append(nodes, n)
+		}
+	}
+	slices.Sort(nodes)
+	return nodes
 }
 
 // Applied returns the index of the last entry applied (as of the last
@@ -230,6 +259,8 @@ const (
 	fInoData
 	fInoTarget
 	fInoEntry
+	fInoHeldNode
+	fInoHeldSession
 )
 
 const snapshotVersion = 1
@@ -274,7 +305,7 @@ func (fs *FS) ForkSnapshot() (raftgroup.SnapshotWriter, error) {
 
 // fork returns the frozen copy ForkSnapshot describes; fs.mu is held.
 func (fs *FS) fork() *FS {
-	c := &FS{inodes: make(map[uint64]*inode, len(fs.inodes)), nextIno: fs.nextIno, limit: fs.limit, used: fs.used, applied: fs.applied, version: fs.version}
+	c := &FS{inodes: make(map[uint64]*inode, len(fs.inodes)), nextIno: fs.nextIno, limit: fs.limit, used: fs.used, held: maps.Clone(fs.held), applied: fs.applied, version: fs.version}
 	for ino, n := range fs.inodes {
 		cn := *n
 		cn.entries = maps.Clone(n.entries)
@@ -327,6 +358,8 @@ func (fs *FS) writeState(w io.Writer, withApplied bool) {
 		m = putVarint(m, fInoCtime, uint64(n.ctime))
 		m = putVarint(m, fInoParent, n.parent)
 		m = putString(m, fInoTarget, n.target)
+		m = putString(m, fInoHeldNode, n.heldNode)
+		m = putString(m, fInoHeldSession, n.heldSession)
 		names = names[:0]
 		for name := range n.entries {
 			names = append(names, name)
@@ -374,13 +407,13 @@ func (fs *FS) Restore(data []byte) error {
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fs.inodes, fs.nextIno, fs.limit, fs.used, fs.applied = st.inodes, st.nextIno, st.limit, st.used, st.applied
+	fs.inodes, fs.nextIno, fs.limit, fs.used, fs.held, fs.applied = st.inodes, st.nextIno, st.limit, st.used, st.held, st.applied
 	fs.version++
 	return nil
 }
 
 func decodeState(data []byte) (*FS, error) {
-	st := &FS{inodes: map[uint64]*inode{}}
+	st := &FS{inodes: map[uint64]*inode{}, held: map[uint64]struct{}{}}
 	version := uint64(0)
 	err := fields(data, func(n protowire.Number, t protowire.Type, v uint64, p []byte) error {
 		switch {
@@ -402,6 +435,9 @@ func decodeState(data []byte) (*FS, error) {
 			}
 			st.inodes[in.ino] = in
 			st.used += int64(in.data.len())
+			if in.heldSession != "" {
+				st.held[in.ino] = struct{}{}
+			}
 		}
 		return nil
 	})
@@ -449,6 +485,10 @@ func decodeInode(p []byte) (*inode, error) {
 			in.data = dataOf(p)
 		case n == fInoTarget:
 			in.target = string(p)
+		case n == fInoHeldNode:
+			in.heldNode = string(p)
+		case n == fInoHeldSession:
+			in.heldSession = string(p)
 		case n == fInoEntry:
 			var (
 				name string
@@ -492,6 +532,9 @@ func decodeInode(p []byte) (*inode, error) {
 		}
 		if in.data.len() > MaxFileSize {
 			return nil, fmt.Errorf("%w: inode %d too large", ErrMalformed, in.ino)
+		}
+		if in.heldSession != "" && (in.mode&ModeType != ModeRegular || in.nlink != 0) {
+			return nil, fmt.Errorf("%w: inode %d held open with %d links", ErrMalformed, in.ino, in.nlink)
 		}
 	default:
 		return nil, fmt.Errorf("%w: inode %d has mode %o", ErrMalformed, in.ino, in.mode)
@@ -537,8 +580,10 @@ func (fs *FS) check() error {
 			if p == nil || !p.isDir() {
 				return fmt.Errorf("%w: directory %d has no parent", ErrMalformed, ino)
 			}
-		} else if links[ino] == 0 {
-			return fmt.Errorf("%w: inode %d is in no directory", ErrMalformed, ino)
+		} else if (links[ino] == 0) != (n.heldSession != "") {
+			// An inode without a name is one a mount holds open, and
+			// only such an inode.
+			return fmt.Errorf("%w: inode %d has %d names and holder %q", ErrMalformed, ino, links[ino], n.heldSession)
 		}
 	}
 	// Every directory must reach the root by parent pointers (no cycles):

@@ -68,6 +68,8 @@ func (fs *FS) mutate(op *Op, now int64) *Result {
 		return fs.setattr(op, now)
 	case KindWrite:
 		return fs.write(op, now)
+	case KindForget:
+		return fs.forget(op)
 	case KindSetLimit:
 		if op.Size > math.MaxInt64 {
 			return fail(syscall.EINVAL)
@@ -161,7 +163,9 @@ func (fs *FS) mknode(op *Op, now int64) *Result {
 
 func (fs *FS) link(op *Op, now int64) *Result {
 	n := fs.inodes[op.Ino]
-	if n == nil {
+	if n == nil || n.heldSession != "" {
+		// A file without a name cannot get one back, as on Linux
+		// (O_TMPFILE aside, which volumes do not offer).
 		return fail(syscall.ENOENT)
 	}
 	if n.isDir() {
@@ -204,26 +208,64 @@ func (fs *FS) remove(op *Op, now int64) *Result {
 	}
 	delete(d.entries, op.Name)
 	touch(d, now)
-	fs.unref(d, n, now)
-	return &Result{}
+	return fs.unref(d, n, op, now)
 }
 
-// unref drops one name of n (just removed from directory d) and frees n
-// when it was the last. The data goes at once: open file handles are not
-// tracked across nodes, so an unlinked open file is not kept alive (see
-// the package documentation).
-func (fs *FS) unref(d, n *inode, now int64) {
+// unref drops one name of n (just removed from directory d by op) and
+// frees n when it was the last, unless it is a regular file that op's
+// mount has open: then the mount holds it (see the package
+// documentation) until a Forget, and the result carries its attributes
+// to say so.
+func (fs *FS) unref(d, n *inode, op *Op, now int64) *Result {
 	n.ctime = now
 	if n.isDir() {
 		d.nlink--
 		delete(fs.inodes, n.ino)
-		return
+		return &Result{}
 	}
 	n.nlink--
-	if n.nlink == 0 {
-		fs.used -= int64(n.data.len())
-		delete(fs.inodes, n.ino)
+	if n.nlink > 0 {
+		return &Result{}
 	}
+	if n.isRegular() && op.Session != "" && slices.Contains(op.Open, n.ino) {
+		n.heldNode, n.heldSession = op.Node, op.Session
+		fs.held[n.ino] = struct{}{}
+		return attrResult(n)
+	}
+	fs.free(n)
+	return &Result{}
+}
+
+func (fs *FS) free(n *inode) {
+	fs.used -= int64(n.data.len())
+	delete(fs.inodes, n.ino)
+	delete(fs.held, n.ino)
+}
+
+// forget frees the open-unlinked files op names (see the Forget flags).
+// Forgetting a file that is not held, or held by another mount, does
+// nothing: a mount forgets what it may hold, and another mount's files
+// stay.
+func (fs *FS) forget(op *Op) *Result {
+	if op.Flags&^(ForgetSession|ForgetOthers) != 0 || op.Flags == ForgetSession|ForgetOthers || op.Session == "" {
+		return fail(syscall.EINVAL)
+	}
+	if op.Flags == 0 {
+		if n := fs.inodes[op.Ino]; n != nil && n.heldSession == op.Session && n.heldNode == op.Node {
+			fs.free(n)
+		}
+		return &Result{}
+	}
+	for ino := range fs.held {
+		n := fs.inodes[ino]
+		switch {
+		case n.heldNode != op.Node:
+		case op.Flags == ForgetSession && n.heldSession == op.Session,
+			op.Flags == ForgetOthers && n.heldSession != op.Session:
+			fs.free(n)
+		}
+	}
+	return &Result{}
 }
 
 // within reports whether directory d is dir or lies below it.
@@ -275,8 +317,9 @@ func (fs *FS) rename(op *Op, now int64) *Result {
 	if src.isDir() && fs.within(dd, src) {
 		return fail(syscall.EINVAL)
 	}
+	res := &Result{}
 	if dst != nil {
-		fs.unref(dd, dst, now)
+		res = fs.unref(dd, dst, op, now)
 	}
 	delete(sd.entries, op.Name)
 	dd.entries[op.NewName] = src.ino
@@ -288,7 +331,7 @@ func (fs *FS) rename(op *Op, now int64) *Result {
 	src.ctime = now
 	touch(sd, now)
 	touch(dd, now)
-	return &Result{}
+	return res
 }
 
 func (fs *FS) exchange(op *Op, sd, src, dd, dst *inode, now int64) *Result {
@@ -413,7 +456,7 @@ func (fs *FS) write(op *Op, now int64) *Result {
 }
 
 func (fs *FS) statfs() *Statfs {
-	return &Statfs{Limit: fs.limit, Used: fs.used, Inodes: uint64(len(fs.inodes))}
+	return &Statfs{Limit: fs.limit, Used: fs.used, Inodes: uint64(len(fs.inodes)), Held: uint64(len(fs.held))}
 }
 
 // query answers a read.

@@ -54,6 +54,7 @@ const (
 	KindSetattr
 	KindWrite
 	KindSetLimit
+	KindForget
 )
 
 // Queries.
@@ -68,7 +69,7 @@ const (
 )
 
 // IsMutation reports whether ops of kind k go through the log.
-func (k Kind) IsMutation() bool { return k >= KindCreate && k <= KindSetLimit }
+func (k Kind) IsMutation() bool { return k >= KindCreate && k <= KindForget }
 
 // IsQuery reports whether k is a local read.
 func (k Kind) IsQuery() bool { return k >= KindLookup && k <= KindDigest }
@@ -76,7 +77,7 @@ func (k Kind) IsQuery() bool { return k >= KindLookup && k <= KindDigest }
 var kindNames = map[Kind]string{
 	KindCreate: "create", KindMkdir: "mkdir", KindSymlink: "symlink", KindLink: "link",
 	KindUnlink: "unlink", KindRmdir: "rmdir", KindRename: "rename", KindSetattr: "setattr",
-	KindWrite: "write", KindSetLimit: "setlimit", KindLookup: "lookup", KindGetattr: "getattr",
+	KindWrite: "write", KindSetLimit: "setlimit", KindForget: "forget", KindLookup: "lookup", KindGetattr: "getattr",
 	KindReaddir: "readdir", KindRead: "read", KindReadlink: "readlink", KindStatfs: "statfs",
 	KindDigest: "digest",
 }
@@ -100,6 +101,18 @@ const (
 const (
 	RenameNoReplace uint32 = 1 << 0
 	RenameExchange  uint32 = 1 << 1
+)
+
+// Flags of Forget (Op.Flags). Without either, Forget frees inode Ino if
+// it is an open-unlinked file that Op.Node's session Op.Session holds.
+const (
+	// ForgetSession frees every open-unlinked file that the session holds
+	// (its mount has ended).
+	ForgetSession uint32 = 1 << 0
+	// ForgetOthers frees every open-unlinked file that Op.Node's sessions
+	// other than Op.Session hold (the node mounted the volume afresh, so
+	// its earlier sessions are gone).
+	ForgetOthers uint32 = 1 << 1
 )
 
 // WriteAppend (Op.Flags of a write) writes at the file's current size as
@@ -161,6 +174,10 @@ type Statfs struct {
 	Used int64
 	// Inodes is the number of inodes (the root included).
 	Inodes uint64
+	// Held is the number of open-unlinked files: inodes without a name
+	// that a mount keeps while a process has them open (their data is
+	// in Used).
+	Held uint64
 }
 
 // SetAttr is a Setattr request: Valid says which fields apply.
@@ -197,6 +214,28 @@ type Op struct {
 	Mtime     int64
 	// After is readdir's resume point: entries with names after it.
 	After string
+	// Node and Session name the mount that sends an unlink, a rename or
+	// a forget: the holder of the files it keeps open after their last
+	// name goes.
+	Node, Session string
+	// Open lists the inodes the sending mount has open (unlink and
+	// rename): one of them that loses its last name is kept, held by
+	// Node and Session, until a Forget.
+	Open []uint64
+}
+
+// Holder is a mount that keeps the files it has open once their last
+// name goes (open-unlinked files, see the package documentation): Node
+// is its node, Session its FUSE session (unique to one mount), Open the
+// inodes it has open as it sends an op. The zero Holder keeps nothing.
+type Holder struct {
+	Node, Session string
+	Open          []uint64
+}
+
+func (h Holder) on(op *Op) *Op {
+	op.Node, op.Session, op.Open = h.Node, h.Session, h.Open
+	return op
 }
 
 // Result is the outcome of an op or query. Errno is the POSIX error (0 on
