@@ -30,14 +30,21 @@
 // restarts. Writes larger than volfs.MaxWriteChunk (1 MiB, also the FUSE
 // max_write) are split into several ops by the Client.
 //
-// The adapter implements the FUSE protocol directly (fuse.RawFileSystem)
-// and keeps no table of its own: a node id is the volfs inode number, and
-// a file handle holds an open file's only state (O_APPEND), so every
-// request can be answered by a process that saw none of the lookups and
-// opens before it — which taking over a live FUSE session needs. Only
-// directory listings are kept, from OPENDIR to RELEASEDIR, so that a
-// listing read in several requests is consistent; a directory handle
-// whose listing is unknown (opened by another process) lists afresh.
+// The adapter implements the FUSE protocol directly (fuse.RawFileSystem):
+// a node id is the volfs inode number, and a file handle holds an open
+// file's only state (O_APPEND), so every request can be answered by a
+// process that saw none of the lookups and opens before it — which taking
+// over a live FUSE session needs. Two tables are kept. Directory
+// listings, from OPENDIR to RELEASEDIR, so that a listing read in several
+// requests is consistent; a directory handle whose listing is unknown
+// (opened by another process) lists afresh. And the count of open
+// handles per inode, which UNLINK and RENAME send along so that the
+// volume keeps a file unlinked while open here (volfs.Holder), and whose
+// last RELEASE frees it (Forget). A server that takes a session over
+// does not know its predecessor's handles (a handle carries its server's
+// random epoch): files the predecessor held stay held until the mount
+// ends, and a file only the predecessor's handles have open is freed at
+// unlink, as files open on another node are.
 //
 // The mount uses default_permissions (the kernel checks mode bits and
 // ownership against the caller) and allow_other (processes of any user,
@@ -77,7 +84,7 @@
 // # Not supported
 //
 // File locks are not replicated (the kernel keeps them per node), nor are
-// extended attributes, device nodes, FIFOs or sockets; unlinked files that
-// are still open are freed at once (see volfs); atime is not updated by
-// reads.
+// extended attributes, device nodes, FIFOs or sockets; a file unlinked
+// on one node while open on another is freed at once (see volfs); atime
+// is not updated by reads.
 package volfuse

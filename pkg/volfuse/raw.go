@@ -31,31 +31,34 @@ const _ = (volfs.RootIno - fuse.FUSE_ROOT_ID) + (fuse.FUSE_ROOT_ID - volfs.RootI
 
 // File handles (Fh of OPEN and CREATE) carry an open file's whole state,
 // so that a handle issued by another process serving the same session is
-// understood. The only state is O_APPEND: appends are done by the state
-// machine at the file's size when the write applies, because the kernel's
-// idea of the size may be stale when other nodes write.
+// understood. The only state is O_APPEND (the lowest bit): appends are
+// done by the state machine at the file's size when the write applies,
+// because the kernel's idea of the size may be stale when other nodes
+// write. The other bits are the issuing server's epoch (opens).
 const (
 	fhPlain  = 0
 	fhAppend = 1
 )
 
 // rawFS serves a volume as a FUSE file system, at the level of the
-// protocol. It is stateless: every request is answered from its own
-// contents (node id = inode number, file handle = open flags) and the
-// volume, with no table built by earlier requests, so that another
+// protocol. Every request is answered from its own contents (node id =
+// inode number, file handle = open flags) and the volume, so that another
 // process can take over a live session. Attributes and contents are read
 // from the volume on every request, so nothing goes stale when another
 // node changes them.
 //
-// The one thing kept is directory listings between OPENDIR and
-// RELEASEDIR, so that a listing read in several READDIRs is one
-// consistent snapshot; a handle whose listing is not here (one opened by
-// an earlier process) lists the directory afresh.
+// Two things are kept: the count of open files per inode (opens, so that
+// a file unlinked while open lives on until its last close; a successor
+// does without its predecessor's counts), and directory listings between
+// OPENDIR and RELEASEDIR, so that a listing read in several READDIRs is
+// one consistent snapshot; a handle whose listing is not here (one opened
+// by an earlier process) lists the directory afresh.
 type rawFS struct {
 	// Operations not implemented below answer ENOSYS.
 	fuse.RawFileSystem
 
-	vol *volume
+	vol   *volume
+	opens *opens
 
 	mu     sync.Mutex
 	nextFh uint64              // next directory handle
@@ -74,6 +77,7 @@ func newRawFS(vol *volume) *rawFS {
 	return &rawFS{
 		RawFileSystem: fuse.NewDefaultRawFileSystem(),
 		vol:           vol,
+		opens:         newOpens(),
 		// Directory handles start at a random number, so that this
 		// process's handles do not collide with those an earlier
 		// process gave out in the same session.
@@ -275,7 +279,7 @@ func (r *rawFS) Create(cancel <-chan struct{}, in *fuse.CreateIn, name string, o
 		return r.status("create", err)
 	}
 	fillEntry(&a, &out.EntryOut)
-	out.Fh = openFh(in.Flags)
+	out.Fh = r.opens.opened(a.Ino, in.Flags)
 	out.OpenFlags = r.openFlags()
 	return fuse.OK
 }
@@ -289,7 +293,7 @@ func (r *rawFS) Open(cancel <-chan struct{}, in *fuse.OpenIn, out *fuse.OpenOut)
 			return r.status("open", err)
 		}
 	}
-	out.Fh = openFh(in.Flags)
+	out.Fh = r.opens.opened(in.NodeId, in.Flags)
 	out.OpenFlags = r.openFlags()
 	return fuse.OK
 }
@@ -332,8 +336,13 @@ func (r *rawFS) Fsync(cancel <-chan struct{}, in *fuse.FsyncIn) fuse.Status {
 	return fuse.ENOSYS
 }
 
-// Release implements RELEASE: a file handle holds nothing to free.
-func (r *rawFS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {}
+// Release implements RELEASE: the last close here of a file the volume
+// holds for this session (unlinked while open) frees it.
+func (r *rawFS) Release(cancel <-chan struct{}, in *fuse.ReleaseIn) {
+	if r.opens.released(in.NodeId, in.Fh) {
+		r.vol.forget(r.reqCtx(cancel, &in.InHeader), in.NodeId)
+	}
+}
 
 // Mkdir implements MKDIR.
 func (r *rawFS) Mkdir(cancel <-chan struct{}, in *fuse.MkdirIn, name string, out *fuse.EntryOut) fuse.Status {
@@ -350,15 +359,22 @@ func (r *rawFS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fus
 	return r.status("rmdir", r.vol.c.Rmdir(r.reqCtx(cancel, h), h.NodeId, name))
 }
 
-// Unlink implements UNLINK.
+// Unlink implements UNLINK. It sends the inodes open here, so that the
+// volume keeps the file if it is one of them.
 func (r *rawFS) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
-	return r.status("unlink", r.vol.c.Unlink(r.reqCtx(cancel, h), h.NodeId, name))
+	c := r.reqCtx(cancel, h)
+	held, err := r.vol.c.UnlinkHolding(c, h.NodeId, name, r.holder())
+	r.held(c, held)
+	return r.status("unlink", err)
 }
 
 // Rename implements RENAME and RENAME2 (with RENAME_NOREPLACE and
-// RENAME_EXCHANGE).
+// RENAME_EXCHANGE). A replaced target open here is kept, as by Unlink.
 func (r *rawFS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
-	return r.status("rename", r.vol.c.Rename(r.reqCtx(cancel, &in.InHeader), in.NodeId, oldName, in.Newdir, newName, in.Flags))
+	c := r.reqCtx(cancel, &in.InHeader)
+	held, err := r.vol.c.RenameHolding(c, in.NodeId, oldName, in.Newdir, newName, in.Flags, r.holder())
+	r.held(c, held)
+	return r.status("rename", err)
 }
 
 // Symlink implements SYMLINK.

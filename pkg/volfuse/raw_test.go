@@ -17,7 +17,7 @@ import (
 // serving one FUSE session in turn: node ids and file handles the first
 // gave out are understood by the second, which never saw them.
 func TestRawStateless(t *testing.T) {
-	vol := &volume{c: &volfs.Client{B: volfstest.NewLocal()}, log: slog.New(slog.DiscardHandler)}
+	vol := &volume{c: &volfs.Client{B: volfstest.NewLocal()}, log: slog.New(slog.DiscardHandler), session: "s", node: "n"}
 	first, second := newRawFS(vol), newRawFS(vol)
 	hdr := func(node uint64) fuse.InHeader {
 		return fuse.InHeader{NodeId: node, Caller: fuse.Caller{Owner: fuse.Owner{Uid: 12, Gid: 34}}}
@@ -39,6 +39,7 @@ func TestRawStateless(t *testing.T) {
 	if co.OpenFlags&fuse.FOPEN_DIRECT_IO == 0 || co.EntryTimeout() != 0 || co.AttrTimeout() != 0 {
 		t.Fatalf("create: open flags %x, timeouts %v %v", co.OpenFlags, co.EntryTimeout(), co.AttrTimeout())
 	}
+	fNode, fFh := co.NodeId, co.Fh
 	for range 2 {
 		n, st := second.Write(nil, &fuse.WriteIn{InHeader: hdr(co.NodeId), Fh: co.Fh, Offset: 0}, []byte("ab"))
 		ok("write", st)
@@ -112,5 +113,31 @@ func TestRawStateless(t *testing.T) {
 	second.ReleaseDir(&fuse.ReleaseIn{InHeader: hdr(fuse.FUSE_ROOT_ID), Fh: oo.Fh})
 	if len(first.dirs)+len(second.dirs) != 0 {
 		t.Fatal("listings kept after RELEASEDIR")
+	}
+
+	// File "f", open through the first (fFh), unlinked through it: the
+	// volume holds it. The second's RELEASE of the first's handle does
+	// not free it (the second never counted it: the file may still be
+	// open through another of the first's handles); the first's does.
+	held := func() uint64 {
+		t.Helper()
+		st, err := vol.c.Statfs(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Held
+	}
+	h = hdr(fuse.FUSE_ROOT_ID)
+	ok("unlink", first.Unlink(nil, &h, "f"))
+	if held() != 1 {
+		t.Fatal("the open file was not held")
+	}
+	second.Release(nil, &fuse.ReleaseIn{InHeader: hdr(fNode), Fh: fFh})
+	if held() != 1 {
+		t.Fatal("another process's release freed the held file")
+	}
+	first.Release(nil, &fuse.ReleaseIn{InHeader: hdr(fNode), Fh: fFh})
+	if held() != 0 {
+		t.Fatal("the last release did not free the held file")
 	}
 }

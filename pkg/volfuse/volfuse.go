@@ -35,6 +35,10 @@ type Options struct {
 	Debug bool
 	// Logger receives the adapter's messages (default: discarded).
 	Logger *slog.Logger
+	// Node names the node the mount is on. Files unlinked while open
+	// here are held for it and its session, and a new mount (not an
+	// adopted one) frees those its node's earlier sessions held.
+	Node string
 	// CachedIO lets the kernel cache file data while a file is open
 	// (dropped at every open) instead of direct I/O. It allows shared
 	// writable mmap, at the price that an open file may not see another
@@ -75,6 +79,9 @@ func Mount(dir string, c *volfs.Client, opts Options) (*Server, error) {
 		return nil, fmt.Errorf("volfuse: mount %s: %w", dir, err)
 	}
 	s.log.Info("volume mounted", "fsname", opts.FsName)
+	// The node's earlier sessions of the volume are gone (one mount per
+	// volume and node; this one is new): what they held open is not.
+	go s.vol.forgetAll(true)
 	return s, nil
 }
 
@@ -135,7 +142,7 @@ func newServer(dir string, c *volfs.Client, opts Options, session string) (*Serv
 		opts.Name = "shoal"
 	}
 	log := opts.Logger.With("mountpoint", dir)
-	vol := &volume{c: c, log: log, cached: opts.CachedIO, session: session}
+	vol := &volume{c: c, log: log, cached: opts.CachedIO, session: session, node: opts.Node}
 	mo := fuse.MountOptions{
 		// The kernel enforces mode bits (default_permissions), and
 		// processes of any user — root in a container included — may
@@ -195,6 +202,9 @@ func (s *Server) Unmount() error {
 	err := unix.Unmount(s.dir, 0)
 	if err == nil {
 		s.log.Info("volume unmounted")
+		// Nothing is open any more: free what a forget missed, or what
+		// a predecessor's handles kept.
+		go s.vol.forgetAll(false)
 		return nil
 	}
 	if derr := unix.Unmount(s.dir, unix.MNT_DETACH); derr != nil {
@@ -298,8 +308,8 @@ type volume struct {
 	c      *volfs.Client
 	log    *slog.Logger
 	cached bool
-	// session names the FUSE session (Session.ID).
-	session string
+	// session names the FUSE session (Session.ID), node the node (Options.Node).
+	session, node string
 	// detached: see Server.Detach.
 	detached atomic.Bool
 }
