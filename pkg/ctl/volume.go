@@ -23,6 +23,7 @@ type volumeView struct {
 	Replicas  int32         `json:"replicas"`
 	SizeBytes int64         `json:"size_bytes"`
 	UsedBytes int64         `json:"used_bytes"`
+	HeldFiles uint64        `json:"held_files"`
 	Health    string        `json:"health"`
 	Leader    string        `json:"leader"`
 	Commit    uint64        `json:"commit"`
@@ -45,7 +46,7 @@ type replicaView struct {
 func viewVolume(v *volv1.Volume) volumeView {
 	out := volumeView{
 		Name: v.GetName(), Group: v.GetGroup(), Replicas: v.GetReplicas(), SizeBytes: v.GetSizeBytes(),
-		UsedBytes: v.GetUsedBytes(), Health: v.GetHealth(), Leader: v.GetLeader(), Commit: v.GetCommit(),
+		UsedBytes: v.GetUsedBytes(), HeldFiles: v.GetHeldFiles(), Health: v.GetHealth(), Leader: v.GetLeader(), Commit: v.GetCommit(),
 		MountedOn: v.GetMountedOn(), UsedBy: v.GetUsedBy(), Members: []replicaView{},
 	}
 	if v.GetCreated() != nil {
@@ -275,6 +276,10 @@ func (a *app) renderVolume(format string, v *volv1.Volume) error {
 		fmt.Fprintf(tw, "NAME\t%s\nGROUP\t%d\nREPLICAS\t%d\nSIZE\t%s\nUSED\t%s\nHEALTH\t%s\nLEADER\t%s\nCOMMIT\t%d\nCREATED\t%s\n",
 			view.Name, view.Group, view.Replicas, bytesText(uint64(view.SizeBytes)), bytesText(uint64(view.UsedBytes)),
 			dash(view.Health), dash(view.Leader), view.Commit, view.Created)
+		if view.HeldFiles > 0 {
+			// Their bytes are in USED: say why USED exceeds what ls shows.
+			fmt.Fprintf(tw, "HELD OPEN\t%d unlinked files still open\n", view.HeldFiles)
+		}
 		if len(view.UsedBy) > 0 {
 			fmt.Fprintf(tw, "MOUNTED ON\t%s\nUSED BY\t%s\n", strings.Join(view.MountedOn, ", "), strings.Join(view.UsedBy, ", "))
 		}

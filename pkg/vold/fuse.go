@@ -127,19 +127,20 @@ func (s *sessions) close() {
 	}
 }
 
-// fuseOptions are the options of a volume's mount.
-func fuseOptions(log *slog.Logger, name string) volfuse.Options {
-	return volfuse.Options{FsName: "shoal:" + name, Logger: log.With("component", "fuse", "volume", name)}
+// fuseOptions are the options of a volume's mount on node (the holder of
+// the files unlinked there while open).
+func fuseOptions(log *slog.Logger, node, name string) volfuse.Options {
+	return volfuse.Options{FsName: "shoal:" + name, Node: node, Logger: log.With("component", "fuse", "volume", name)}
 }
 
 // mountFUSE serves a volume's filesystem with FUSE at dir.
-func mountFUSE(log *slog.Logger, dir, name string, c *volfs.Client) (*volfuse.Server, error) {
-	return volfuse.Mount(dir, c, fuseOptions(log, name))
+func mountFUSE(log *slog.Logger, dir, node, name string, c *volfs.Client) (*volfuse.Server, error) {
+	return volfuse.Mount(dir, c, fuseOptions(log, node, name))
 }
 
 // adoptFUSE serves a kept session of the volume's mount at dir again.
-func adoptFUSE(log *slog.Logger, dir, name string, sess volfuse.Session, c *volfs.Client) (*volfuse.Server, error) {
-	return volfuse.Adopt(dir, sess, c, fuseOptions(log, name))
+func adoptFUSE(log *slog.Logger, dir, node, name string, sess volfuse.Session, c *volfs.Client) (*volfuse.Server, error) {
+	return volfuse.Adopt(dir, sess, c, fuseOptions(log, node, name))
 }
 
 // cleanStaleMounts detaches the dead FUSE mounts a killed vold left in

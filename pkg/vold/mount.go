@@ -90,7 +90,7 @@ func (n *node) mountLocked(name string, sess *volfuse.Session) (*mount, error) {
 		err error
 	)
 	if sess != nil {
-		srv, err = adoptFUSE(n.log, path, name, *sess, c)
+		srv, err = adoptFUSE(n.log, path, n.id, name, *sess, c)
 		if err != nil {
 			return nil, fmt.Errorf("serve the kept mount of volume %q at %s: %w", name, path, err)
 		}
@@ -98,7 +98,7 @@ func (n *node) mountLocked(name string, sess *volfuse.Session) (*mount, error) {
 		if err := os.MkdirAll(path, 0o755); err != nil {
 			return nil, fmt.Errorf("mount point for volume %q: %w", name, err)
 		}
-		srv, err = mountFUSE(n.log, path, name, c)
+		srv, err = mountFUSE(n.log, path, n.id, name, c)
 		if err != nil {
 			return nil, fmt.Errorf("mount volume %q at %s: %w", name, path, err)
 		}

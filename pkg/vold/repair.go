@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	"github.com/shoal-dev/shoal/pkg/volfs"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
@@ -99,8 +100,43 @@ func (n *node) repairRound(ctx context.Context) {
 		if err := n.repairGroup(ctx, name, docs[name], st, silent); err != nil {
 			n.log.Warn("repair volume", "volume", name, "group", uint64(g), "err", err)
 		}
+		n.forgetDeadHolders(ctx, h, g, name)
 	}
 }
+
+// forgetDeadHolders frees the open-unlinked files that mounts on nodes
+// dead for replace_after hold in group g (led here): their processes are
+// gone with the node, and no new mount there will sweep them while the
+// node stays away. A node cut off, not dead, loses them too, as it loses
+// its replicas.
+func (n *node) forgetDeadHolders(ctx context.Context, h *raftgroup.Host, g raftgroup.GroupID, name string) {
+	sm, err := h.Machine(g)
+	if err != nil {
+		return
+	}
+	fs, ok := sm.(*volfs.FS)
+	if !ok {
+		return
+	}
+	for _, node := range fs.HeldNodes() {
+		if n.deadFor(node) <= time.Duration(n.cfg.ReplaceAfter) {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, changeTimeout)
+		// No session is named this: every session of the node goes.
+		err := (&volfs.Client{B: volfs.HostBackend{Host: h, Group: g}}).ForgetOthers(cctx, volfs.Holder{Node: node, Session: deadSession})
+		cancel()
+		if err != nil {
+			n.log.Warn("free the unlinked files a dead node held open", "volume", name, "node", node, "err", err)
+			continue
+		}
+		n.log.Info("freed the unlinked files a dead node held open", "volume", name, "node", node)
+	}
+}
+
+// deadSession is the session ForgetOthers keeps when a dead node's
+// sessions are forgotten: no session has this name (theirs are hex).
+const deadSession = "(dead node)"
 
 // repairGroup replaces at most one dead voter of a group this node leads,
 // or brings the document in line with the voters.

@@ -35,6 +35,7 @@ type replicaStatus struct {
 	LastIndex   uint64 `json:"last_index,omitempty"`
 	Digest      string `json:"digest,omitempty"`
 	UsedBytes   int64  `json:"used_bytes"`
+	HeldFiles   uint64 `json:"held_files,omitempty"`
 	Initialized bool   `json:"initialized"`
 	// Voters are the group's voters as this replica knows them.
 	Voters []raftgroup.Member `json:"voters,omitempty"`
@@ -93,6 +94,7 @@ func (n *node) localStatus(g raftgroup.GroupID, digest bool) (replicaStatus, err
 			// loop (and outside the filesystem's lock, so writes go on);
 			// it is at applied if no entry reached the filesystem
 			// meanwhile (configuration entries do not).
+			rs.HeldFiles = s.Held()
 			if !digest {
 				rs.UsedBytes = s.Used()
 				return rs, nil
@@ -202,7 +204,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 		if a.st.Role == "leader" {
 			v.Leader = a.st.Node
 			leaderCommit, leaderTerm = a.st.Commit, a.st.Term
-			v.UsedBytes = a.st.UsedBytes
+			v.UsedBytes, v.HeldFiles = a.st.UsedBytes, a.st.HeldFiles
 		}
 	}
 	if v.Leader == "" {
@@ -234,7 +236,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 			pm.Lag = leaderCommit - a.st.Applied
 		}
 		if v.UsedBytes == 0 {
-			v.UsedBytes = a.st.UsedBytes
+			v.UsedBytes, v.HeldFiles = a.st.UsedBytes, a.st.HeldFiles
 		}
 		if pm.Alive && a.st.Initialized {
 			answering++

@@ -252,6 +252,32 @@ func (c *volCluster) releaseReader(i int, volume string) {
 	c.volumes(i).Unmount(ctx, &volv1.UnmountRequest{Name: volume, User: "e2e-reader"})
 }
 
+// openUnlinked writes a file with content into volume through node i's
+// mount (mounted for user e2e-held), opens it and unlinks it: the open
+// file it returns, closed when the test ends, is one the volume holds.
+func (c *volCluster) openUnlinked(t *testing.T, i int, volume, content string) *os.File {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	m, err := c.volumes(i).Mount(ctx, &volv1.MountRequest{Name: volume, User: "e2e-held"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(m.GetPath(), "held")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	if err := os.Remove(p); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
 // writerTaskJSON is what tells a task from its restart.
 type writerTaskJSON struct {
 	ID, State, Started string
@@ -338,6 +364,35 @@ func TestVolumes(t *testing.T) {
 		if b, err := os.ReadFile(filepath.Join(m.GetPath(), "small")); err != nil || !bytes.Equal(b, big[:512<<10]) {
 			t.Fatalf("read back after ENOSPC: %d bytes, %v", len(b), err)
 		}
+		// A file unlinked while open lives on through its descriptor, in
+		// the volume's usage and in inspect, until its last close.
+		heldPath := filepath.Join(m.GetPath(), "held")
+		if err := os.WriteFile(heldPath, big[:1000], 0o644); err != nil {
+			t.Fatal(err)
+		}
+		heldFile, err := os.Open(heldPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Remove(heldPath); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := io.ReadAll(heldFile); err != nil || !bytes.Equal(b, big[:1000]) {
+			heldFile.Close()
+			t.Fatalf("reading a file unlinked while open: %d bytes, %v", len(b), err)
+		}
+		usage := func(held uint64, used int64) func() bool {
+			return func() bool {
+				v, err := c.inspect(3, "tiny")
+				return err == nil && v.GetHeldFiles() == held && v.GetUsedBytes() == used
+			}
+		}
+		waitFor(t, 10*time.Second, "tiny holds the unlinked open file", usage(1, 512<<10+1000))
+		if out := c.mustCtl(1, "volume", "inspect", "tiny"); !strings.Contains(out, "1 unlinked files still open") {
+			t.Errorf("volume inspect does not show the held file:\n%s", out)
+		}
+		heldFile.Close()
+		waitFor(t, 10*time.Second, "tiny frees the file at its last close", usage(0, 512<<10))
 		// The mount's node timed those operations, and every member's
 		// vold its journal's syncs (the mount's node may hold no replica:
 		// 3 of 4 nodes do).
@@ -510,6 +565,21 @@ func TestVolumes(t *testing.T) {
 		// nothing but a pause — it is not restarted, and its log has no
 		// gap or repeat (checked below).
 		task := c.writerTask(t)
+		// A file unlinked while open on the mount stays readable across
+		// both restarts. The vold after a restart does not know the
+		// handles its predecessor gave out, so the file stays held after
+		// its close, until the mount ends.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		heldFile := c.openUnlinked(t, writerNode, "data", "kept open\n")
+		heldFiles := func() uint64 {
+			v, err := c.inspect(1, "data")
+			if err != nil {
+				return 1 << 63
+			}
+			return v.GetHeldFiles()
+		}
+		waitFor(t, 10*time.Second, "data holds the unlinked open file", func() bool { return heldFiles() == 1 })
 		for _, how := range []string{"kill", "stop"} {
 			s, err := c.readVolumeFile(writerNode, "data", "log")
 			if err != nil {
@@ -538,8 +608,26 @@ func TestVolumes(t *testing.T) {
 			if now := c.writerTask(t); now != task {
 				t.Fatalf("after vold's %s the writer's task changed: %+v, was %+v", how, now, task)
 			}
+			if b, err := heldFile.ReadAt(make([]byte, 64), 0); b != 10 {
+				t.Fatalf("after vold's %s the unlinked open file reads %d bytes: %v", how, b, err)
+			}
+		}
+		heldFile.Close()
+		if _, err := c.volumes(writerNode).Unmount(ctx, &volv1.UnmountRequest{Name: "data", User: "e2e-held"}); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(time.Second)
+		if n := heldFiles(); n != 1 {
+			t.Fatalf("after its close through the restarted vold, %d files held, want 1 (the handle was its predecessor's)", n)
 		}
 		c.mustCtl(1, "service", "scale", "writer=0")
+		// The mount ends with its last user, the reader the loop above
+		// left (mounted again after, for the removal check at the end).
+		c.releaseReader(writerNode, "data")
+		waitFor(t, 60*time.Second, "the held file freed when the writer's mount ends", func() bool { return heldFiles() == 0 })
+		if _, err := c.readVolumeFile(writerNode, "data", "log"); err != nil {
+			t.Fatal(err)
+		}
 		waitFor(t, 60*time.Second, "every replica identical (applied index and digest)", func() bool {
 			v, err := c.inspect(1, "data")
 			return err == nil && converged(v, 3)
@@ -854,9 +942,28 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 		if victim == 1 {
 			ask = spare
 		}
+		// The victim's mount holds a file unlinked while open there: the
+		// node's death frees it, once the node is past --replace-after.
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		heldFile := c.openUnlinked(t, victim, "data", "held open\n")
+		// Its last user gone, the busy mount is detached lazily and goes
+		// on serving the open file; no record of a user is left to keep
+		// the volume from being removed at the end.
+		if _, err := c.volumes(victim).Unmount(ctx, &volv1.UnmountRequest{Name: "data", User: "e2e-held"}); err != nil {
+			t.Fatal(err)
+		}
+		if b, err := io.ReadAll(heldFile); err != nil || string(b) != "held open\n" {
+			t.Fatalf("the unlinked file after the lazy unmount: %q, %v", b, err)
+		}
+		waitFor(t, 10*time.Second, fmt.Sprintf("data holds the file unlinked on node %d", victim), func() bool {
+			v, err := c.inspect(ask, "data")
+			return err == nil && v.GetHeldFiles() == 1
+		})
 		if err := c.Kill(context.Background(), victim, ""); err != nil {
 			t.Fatal(err)
 		}
+		heldFile.Close()
 		// Until it is replaced (--replace-after past its death), the dead
 		// member makes the volume degraded.
 		waitFor(t, 30*time.Second, fmt.Sprintf("volume data degraded with node %d dead", victim), func() bool {
@@ -874,6 +981,10 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 		if v, err := c.inspect(ask, "data"); err != nil || v.GetHealth() != "healthy" {
 			t.Fatalf("volume data back to 3 caught-up members: health %q, %v", v.GetHealth(), err)
 		}
+		waitFor(t, 30*time.Second, fmt.Sprintf("the file held on dead node %d freed", victim), func() bool {
+			v, err := c.inspect(ask, "data")
+			return err == nil && v.GetHeldFiles() == 0
+		})
 		s, err := c.readVolumeFile(spare, "data", "log")
 		if err != nil || lastCount(s) < 20 {
 			t.Fatalf("the new replica's node does not serve the data: %v (%d lines)", err, lastCount(s))

@@ -135,12 +135,16 @@ type Volume struct {
 	Created   *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created,proto3" json:"created,omitempty"`
 	// Live status (InspectVolume): leader node, commit index, health
 	// ("healthy", "degraded", "unavailable") and what uses it.
-	Leader        string   `protobuf:"bytes,7,opt,name=leader,proto3" json:"leader,omitempty"`
-	Commit        uint64   `protobuf:"varint,8,opt,name=commit,proto3" json:"commit,omitempty"`
-	Health        string   `protobuf:"bytes,9,opt,name=health,proto3" json:"health,omitempty"`
-	MountedOn     []string `protobuf:"bytes,10,rep,name=mounted_on,json=mountedOn,proto3" json:"mounted_on,omitempty"`
-	UsedBy        []string `protobuf:"bytes,11,rep,name=used_by,json=usedBy,proto3" json:"used_by,omitempty"`
-	UsedBytes     int64    `protobuf:"varint,12,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	Leader    string   `protobuf:"bytes,7,opt,name=leader,proto3" json:"leader,omitempty"`
+	Commit    uint64   `protobuf:"varint,8,opt,name=commit,proto3" json:"commit,omitempty"`
+	Health    string   `protobuf:"bytes,9,opt,name=health,proto3" json:"health,omitempty"`
+	MountedOn []string `protobuf:"bytes,10,rep,name=mounted_on,json=mountedOn,proto3" json:"mounted_on,omitempty"`
+	UsedBy    []string `protobuf:"bytes,11,rep,name=used_by,json=usedBy,proto3" json:"used_by,omitempty"`
+	UsedBytes int64    `protobuf:"varint,12,opt,name=used_bytes,json=usedBytes,proto3" json:"used_bytes,omitempty"`
+	// held_files counts the files unlinked while open on some node, which
+	// that node's mount keeps (their bytes are in used_bytes) until their
+	// last close there.
+	HeldFiles     uint64 `protobuf:"varint,13,opt,name=held_files,json=heldFiles,proto3" json:"held_files,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -255,6 +259,13 @@ func (x *Volume) GetUsedBy() []string {
 func (x *Volume) GetUsedBytes() int64 {
 	if x != nil {
 		return x.UsedBytes
+	}
+	return 0
+}
+
+func (x *Volume) GetHeldFiles() uint64 {
+	if x != nil {
+		return x.HeldFiles
 	}
 	return 0
 }
@@ -1763,7 +1774,7 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\aapplied\x18\x04 \x01(\x04R\aapplied\x12\x10\n" +
 	"\x03lag\x18\x05 \x01(\x04R\x03lag\x12\x14\n" +
 	"\x05alive\x18\x06 \x01(\bR\x05alive\x12\x16\n" +
-	"\x06digest\x18\a \x01(\tR\x06digest\"\xf2\x02\n" +
+	"\x06digest\x18\a \x01(\tR\x06digest\"\x91\x03\n" +
 	"\x06Volume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\x04R\x05group\x12\x1a\n" +
@@ -1780,7 +1791,9 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	" \x03(\tR\tmountedOn\x12\x17\n" +
 	"\aused_by\x18\v \x03(\tR\x06usedBy\x12\x1d\n" +
 	"\n" +
-	"used_bytes\x18\f \x01(\x03R\tusedBytes\"d\n" +
+	"used_bytes\x18\f \x01(\x03R\tusedBytes\x12\x1d\n" +
+	"\n" +
+	"held_files\x18\r \x01(\x04R\theldFiles\"d\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\x05R\breplicas\x12\x1d\n" +
