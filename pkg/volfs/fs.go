@@ -586,6 +586,22 @@ func (fs *FS) check() error {
 			return fmt.Errorf("%w: inode %d has %d names and holder %q", ErrMalformed, ino, links[ino], n.heldSession)
 		}
 	}
+	// Link counts are what unlink and rmdir count down: a wrong one would
+	// free a file that still has names, or never free one.
+	for ino, n := range fs.inodes {
+		want := links[ino]
+		if n.isDir() {
+			want = 2
+			for _, c := range n.entries {
+				if fs.inodes[c].isDir() {
+					want++
+				}
+			}
+		}
+		if n.nlink != want {
+			return fmt.Errorf("%w: inode %d has link count %d, want %d", ErrMalformed, ino, n.nlink, want)
+		}
+	}
 	// Every directory must reach the root by parent pointers (no cycles):
 	// rename's subtree check walks them.
 	for ino, n := range fs.inodes {

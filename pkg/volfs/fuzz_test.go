@@ -12,6 +12,7 @@ import (
 func FuzzDecodeOp(f *testing.F) {
 	f.Add((&volfs.Op{Kind: volfs.KindWrite, Ino: 5, Offset: 10, Data: []byte("x")}).Encode())
 	f.Add((&volfs.Op{Kind: volfs.KindRename, Parent: 1, Name: "a", NewParent: 2, NewName: "b", Flags: 1}).Encode())
+	f.Add((&volfs.Op{Kind: volfs.KindUnlink, Parent: 1, Name: "a", Node: "n", Session: "s", Open: []uint64{2, 300}}).Encode())
 	f.Add([]byte{0x08})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		op, err := volfs.DecodeOp(b)
