@@ -87,9 +87,31 @@ func (o *opens) holding(ino uint64) (forget bool) {
 	return false
 }
 
-// holder is this server's volfs.Holder for an unlink or a rename.
-func (r *rawFS) holder() volfs.Holder {
-	return volfs.Holder{Node: r.vol.node, Session: r.vol.session, Open: r.opens.open()}
+// holder is this server's volfs.Holder for an unlink of name in parent,
+// or a rename over it. The op carries the inodes open here; past
+// maxOpenSent of them it carries only the name's, looked up first, so
+// that an unlink does not grow with the open files (a name another node
+// points elsewhere in between may then free a file open here).
+func (r *rawFS) holder(ctx context.Context, parent uint64, name string) volfs.Holder {
+	h := volfs.Holder{Node: r.vol.node, Session: r.vol.session, Open: r.opens.open()}
+	if len(h.Open) <= maxOpenSent {
+		return h
+	}
+	h.Open = nil
+	if a, err := r.vol.c.Lookup(ctx, parent, name); err == nil && r.opens.isOpen(a.Ino) {
+		h.Open = []uint64{a.Ino}
+	}
+	return h
+}
+
+// maxOpenSent bounds the open inodes an unlink or a rename carries.
+const maxOpenSent = 64
+
+// isOpen reports whether ino has a handle open here.
+func (o *opens) isOpen(ino uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.count[ino] > 0
 }
 
 // held follows up an unlink or a rename whose result says the volume

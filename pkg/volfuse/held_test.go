@@ -2,6 +2,7 @@ package volfuse_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -94,6 +95,32 @@ func TestOpenUnlinkedFileLivesUntilClosed(t *testing.T) {
 
 	// A file nobody has open goes at once.
 	check(t, os.Remove(p))
+	statfsEventually(t, c, 0, 0)
+
+	// With more files open than an unlink carries, it looks the name up
+	// and carries its inode alone: the open file is still kept, another
+	// still freed.
+	var many []*os.File
+	t.Cleanup(func() {
+		for _, f := range many {
+			f.Close()
+		}
+	})
+	for i := range 70 {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("many%02d", i)))
+		check(t, err)
+		many = append(many, f)
+	}
+	check(t, os.WriteFile(p, []byte("shut"), 0o644))
+	_, err = many[7].Write([]byte("open"))
+	check(t, err)
+	check(t, os.Remove(p))
+	check(t, os.Remove(filepath.Join(dir, "many07")))
+	statfsEventually(t, c, 1, 4)
+	if n, err := many[7].ReadAt(got, 0); string(got[:n]) != "open" {
+		t.Fatalf("with 70 files open, the unlinked one reads %q, %v", got[:n], err)
+	}
+	check(t, many[7].Close())
 	statfsEventually(t, c, 0, 0)
 }
 

@@ -363,7 +363,7 @@ func (r *rawFS) Rmdir(cancel <-chan struct{}, h *fuse.InHeader, name string) fus
 // volume keeps the file if it is one of them.
 func (r *rawFS) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fuse.Status {
 	c := r.reqCtx(cancel, h)
-	held, err := r.vol.c.UnlinkHolding(c, h.NodeId, name, r.holder())
+	held, err := r.vol.c.UnlinkHolding(c, h.NodeId, name, r.holder(c, h.NodeId, name))
 	r.held(c, held)
 	return r.status("unlink", err)
 }
@@ -372,7 +372,7 @@ func (r *rawFS) Unlink(cancel <-chan struct{}, h *fuse.InHeader, name string) fu
 // RENAME_EXCHANGE). A replaced target open here is kept, as by Unlink.
 func (r *rawFS) Rename(cancel <-chan struct{}, in *fuse.RenameIn, oldName, newName string) fuse.Status {
 	c := r.reqCtx(cancel, &in.InHeader)
-	held, err := r.vol.c.RenameHolding(c, in.NodeId, oldName, in.Newdir, newName, in.Flags, r.holder())
+	held, err := r.vol.c.RenameHolding(c, in.NodeId, oldName, in.Newdir, newName, in.Flags, r.holder(c, in.Newdir, newName))
 	r.held(c, held)
 	return r.status("rename", err)
 }
