@@ -69,9 +69,10 @@
 //     other state, snapshots included. A file open on one node and
 //     unlinked through another is freed at once (its next read there
 //     fails with ENOENT): opens are not replicated, which would cost a
-//     proposal per open and leases that die with their node. A node that
-//     never mounts the volume again keeps its held files until the volume
-//     is removed.
+//     proposal per open and leases that die with their node. What a dead
+//     node's mounts held, vold frees with ForgetOthers naming no session
+//     of it. Every replica must know held files: one that does not frees
+//     the file at unlink, and its state then differs.
 //   - No device nodes, FIFOs, sockets, extended attributes or ACLs; file
 //     locks are not replicated.
 //   - Digest is a SHA-256 over the canonical encoding of the whole state
