@@ -51,3 +51,32 @@ func TestUnreachableReplicasWarned(t *testing.T) {
 		t.Fatalf("all alive: warnings = %q", got)
 	}
 }
+
+// TestRenderVolumeHeldFiles checks that inspect names held open-unlinked
+// files only when there are some, and that JSON always has the count.
+func TestRenderVolumeHeldFiles(t *testing.T) {
+	v := &volv1.Volume{Name: "data", Replicas: 1, UsedBytes: 10}
+	var buf bytes.Buffer
+	a := &app{out: &buf}
+	if err := a.renderVolume("table", v); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(buf.String(), "HELD") {
+		t.Fatalf("no held files, yet:\n%s", buf.String())
+	}
+	v.HeldFiles = 2
+	buf.Reset()
+	if err := a.renderVolume("table", v); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "HELD OPEN") || !strings.Contains(buf.String(), "2 unlinked files still open") {
+		t.Fatalf("two held files:\n%s", buf.String())
+	}
+	buf.Reset()
+	if err := a.renderVolume("json", v); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), `"held_files": 2`) {
+		t.Fatalf("json:\n%s", buf.String())
+	}
+}
