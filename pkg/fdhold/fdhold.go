@@ -68,8 +68,8 @@ type Client struct {
 
 // Connect connects to the holder listening at socket, starting one
 // (exe with Command and socket as arguments, in a session of its own)
-// when none answers.
-func Connect(socket, exe string) (*Client, error) {
+// when none answers; started, when not nil, is then told its PID.
+func Connect(socket, exe string, started func(pid int)) (*Client, error) {
 	if c, err := dial(socket); err == nil {
 		return c, nil
 	}
@@ -88,6 +88,9 @@ func Connect(socket, exe string) (*Client, error) {
 	}
 	// The holder is not our child to wait for: it must outlive us.
 	go func() { _ = cmd.Wait() }()
+	if started != nil {
+		started(cmd.Process.Pid)
+	}
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		c, err := dial(socket)

@@ -193,7 +193,7 @@ func TestConnectStartsAHolderWithoutTheServiceEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	sock := filepath.Join(t.TempDir(), "fds.sock")
-	c, err := Connect(sock, exe)
+	c, err := Connect(sock, exe, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

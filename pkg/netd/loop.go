@@ -20,6 +20,7 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/daemon"
 	"github.com/shoal-dev/shoal/pkg/dns"
 	"github.com/shoal-dev/shoal/pkg/overlay"
 	"github.com/shoal-dev/shoal/pkg/portproxy"
@@ -192,6 +193,10 @@ func (n *node) device() error {
 				return fmt.Errorf("start WireGuard holder: %w", err)
 			}
 			n.log.Info("WireGuard holder started", "interface", n.iface, "pid", pid)
+			if err == nil {
+				daemon.MoveToOwnScope(n.log, pid, "shoal-netd-wg", "Shoal netd's WireGuard device holder ("+n.iface+")",
+					"shoal-netd.service", "shoal-schedd.service")
+			}
 		} else {
 			n.log.Info("WireGuard holder re-adopted", "interface", n.iface)
 		}

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 
+	"github.com/shoal-dev/shoal/pkg/daemon"
 	"github.com/shoal-dev/shoal/pkg/fdhold"
 	"github.com/shoal-dev/shoal/pkg/volfs"
 	"github.com/shoal-dev/shoal/pkg/volfuse"
@@ -45,7 +46,9 @@ func connectSessions(log *slog.Logger, keep bool, socket string) *sessions {
 	if !keep || holderExe == "" {
 		return s
 	}
-	c, err := fdhold.Connect(socket, holderExe)
+	c, err := fdhold.Connect(socket, holderExe, func(pid int) {
+		daemon.MoveToOwnScope(log, pid, "shoal-vold-fds", "Shoal vold's FUSE session holder", "shoal-vold.service", "shoal-schedd.service")
+	})
 	if err != nil {
 		log.Warn("no FUSE session holder: mounts will not outlive this vold", "err", err)
 		return s

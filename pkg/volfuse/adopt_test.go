@@ -149,7 +149,7 @@ func serveSessionChild(spec string) {
 		fail(err)
 	}
 	c := &volfs.Client{B: rpcBackend{rc}}
-	holder, err := fdhold.Connect(holderSock, "/nonexistent")
+	holder, err := fdhold.Connect(holderSock, "/nonexistent", nil)
 	if err != nil {
 		fail(err)
 	}

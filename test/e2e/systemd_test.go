@@ -152,6 +152,19 @@ func TestSystemdNode(t *testing.T) {
 			c.still(task)
 		})
 	}
+	// The holders vold and netd started (FUSE sessions, the WireGuard
+	// device) run in scopes of their own, so the daemons' restarts above
+	// left no process behind in their units, which systemd would log.
+	for _, h := range []struct{ pattern, scope string }{{"fd-holder", "/shoal-vold-fds-"}, {"wg-holder", "/shoal-netd-wg-"}} {
+		pid := c.pid(h.pattern)
+		cg, err := os.ReadFile("/proc/" + pid + "/cgroup")
+		if err != nil || !strings.Contains(string(cg), h.scope) || !strings.Contains(string(cg), ".scope") {
+			t.Errorf("the %s (pid %s) is not in a %s*.scope: %v\n%s", h.pattern, pid, h.scope, err, cg)
+		}
+	}
+	if out := c.must("journalctl", "--boot", "--no-pager", "-u", "shoal-vold", "-u", "shoal-netd"); strings.Contains(out, "left-over process") || strings.Contains(out, "remains running") {
+		t.Errorf("systemd found processes left behind in vold's or netd's unit:\n%s", out)
+	}
 	for _, d := range daemons {
 		if n := c.restarts("shoal-" + d); d != "vold" && d != "schedd" && n != 0 {
 			t.Errorf("shoal-%s was restarted %d times by systemd, by no step of the test's\n%s", d, n, c.journal("shoal-"+d))
