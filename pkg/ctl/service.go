@@ -575,6 +575,7 @@ type taskView struct {
 	Image    string     `json:"image,omitempty"`
 	Created  *time.Time `json:"created,omitempty"`
 	Started  *time.Time `json:"started,omitempty"`
+	Finished *time.Time `json:"finished,omitempty"`
 }
 
 func taskViewOf(t *schedv1.Task) taskView {
@@ -588,6 +589,10 @@ func taskViewOf(t *schedv1.Task) taskView {
 	if t.GetStarted() != nil {
 		s := t.GetStarted().AsTime()
 		v.Started = &s
+	}
+	if t.GetFinished() != nil {
+		f := t.GetFinished().AsTime()
+		v.Finished = &f
 	}
 	return v
 }

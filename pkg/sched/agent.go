@@ -144,6 +144,15 @@ func StoppedForShutDown(t Task, rt Runtime, now time.Time) UpdateTask {
 		Error: ShutDownReason, Started: rt.StartedAt, Finished: cmp.Or(rt.ExitedAt, now)}
 }
 
+// ReplacementRuns reports whether task t's slot, handed over at its
+// node's shutdown, names another task, next, that runs on another node,
+// healthy if it has a health check: a start-first service's task may then
+// stop without a gap in service.
+func ReplacementRuns(t Task, slot Slot, next Task) bool {
+	return slot.Task != "" && slot.Task != t.ID && next.ID == slot.Task && next.Node != t.Node &&
+		next.State == TaskRunning && (next.Health == HealthNone || next.Health == HealthHealthy)
+}
+
 // ClaimTask writes into a task's document that its container runs although
 // the slot write naming Against replaced it as lost (Slot.Lost): the owner
 // then gives the slot to the older of the two.

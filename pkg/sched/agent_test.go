@@ -356,3 +356,32 @@ func TestAgentDecide(t *testing.T) {
 		})
 	}
 }
+
+// TestReplacementRuns checks when a start-first task may stop at its
+// node's shutdown: only once its slot names another task that runs, and
+// is healthy if checked, on another node.
+func TestReplacementRuns(t *testing.T) {
+	old := sched.Task{ID: "web.1", Service: "web", Slot: "1", Node: "a", State: sched.TaskRunning}
+	next := sched.Task{ID: "web.2", Service: "web", Slot: "1", Node: "b", State: sched.TaskRunning}
+	slot := sched.Slot{Service: "web", Slot: "1", Task: "web.2", Node: "b", Lost: "web.1"}
+	for _, c := range []struct {
+		name string
+		slot sched.Slot
+		next func(sched.Task) sched.Task
+		want bool
+	}{
+		{"runs elsewhere", slot, func(n sched.Task) sched.Task { return n }, true},
+		{"healthy", slot, func(n sched.Task) sched.Task { n.Health = sched.HealthHealthy; return n }, true},
+		{"health still starting", slot, func(n sched.Task) sched.Task { n.Health = sched.HealthStarting; return n }, false},
+		{"unhealthy", slot, func(n sched.Task) sched.Task { n.Health = sched.HealthUnhealthy; return n }, false},
+		{"still pending", slot, func(n sched.Task) sched.Task { n.State = sched.TaskPending; return n }, false},
+		{"on the same node", slot, func(n sched.Task) sched.Task { n.Node = "a"; return n }, false},
+		{"slot still names the old task", sched.Slot{Service: "web", Slot: "1", Task: "web.1"}, func(n sched.Task) sched.Task { return n }, false},
+		{"slot names a task not read", slot, func(n sched.Task) sched.Task { n.ID = "web.3"; return n }, false},
+		{"vacant slot", sched.Slot{Service: "web", Slot: "1"}, func(n sched.Task) sched.Task { n.ID = ""; return n }, false},
+	} {
+		if got := sched.ReplacementRuns(old, c.slot, c.next(next)); got != c.want {
+			t.Errorf("%s: %v, want %v", c.name, got, c.want)
+		}
+	}
+}

@@ -365,6 +365,9 @@ func taskProto(t sched.Task, current bool) *schedv1.Task {
 	if !t.Started.IsZero() {
 		out.Started = timestamppb.New(t.Started)
 	}
+	if !t.Finished.IsZero() {
+		out.Finished = timestamppb.New(t.Finished)
+	}
 	return out
 }
 

@@ -14,9 +14,12 @@ import (
 // Bounds of stopForShutdown, within the 30 s after which systemd kills
 // schedd (TimeoutStopSec): the tasks' stops, then the wait for statd to
 // pass the news on.
+// A start-first service's task first waits for its replacement, within
+// the stop limit.
 const (
-	shutdownStopLimit = 22 * time.Second
-	shutdownSyncLimit = 3 * time.Second
+	shutdownStopLimit     = 22 * time.Second
+	shutdownSyncLimit     = 3 * time.Second
+	shutdownHandOverLimit = 5 * time.Second
 )
 
 // stopForShutdown hands this node's tasks over to the cluster when the
@@ -34,6 +37,12 @@ const (
 //     state, so that the task is not started again here after a reboot,
 //     and its owner replaces it at once. A task whose stop failed is
 //     left to membership, as after any node that goes down.
+//   - A task of a start-first service (its update order) is stopped only
+//     once its replacement runs on another node, healthy if checked
+//     (sched.ReplacementRuns), or after shutdownHandOverLimit: the owner
+//     places the replacement as soon as it reads the node's word, so the
+//     service has no gap. A stop-first service's task stops at once, as
+//     its updates do.
 //   - It waits (shortly) until statd has completed a sync with a peer
 //     since, so that the writes have left the machine before statd stops.
 //
@@ -54,9 +63,10 @@ func (n *node) stopForShutdown() {
 		n.log.Warn("tell the cluster this node shuts down", "err", err)
 	}
 	type stop struct {
-		task  sched.Task
-		rt    sched.Runtime
-		grace time.Duration
+		task       sched.Task
+		rt         sched.Runtime
+		grace      time.Duration
+		startFirst bool
 	}
 	var stops []stop
 	var longest time.Duration
@@ -64,7 +74,11 @@ func (n *node) stopForShutdown() {
 	for _, lt := range n.local {
 		if lt.Runtime.State == sched.RuntimeRunning || lt.Runtime.State == sched.RuntimeStarting {
 			grace := cmp.Or(lt.Spec.StopGrace.D(), sched.DefaultStopGrace)
-			stops = append(stops, stop{lt.Task, lt.Runtime, grace})
+			startFirst := lt.Spec.Update.Order == sched.StartFirst && !lt.Spec.Global
+			stops = append(stops, stop{lt.Task, lt.Runtime, grace, startFirst})
+			if startFirst {
+				grace += shutdownHandOverLimit
+			}
 			longest = max(longest, grace)
 		}
 	}
@@ -77,6 +91,9 @@ func (n *node) stopForShutdown() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				if s.startFirst {
+					n.awaitReplacement(sctx, s.task)
+				}
 				exit, err := n.rt.Stop(sctx, s.task.ID, s.grace)
 				if err != nil {
 					n.log.Warn("stop task for the system's shutdown", "task", s.task.ID, "err", err)
@@ -99,6 +116,44 @@ func (n *node) stopForShutdown() {
 	// Pushed to peers as they were written; a round of anti-entropy
 	// that began after them makes sure.
 	n.waitSyncedSince(ctx, time.Now(), shutdownSyncLimit)
+}
+
+// awaitReplacement waits, for shutdownHandOverLimit at most, until task
+// t's replacement runs on another node (sched.ReplacementRuns), reading
+// statd itself: the mirror stopped with schedd's loop.
+func (n *node) awaitReplacement(ctx context.Context, t sched.Task) {
+	ctx, cancel := context.WithTimeout(ctx, shutdownHandOverLimit)
+	defer cancel()
+	for {
+		if next, ok := n.replacement(ctx, t); ok {
+			n.log.Info("start-first task's replacement runs: stopping it", "task", t.ID, "replacement", next.ID, "node", next.Node)
+			return
+		}
+		select {
+		case <-ctx.Done():
+			n.log.Warn("start-first task's replacement does not run yet: stopping it all the same", "task", t.ID, "waited", shutdownHandOverLimit)
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// replacement returns the task t's slot names now, if it runs elsewhere.
+func (n *node) replacement(ctx context.Context, t sched.Task) (sched.Task, bool) {
+	sd, err := n.getMeta(ctx, sched.SlotDocKey(t.Service, t.Slot))
+	if err != nil {
+		return sched.Task{}, false
+	}
+	slot, ok := sched.SlotFromDoc(t.Service, t.Slot, statepb.FromDocument(sd))
+	if !ok || slot.Task == "" || slot.Task == t.ID {
+		return sched.Task{}, false
+	}
+	td, err := n.getMeta(ctx, sched.TaskKey(slot.Task))
+	if err != nil {
+		return sched.Task{}, false
+	}
+	next, _ := sched.TaskFromDoc(slot.Task, statepb.FromDocument(td))
+	return next, sched.ReplacementRuns(t, slot, next)
 }
 
 // waitSyncedSince waits, for limit at most, until statd has completed an

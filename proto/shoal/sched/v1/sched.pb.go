@@ -471,8 +471,11 @@ type Task struct {
 	Created  *timestamppb.Timestamp `protobuf:"bytes,11,opt,name=created,proto3" json:"created,omitempty"`
 	Started  *timestamppb.Timestamp `protobuf:"bytes,12,opt,name=started,proto3" json:"started,omitempty"`
 	// current is false for a task its slot no longer names (being stopped).
-	Current       bool   `protobuf:"varint,13,opt,name=current,proto3" json:"current,omitempty"`
-	Image         string `protobuf:"bytes,14,opt,name=image,proto3" json:"image,omitempty"`
+	Current bool   `protobuf:"varint,13,opt,name=current,proto3" json:"current,omitempty"`
+	Image   string `protobuf:"bytes,14,opt,name=image,proto3" json:"image,omitempty"`
+	// finished is when the task's container last exited (or was marked
+	// unhealthy); unset while it has not.
+	Finished      *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=finished,proto3" json:"finished,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -603,6 +606,13 @@ func (x *Task) GetImage() string {
 		return x.Image
 	}
 	return ""
+}
+
+func (x *Task) GetFinished() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Finished
+	}
+	return nil
 }
 
 type ListTasksRequest struct {
@@ -1386,7 +1396,7 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x13ScaleServiceRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\"\x17\n" +
-	"\x15RemoveServiceResponse\"\x8b\x03\n" +
+	"\x15RemoveServiceResponse\"\xc3\x03\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
@@ -1402,7 +1412,8 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\acreated\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x124\n" +
 	"\astarted\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x12\x18\n" +
 	"\acurrent\x18\r \x01(\bR\acurrent\x12\x14\n" +
-	"\x05image\x18\x0e \x01(\tR\x05image\"R\n" +
+	"\x05image\x18\x0e \x01(\tR\x05image\x126\n" +
+	"\bfinished\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\bfinished\"R\n" +
 	"\x10ListTasksRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x10\n" +
@@ -1512,44 +1523,45 @@ var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
 	0,  // 1: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
 	23, // 2: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
 	23, // 3: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
-	8,  // 4: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
-	17, // 5: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
-	17, // 6: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	1,  // 7: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
-	2,  // 8: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	2,  // 9: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	3,  // 10: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
-	4,  // 11: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
-	6,  // 12: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
-	3,  // 13: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
-	3,  // 14: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
-	9,  // 15: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
-	11, // 16: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
-	12, // 17: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
-	14, // 18: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
-	16, // 19: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
-	19, // 20: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
-	21, // 21: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	0,  // 22: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 23: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 24: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 25: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	5,  // 26: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 27: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 28: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	7,  // 29: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	10, // 30: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	8,  // 31: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	13, // 32: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	15, // 33: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	18, // 34: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	20, // 35: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	22, // 36: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	22, // [22:37] is the sub-list for method output_type
-	7,  // [7:22] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	23, // 4: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
+	8,  // 5: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
+	17, // 6: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
+	17, // 7: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
+	1,  // 8: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
+	2,  // 9: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	2,  // 10: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	3,  // 11: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
+	4,  // 12: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
+	6,  // 13: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
+	3,  // 14: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
+	3,  // 15: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
+	9,  // 16: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
+	11, // 17: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
+	12, // 18: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
+	14, // 19: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
+	16, // 20: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
+	19, // 21: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
+	21, // 22: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	0,  // 23: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 24: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 25: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 26: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	5,  // 27: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 28: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 29: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	7,  // 30: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	10, // 31: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	8,  // 32: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	13, // 33: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	15, // 34: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	18, // 35: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	20, // 36: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	22, // 37: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	23, // [23:38] is the sub-list for method output_type
+	8,  // [8:23] is the sub-list for method input_type
+	8,  // [8:8] is the sub-list for extension type_name
+	8,  // [8:8] is the sub-list for extension extendee
+	0,  // [0:8] is the sub-list for field type_name
 }
 
 func init() { file_shoal_sched_v1_sched_proto_init() }
