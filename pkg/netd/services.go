@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -28,14 +29,27 @@ type endpoint struct {
 }
 
 func (n *node) endpoints() []endpoint {
-	return endpoints(n.mirror.List(prefixSlots), n.mirror.List(prefixTasks))
+	return endpoints(n.mirror.List(prefixSlots), n.mirror.List(prefixTasks), n.mirror.List(prefixNodes), time.Now())
 }
+
+// handOverWindow is how long after the slot write that replaced it a task
+// of a node that shut down may still take traffic (endpoints): as long as
+// such a node's schedd may take to stop its tasks, and bounded, should
+// the machine die before it records them stopped.
+const handOverWindow = 30 * time.Second
 
 // endpoints picks the tasks that can take traffic out of the slot and
 // task documents. A task without an overlay address (a --network host
 // task, or one netd has not attached yet) is none.
-func endpoints(slots, tasks []*statev1.Document) []endpoint {
+//
+// A task its slot replaced as lost (Slot.Lost) because its node shut down
+// (sched.Node.ShutDown) still takes traffic while it runs, for
+// handOverWindow at most: its node stops it once the replacement runs
+// (start-first) or at once, and until then it serves, so that a service
+// handed over at a shutdown has no gap (TestSystemdCluster).
+func endpoints(slots, tasks, nodes []*statev1.Document, now time.Time) []endpoint {
 	current := map[string]bool{}
+	handedOver := map[string]bool{}
 	for _, d := range slots {
 		svc, slot, ok := sched.ParseSlotDocKey(d.GetKey())
 		if !ok {
@@ -47,13 +61,24 @@ func endpoints(slots, tasks []*statev1.Document) []endpoint {
 					current[id] = true
 				}
 			}
+			if sl.Lost != "" && now.Before(sl.Stamp.TS.Time().Add(handOverWindow)) {
+				handedOver[sl.Lost] = true
+			}
+		}
+	}
+	shutDown := map[string]bool{}
+	for _, d := range nodes {
+		id := strings.TrimPrefix(d.GetKey(), prefixNodes)
+		if sched.NodeFromDoc(id, statepb.FromDocument(d), false).ShutDown {
+			shutDown[id] = true
 		}
 	}
 	var out []endpoint
 	for _, d := range tasks {
 		id := strings.TrimPrefix(d.GetKey(), prefixTasks)
 		f := d.GetFields()
-		if !current[id] || f["state"].GetStringValue() != string(sched.TaskRunning) {
+		serves := current[id] || handedOver[id] && shutDown[f["node"].GetStringValue()]
+		if !serves || f["state"].GetStringValue() != string(sched.TaskRunning) {
 			continue
 		}
 		if h := f["health"].GetStringValue(); h != "" && h != string(sched.HealthHealthy) {

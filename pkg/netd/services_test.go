@@ -113,7 +113,7 @@ func TestRecords(t *testing.T) {
 		// Removed: no name.
 		statepb.ToDocument(sched.ServiceKey("gone"), 1, crdt.DeleteDoc(stamp(2, "n1")), true),
 	}
-	got := recordsText(records(services, endpoints(slots, tasks)))
+	got := recordsText(records(services, endpoints(slots, tasks, nil, time.Unix(1, 0))))
 	want := recordsText(map[string][]netip.Addr{
 		"web.shoal.":   addrs("10.42.1.2", "10.42.2.2", "10.42.1.6", "10.42.2.6", "10.42.1.7"),
 		"0.web.shoal.": addrs("10.42.1.2"),
@@ -128,8 +128,54 @@ func TestRecords(t *testing.T) {
 	if got != want {
 		t.Fatalf("records\n got:\n%s\nwant:\n%s", got, want)
 	}
-	if got := records(nil, endpoints(slots, nil)); len(got) != 0 {
+	if got := records(nil, endpoints(slots, nil, nil, time.Unix(1, 0))); len(got) != 0 {
 		t.Fatalf("records without services and tasks: %v", got)
+	}
+}
+
+// TestEndpointsHandedOverAtShutdown checks that a task its slot replaced
+// as lost keeps taking traffic while it runs if its node shut down (it is
+// being handed over, not gone), for handOverWindow after the slot write;
+// not if its node is merely seen down.
+func TestEndpointsHandedOverAtShutdown(t *testing.T) {
+	written := time.Unix(1000, 0)
+	replaced := func(slot, task, lost string) *statev1.Document {
+		a := sched.AssignSlot{Service: "web", Slot: slot, Task: task, Node: "n1", Version: 1, Lost: lost}
+		return doc(sched.SlotDocKey("web", slot), a.Fields(), stamp(written.UnixNano(), "n1"))
+	}
+	onNode := func(d *statev1.Document, node string) *statev1.Document {
+		f := statepb.FromDocument(d).Live()
+		f["node"] = crdt.String(node)
+		return doc(d.GetKey(), f, stamp(3, node))
+	}
+	slots := []*statev1.Document{replaced("0", "web.new0", "web.old0"), replaced("1", "web.new1", "web.old1")}
+	tasks := []*statev1.Document{
+		// The replacement of slot 0 is starting; its old task, on the
+		// node that shut down, still runs.
+		taskDoc("web.new0", "web", "0", sched.TaskStarting, "", "10.42.1.2"),
+		onNode(taskDoc("web.old0", "web", "0", sched.TaskRunning, "", "10.42.2.2"), "n2"),
+		// Slot 1's old task is on a node seen dead, not shut down.
+		taskDoc("web.new1", "web", "1", sched.TaskRunning, "", "10.42.1.3"),
+		onNode(taskDoc("web.old1", "web", "1", sched.TaskRunning, "", "10.42.3.3"), "n3"),
+	}
+	nodes := []*statev1.Document{doc(sched.NodeKey("n2"), sched.ShutDownFields(true), stamp(2, "n2"))}
+	ips := func(now time.Time) string {
+		var out []string
+		for _, e := range endpoints(slots, tasks, nodes, now) {
+			out = append(out, e.slot+"="+e.ip.String())
+		}
+		slices.Sort(out)
+		return strings.Join(out, " ")
+	}
+	if got, want := ips(written.Add(time.Second)), "0=10.42.2.2 1=10.42.1.3"; got != want {
+		t.Fatalf("during the hand-over: %q, want %q", got, want)
+	}
+	if got, want := ips(written.Add(handOverWindow)), "1=10.42.1.3"; got != want {
+		t.Fatalf("past the window: %q, want %q", got, want)
+	}
+	tasks[1] = onNode(taskDoc("web.old0", "web", "0", sched.TaskStopped, "", "10.42.2.2"), "n2")
+	if got, want := ips(written.Add(time.Second)), "1=10.42.1.3"; got != want {
+		t.Fatalf("once the old task stopped: %q, want %q", got, want)
 	}
 }
 

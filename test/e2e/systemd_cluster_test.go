@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -21,7 +22,9 @@ import (
 // the other machine runs a replacement at once. The statds' suspicion
 // timeout is two minutes here, so the failure detector cannot have done
 // it: the replacement must come, and the powered-off node must still not
-// be dead, within one minute.
+// be dead, within one minute. The service is start-first (its update
+// order), so the task that shut down stops only once its replacement
+// runs (its finish is after the replacement's start).
 func TestSystemdCluster(t *testing.T) {
 	root, units, image := nspawnInputs(t)
 	// The zone's bridge is vz-<zone>, at most 15 characters; the subnet is
@@ -56,7 +59,7 @@ func TestSystemdCluster(t *testing.T) {
 	for _, c := range ms {
 		c.must("shoalctl", "image", "load", "/opt/shoal/images/"+filepath.Base(image))
 	}
-	a.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "-p", "8080:80", "--stop-grace", "2s", "--", "sh", "-c",
+	a.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "-p", "8080:80", "--stop-grace", "2s", "--update-order", "start-first", "--", "sh", "-c",
 		`trap 'exit 0' TERM; mkdir -p /www && echo hello from web > /www/hello && httpd -p 80 -h /www; while true; do sleep 0.2; done`)
 	var task taskState
 	waitFor(t, 60*time.Second, "web's task running", func() bool {
@@ -81,6 +84,38 @@ func TestSystemdCluster(t *testing.T) {
 	survivor.servesAt(survivor.addr, "hello from web")
 	t.Logf("web's task %s runs on %s, and port 8080 serves it on both machines; %s powers off", task.ID, victim.name, victim.name)
 
+	// Meanwhile the survivor's port is asked every few milliseconds, for
+	// the figure of the longest gap (logged, not judged: timing).
+	stopPolls := make(chan struct{})
+	var stopOnce sync.Once
+	stopPolling := func() { stopOnce.Do(func() { close(stopPolls) }) }
+	defer stopPolling()
+	type pollFigures struct {
+		longest        time.Duration
+		answers, fails int
+	}
+	gap := make(chan pollFigures, 1)
+	go func() {
+		get := `exec 3<>/dev/tcp/` + survivor.addr + `/8080 && printf 'GET /hello HTTP/1.0\r\n\r\n' >&3 && cat <&3`
+		var f pollFigures
+		lastOK := time.Now()
+		for {
+			select {
+			case <-stopPolls:
+				gap <- f
+				return
+			default:
+			}
+			out, _ := survivor.run("timeout", "2", "bash", "-c", get)
+			if strings.Contains(out, "hello from web") {
+				f.longest = max(f.longest, time.Since(lastOK))
+				lastOK = time.Now()
+				f.answers++
+			} else {
+				f.fails++
+			}
+		}
+	}()
 	start := time.Now()
 	_, _ = victim.run("systemctl", "poweroff")
 	var replacement taskState
@@ -109,6 +144,26 @@ func TestSystemdCluster(t *testing.T) {
 	t.Logf("%s ran %s in place of %s %.1f s after the poweroff began; it sees the other node as %q (shut down)",
 		survivor.name, replacement.ID, task.ID, took.Seconds(), seen.State)
 	survivor.servesAt(survivor.addr, "hello from web")
+	// web is start-first: its task on the machine that shut down stopped
+	// only once the replacement ran.
+	var old taskState
+	for _, ts := range survivor.allTasks("web") {
+		switch ts.ID {
+		case task.ID:
+			old = ts
+		case replacement.ID:
+			replacement = ts
+		}
+	}
+	if old.Finished == nil || replacement.Started == nil || old.Finished.Before(*replacement.Started) {
+		t.Fatalf("web is start-first, yet its task %s finished at %v, before its replacement %s started at %v",
+			old.ID, old.Finished, replacement.ID, replacement.Started)
+	}
+	stopPolling()
+	polls := <-gap
+	t.Logf("%s started %.2f s after the poweroff began, and %s stopped %.2f s after that; port 8080 on %s answered %d times and failed %d, the longest wait between answers %.2f s",
+		replacement.ID, replacement.Started.Sub(start).Seconds(), old.ID, old.Finished.Sub(*replacement.Started).Seconds(), survivor.name,
+		polls.answers, polls.fails, polls.longest.Seconds())
 	select {
 	case <-victim.done:
 	case <-time.After(90 * time.Second):
