@@ -11,28 +11,30 @@ import (
 	"time"
 )
 
-// TestSystemdCluster boots two machines, each a whole node under a real
+// TestSystemdCluster boots three machines, each a whole node under a real
 // systemd (as TestSystemdNode), on one network of their own (an nspawn
 // zone: a bridge on this machine and a veth into each), joins them into a
-// cluster by token, and runs a service's task on one of them, whose
-// published port serves on both (the other one reaches it through the
-// overlay: WireGuard between the machines' netds). That machine then
-// powers off: its schedd stops the task, records it stopped
-// for the shutdown and says in its node document that it shut down, and
-// the other machine runs a replacement at once. The statds' suspicion
-// timeout is two minutes here, so the failure detector cannot have done
-// it: the replacement must come, and the powered-off node must still not
-// be dead, within one minute. The service is start-first (its update
-// order), so the task that shut down stops only once its replacement
-// runs (its finish is after the replacement's start).
+// cluster by token, and runs a service's task on one of them, serving a
+// file of a volume with a replica on each machine, whose published port
+// serves on all three (the others reach it through the overlay:
+// WireGuard between the machines' netds). That machine then powers off:
+// its schedd says in its node document that it shut down, and another
+// machine runs a replacement at once. The statds' suspicion timeout is
+// two minutes here, so the failure detector cannot have done it: the
+// replacement must come, and the powered-off node must still not be dead,
+// within one minute. The service is start-first (its update order), so
+// the task that shut down stops only once its replacement runs (its
+// finish is after the replacement's start) and is recorded stopped for
+// the shutdown. The replacement serves the volume's file, whose group a
+// machine that is up leads.
 func TestSystemdCluster(t *testing.T) {
 	root, units, image := nspawnInputs(t)
 	// The zone's bridge is vz-<zone>, at most 15 characters; the subnet is
 	// the zone's alone (nothing else on this machine routes it).
 	zone := fmt.Sprintf("se%d", os.Getpid()%10000000)
 	const subnet = "10.254.77."
-	var ms [2]*container
-	for i, x := range []string{"a", "b"} {
+	var ms [3]*container
+	for i, x := range []string{"a", "b", "c"} {
 		m := machine{name: fmt.Sprintf("shoal-e2e-%d-%s", os.Getpid(), x), zone: zone, addr: fmt.Sprintf("%s%d/24", subnet, i+1)}
 		ms[i] = bootContainer(t, machineDisk(t, root), units, filepath.Dir(image), m)
 	}
@@ -40,27 +42,35 @@ func TestSystemdCluster(t *testing.T) {
 	for _, c := range ms {
 		c.installNode(t, "suspicion_timeout = \"120s\"\n")
 	}
-	a, b := ms[0], ms[1]
+	a := ms[0]
 	a.must("shoalctl", "cluster", "init", "--advertise", subnet+"1")
 	token := strings.TrimSpace(a.must("shoalctl", "cluster", "token"))
-	b.must("shoalctl", "cluster", "join", "--token", token, "--advertise", subnet+"2", subnet+"1")
+	for i, c := range ms[1:] {
+		c.must("shoalctl", "cluster", "join", "--token", token, "--advertise", fmt.Sprintf("%s%d", subnet, i+2), subnet+"1")
+	}
 	addrOf := map[string]*container{}
-	waitFor(t, 60*time.Second, "both nodes alive in the cluster", func() bool {
+	waitFor(t, 60*time.Second, "the three nodes alive in the cluster", func() bool {
 		nodes := a.nodes()
 		alive := 0
 		for _, n := range nodes {
 			if n.State == "alive" {
 				alive++
 			}
-			addrOf[n.ID] = map[string]*container{subnet + "1": a, subnet + "2": b}[n.Addr]
+			addrOf[n.ID] = map[string]*container{subnet + "1": ms[0], subnet + "2": ms[1], subnet + "3": ms[2]}[n.Addr]
 		}
-		return alive == 2
+		return alive == 3
 	})
 	for _, c := range ms {
 		c.must("shoalctl", "image", "load", "/opt/shoal/images/"+filepath.Base(image))
 	}
-	a.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "-p", "8080:80", "--stop-grace", "2s", "--update-order", "start-first", "--", "sh", "-c",
-		`trap 'exit 0' TERM; mkdir -p /www && echo hello from web > /www/hello && httpd -p 80 -h /www; while true; do sleep 0.2; done`)
+	// web serves a file of a volume with a replica on each machine.
+	a.must("shoalctl", "volume", "create", "v1", "--replicas", "3", "--size", "16m")
+	mnt := strings.TrimSpace(a.must("shoalctl", "volume", "mount", "v1"))
+	a.must("sh", "-c", "echo hello from the volume > "+mnt+"/hello")
+	a.must("shoalctl", "volume", "unmount", "v1")
+	a.must("shoalctl", "service", "create", "web", "--image", "local/busybox:latest", "-p", "8080:80", "--volume", "v1:/www",
+		"--stop-grace", "2s", "--update-order", "start-first", "--", "sh", "-c",
+		`trap 'exit 0' TERM; httpd -p 80 -h /www; while true; do sleep 0.2; done`)
 	var task taskState
 	waitFor(t, 60*time.Second, "web's task running", func() bool {
 		ts := a.tasks("web")
@@ -72,17 +82,18 @@ func TestSystemdCluster(t *testing.T) {
 	})
 	victim := addrOf[task.Node]
 	if victim == nil {
-		t.Fatalf("web's task %s is on node %q, which is neither machine (%v)", task.ID, task.Node, addrOf)
+		t.Fatalf("web's task %s is on node %q, which is no machine of the test's (%v)", task.ID, task.Node, addrOf)
 	}
-	survivor := a
-	if victim == a {
-		survivor = b
+	survivor := ms[0]
+	if victim == survivor {
+		survivor = ms[1]
 	}
-	// The published port answers on both machines: on the other one
-	// through the overlay, WireGuard between the two netds' devices.
-	victim.servesAt(victim.addr, "hello from web")
-	survivor.servesAt(survivor.addr, "hello from web")
-	t.Logf("web's task %s runs on %s, and port 8080 serves it on both machines; %s powers off", task.ID, victim.name, victim.name)
+	// The published port answers on every machine: on the others
+	// through the overlay, WireGuard between the netds' devices.
+	for _, c := range ms {
+		c.servesAt(c.addr, "hello from the volume")
+	}
+	t.Logf("web's task %s runs on %s, and port 8080 serves it on every machine; %s powers off", task.ID, victim.name, victim.name)
 
 	// Meanwhile the survivor's port is asked every few milliseconds, for
 	// the figure of the longest gap (logged, not judged: timing).
@@ -107,7 +118,7 @@ func TestSystemdCluster(t *testing.T) {
 			default:
 			}
 			out, _ := survivor.run("timeout", "2", "bash", "-c", get)
-			if strings.Contains(out, "hello from web") {
+			if strings.Contains(out, "hello from the volume") {
 				f.longest = max(f.longest, time.Since(lastOK))
 				lastOK = time.Now()
 				f.answers++
@@ -119,13 +130,13 @@ func TestSystemdCluster(t *testing.T) {
 	start := time.Now()
 	_, _ = victim.run("systemctl", "poweroff")
 	var replacement taskState
-	waitFor(t, 60*time.Second, "web's task replaced on "+survivor.name, func() bool {
+	waitFor(t, 60*time.Second, "web's task replaced on another machine", func() bool {
 		var stopped bool
 		for _, ts := range survivor.allTasks("web") {
 			switch {
 			case ts.ID == task.ID:
 				stopped = ts.State == "stopped" && ts.Error == "stopped: its node shut down"
-			case ts.State == "running" && addrOf[ts.Node] == survivor:
+			case ts.State == "running" && addrOf[ts.Node] != nil && addrOf[ts.Node] != victim:
 				replacement = ts
 			}
 		}
@@ -141,9 +152,17 @@ func TestSystemdCluster(t *testing.T) {
 	if seen.State == "dead" || !seen.ShutDown {
 		t.Fatalf("%s sees the node that shut down as %+v; want it not dead yet (its failure detector takes minutes), and shut down", survivor.name, seen)
 	}
-	t.Logf("%s ran %s in place of %s %.1f s after the poweroff began; it sees the other node as %q (shut down)",
-		survivor.name, replacement.ID, task.ID, took.Seconds(), seen.State)
-	survivor.servesAt(survivor.addr, "hello from web")
+	t.Logf("%s ran %s in place of %s %.1f s after the poweroff began; %s sees the node that shut down as %q (shut down)",
+		addrOf[replacement.Node].name, replacement.ID, task.ID, took.Seconds(), survivor.name, seen.State)
+	// The replacement serves the volume's file, the volume led from a
+	// machine that is up.
+	survivor.servesAt(survivor.addr, "hello from the volume")
+	var vol struct {
+		Leader string `json:"leader"`
+	}
+	if out := survivor.must("shoalctl", "volume", "inspect", "v1", "-o", "json"); json.Unmarshal([]byte(out), &vol) != nil || vol.Leader == "" || vol.Leader == task.Node {
+		t.Fatalf("volume v1 after the poweroff: leader %q (the machine that shut down is %s)\n%s", vol.Leader, task.Node, out)
+	}
 	// web is start-first: its task on the machine that shut down stopped
 	// only once the replacement ran.
 	var old taskState
