@@ -28,11 +28,7 @@ func TestSimShutDownHandsOver(t *testing.T) {
 			c := newCluster(t, 3, roomy, func(cfg *sim.Config) { cfg.DetectDelay = detect })
 			create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6, CPUMillis: 500})
 			settle(t, c, "web", 5*time.Second)
-			victim := sched.Owner("web", c.NodeIDs()) // the owner goes too
-			var had []string
-			for _, lt := range c.Node(victim).RunningTasks() {
-				had = append(had, lt.ID)
-			}
+			victim, had := ownerRunning(c, "web") // the owner goes too
 			if len(had) == 0 {
 				t.Fatalf("%s runs no task of web: %v", victim, c.Running("web"))
 			}

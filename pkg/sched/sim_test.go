@@ -54,6 +54,16 @@ func settle(t *testing.T, c *sim.Cluster, service string, within time.Duration) 
 	}
 }
 
+// ownerRunning returns the owner of service, which both node-loss tests
+// take down, and the tasks of it that the owner runs.
+func ownerRunning(c *sim.Cluster, service string) (owner string, ids []string) {
+	owner = sched.Owner(service, c.NodeIDs())
+	for _, lt := range c.Node(owner).RunningTasks() {
+		ids = append(ids, lt.ID)
+	}
+	return owner, ids
+}
+
 // movedOff reports whether service runs want tasks on nodes other than
 // node, and no slot of it names node any more.
 func movedOff(c *sim.Cluster, service, node string, want int) func() bool {
@@ -147,11 +157,7 @@ func TestSimNodeDies(t *testing.T) {
 			c := newCluster(t, 3, roomy, nil)
 			create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 6, CPUMillis: 500})
 			settle(t, c, "web", 5*time.Second)
-			victim := sched.Owner("web", c.NodeIDs()) // the owner dies too
-			var had []string
-			for _, lt := range c.Node(victim).RunningTasks() {
-				had = append(had, lt.ID)
-			}
+			victim, had := ownerRunning(c, "web") // the owner dies too
 			c.Kill(victim)
 			ok := c.RunUntil(movedOff(c, "web", victim, 6), 20*time.Second)
 			if !ok {
