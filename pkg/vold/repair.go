@@ -123,8 +123,8 @@ func (n *node) forgetDeadHolders(ctx context.Context, h *raftgroup.Host, g raftg
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, changeTimeout)
-		// No session is named this: every session of the node goes.
-		err := (&volfs.Client{B: volfs.HostBackend{Host: h, Group: g}}).ForgetOthers(cctx, volfs.Holder{Node: node, Session: deadSession})
+		// No session named: every one of the node's goes.
+		err := (&volfs.Client{B: volfs.HostBackend{Host: h, Group: g}}).ForgetOthers(cctx, volfs.Holder{Node: node})
 		cancel()
 		if err != nil {
 			n.log.Warn("free the unlinked files a dead node held open", "volume", name, "node", node, "err", err)
@@ -133,10 +133,6 @@ func (n *node) forgetDeadHolders(ctx context.Context, h *raftgroup.Host, g raftg
 		n.log.Info("freed the unlinked files a dead node held open", "volume", name, "node", node)
 	}
 }
-
-// deadSession is the session ForgetOthers keeps when a dead node's
-// sessions are forgotten: no session has this name (theirs are hex).
-const deadSession = "(dead node)"
 
 // repairGroup replaces at most one dead voter of a group this node leads,
 // or brings the document in line with the voters.

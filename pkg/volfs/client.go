@@ -163,13 +163,14 @@ func (c *Client) ForgetSession(ctx context.Context, h Holder) error {
 
 // ForgetOthers frees every file held by a session of h.Node other than
 // h.Session: a node mounting a volume afresh has no other session of it
-// left.
+// left. With h.Session empty it frees every file the node holds (a node
+// gone for good).
 func (c *Client) ForgetOthers(ctx context.Context, h Holder) error {
 	return c.forget(ctx, h, 0, ForgetOthers)
 }
 
 func (c *Client) forget(ctx context.Context, h Holder, ino uint64, flags uint32) error {
-	if h.Session == "" {
+	if h.Session == "" && flags != ForgetOthers {
 		return syscall.EINVAL
 	}
 	_, err := c.do(ctx, h.on(&Op{Kind: KindForget, Ino: ino, Flags: flags}))

@@ -128,4 +128,14 @@ func TestOpenUnlinkedFilesAreHeld(t *testing.T) {
 		t.Fatalf("after n2's forgets: %+v, want n1's one held byte", st)
 	}
 	wantErrno(t, "forget without a session", c.ForgetSession(ctx, volfs.Holder{Node: "n1"}), syscall.EINVAL)
+	wantErrno(t, "forget of a file without a session", c.Forget(ctx, volfs.Holder{Node: "n1"}, linked.Ino), syscall.EINVAL)
+
+	// A node gone for good: ForgetOthers naming no session frees all it
+	// holds, and nothing of other nodes'.
+	more := file("more", "ab")
+	must[uint64](t)(c.UnlinkHolding(ctx, volfs.RootIno, "more", volfs.Holder{Node: "n2", Session: "s5", Open: []uint64{more.Ino}}))
+	wantErrno(t, "forget all of n1", c.ForgetOthers(ctx, volfs.Holder{Node: "n1"}), 0)
+	if st := statfs(); st.Held != 1 || st.Used != 2 {
+		t.Fatalf("after n1's files went: %+v, want n2's one held file of 2 bytes", st)
+	}
 }

@@ -247,7 +247,7 @@ func (fs *FS) free(n *inode) {
 // nothing: a mount forgets what it may hold, and another mount's files
 // stay.
 func (fs *FS) forget(op *Op) *Result {
-	if op.Flags&^(ForgetSession|ForgetOthers) != 0 || op.Flags == ForgetSession|ForgetOthers || op.Session == "" {
+	if op.Flags&^(ForgetSession|ForgetOthers) != 0 || op.Flags == ForgetSession|ForgetOthers || op.Session == "" && op.Flags != ForgetOthers {
 		return fail(syscall.EINVAL)
 	}
 	if op.Flags == 0 {

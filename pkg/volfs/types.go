@@ -111,7 +111,8 @@ const (
 	ForgetSession uint32 = 1 << 0
 	// ForgetOthers frees every open-unlinked file that Op.Node's sessions
 	// other than Op.Session hold (the node mounted the volume afresh, so
-	// its earlier sessions are gone).
+	// its earlier sessions are gone); with no Op.Session, every one the
+	// node holds (the node is gone).
 	ForgetOthers uint32 = 1 << 1
 )
 
