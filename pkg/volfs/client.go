@@ -284,6 +284,25 @@ func (c *Client) SetLimit(ctx context.Context, bytes int64) error {
 	return err
 }
 
+// SetLevel raises the volume to level (see MaxLevel) and returns the
+// level it is at. Only a volume whose every replica's vold knows level
+// may be raised: a replica that does not stops applying. A level at or
+// below the volume's changes nothing.
+func (c *Client) SetLevel(ctx context.Context, level uint32) (uint32, error) {
+	if level == 0 {
+		return 0, syscall.EINVAL
+	}
+	r, err := c.do(ctx, &Op{Kind: KindSetLevel, Size: uint64(level)})
+	if err != nil {
+		return 0, err
+	}
+	if r.Statfs == nil {
+		// A vold before levels answers EINVAL, so this is a bug.
+		return 0, fmt.Errorf("volfs: setlevel: %w: no statfs in the result", ErrMalformed)
+	}
+	return r.Statfs.Level, nil
+}
+
 // Digest returns the replica's state digest (see FS.Digest) at a
 // linearizable point.
 func (c *Client) Digest(ctx context.Context) ([32]byte, error) {

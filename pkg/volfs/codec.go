@@ -74,6 +74,7 @@ const (
 	fStUsed   protowire.Number = 2
 	fStInodes protowire.Number = 3
 	fStHeld   protowire.Number = 4
+	fStLevel  protowire.Number = 5
 )
 
 func putVarint(b []byte, n protowire.Number, v uint64) []byte {
@@ -323,6 +324,7 @@ func (r *Result) Encode() []byte {
 		m = putVarint(m, fStUsed, uint64(r.Statfs.Used))
 		m = putVarint(m, fStInodes, r.Statfs.Inodes)
 		m = putVarint(m, fStHeld, r.Statfs.Held)
+		m = putVarint(m, fStLevel, uint64(r.Statfs.Level))
 		b = putMessage(b, fResStatfs, m)
 	}
 	return b
@@ -367,6 +369,7 @@ func DecodeResult(b []byte) (Result, error) {
 				if t != protowire.VarintType {
 					return nil
 				}
+				var err error
 				switch n {
 				case fStLimit:
 					st.Limit = int64(v)
@@ -376,8 +379,10 @@ func DecodeResult(b []byte) (Result, error) {
 					st.Inodes = v
 				case fStHeld:
 					st.Held = v
+				case fStLevel:
+					st.Level, err = u32(v)
 				}
-				return nil
+				return err
 			})
 			r.Statfs = st
 			return err

@@ -71,8 +71,17 @@
 //     fails with ENOENT): opens are not replicated, which would cost a
 //     proposal per open and leases that die with their node. What a dead
 //     node's mounts held, vold frees with ForgetOthers naming no session
-//     of it. Every replica must know held files: one that does not frees
-//     the file at unlink, and its state then differs.
+//     of it. Held files are LevelHeld's: a volume keeps them only once
+//     raised to it.
+//   - A volume has a level (LevelBase, LevelHeld; MaxLevel is this
+//     code's), which says with which semantics its entries apply. It
+//     starts at LevelBase, which applies entries exactly as volds before
+//     levels did (a test holds it to their digest), and rises only by an
+//     entry of the log (KindSetLevel), which vold's group leader proposes
+//     once every member's vold knows the level. So replicas on old and
+//     new volds agree during a rolling upgrade. The snapshot's version is
+//     the level; a replica that meets a level above its MaxLevel, in an
+//     entry or a snapshot, stops (ErrLevel) rather than diverge.
 //   - No device nodes, FIFOs, sockets, extended attributes or ACLs; file
 //     locks are not replicated.
 //   - Digest is a SHA-256 over the canonical encoding of the whole state

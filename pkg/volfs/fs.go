@@ -3,6 +3,7 @@ package volfs
 import (
 	"bytes"
 	"crypto/sha256"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -70,7 +71,10 @@ type FS struct {
 	limit   int64
 	used    int64 // total length of regular files' data
 	// held is the set of open-unlinked files (inodes with heldSession).
-	held    map[uint64]struct{}
+	held map[uint64]struct{}
+	// level is the volume's level (LevelBase, ...; see MaxLevel): which
+	// semantics its entries are applied with.
+	level   uint32
 	applied uint64
 	// version counts the changes of the state (applies, restores; New's
 	// is 1): memo is the digest Summary last computed, of the state at
@@ -98,6 +102,7 @@ func (fs *FS) reset() {
 	fs.nextIno = RootIno + 1
 	fs.held = map[uint64]struct{}{}
 	fs.limit, fs.used, fs.applied = 0, 0, 0
+	fs.level = LevelBase
 	fs.version++
 }
 
@@ -130,6 +135,13 @@ func (fs *FS) HeldNodes() []string {
 	return nodes
 }
 
+// Level returns the volume's level (see MaxLevel).
+func (fs *FS) Level() uint32 {
+	fs.mu.RLock()
+	defer fs.mu.RUnlock()
+	return fs.level
+}
+
 // Applied returns the index of the last entry applied (as of the last
 // snapshot restored, or entry applied since).
 func (fs *FS) Applied() uint64 {
@@ -153,18 +165,31 @@ func (fs *FS) Apply(entries []raftgroup.Entry) ([][]byte, error) {
 		if !e.Time.IsZero() {
 			now = e.Time.UnixNano()
 		}
-		out[i] = fs.apply(e.Data, now).Encode()
+		r, err := fs.apply(e.Data, now)
+		if err != nil {
+			return nil, fmt.Errorf("volfs: entry %d: %w", e.Index, err)
+		}
+		out[i] = r.Encode()
 		fs.applied = e.Index
 	}
 	return out, nil
 }
 
-func (fs *FS) apply(data []byte, now int64) *Result {
+// ErrLevel is why a replica stops applying a volume's entries: they
+// raise the volume to a level this code does not know (a newer vold's),
+// and applying the entries after it with this code's semantics would
+// make this replica diverge from the others.
+var ErrLevel = errors.New("volume level unknown to this vold")
+
+func (fs *FS) apply(data []byte, now int64) (*Result, error) {
 	op, err := DecodeOp(data)
 	if err != nil || !op.Kind.IsMutation() {
-		return &Result{Errno: syscall.EINVAL}
+		return &Result{Errno: syscall.EINVAL}, nil
 	}
-	return fs.mutate(&op, now)
+	if op.Kind == KindSetLevel && op.Size > uint64(MaxLevel) {
+		return nil, fmt.Errorf("%w: level %d, this vold knows up to %d", ErrLevel, op.Size, MaxLevel)
+	}
+	return fs.mutate(&op, now), nil
 }
 
 // Query runs an encoded query against the local state and returns the
@@ -263,8 +288,6 @@ const (
 	fInoHeldSession
 )
 
-const snapshotVersion = 1
-
 // Snapshot implements raftgroup.StateMachine: the whole state, inodes in
 // number order and directory entries in name order, so equal states give
 // equal bytes.
@@ -305,7 +328,7 @@ func (fs *FS) ForkSnapshot() (raftgroup.SnapshotWriter, error) {
 
 // fork returns the frozen copy ForkSnapshot describes; fs.mu is held.
 func (fs *FS) fork() *FS {
-	c := &FS{inodes: make(map[uint64]*inode, len(fs.inodes)), nextIno: fs.nextIno, limit: fs.limit, used: fs.used, held: maps.Clone(fs.held), applied: fs.applied, version: fs.version}
+	c := &FS{inodes: make(map[uint64]*inode, len(fs.inodes)), nextIno: fs.nextIno, limit: fs.limit, used: fs.used, held: maps.Clone(fs.held), level: fs.level, applied: fs.applied, version: fs.version}
 	for ino, n := range fs.inodes {
 		cn := *n
 		cn.entries = maps.Clone(n.entries)
@@ -337,7 +360,10 @@ func (e *errWriter) Write(p []byte) (int, error) {
 // never fail). File data is written straight from the inode, not copied.
 func (fs *FS) writeState(w io.Writer, withApplied bool) {
 	var b []byte
-	b = putVarint(b, fSnapVersion, snapshotVersion)
+	// The version is the level: a LevelBase volume's snapshot is what
+	// volds before levels wrote, and a vold that does not know a level
+	// refuses its snapshots.
+	b = putVarint(b, fSnapVersion, uint64(fs.level))
 	b = putVarint(b, fSnapNextIno, fs.nextIno)
 	b = putVarint(b, fSnapLimit, uint64(fs.limit))
 	if withApplied {
@@ -407,7 +433,7 @@ func (fs *FS) Restore(data []byte) error {
 	}
 	fs.mu.Lock()
 	defer fs.mu.Unlock()
-	fs.inodes, fs.nextIno, fs.limit, fs.used, fs.held, fs.applied = st.inodes, st.nextIno, st.limit, st.used, st.held, st.applied
+	fs.inodes, fs.nextIno, fs.limit, fs.used, fs.held, fs.level, fs.applied = st.inodes, st.nextIno, st.limit, st.used, st.held, st.level, st.applied
 	fs.version++
 	return nil
 }
@@ -444,8 +470,12 @@ func decodeState(data []byte) (*FS, error) {
 	if err != nil {
 		return nil, err
 	}
-	if version != snapshotVersion {
-		return nil, fmt.Errorf("%w: snapshot version %d", ErrMalformed, version)
+	if version < uint64(LevelBase) || version > uint64(MaxLevel) {
+		return nil, fmt.Errorf("%w: snapshot of level %d, this vold knows up to %d: %w", ErrMalformed, version, MaxLevel, ErrLevel)
+	}
+	st.level = uint32(version)
+	if st.level < LevelHeld && len(st.held) > 0 {
+		return nil, fmt.Errorf("%w: open-unlinked files in a snapshot of level %d", ErrMalformed, st.level)
 	}
 	if err := st.check(); err != nil {
 		return nil, err

@@ -70,6 +70,14 @@ func (fs *FS) mutate(op *Op, now int64) *Result {
 		return fs.write(op, now)
 	case KindForget:
 		return fs.forget(op)
+	case KindSetLevel:
+		// Apply refused levels above MaxLevel; a level at or below the
+		// volume's is a leader's repeated raise, and does nothing.
+		if op.Size == 0 {
+			return fail(syscall.EINVAL)
+		}
+		fs.level = max(fs.level, uint32(op.Size))
+		return &Result{Statfs: fs.statfs()}
 	case KindSetLimit:
 		if op.Size > math.MaxInt64 {
 			return fail(syscall.EINVAL)
@@ -227,7 +235,7 @@ func (fs *FS) unref(d, n *inode, op *Op, now int64) *Result {
 	if n.nlink > 0 {
 		return &Result{}
 	}
-	if n.isRegular() && op.Session != "" && slices.Contains(op.Open, n.ino) {
+	if fs.level >= LevelHeld && n.isRegular() && op.Session != "" && slices.Contains(op.Open, n.ino) {
 		n.heldNode, n.heldSession = op.Node, op.Session
 		fs.held[n.ino] = struct{}{}
 		return attrResult(n)
@@ -247,6 +255,10 @@ func (fs *FS) free(n *inode) {
 // nothing: a mount forgets what it may hold, and another mount's files
 // stay.
 func (fs *FS) forget(op *Op) *Result {
+	if fs.level < LevelHeld {
+		// Before LevelHeld, Forget was no mutation at all.
+		return fail(syscall.EINVAL)
+	}
 	if op.Flags&^(ForgetSession|ForgetOthers) != 0 || op.Flags == ForgetSession|ForgetOthers || op.Session == "" && op.Flags != ForgetOthers {
 		return fail(syscall.EINVAL)
 	}
@@ -456,7 +468,7 @@ func (fs *FS) write(op *Op, now int64) *Result {
 }
 
 func (fs *FS) statfs() *Statfs {
-	return &Statfs{Limit: fs.limit, Used: fs.used, Inodes: uint64(len(fs.inodes)), Held: uint64(len(fs.held))}
+	return &Statfs{Limit: fs.limit, Used: fs.used, Inodes: uint64(len(fs.inodes)), Held: uint64(len(fs.held)), Level: fs.level}
 }
 
 // query answers a read.

@@ -88,8 +88,12 @@ func (g *opGen) next() []byte {
 		for j := range op.Data {
 			op.Data[j] = byte(rng.Uint32())
 		}
-	default:
+	case r < 98:
 		op.Kind, op.Size = volfs.KindSetLimit, rng.Uint64N(2000)
+	default:
+		// Raises (or repeats) a level now and then: histories begin at
+		// LevelBase, where unlinks with holders free what they remove.
+		op.Kind, op.Size = volfs.KindSetLevel, rng.Uint64N(uint64(volfs.MaxLevel)+1)
 	}
 	return op.Encode()
 }
@@ -136,7 +140,7 @@ func mustApply(t testing.TB, fs *volfs.FS, index uint64, op volfs.Op) volfs.Resu
 // from the start, B restored from A's snapshot midway, C replaying every
 // entry from an empty state in batches. Results and digests must agree.
 func TestReplicasAgree(t *testing.T) {
-	heldSeen := 0
+	heldSeen, baseSeen := 0, 0
 	for seed := range uint64(40) {
 		rng := rand.New(rand.NewPCG(seed, seed*31+7))
 		ops := randomOps(rng, 400)
@@ -166,8 +170,12 @@ func TestReplicasAgree(t *testing.T) {
 				if err := a.CheckInvariants(); err != nil {
 					t.Fatalf("seed %d op %d: %v", seed, i, err)
 				}
-				if r, _ := volfs.DecodeResult(must[[]byte](t)(a.Query((&volfs.Op{Kind: volfs.KindStatfs}).Encode()))); r.Statfs.Held > 0 {
+				r, _ := volfs.DecodeResult(must[[]byte](t)(a.Query((&volfs.Op{Kind: volfs.KindStatfs}).Encode())))
+				if r.Statfs.Held > 0 {
 					heldSeen++
+				}
+				if r.Statfs.Level == volfs.LevelBase && i > 0 {
+					baseSeen++
 				}
 			}
 		}
@@ -201,8 +209,11 @@ func TestReplicasAgree(t *testing.T) {
 	}
 	// Some states must hold open-unlinked files, or their replication
 	// went untested.
-	t.Logf("%d of %d checkpoints held open-unlinked files", heldSeen, 40*8)
+	t.Logf("%d of %d checkpoints held open-unlinked files, %d after the first were at LevelBase", heldSeen, 40*8, baseSeen)
 	if heldSeen == 0 {
 		t.Fatal("no checkpoint held an open-unlinked file: the generator is too weak")
+	}
+	if baseSeen == 0 {
+		t.Fatal("no checkpoint but the first was at LevelBase: the levels' difference went untested")
 	}
 }

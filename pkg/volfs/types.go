@@ -55,6 +55,28 @@ const (
 	KindWrite
 	KindSetLimit
 	KindForget
+	KindSetLevel
+)
+
+// Levels of a volume's state machine. A level is a set of semantics that
+// every replica must apply alike: a replica whose vold knows fewer would
+// apply the same entries differently and diverge. A volume starts at
+// LevelBase and its group's leader raises it (KindSetLevel, an entry in
+// the log) once every member's vold publishes a higher MaxLevel, so
+// volds can be upgraded one node at a time while the volume is in use.
+// The level is the snapshot's format version too: a vold that does not
+// know a volume's level refuses its snapshots and stops applying at its
+// SetLevel entry, instead of diverging.
+const (
+	// LevelBase is the first level: what volds before levels applied.
+	LevelBase uint32 = 1
+	// LevelHeld adds open-unlinked files: unlink and rename keep a file
+	// that their mount has open (Holder), until a Forget frees it. At
+	// LevelBase the last name's removal frees the file, and Forget is
+	// EINVAL.
+	LevelHeld uint32 = 2
+	// MaxLevel is the highest level this code applies.
+	MaxLevel = LevelHeld
 )
 
 // Queries.
@@ -69,7 +91,7 @@ const (
 )
 
 // IsMutation reports whether ops of kind k go through the log.
-func (k Kind) IsMutation() bool { return k >= KindCreate && k <= KindForget }
+func (k Kind) IsMutation() bool { return k >= KindCreate && k <= KindSetLevel }
 
 // IsQuery reports whether k is a local read.
 func (k Kind) IsQuery() bool { return k >= KindLookup && k <= KindDigest }
@@ -77,7 +99,7 @@ func (k Kind) IsQuery() bool { return k >= KindLookup && k <= KindDigest }
 var kindNames = map[Kind]string{
 	KindCreate: "create", KindMkdir: "mkdir", KindSymlink: "symlink", KindLink: "link",
 	KindUnlink: "unlink", KindRmdir: "rmdir", KindRename: "rename", KindSetattr: "setattr",
-	KindWrite: "write", KindSetLimit: "setlimit", KindForget: "forget", KindLookup: "lookup", KindGetattr: "getattr",
+	KindWrite: "write", KindSetLimit: "setlimit", KindForget: "forget", KindSetLevel: "setlevel", KindLookup: "lookup", KindGetattr: "getattr",
 	KindReaddir: "readdir", KindRead: "read", KindReadlink: "readlink", KindStatfs: "statfs",
 	KindDigest: "digest",
 }
@@ -179,6 +201,8 @@ type Statfs struct {
 	// that a mount keeps while a process has them open (their data is
 	// in Used).
 	Held uint64
+	// Level is the volume's level (LevelBase, LevelHeld, ...).
+	Level uint32
 }
 
 // SetAttr is a Setattr request: Valid says which fields apply.

@@ -33,8 +33,15 @@ type Local struct {
 	index uint64
 }
 
-// NewLocal returns a Local over a new FS.
-func NewLocal() *Local { return &Local{FS: volfs.New()} }
+// NewLocal returns a Local over a new FS raised to volfs.MaxLevel, as
+// a volume whose replicas all run this code is.
+func NewLocal() *Local {
+	l := &Local{FS: volfs.New()}
+	if _, err := (&volfs.Client{B: l}).SetLevel(context.Background(), volfs.MaxLevel); err != nil {
+		panic(err)
+	}
+	return l
+}
 
 var _ volfs.Backend = (*Local)(nil)
 
