@@ -24,6 +24,7 @@ type volumeView struct {
 	SizeBytes int64         `json:"size_bytes"`
 	UsedBytes int64         `json:"used_bytes"`
 	HeldFiles uint64        `json:"held_files"`
+	Level     uint32        `json:"level,omitempty"`
 	Health    string        `json:"health"`
 	Leader    string        `json:"leader"`
 	Commit    uint64        `json:"commit"`
@@ -46,7 +47,7 @@ type replicaView struct {
 func viewVolume(v *volv1.Volume) volumeView {
 	out := volumeView{
 		Name: v.GetName(), Group: v.GetGroup(), Replicas: v.GetReplicas(), SizeBytes: v.GetSizeBytes(),
-		UsedBytes: v.GetUsedBytes(), HeldFiles: v.GetHeldFiles(), Health: v.GetHealth(), Leader: v.GetLeader(), Commit: v.GetCommit(),
+		UsedBytes: v.GetUsedBytes(), HeldFiles: v.GetHeldFiles(), Level: v.GetLevel(), Health: v.GetHealth(), Leader: v.GetLeader(), Commit: v.GetCommit(),
 		MountedOn: v.GetMountedOn(), UsedBy: v.GetUsedBy(), Members: []replicaView{},
 	}
 	if v.GetCreated() != nil {
@@ -276,6 +277,11 @@ func (a *app) renderVolume(format string, v *volv1.Volume) error {
 		fmt.Fprintf(tw, "NAME\t%s\nGROUP\t%d\nREPLICAS\t%d\nSIZE\t%s\nUSED\t%s\nHEALTH\t%s\nLEADER\t%s\nCOMMIT\t%d\nCREATED\t%s\n",
 			view.Name, view.Group, view.Replicas, bytesText(uint64(view.SizeBytes)), bytesText(uint64(view.UsedBytes)),
 			dash(view.Health), dash(view.Leader), view.Commit, view.Created)
+		if view.Level > 0 {
+			// Which semantics the replicas apply: an upgrade of vold
+			// raises it once every member runs the new one.
+			fmt.Fprintf(tw, "LEVEL\t%d\n", view.Level)
+		}
 		if view.HeldFiles > 0 {
 			// Their bytes are in USED: say why USED exceeds what ls shows.
 			fmt.Fprintf(tw, "HELD OPEN\t%d unlinked files still open\n", view.HeldFiles)

@@ -64,19 +64,19 @@ func TestRenderVolumeHeldFiles(t *testing.T) {
 	if strings.Contains(buf.String(), "HELD") {
 		t.Fatalf("no held files, yet:\n%s", buf.String())
 	}
-	v.HeldFiles = 2
+	v.HeldFiles, v.Level = 2, 2
 	buf.Reset()
 	if err := a.renderVolume("table", v); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(buf.String(), "HELD OPEN") || !strings.Contains(buf.String(), "2 unlinked files still open") {
-		t.Fatalf("two held files:\n%s", buf.String())
+	if !strings.Contains(buf.String(), "HELD OPEN") || !strings.Contains(buf.String(), "2 unlinked files still open") || !strings.Contains(buf.String(), "LEVEL      2") {
+		t.Fatalf("two held files, level 2:\n%s", buf.String())
 	}
 	buf.Reset()
 	if err := a.renderVolume("json", v); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(buf.String(), `"held_files": 2`) {
+	if !strings.Contains(buf.String(), `"held_files": 2`) || !strings.Contains(buf.String(), `"level": 2`) {
 		t.Fatalf("json:\n%s", buf.String())
 	}
 }

@@ -122,6 +122,9 @@ func (n *node) createVolume(ctx context.Context, name string, replicas int, size
 		_, err = n.route(wctx, d, kindKVGet, payload, "")
 	} else {
 		err = n.setLimit(wctx, name, d)
+		if err == nil {
+			n.raiseNewVolume(wctx, name, d)
+		}
 	}
 	if err != nil {
 		if ctx.Err() != nil {

@@ -179,8 +179,8 @@ func (n *node) peerAddr(node string) (string, error) {
 	return net.JoinHostPort(addr, strconv.FormatInt(port, 10)), nil
 }
 
-// publishNode writes this node's VolPeer port and free space into its
-// node document. The free space is written again only when it moved by
+// publishNode writes this node's VolPeer port, free space and volume
+// level (level.go) into its node document. The free space is written again only when it moved by
 // more than 5% and at least 1 GiB, not on every byte written.
 func (n *node) publishNode(ctx context.Context) error {
 	free := n.freeBytes()
@@ -191,13 +191,14 @@ func (n *node) publishNode(ctx context.Context) error {
 		if moved < 0 {
 			moved = -moved
 		}
-		if f[fieldVoldPort].GetIntValue() == int64(n.cfg.PeerPort) && ok && (moved <= old.GetIntValue()/20 || moved < 1<<30) {
+		if f[fieldVoldPort].GetIntValue() == int64(n.cfg.PeerPort) && f[fieldVoldFSLevel].GetIntValue() == int64(n.level()) && ok && (moved <= old.GetIntValue()/20 || moved < 1<<30) {
 			return nil
 		}
 	}
 	_, err := n.statd.Put(ctx, &statev1.PutRequest{Key: nodesPrefix + n.id, Fields: map[string]*statev1.Value{
-		fieldVoldPort: {Kind: &statev1.Value_IntValue{IntValue: int64(n.cfg.PeerPort)}},
-		fieldVoldFree: {Kind: &statev1.Value_IntValue{IntValue: free}},
+		fieldVoldPort:    {Kind: &statev1.Value_IntValue{IntValue: int64(n.cfg.PeerPort)}},
+		fieldVoldFree:    {Kind: &statev1.Value_IntValue{IntValue: free}},
+		fieldVoldFSLevel: {Kind: &statev1.Value_IntValue{IntValue: int64(n.level())}},
 	}})
 	return err
 }

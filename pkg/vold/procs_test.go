@@ -3,6 +3,8 @@ package vold
 import (
 	"slices"
 	"testing"
+
+	"github.com/shoal-dev/shoal/pkg/volfs"
 )
 
 func TestMaxProcs(t *testing.T) {
@@ -72,5 +74,24 @@ func TestWithGODEBUG(t *testing.T) {
 		if !slices.Equal(in, c.env) {
 			t.Errorf("withGODEBUG(%q) changed its argument to %q", c.env, in)
 		}
+	}
+}
+
+func TestVolumeLevelConfig(t *testing.T) {
+	base := Config{PeerPort: 1, ReplaceAfter: 1, RepairInterval: 1, CreateTimeout: 1, RaftTick: 1}
+	for _, l := range []uint32{0, volfs.LevelBase, volfs.MaxLevel} {
+		c := base
+		c.VolumeLevel = l
+		if err := c.check(); err != nil {
+			t.Errorf("volume_level %d: %v", l, err)
+		}
+		if want := map[bool]uint32{true: volfs.MaxLevel, false: l}[l == 0]; (&node{cfg: &c}).level() != want {
+			t.Errorf("volume_level %d: level %d, want %d", l, (&node{cfg: &c}).level(), want)
+		}
+	}
+	c := base
+	c.VolumeLevel = volfs.MaxLevel + 1
+	if err := c.check(); err == nil {
+		t.Errorf("volume_level %d (above what this vold knows) accepted", c.VolumeLevel)
 	}
 }

@@ -72,6 +72,7 @@ func (n *node) repairRound(ctx context.Context) {
 	// still runs now and then, to bring documents in line with voters
 	// after a replacement a leader change interrupted. Skipping the rest
 	// keeps an idle node with a thousand groups idle.
+	n.raiseLevels(ctx, h)
 	silent := n.silentVolds(h)
 	if !n.anyNodeDead() && len(silent) == 0 && time.Since(n.lastSweep) < repairSweep {
 		return
@@ -86,11 +87,8 @@ func (n *node) repairRound(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if b, err := h.Brief(g); err != nil || !b.Leader || b.Removed || b.Retiring {
-			continue
-		}
-		st, err := h.Status(g)
-		if err != nil || st.Role != "leader" || len(st.VotersOutgoing) > 0 || st.Removed || st.Retiring {
+		st, ok := leading(h, g)
+		if !ok {
 			continue
 		}
 		name, ok := byGroup[g]
@@ -102,6 +100,21 @@ func (n *node) repairRound(ctx context.Context) {
 		}
 		n.forgetDeadHolders(ctx, h, g, name)
 	}
+}
+
+// leading returns group g's status when this node leads it in a settled
+// configuration (not joint, the replica neither removed nor retiring):
+// only then may it change the group's members or level. Brief, which
+// does not wait for the host's loop, rules out most groups first.
+func leading(h *raftgroup.Host, g raftgroup.GroupID) (raftgroup.GroupStatus, bool) {
+	if b, err := h.Brief(g); err != nil || !b.Leader || b.Removed || b.Retiring {
+		return raftgroup.GroupStatus{}, false
+	}
+	st, err := h.Status(g)
+	if err != nil || st.Role != "leader" || len(st.VotersOutgoing) > 0 || st.Removed || st.Retiring {
+		return raftgroup.GroupStatus{}, false
+	}
+	return st, true
 }
 
 // forgetDeadHolders frees the open-unlinked files that mounts on nodes
@@ -186,7 +199,15 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		for node := range silent {
 			exclude[node] = true
 		}
-		picked, _ := placeAnswering(n.candidates(), 1, exclude, d.SizeBytes,
+		// A replica on a vold that does not know the volume's level
+		// would stop at its snapshot (volfs.ErrLevel).
+		cands, level := n.candidates(), volumeLevel(h, d.group())
+		for _, c := range cands {
+			if n.fsLevel(c.Node) < level {
+				exclude[c.Node] = true
+			}
+		}
+		picked, _ := placeAnswering(cands, 1, exclude, d.SizeBytes,
 			func(ids []string) map[string]bool { return n.answering(ctx, ids) }, false)
 		if len(picked) == 0 {
 			n.log.Debug("no node to replace a dead replica on", "volume", name, "dead_node", deadNode)

@@ -36,6 +36,7 @@ type replicaStatus struct {
 	Digest      string `json:"digest,omitempty"`
 	UsedBytes   int64  `json:"used_bytes"`
 	HeldFiles   uint64 `json:"held_files,omitempty"`
+	Level       uint32 `json:"level,omitempty"`
 	Initialized bool   `json:"initialized"`
 	// Voters are the group's voters as this replica knows them.
 	Voters []raftgroup.Member `json:"voters,omitempty"`
@@ -94,7 +95,7 @@ func (n *node) localStatus(g raftgroup.GroupID, digest bool) (replicaStatus, err
 			// loop (and outside the filesystem's lock, so writes go on);
 			// it is at applied if no entry reached the filesystem
 			// meanwhile (configuration entries do not).
-			rs.HeldFiles = s.Held()
+			rs.HeldFiles, rs.Level = s.Held(), s.Level()
 			if !digest {
 				rs.UsedBytes = s.Used()
 				return rs, nil
@@ -204,7 +205,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 		if a.st.Role == "leader" {
 			v.Leader = a.st.Node
 			leaderCommit, leaderTerm = a.st.Commit, a.st.Term
-			v.UsedBytes, v.HeldFiles = a.st.UsedBytes, a.st.HeldFiles
+			v.UsedBytes, v.HeldFiles, v.Level = a.st.UsedBytes, a.st.HeldFiles, a.st.Level
 		}
 	}
 	if v.Leader == "" {
@@ -237,6 +238,9 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 		}
 		if v.UsedBytes == 0 {
 			v.UsedBytes, v.HeldFiles = a.st.UsedBytes, a.st.HeldFiles
+		}
+		if v.Level == 0 {
+			v.Level = a.st.Level
 		}
 		if pm.Alive && a.st.Initialized {
 			answering++

@@ -49,6 +49,7 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/daemon"
 	"github.com/shoal-dev/shoal/pkg/fdhold"
+	"github.com/shoal-dev/shoal/pkg/volfs"
 )
 
 // Config is shoal-vold's configuration (/etc/shoal/vold.toml).
@@ -63,6 +64,12 @@ type Config struct {
 	ReplaceAfter daemon.Duration `toml:"replace_after"`
 	// RepairInterval is how often leaders check their members.
 	RepairInterval daemon.Duration `toml:"repair_interval"`
+	// VolumeLevel is the highest volume level (volfs.MaxLevel; level.go)
+	// this vold lets volumes it holds replicas of reach: it publishes
+	// this, and raises no volume above it. 0 is volfs.MaxLevel. Pinned
+	// lower during a rolling upgrade, it keeps volumes at the old
+	// semantics until the operator no longer needs to downgrade.
+	VolumeLevel uint32 `toml:"volume_level"`
 	// CreateTimeout bounds how long CreateVolume waits for the new group.
 	CreateTimeout daemon.Duration `toml:"create_timeout"`
 	// Capacity caps the bytes of volumes this node takes (0: the free
@@ -145,6 +152,7 @@ for the cluster identity, membership and volume documents (/volumes/...).`,
 			fs.Uint32Var(&c.PeerPort, "peer-port", c.PeerPort, "TCP port of the vold peer API (Raft transport, forwarding)")
 			fs.Var(&c.ReplaceAfter, "replace-after", "replace a volume replica whose node has been dead this long (whose vold alone has been silent twice this long)")
 			fs.Var(&c.RepairInterval, "repair-interval", "how often group leaders check their members")
+			fs.Uint32Var(&c.VolumeLevel, "volume-level", c.VolumeLevel, fmt.Sprintf("highest volume level (1-%d) volumes with a replica here may be raised to; pin it to the old one during an upgrade to keep a downgrade possible (0: %d)", volfs.MaxLevel, volfs.MaxLevel))
 			fs.Var(&c.CreateTimeout, "create-timeout", "how long volume create waits for the new group to elect a leader")
 			fs.Int64Var(&c.Capacity, "capacity-bytes", c.Capacity, "bytes of volumes this node may host (0: the free space of the state dir)")
 			fs.Var(&c.RaftTick, "raft-tick", "Raft tick (election timeout is 10 ticks); the same on every node")
@@ -181,6 +189,9 @@ func (c *Config) check() error {
 	}
 	if c.HeapReserveMiB < -1 {
 		return fmt.Errorf("heap_reserve_mib %d: want -1 (automatic), 0 (none) or more", c.HeapReserveMiB)
+	}
+	if c.VolumeLevel > volfs.MaxLevel {
+		return fmt.Errorf("volume_level %d: this vold knows levels 1-%d (0: %d)", c.VolumeLevel, volfs.MaxLevel, volfs.MaxLevel)
 	}
 	if c.MaxProcs < 0 {
 		return fmt.Errorf("max_procs %d: want 0 (automatic) or more", c.MaxProcs)

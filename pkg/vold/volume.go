@@ -20,7 +20,8 @@ import (
 //
 //	/volumes/<name>                 field "volume": volumeDoc as JSON
 //	/volumemounts/<name>/<node>     field "users": JSON list of mount users
-//	/nodes/<id>                     field "vold_port": this daemon's peer port
+//	/nodes/<id>                     field "vold_port": this daemon's peer port,
+//	                                "vold_fs_level": the volume level it knows
 //
 // The whole volume description is one field on purpose: statd merges
 // fields last-writer-wins one by one, and two racing creates of the same

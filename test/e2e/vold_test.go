@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -53,7 +54,7 @@ type volCluster struct {
 // replaces it; short, so that the test does not wait for the default.
 const replaceAfter = "4s"
 
-func newVolCluster(t *testing.T, nodes int) *volCluster {
+func newVolCluster(t *testing.T, nodes int, voldArgs ...string) *volCluster {
 	t.Helper()
 	name := fmt.Sprintf("v%d", rand.IntN(1_000_000))
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -68,7 +69,7 @@ func newVolCluster(t *testing.T, nodes int) *volCluster {
 		Args: map[string][]string{
 			"statd":  {"--node-name", "n{node}"},
 			"schedd": append(devcluster.ScheddArgs(), "--task-network", "host"),
-			"vold":   {"--replace-after", replaceAfter},
+			"vold":   append([]string{"--replace-after", replaceAfter}, voldArgs...),
 		},
 		Bootstrap: true,
 	})
@@ -306,6 +307,62 @@ func lastCount(s string) int {
 	}
 	n, _ := strconv.Atoi(lines[len(lines)-1])
 	return n
+}
+
+// TestVolumeLevelRaisedAfterUpgrade upgrades a volume's replicas in
+// place: while one node's vold lets volumes reach only the first level
+// (as a vold from before levels does, publishing none), a file unlinked
+// while open is freed at once, alike on every replica; once that vold
+// runs without the pin, the volume's leader raises the volume, and such
+// a file is held until its last close.
+func TestVolumeLevelRaisedAfterUpgrade(t *testing.T) {
+	dir := t.TempDir()
+	conf := func(i int, text string) {
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("vold-%d.toml", i)), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conf(1, "")
+	conf(2, "")
+	conf(3, "volume_level = 1\n")
+	c := newVolCluster(t, 3, "--config", filepath.Join(dir, "vold-{node}.toml"))
+	c.mustCtl(1, "volume", "create", "up")
+	state := func(level uint32, held uint64) func() bool {
+		return func() bool {
+			v, err := c.inspect(2, "up")
+			return err == nil && converged(v, 3) && v.GetLevel() == level && v.GetHeldFiles() == held
+		}
+	}
+	waitFor(t, 10*time.Second, "up at level 1 on three replicas", state(1, 0))
+
+	f := c.openUnlinked(t, 1, "up", "before the upgrade")
+	if b, err := io.ReadAll(f); err == nil {
+		t.Fatalf("at level 1 a file unlinked while open reads on (%q): it was held", b)
+	}
+	f.Close()
+	waitFor(t, 10*time.Second, "up, at level 1, holds no file, and its replicas agree", state(1, 0))
+
+	conf(3, "")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := c.Stop(ctx, 3, "vold", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(ctx, 3, "vold"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "up raised to level 2 once node 3's vold lets it", state(2, 0))
+	if out := c.mustCtl(3, "volume", "inspect", "up"); !regexp.MustCompile(`(?m)^LEVEL +2$`).MatchString(out) {
+		t.Errorf("volume inspect does not show level 2:\n%s", out)
+	}
+
+	f = c.openUnlinked(t, 1, "up", "after the upgrade")
+	if b, err := io.ReadAll(f); err != nil || string(b) != "after the upgrade" {
+		t.Fatalf("at level 2 a file unlinked while open reads %q, %v", b, err)
+	}
+	waitFor(t, 10*time.Second, "up holds the open file on every replica", state(2, 1))
+	f.Close()
+	waitFor(t, 10*time.Second, "up frees it at its last close", state(2, 0))
 }
 
 // TestVolumes is the volume acceptance on four nodes (three replicas and

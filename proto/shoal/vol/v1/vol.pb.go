@@ -144,7 +144,11 @@ type Volume struct {
 	// held_files counts the files unlinked while open on some node, which
 	// that node's mount keeps (their bytes are in used_bytes) until their
 	// last close there.
-	HeldFiles     uint64 `protobuf:"varint,13,opt,name=held_files,json=heldFiles,proto3" json:"held_files,omitempty"`
+	HeldFiles uint64 `protobuf:"varint,13,opt,name=held_files,json=heldFiles,proto3" json:"held_files,omitempty"`
+	// level is the volume's level: which semantics its replicas apply
+	// (1: the first; 2: files unlinked while open are held). A volume is
+	// raised once every member's vold knows the higher level.
+	Level         uint32 `protobuf:"varint,14,opt,name=level,proto3" json:"level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -266,6 +270,13 @@ func (x *Volume) GetUsedBytes() int64 {
 func (x *Volume) GetHeldFiles() uint64 {
 	if x != nil {
 		return x.HeldFiles
+	}
+	return 0
+}
+
+func (x *Volume) GetLevel() uint32 {
+	if x != nil {
+		return x.Level
 	}
 	return 0
 }
@@ -1774,7 +1785,7 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\aapplied\x18\x04 \x01(\x04R\aapplied\x12\x10\n" +
 	"\x03lag\x18\x05 \x01(\x04R\x03lag\x12\x14\n" +
 	"\x05alive\x18\x06 \x01(\bR\x05alive\x12\x16\n" +
-	"\x06digest\x18\a \x01(\tR\x06digest\"\x91\x03\n" +
+	"\x06digest\x18\a \x01(\tR\x06digest\"\xa7\x03\n" +
 	"\x06Volume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\x04R\x05group\x12\x1a\n" +
@@ -1793,7 +1804,8 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\n" +
 	"used_bytes\x18\f \x01(\x03R\tusedBytes\x12\x1d\n" +
 	"\n" +
-	"held_files\x18\r \x01(\x04R\theldFiles\"d\n" +
+	"held_files\x18\r \x01(\x04R\theldFiles\x12\x14\n" +
+	"\x05level\x18\x0e \x01(\rR\x05level\"d\n" +
 	"\x13CreateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\x05R\breplicas\x12\x1d\n" +

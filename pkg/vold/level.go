@@ -1,0 +1,125 @@
+package vold
+
+import (
+	"context"
+	"slices"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	"github.com/shoal-dev/shoal/pkg/volfs"
+)
+
+// Volume levels (volfs.MaxLevel). Each vold publishes the highest level
+// it lets volumes reach in its node document (vold_fs_level: the highest
+// it knows, or its volume_level when an operator pinned it lower; a vold
+// from before levels publishes none, which is volfs.LevelBase). A
+// group's leader raises its volume to its own level once every member's
+// vold has published at least that, so replicas on older volds never
+// meet entries they would apply differently: volds can be upgraded one
+// node at a time under a volume in use, and the volume takes the new
+// semantics once the last of its nodes runs the new vold. Replacement
+// replicas go only to nodes whose vold lets the volume's level
+// (repair.go). Levels never go down: a vold that knows levels, but not a
+// volume's, stops applying it (volfs.ErrLevel); one from before levels
+// refuses its snapshots but would apply its entries its own way, so an
+// operator who may need to downgrade pins volume_level first.
+
+// fieldVoldFSLevel is the node document's field with the level its vold
+// lets volumes reach (level).
+const fieldVoldFSLevel = "vold_fs_level"
+
+// level is the highest volume level this vold lets volumes reach: its
+// volume_level, or volfs.MaxLevel.
+func (n *node) level() uint32 {
+	if l := n.cfg.VolumeLevel; l > 0 {
+		return min(l, volfs.MaxLevel)
+	}
+	return volfs.MaxLevel
+}
+
+// fsLevel is the highest volume level node's vold lets volumes reach, as
+// it last published it: volfs.LevelBase when it published none (a vold
+// before levels), 0 for a node without a document.
+func (n *node) fsLevel(node string) uint32 {
+	if node == n.id {
+		return n.level()
+	}
+	d := n.mirror.Get(nodesPrefix + node)
+	if d == nil {
+		return 0
+	}
+	v, ok := d.GetFields()[fieldVoldFSLevel]
+	if !ok {
+		return volfs.LevelBase
+	}
+	return uint32(min(max(v.GetIntValue(), 0), 1<<31))
+}
+
+// volumeLevel is the level of group g's volume as this node's replica
+// has applied it (0 for the system group, or no replica).
+func volumeLevel(h *raftgroup.Host, g raftgroup.GroupID) uint32 {
+	sm, err := h.Machine(g)
+	if err != nil {
+		return 0
+	}
+	if fs, ok := sm.(*volfs.FS); ok {
+		return fs.Level()
+	}
+	return 0
+}
+
+// raiseNewVolume raises a volume just created to this vold's level when
+// every member's vold lets it, so that it has its semantics from its
+// first write; otherwise, or when that fails, raiseLevels does later.
+func (n *node) raiseNewVolume(ctx context.Context, name string, d *volumeDoc) {
+	level := n.level()
+	for _, m := range d.Members {
+		if n.fsLevel(m.Node) < level {
+			return
+		}
+	}
+	if level <= volfs.LevelBase {
+		return
+	}
+	c := &volfs.Client{B: &volumeBackend{n: n, name: name, fixed: d}}
+	if _, err := c.SetLevel(ctx, level); err != nil {
+		n.log.Warn("raise new volume's level (a leader raises it later)", "volume", name, "level", level, "err", err)
+	}
+}
+
+// raiseLevels raises every volume this node leads to this vold's level
+// once each of its members' volds lets it. A volume already there costs
+// a lookup: the loop runs every repair round.
+func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
+	level := n.level()
+	for _, g := range h.Groups() {
+		if ctx.Err() != nil {
+			return
+		}
+		if l := volumeLevel(h, g); l == 0 || l >= level {
+			continue
+		}
+		st, ok := leading(h, g)
+		if !ok {
+			continue
+		}
+		behind := ""
+		for _, m := range slices.Concat(st.Voters, st.Learners) {
+			if node := n.names.name(m.Node); n.fsLevel(node) < level {
+				behind = node
+				break
+			}
+		}
+		if behind != "" {
+			n.log.Debug("volume level not raised: a member's vold does not let it", "group", uint64(g), "level", level, "node", behind)
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, changeTimeout)
+		l, err := (&volfs.Client{B: volfs.HostBackend{Host: h, Group: g}}).SetLevel(cctx, level)
+		cancel()
+		if err != nil {
+			n.log.Warn("raise volume level", "group", uint64(g), "level", level, "err", err)
+			continue
+		}
+		n.log.Info("volume level raised", "group", uint64(g), "level", l)
+	}
+}
