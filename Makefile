@@ -23,7 +23,7 @@ NSPAWN_ROOT ?= /var/tmp/shoal-nspawn-root
 DEBIAN_SUITE ?= $(shell . /etc/os-release && echo $$VERSION_CODENAME)
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
 
-.PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image nspawn-root
+.PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image nspawn-root upgrade-check
 
 help:
 	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold} and bin/shoalctl"
@@ -32,6 +32,7 @@ help:
 	@echo "make bench   - run the benchmarks and write docs/BENCHMARKS.md"
 	@echo "make check   - gofmt, go vet, staticcheck, generated code current"
 	@echo "make proto   - regenerate Go code from proto/"
+	@echo "make upgrade-check [OLD=rev] - a volume on this vold and OLD's (default 3fcf164), then upgraded"
 	@echo "make install - install binaries and systemd units (PREFIX, DESTDIR)"
 
 build: $(BINS)
@@ -106,6 +107,17 @@ fuzz:
 # e2e runs the real binaries (built by `build`) as separate processes.
 e2e: build nspawn-root
 	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_NSPAWN_ROOT=$(NSPAWN_ROOT) $(GO) test -count=1 -timeout 20m ./test/e2e/...
+
+# upgrade-check runs a volume with one replica on the vold of commit OLD
+# (the last before volume levels by default), then upgrades that node
+# (test/e2e TestVolumeUpgradeFromOldVold; docs/VOLUMES.md, Upgrades).
+# Not part of test: it needs the repository's history.
+OLD ?= 3fcf164
+upgrade-check: build
+	rm -rf bin/old.src && git worktree add --detach bin/old.src $(OLD)
+	cd bin/old.src && CGO_ENABLED=0 $(GO) build -o $(CURDIR)/bin/old/shoal-vold ./cmd/vold; \
+		rc=$$?; cd $(CURDIR) && git worktree remove --force bin/old.src; exit $$rc
+	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_OLD_VOLD=$(CURDIR)/bin/old/shoal-vold $(GO) test -count=1 -timeout 5m -v -run 'TestVolumeUpgradeFromOldVold' ./test/e2e/
 
 # nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 373 MB):
 # systemd, and containerd and runc for schedd's tasks. The systemd tests

@@ -98,6 +98,13 @@ func (c *Client) Mkdir(ctx context.Context, parent uint64, name string, mode, ui
 	return c.attr(ctx, &Op{Kind: KindMkdir, Parent: parent, Name: name, Mode: mode, UID: uid, GID: gid})
 }
 
+// Mknod creates FIFO or socket name in parent: mode's type bits say which
+// (ModeFIFO, ModeSocket). Device nodes, and any before the volume is at
+// LevelSpecial, are EPERM.
+func (c *Client) Mknod(ctx context.Context, parent uint64, name string, mode, uid, gid uint32) (Attr, error) {
+	return c.attr(ctx, &Op{Kind: KindMknod, Parent: parent, Name: name, Mode: mode, UID: uid, GID: gid})
+}
+
 // Symlink creates symbolic link name in parent pointing at target.
 func (c *Client) Symlink(ctx context.Context, parent uint64, name, target string, uid, gid uint32) (Attr, error) {
 	return c.attr(ctx, &Op{Kind: KindSymlink, Parent: parent, Name: name, Data: []byte(target), UID: uid, GID: gid})

@@ -71,9 +71,8 @@
 //     fails with ENOENT): opens are not replicated, which would cost a
 //     proposal per open and leases that die with their node. What a dead
 //     node's mounts held, vold frees with ForgetOthers naming no session
-//     of it. Held files are LevelHeld's: a volume keeps them only once
-//     raised to it.
-//   - A volume has a level (LevelBase, LevelHeld; MaxLevel is this
+//     of it.
+//   - A volume has a level (LevelBase, LevelSpecial; MaxLevel is this
 //     code's), which says with which semantics its entries apply. It
 //     starts at LevelBase, which applies entries exactly as volds before
 //     levels did (a test holds it to their digest), and rises only by an
@@ -82,8 +81,10 @@
 //     new volds agree during a rolling upgrade. The snapshot's version is
 //     the level; a replica that meets a level above its MaxLevel, in an
 //     entry or a snapshot, stops (ErrLevel) rather than diverge.
-//   - No device nodes, FIFOs, sockets, extended attributes or ACLs; file
-//     locks are not replicated.
+//   - FIFOs and sockets (KindMknod) from LevelSpecial on: inodes without
+//     data, whose I/O each node's kernel does itself, so they connect
+//     processes of one node. No device nodes, extended attributes or
+//     ACLs; file locks are not replicated.
 //   - Digest is a SHA-256 over the canonical encoding of the whole state
 //     (the snapshot's, minus the applied index): replicas that applied the
 //     same entries have equal digests, which is how tests — and operators —

@@ -474,8 +474,12 @@ func decodeState(data []byte) (*FS, error) {
 		return nil, fmt.Errorf("%w: snapshot of level %d, this vold knows up to %d: %w", ErrMalformed, version, MaxLevel, ErrLevel)
 	}
 	st.level = uint32(version)
-	if st.level < LevelHeld && len(st.held) > 0 {
-		return nil, fmt.Errorf("%w: open-unlinked files in a snapshot of level %d", ErrMalformed, st.level)
+	if st.level < LevelSpecial {
+		for _, in := range st.inodes {
+			if t := in.mode & ModeType; t == ModeFIFO || t == ModeSocket {
+				return nil, fmt.Errorf("%w: inode %d is a FIFO or socket in a snapshot of level %d", ErrMalformed, in.ino, st.level)
+			}
+		}
 	}
 	if err := st.check(); err != nil {
 		return nil, err
@@ -556,12 +560,15 @@ func decodeInode(p []byte) (*inode, error) {
 		if in.data.len() > 0 || in.target != "" {
 			return nil, fmt.Errorf("%w: directory %d with data", ErrMalformed, in.ino)
 		}
-	case ModeRegular, ModeSymlink:
+	case ModeRegular, ModeSymlink, ModeFIFO, ModeSocket:
 		if in.entries != nil {
 			return nil, fmt.Errorf("%w: inode %d has entries but is no directory", ErrMalformed, in.ino)
 		}
 		if in.data.len() > MaxFileSize {
 			return nil, fmt.Errorf("%w: inode %d too large", ErrMalformed, in.ino)
+		}
+		if t := in.mode & ModeType; (t == ModeFIFO || t == ModeSocket) && (in.data.len() > 0 || in.target != "") {
+			return nil, fmt.Errorf("%w: FIFO or socket %d with data", ErrMalformed, in.ino)
 		}
 		if in.heldSession != "" && (in.mode&ModeType != ModeRegular || in.nlink != 0) {
 			return nil, fmt.Errorf("%w: inode %d held open with %d links", ErrMalformed, in.ino, in.nlink)

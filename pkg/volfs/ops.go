@@ -58,6 +58,13 @@ func (fs *FS) mutate(op *Op, now int64) *Result {
 		return fs.create(op, now)
 	case KindMkdir, KindSymlink:
 		return fs.mknode(op, now)
+	case KindMknod:
+		// Before LevelSpecial, and for device nodes always: what Linux
+		// file systems without them answer.
+		if t := op.Mode & ModeType; fs.level < LevelSpecial || t != ModeFIFO && t != ModeSocket {
+			return fail(syscall.EPERM)
+		}
+		return fs.mknode(op, now)
 	case KindLink:
 		return fs.link(op, now)
 	case KindUnlink, KindRmdir:
@@ -136,7 +143,7 @@ func (fs *FS) create(op *Op, now int64) *Result {
 	return attrResult(n)
 }
 
-// mknode makes a directory or a symbolic link.
+// mknode makes a directory, a symbolic link, a FIFO or a socket.
 func (fs *FS) mknode(op *Op, now int64) *Result {
 	d, n, e := fs.child(op.Parent, op.Name)
 	if e != 0 && e != syscall.ENOENT || d == nil {
@@ -154,6 +161,8 @@ func (fs *FS) mknode(op *Op, now int64) *Result {
 		}
 		n = fs.newInode(d, ModeSymlink|0o777, op.UID, op.GID, now)
 		n.target = string(op.Data)
+	} else if op.Kind == KindMknod {
+		n = fs.newInode(d, op.Mode&(ModeType|ModePerm), op.UID, op.GID, now)
 	} else {
 		if d.nlink >= math.MaxUint32-1 {
 			return fail(syscall.EMLINK)
@@ -235,7 +244,7 @@ func (fs *FS) unref(d, n *inode, op *Op, now int64) *Result {
 	if n.nlink > 0 {
 		return &Result{}
 	}
-	if fs.level >= LevelHeld && n.isRegular() && op.Session != "" && slices.Contains(op.Open, n.ino) {
+	if n.isRegular() && op.Session != "" && slices.Contains(op.Open, n.ino) {
 		n.heldNode, n.heldSession = op.Node, op.Session
 		fs.held[n.ino] = struct{}{}
 		return attrResult(n)
@@ -255,10 +264,6 @@ func (fs *FS) free(n *inode) {
 // nothing: a mount forgets what it may hold, and another mount's files
 // stay.
 func (fs *FS) forget(op *Op) *Result {
-	if fs.level < LevelHeld {
-		// Before LevelHeld, Forget was no mutation at all.
-		return fail(syscall.EINVAL)
-	}
 	if op.Flags&^(ForgetSession|ForgetOthers) != 0 || op.Flags == ForgetSession|ForgetOthers || op.Session == "" && op.Flags != ForgetOthers {
 		return fail(syscall.EINVAL)
 	}

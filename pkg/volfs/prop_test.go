@@ -3,6 +3,7 @@ package volfs_test
 import (
 	"bytes"
 	"math/rand/v2"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,17 +83,20 @@ func (g *opGen) next() []byte {
 	case r < 60:
 		op.Kind, op.Flags = volfs.KindForget, rng.Uint32N(4)
 		holder()
-	case r < 97:
+	case r < 94:
 		op.Kind, op.Offset, op.Flags = volfs.KindWrite, rng.Uint64N(200), rng.Uint32N(2)
 		op.Data = make([]byte, rng.IntN(100))
 		for j := range op.Data {
 			op.Data[j] = byte(rng.Uint32())
 		}
+	case r < 97:
+		// FIFOs, sockets and (refused) character devices.
+		op.Kind, op.Mode = volfs.KindMknod, []uint32{volfs.ModeFIFO, volfs.ModeSocket, 0o020000}[rng.IntN(3)]|rng.Uint32N(0o1000)
 	case r < 98:
 		op.Kind, op.Size = volfs.KindSetLimit, rng.Uint64N(2000)
 	default:
 		// Raises (or repeats) a level now and then: histories begin at
-		// LevelBase, where unlinks with holders free what they remove.
+		// LevelBase, where FIFOs and sockets are refused.
 		op.Kind, op.Size = volfs.KindSetLevel, rng.Uint64N(uint64(volfs.MaxLevel)+1)
 	}
 	return op.Encode()
@@ -140,7 +144,7 @@ func mustApply(t testing.TB, fs *volfs.FS, index uint64, op volfs.Op) volfs.Resu
 // from the start, B restored from A's snapshot midway, C replaying every
 // entry from an empty state in batches. Results and digests must agree.
 func TestReplicasAgree(t *testing.T) {
-	heldSeen, baseSeen := 0, 0
+	heldSeen, baseSeen, mknods := 0, 0, map[syscall.Errno]int{}
 	for seed := range uint64(40) {
 		rng := rand.New(rand.NewPCG(seed, seed*31+7))
 		ops := randomOps(rng, 400)
@@ -158,8 +162,12 @@ func TestReplicasAgree(t *testing.T) {
 				}
 			}
 			ra := applyOne(t, a, uint64(i+1), op)
-			if r, _ := volfs.DecodeResult(ra); r.Errno == 0 {
+			r, _ := volfs.DecodeResult(ra)
+			if r.Errno == 0 {
 				succeeded++
+			}
+			if o, _ := volfs.DecodeOp(op); o.Kind == volfs.KindMknod {
+				mknods[r.Errno]++
 			}
 			if i >= mid {
 				if rb := applyOne(t, b, uint64(i+1), op); !bytes.Equal(ra, rb) {
@@ -215,5 +223,9 @@ func TestReplicasAgree(t *testing.T) {
 	}
 	if baseSeen == 0 {
 		t.Fatal("no checkpoint but the first was at LevelBase: the levels' difference went untested")
+	}
+	t.Logf("mknods by errno: %v", mknods)
+	if mknods[0] == 0 || mknods[syscall.EPERM] == 0 {
+		t.Fatal("no mknod made a FIFO or socket, or none was refused: the levels' difference went untested")
 	}
 }

@@ -14,8 +14,12 @@ const (
 	ModeDir     uint32 = 0o040000
 	ModeRegular uint32 = 0o100000
 	ModeSymlink uint32 = 0o120000
-	ModePerm    uint32 = 0o7777 // permission, setuid, setgid and sticky bits
-	ModeSetgid  uint32 = 0o2000
+	// FIFOs and sockets (LevelSpecial): inodes without data, whose I/O
+	// each node's kernel does itself.
+	ModeFIFO   uint32 = 0o010000
+	ModeSocket uint32 = 0o140000
+	ModePerm   uint32 = 0o7777 // permission, setuid, setgid and sticky bits
+	ModeSetgid uint32 = 0o2000
 )
 
 // RootIno is the inode number of a volume's root directory.
@@ -56,6 +60,7 @@ const (
 	KindSetLimit
 	KindForget
 	KindSetLevel
+	KindMknod
 )
 
 // Levels of a volume's state machine. A level is a set of semantics that
@@ -68,15 +73,14 @@ const (
 // know a volume's level refuses its snapshots and stops applying at its
 // SetLevel entry, instead of diverging.
 const (
-	// LevelBase is the first level: what volds before levels applied.
+	// LevelBase is the first level: what volds before levels applied
+	// (open-unlinked files included).
 	LevelBase uint32 = 1
-	// LevelHeld adds open-unlinked files: unlink and rename keep a file
-	// that their mount has open (Holder), until a Forget frees it. At
-	// LevelBase the last name's removal frees the file, and Forget is
-	// EINVAL.
-	LevelHeld uint32 = 2
+	// LevelSpecial adds FIFOs and sockets (KindMknod). At LevelBase
+	// Mknod is EPERM and changes nothing.
+	LevelSpecial uint32 = 2
 	// MaxLevel is the highest level this code applies.
-	MaxLevel = LevelHeld
+	MaxLevel = LevelSpecial
 )
 
 // Queries.
@@ -91,7 +95,7 @@ const (
 )
 
 // IsMutation reports whether ops of kind k go through the log.
-func (k Kind) IsMutation() bool { return k >= KindCreate && k <= KindSetLevel }
+func (k Kind) IsMutation() bool { return k >= KindCreate && k <= KindMknod }
 
 // IsQuery reports whether k is a local read.
 func (k Kind) IsQuery() bool { return k >= KindLookup && k <= KindDigest }
@@ -99,7 +103,7 @@ func (k Kind) IsQuery() bool { return k >= KindLookup && k <= KindDigest }
 var kindNames = map[Kind]string{
 	KindCreate: "create", KindMkdir: "mkdir", KindSymlink: "symlink", KindLink: "link",
 	KindUnlink: "unlink", KindRmdir: "rmdir", KindRename: "rename", KindSetattr: "setattr",
-	KindWrite: "write", KindSetLimit: "setlimit", KindForget: "forget", KindSetLevel: "setlevel", KindLookup: "lookup", KindGetattr: "getattr",
+	KindWrite: "write", KindSetLimit: "setlimit", KindForget: "forget", KindSetLevel: "setlevel", KindMknod: "mknod", KindLookup: "lookup", KindGetattr: "getattr",
 	KindReaddir: "readdir", KindRead: "read", KindReadlink: "readlink", KindStatfs: "statfs",
 	KindDigest: "digest",
 }
@@ -201,7 +205,7 @@ type Statfs struct {
 	// that a mount keeps while a process has them open (their data is
 	// in Used).
 	Held uint64
-	// Level is the volume's level (LevelBase, LevelHeld, ...).
+	// Level is the volume's level (LevelBase, LevelSpecial, ...).
 	Level uint32
 }
 

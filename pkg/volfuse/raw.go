@@ -615,9 +615,16 @@ func (r *rawFS) RemoveXAttr(cancel <-chan struct{}, h *fuse.InHeader, attr strin
 	return fuse.ENOATTR
 }
 
-// Mknod implements MKNOD: no device nodes, FIFOs or sockets.
+// Mknod implements MKNOD: FIFOs and sockets, once the volume is at
+// volfs.LevelSpecial (EPERM before, and for device nodes). Their I/O is
+// each node's kernel's: a FIFO or socket connects processes of one node.
 func (r *rawFS) Mknod(cancel <-chan struct{}, in *fuse.MknodIn, name string, out *fuse.EntryOut) fuse.Status {
-	return fuse.ENOTSUP
+	a, err := r.vol.c.Mknod(r.reqCtx(cancel, &in.InHeader), in.NodeId, name, in.Mode, in.Caller.Uid, in.Caller.Gid)
+	if err != nil {
+		return r.status("mknod", err)
+	}
+	fillEntry(&a, out)
+	return fuse.OK
 }
 
 // Tmpfile implements TMPFILE (O_TMPFILE): not supported.

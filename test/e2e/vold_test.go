@@ -309,12 +309,57 @@ func lastCount(s string) int {
 	return n
 }
 
-// TestVolumeLevelRaisedAfterUpgrade upgrades a volume's replicas in
-// place: while one node's vold lets volumes reach only the first level
-// (as a vold from before levels does, publishing none), a file unlinked
-// while open is freed at once, alike on every replica; once that vold
-// runs without the pin, the volume's leader raises the volume, and such
-// a file is held until its last close.
+// levelSteps checks volume up on c before and after node 3's vold is
+// upgraded by upgrade (a restart with something changed): before, the
+// volume stays at level 1, where a file unlinked while open is held
+// alike on every replica and mkfifo fails with EPERM; after, the leader
+// raises it to level 2, and a FIFO made through node 1's mount is one on
+// every replica.
+func levelSteps(t *testing.T, c *volCluster, upgrade func()) {
+	c.mustCtl(1, "volume", "create", "up")
+	state := func(level uint32, held uint64) func() bool {
+		return func() bool {
+			v, err := c.inspect(2, "up")
+			return err == nil && converged(v, 3) && v.GetLevel() == level && v.GetHeldFiles() == held
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := c.volumes(1).Mount(ctx, &volv1.MountRequest{Name: "up", User: "e2e-level"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fifo := filepath.Join(m.GetPath(), "fifo")
+	f := c.openUnlinked(t, 1, "up", "held at every level")
+	waitFor(t, 10*time.Second, "up at level 1 holds the open file on three agreeing replicas", state(1, 1))
+	if err := syscall.Mkfifo(fifo, 0o644); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("mkfifo at level 1: %v, want EPERM", err)
+	}
+	upgrade()
+	start := time.Now()
+	waitFor(t, 30*time.Second, "up raised to level 2 once node 3's vold lets it", state(2, 1))
+	t.Logf("raised %v after node 3's vold was ready", time.Since(start).Round(time.Millisecond))
+	if out := c.mustCtl(3, "volume", "inspect", "up"); !regexp.MustCompile(`(?m)^LEVEL +2$`).MatchString(out) {
+		t.Errorf("volume inspect does not show level 2:\n%s", out)
+	}
+	if err := syscall.Mkfifo(fifo, 0o644); err != nil {
+		t.Fatalf("mkfifo at level 2: %v", err)
+	}
+	if b, err := io.ReadAll(f); err != nil || string(b) != "held at every level" {
+		t.Fatalf("the file held across the upgrade reads %q, %v", b, err)
+	}
+	f.Close()
+	waitFor(t, 10*time.Second, "up frees the file at its last close, its replicas agreeing", state(2, 0))
+	var st syscall.Stat_t
+	if err := syscall.Stat(fifo, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
+		t.Fatalf("stat of the FIFO: mode %o, %v", st.Mode, err)
+	}
+}
+
+// TestVolumeLevelRaisedAfterUpgrade runs levelSteps with node 3's vold
+// pinned to level 1 (volume_level, what an operator does to keep a
+// downgrade possible; a vold from before levels publishes no level,
+// which counts as 1), then restarted without the pin.
 func TestVolumeLevelRaisedAfterUpgrade(t *testing.T) {
 	dir := t.TempDir()
 	conf := func(i int, text string) {
@@ -326,43 +371,64 @@ func TestVolumeLevelRaisedAfterUpgrade(t *testing.T) {
 	conf(2, "")
 	conf(3, "volume_level = 1\n")
 	c := newVolCluster(t, 3, "--config", filepath.Join(dir, "vold-{node}.toml"))
-	c.mustCtl(1, "volume", "create", "up")
-	state := func(level uint32, held uint64) func() bool {
-		return func() bool {
-			v, err := c.inspect(2, "up")
-			return err == nil && converged(v, 3) && v.GetLevel() == level && v.GetHeldFiles() == held
-		}
-	}
-	waitFor(t, 10*time.Second, "up at level 1 on three replicas", state(1, 0))
+	levelSteps(t, c, func() {
+		conf(3, "")
+		c.restartVold(t, 3)
+	})
+}
 
-	f := c.openUnlinked(t, 1, "up", "before the upgrade")
-	if b, err := io.ReadAll(f); err == nil {
-		t.Fatalf("at level 1 a file unlinked while open reads on (%q): it was held", b)
-	}
-	f.Close()
-	waitFor(t, 10*time.Second, "up, at level 1, holds no file, and its replicas agree", state(1, 0))
-
-	conf(3, "")
+// restartVold stops node i's vold and starts it again.
+func (c *volCluster) restartVold(t *testing.T, i int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	if err := c.Stop(ctx, 3, "vold", 10*time.Second); err != nil {
+	if err := c.Stop(ctx, i, "vold", 10*time.Second); err != nil {
 		t.Fatal(err)
 	}
-	if err := c.Start(ctx, 3, "vold"); err != nil {
+	if err := c.Start(ctx, i, "vold"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "up raised to level 2 once node 3's vold lets it", state(2, 0))
-	if out := c.mustCtl(3, "volume", "inspect", "up"); !regexp.MustCompile(`(?m)^LEVEL +2$`).MatchString(out) {
-		t.Errorf("volume inspect does not show level 2:\n%s", out)
-	}
+}
 
-	f = c.openUnlinked(t, 1, "up", "after the upgrade")
-	if b, err := io.ReadAll(f); err != nil || string(b) != "after the upgrade" {
-		t.Fatalf("at level 2 a file unlinked while open reads %q, %v", b, err)
+// TestVolumeUpgradeFromOldVold runs levelSteps with a real old vold on
+// node 3 (SHOAL_OLD_VOLD, which `make upgrade-check OLD=<rev>` builds from
+// that commit; the test is skipped without it, and CI does not run it),
+// then that node's vold replaced with this one.
+func TestVolumeUpgradeFromOldVold(t *testing.T) {
+	old := os.Getenv("SHOAL_OLD_VOLD")
+	if old == "" {
+		t.Skip("SHOAL_OLD_VOLD is not set (make upgrade-check sets it)")
 	}
-	waitFor(t, 10*time.Second, "up holds the open file on every replica", state(2, 1))
-	f.Close()
-	waitFor(t, 10*time.Second, "up frees it at its last close", state(2, 0))
+	// Node 3's vold is the old one while the flag file exists.
+	bin, flag := t.TempDir(), filepath.Join(t.TempDir(), "old")
+	entries, err := os.ReadDir(binDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != "shoal-vold" {
+			if err := os.Symlink(filepath.Join(binDir, e.Name()), filepath.Join(bin, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	wrapper := fmt.Sprintf("#!/bin/sh\ncase \"$*\" in *\"/n3/\"*) [ -f %s ] && exec %s \"$@\";; esac\nexec %s \"$@\"\n",
+		flag, old, filepath.Join(binDir, "shoal-vold"))
+	if err := os.WriteFile(filepath.Join(bin, "shoal-vold"), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer func(dir string) { binDir = dir }(binDir)
+	binDir = bin
+	c := newVolCluster(t, 3)
+	levelSteps(t, c, func() {
+		if err := os.Remove(flag); err != nil {
+			t.Fatal(err)
+		}
+		c.restartVold(t, 3)
+	})
 }
 
 // TestVolumes is the volume acceptance on four nodes (three replicas and
