@@ -87,10 +87,12 @@ func (n *node) raiseNewVolume(ctx context.Context, name string, d *volumeDoc) {
 }
 
 // raiseLevels raises every volume this node leads to this vold's level
-// once each of its members' volds lets it. A volume already there costs
+// once each of its members' volds lets it, the members its document
+// names included. A volume already there costs
 // a lookup: the loop runs every repair round.
 func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 	level := n.level()
+	var docs map[raftgroup.GroupID]*volumeDoc // read once a group needs them
 	for _, g := range h.Groups() {
 		if ctx.Err() != nil {
 			return
@@ -102,9 +104,28 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		if !ok {
 			continue
 		}
-		behind := ""
+		// The document's members too: one added there and not yet in
+		// the group's configuration (repair's step 2) joins it next.
+		if docs == nil {
+			docs = map[raftgroup.GroupID]*volumeDoc{}
+			for _, d := range n.volumeDocs() {
+				docs[d.group()] = d
+			}
+		}
+		d := docs[g]
+		if d == nil {
+			continue
+		}
+		nodes := make([]string, 0, len(d.Members)+len(st.Voters)+len(st.Learners))
+		for _, m := range d.Members {
+			nodes = append(nodes, m.Node)
+		}
 		for _, m := range slices.Concat(st.Voters, st.Learners) {
-			if node := n.names.name(m.Node); n.fsLevel(node) < level {
+			nodes = append(nodes, n.names.name(m.Node))
+		}
+		behind := ""
+		for _, node := range nodes {
+			if n.fsLevel(node) < level {
 				behind = node
 				break
 			}
