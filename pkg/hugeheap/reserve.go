@@ -143,18 +143,30 @@ func fill(n int, huge bool) (int, error) {
 	}
 	var populated int
 	var err error
-	if huge && n > probeSize {
-		// The first probeSize bytes tell whether the kernel gives huge
-		// pages: in small ones the whole reserve would be a page fault
-		// per 4 KiB, only to be given up.
-		populated, err = populate(b[:probeSize])
-		if err == nil && faults() > int64(probeSize/smallPageShare) {
-			return giveUp(fmt.Errorf("hugeheap: the first %d bytes of a reserve of %d were populated in small pages (%d faults): %w", probeSize, n, faults(), ErrSmallPages))
-		}
+	if head := hugeHead(b); huge && n > head+probeSize {
+		// probeSize bytes tell whether the kernel gives huge pages: in
+		// small ones the whole reserve would be a page fault per 4 KiB,
+		// only to be given up. They are counted from the reserve's first
+		// huge-page boundary, and only while they are populated: the
+		// kernel maps the head before that boundary in small pages
+		// whatever the advice, and making the span faults the runtime's
+		// own pages (about 300 here). Counted from before the make, as
+		// they were, those alone passed the probe's bound for most
+		// reserves that did not start on a boundary, and vold gave up
+		// reserves that were in huge pages (docs/VOLUMES-PERFORMANCE.md).
+		populated, err = populate(b[:head])
 		if err == nil {
-			var rest int
-			rest, err = populate(b[probeSize:])
-			populated += rest
+			before := threadFaults()
+			var probe, rest int
+			probe, err = populate(b[head : head+probeSize])
+			populated += probe
+			if f := threadFaults() - before; err == nil && f > int64(probeSize/smallPageShare) {
+				return giveUp(fmt.Errorf("hugeheap: %d bytes of a reserve of %d were populated in small pages (%d faults): %w", probeSize, n, f, ErrSmallPages))
+			}
+			if err == nil {
+				rest, err = populate(b[head+probeSize:])
+				populated += rest
+			}
 		}
 	} else {
 		populated, err = populate(b)
@@ -231,6 +243,17 @@ func adviseRange(b []byte) {
 	if lo, hi := pages(b); hi > lo {
 		_, _, _ = unix.Syscall(unix.SYS_MADVISE, lo, hi-lo, unix.MADV_HUGEPAGE)
 	}
+}
+
+// hugePage is the size of a transparent huge page on x86-64 and arm64
+// (with 4 KiB pages).
+const hugePage = 2 << 20
+
+// hugeHead returns how many of b's bytes come before its first huge-page
+// boundary.
+func hugeHead(b []byte) int {
+	start := uintptr(unsafe.Pointer(unsafe.SliceData(b)))
+	return min(int((hugePage-start%hugePage)%hugePage), len(b))
 }
 
 // pages returns the page-aligned address range inside b.
