@@ -180,8 +180,9 @@ func (n *node) peerAddr(node string) (string, error) {
 }
 
 // publishNode writes this node's VolPeer port, free space and volume
-// level (level.go) into its node document. The free space is written again only when it moved by
-// more than 5% and at least 1 GiB, not on every byte written.
+// level (level.go) into its node document. The free space is written
+// again only when it moved by more than 5% and at least 1 GiB, not on
+// every byte written.
 func (n *node) publishNode(ctx context.Context) error {
 	free := n.freeBytes()
 	if d := n.mirror.Get(nodesPrefix + n.id); d != nil {

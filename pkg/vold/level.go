@@ -54,6 +54,17 @@ func (n *node) fsLevel(node string) uint32 {
 	return uint32(min(max(v.GetIntValue(), 0), 1<<31))
 }
 
+// behind returns the first of nodes whose vold does not let volumes
+// reach level, or "".
+func (n *node) behind(nodes []string, level uint32) string {
+	for _, node := range nodes {
+		if n.fsLevel(node) < level {
+			return node
+		}
+	}
+	return ""
+}
+
 // volumeLevel is the level of group g's volume as this node's replica
 // has applied it (0 for the system group, or no replica).
 func volumeLevel(h *raftgroup.Host, g raftgroup.GroupID) uint32 {
@@ -72,12 +83,11 @@ func volumeLevel(h *raftgroup.Host, g raftgroup.GroupID) uint32 {
 // first write; otherwise, or when that fails, raiseLevels does later.
 func (n *node) raiseNewVolume(ctx context.Context, name string, d *volumeDoc) {
 	level := n.level()
+	nodes := make([]string, 0, len(d.Members))
 	for _, m := range d.Members {
-		if n.fsLevel(m.Node) < level {
-			return
-		}
+		nodes = append(nodes, m.Node)
 	}
-	if level <= volfs.LevelBase {
+	if level <= volfs.LevelBase || n.behind(nodes, level) != "" {
 		return
 	}
 	c := &volfs.Client{B: &volumeBackend{n: n, name: name, fixed: d}}
@@ -88,8 +98,8 @@ func (n *node) raiseNewVolume(ctx context.Context, name string, d *volumeDoc) {
 
 // raiseLevels raises every volume this node leads to this vold's level
 // once each of its members' volds lets it, the members its document
-// names included. A volume already there costs
-// a lookup: the loop runs every repair round.
+// names included. A volume already there costs a lookup: the loop runs
+// every repair round.
 func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 	level := n.level()
 	var docs map[raftgroup.GroupID]*volumeDoc // read once a group needs them
@@ -100,12 +110,10 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		if l := volumeLevel(h, g); l == 0 || l >= level {
 			continue
 		}
-		st, ok := leading(h, g)
-		if !ok {
-			continue
-		}
-		// The document's members too: one added there and not yet in
-		// the group's configuration (repair's step 2) joins it next.
+		// The document's members first, which takes no lock (a pinned
+		// member holds back every volume it has a replica of, each round),
+		// then the group's configuration: a member added to the document
+		// and not yet to the group (repair's step 2) joins it next.
 		if docs == nil {
 			docs = map[raftgroup.GroupID]*volumeDoc{}
 			for _, d := range n.volumeDocs() {
@@ -116,22 +124,23 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		if d == nil {
 			continue
 		}
-		nodes := make([]string, 0, len(d.Members)+len(st.Voters)+len(st.Learners))
+		nodes := make([]string, 0, len(d.Members))
 		for _, m := range d.Members {
 			nodes = append(nodes, m.Node)
 		}
+		if n.behind(nodes, level) != "" {
+			continue
+		}
+		st, ok := leading(h, g)
+		if !ok {
+			continue
+		}
+		nodes = nodes[:0]
 		for _, m := range slices.Concat(st.Voters, st.Learners) {
 			nodes = append(nodes, n.names.name(m.Node))
 		}
-		behind := ""
-		for _, node := range nodes {
-			if n.fsLevel(node) < level {
-				behind = node
-				break
-			}
-		}
-		if behind != "" {
-			n.log.Debug("volume level not raised: a member's vold does not let it", "group", uint64(g), "level", level, "node", behind)
+		if node := n.behind(nodes, level); node != "" {
+			n.log.Debug("volume level not raised: a member's vold does not let it", "group", uint64(g), "level", level, "node", node)
 			continue
 		}
 		cctx, cancel := context.WithTimeout(ctx, changeTimeout)
