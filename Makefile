@@ -114,7 +114,7 @@ e2e: build nspawn-root
 # Not part of test: it needs the repository's history.
 OLD ?= 3fcf164
 upgrade-check: build
-	rm -rf bin/old.src && git worktree add --detach bin/old.src $(OLD)
+	rm -rf bin/old.src && git worktree prune && git worktree add --detach bin/old.src $(OLD)
 	cd bin/old.src && CGO_ENABLED=0 $(GO) build -o $(CURDIR)/bin/old/shoal-vold ./cmd/vold; \
 		rc=$$?; cd $(CURDIR) && git worktree remove --force bin/old.src; exit $$rc
 	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_OLD_VOLD=$(CURDIR)/bin/old/shoal-vold $(GO) test -count=1 -timeout 5m -v -run 'TestVolumeUpgradeFromOldVold' ./test/e2e/
