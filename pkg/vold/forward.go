@@ -129,10 +129,7 @@ func (n *node) forwardOrder(d *volumeDoc) []string {
 	if v, ok := n.leaders.Load(d.group()); ok {
 		leader = v.(string)
 	}
-	nodes := make([]string, 0, len(d.Members))
-	for _, m := range d.Members {
-		nodes = append(nodes, m.Node)
-	}
+	nodes := d.nodes()
 	rank := func(id string) int {
 		switch {
 		case id == leader:

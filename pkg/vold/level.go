@@ -68,14 +68,21 @@ func (n *node) behind(nodes []string, level uint32) string {
 // volumeLevel is the level of group g's volume as this node's replica
 // has applied it (0 for the system group, or no replica).
 func volumeLevel(h *raftgroup.Host, g raftgroup.GroupID) uint32 {
-	sm, err := h.Machine(g)
-	if err != nil {
-		return 0
-	}
-	if fs, ok := sm.(*volfs.FS); ok {
+	if fs := volumeFS(h, g); fs != nil {
 		return fs.Level()
 	}
 	return 0
+}
+
+// volumeFS returns this node's replica of volume group g's filesystem
+// (nil for the system group, or no replica).
+func volumeFS(h *raftgroup.Host, g raftgroup.GroupID) *volfs.FS {
+	sm, err := h.Machine(g)
+	if err != nil {
+		return nil
+	}
+	fs, _ := sm.(*volfs.FS)
+	return fs
 }
 
 // raiseNewVolume raises a volume just created to this vold's level when
@@ -83,11 +90,7 @@ func volumeLevel(h *raftgroup.Host, g raftgroup.GroupID) uint32 {
 // first write; otherwise, or when that fails, raiseLevels does later.
 func (n *node) raiseNewVolume(ctx context.Context, name string, d *volumeDoc) {
 	level := n.level()
-	nodes := make([]string, 0, len(d.Members))
-	for _, m := range d.Members {
-		nodes = append(nodes, m.Node)
-	}
-	if level <= volfs.LevelBase || n.behind(nodes, level) != "" {
+	if level <= volfs.LevelBase || n.behind(d.nodes(), level) != "" {
 		return
 	}
 	c := &volfs.Client{B: &volumeBackend{n: n, name: name, fixed: d}}
@@ -124,18 +127,14 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		if d == nil {
 			continue
 		}
-		nodes := make([]string, 0, len(d.Members))
-		for _, m := range d.Members {
-			nodes = append(nodes, m.Node)
-		}
-		if n.behind(nodes, level) != "" {
+		if n.behind(d.nodes(), level) != "" {
 			continue
 		}
 		st, ok := leading(h, g)
 		if !ok {
 			continue
 		}
-		nodes = nodes[:0]
+		var nodes []string
 		for _, m := range slices.Concat(st.Voters, st.Learners) {
 			nodes = append(nodes, n.names.name(m.Node))
 		}

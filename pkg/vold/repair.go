@@ -123,12 +123,8 @@ func leading(h *raftgroup.Host, g raftgroup.GroupID) (raftgroup.GroupStatus, boo
 // node stays away. A node cut off, not dead, loses them too, as it loses
 // its replicas.
 func (n *node) forgetDeadHolders(ctx context.Context, h *raftgroup.Host, g raftgroup.GroupID, name string) {
-	sm, err := h.Machine(g)
-	if err != nil {
-		return
-	}
-	fs, ok := sm.(*volfs.FS)
-	if !ok {
+	fs := volumeFS(h, g)
+	if fs == nil {
 		return
 	}
 	for _, node := range fs.HeldNodes() {

@@ -103,6 +103,15 @@ type docMember struct {
 
 func (d *volumeDoc) group() raftgroup.GroupID { return raftgroup.GroupID(d.Group) }
 
+// nodes returns the members' nodes, in the document's order.
+func (d *volumeDoc) nodes() []string {
+	out := make([]string, 0, len(d.Members))
+	for _, m := range d.Members {
+		out = append(out, m.Node)
+	}
+	return out
+}
+
 // member returns the member on node, if any.
 func (d *volumeDoc) member(node string) (docMember, bool) {
 	for _, m := range d.Members {
