@@ -392,8 +392,9 @@ func (c *volCluster) restartVold(t *testing.T, i int) {
 
 // TestVolumeUpgradeFromOldVold runs levelSteps with a real old vold on
 // node 3 (SHOAL_OLD_VOLD, which `make upgrade-check OLD=<rev>` builds from
-// that commit; the test is skipped without it, and CI does not run it),
-// then that node's vold replaced with this one.
+// that commit, as `make test` does after e2e for the default OLD; the
+// test is skipped without it), then that node's vold replaced with this
+// one.
 func TestVolumeUpgradeFromOldVold(t *testing.T) {
 	old := os.Getenv("SHOAL_OLD_VOLD")
 	if old == "" {
