@@ -27,7 +27,7 @@ DEBIAN_MIRROR ?= http://deb.debian.org/debian
 
 help:
 	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold} and bin/shoalctl"
-	@echo "make test    - everything CI runs: checks, unit/property tests, fuzzing, e2e"
+	@echo "make test    - everything CI runs: checks, unit/property tests, fuzzing, e2e, upgrade check"
 	@echo "make demo    - start a local Shoal and show state converging"
 	@echo "make bench   - run the benchmarks and write docs/BENCHMARKS.md"
 	@echo "make check   - gofmt, go vet, staticcheck, generated code current"
