@@ -3,6 +3,7 @@ package vold
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -158,7 +159,7 @@ func (n *node) serveForward(ctx context.Context, from string, req *volv1.Forward
 		if err := h.Check(ctx); err != nil {
 			return nil, fmt.Errorf("vold on %s cannot write: %w: %w", n.id, err, errdefs.ErrUnavailable)
 		}
-		return &volv1.ForwardResponse{}, nil
+		return &volv1.ForwardResponse{Payload: binary.AppendUvarint(nil, uint64(n.level()))}, nil
 	}
 	if req.GetKind() == kindSystemEnsure {
 		d, err := n.ensureSystemLocal(ctx)

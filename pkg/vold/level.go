@@ -2,6 +2,7 @@ package vold
 
 import (
 	"context"
+	"maps"
 	"slices"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
@@ -11,13 +12,14 @@ import (
 // Volume levels (volfs.MaxLevel). Each vold publishes the highest level
 // it lets volumes reach in its node document (vold_fs_level: the highest
 // it knows, or its volume_level when an operator pinned it lower; a vold
-// from before levels publishes none, which is volfs.LevelBase). A
-// group's leader raises its volume to its own level once every member's
-// vold has published at least that, so replicas on older volds never
-// meet entries they would apply differently: volds can be upgraded one
-// node at a time under a volume in use, and the volume takes the new
-// semantics once the last of its nodes runs the new vold. Replacement
-// replicas go only to nodes whose vold lets the volume's level
+// from before levels publishes none, which is volfs.LevelBase), and
+// answers pings with it. A group's leader raises its volume to its own
+// level once every member's vold has published at least that and
+// answers so (behind), so replicas on older volds never meet entries
+// they would apply differently: volds can be upgraded one node at a time
+// under a volume in use, and the volume takes the new semantics once the
+// last of its nodes runs the new vold. Replacement replicas go only to
+// nodes whose vold lets the volume's level by the same two tests
 // (repair.go). Levels never go down: a vold that knows levels, but not a
 // volume's, stops applying it (volfs.ErrLevel); one from before levels
 // refuses its snapshots but would apply its entries its own way, so an
@@ -55,14 +57,55 @@ func (n *node) fsLevel(node string) uint32 {
 }
 
 // behind returns the first of nodes whose vold does not let volumes
-// reach level, or "".
-func (n *node) behind(nodes []string, level uint32) string {
+// reach level, or "". The levels published in node documents are read
+// first, which costs nothing; then the volds are asked through ask,
+// because a document keeps the level its last vold published: a node
+// downgraded to a vold from before levels, which publishes none, would
+// go on showing the newer vold's. A vold that does not answer is behind
+// too.
+func (n *node) behind(nodes []string, level uint32, ask *levelAsk) string {
 	for _, node := range nodes {
 		if n.fsLevel(node) < level {
 			return node
 		}
 	}
+	answered := ask.levels(nodes)
+	for _, node := range nodes {
+		if answered[node] < level {
+			return node
+		}
+	}
 	return ""
+}
+
+// levelAsk asks volds their levels (a ping, whose answer carries it),
+// each at most once: one is made per raise decision, or per round of
+// them, so that a level is never older than the decision that uses it
+// (pingedLevels' fresh) and a node is asked once however many volumes it
+// holds.
+type levelAsk struct {
+	ctx    context.Context
+	n      *node
+	answer map[string]uint32
+}
+
+func (n *node) askLevels(ctx context.Context) *levelAsk {
+	return &levelAsk{ctx: ctx, n: n, answer: map[string]uint32{}}
+}
+
+// levels returns the levels of nodes' volds (0: no answer), asking those
+// not asked yet.
+func (a *levelAsk) levels(nodes []string) map[string]uint32 {
+	var ask []string
+	for _, node := range nodes {
+		if _, ok := a.answer[node]; !ok {
+			ask = append(ask, node)
+		}
+	}
+	if len(ask) > 0 {
+		maps.Copy(a.answer, a.n.pingedLevels(a.ctx, ask, true))
+	}
+	return a.answer
 }
 
 // volumeLevel is the level of group g's volume as this node's replica
@@ -90,7 +133,7 @@ func volumeFS(h *raftgroup.Host, g raftgroup.GroupID) *volfs.FS {
 // first write; otherwise, or when that fails, raiseLevels does later.
 func (n *node) raiseNewVolume(ctx context.Context, name string, d *volumeDoc) {
 	level := n.level()
-	if level <= volfs.LevelBase || n.behind(d.nodes(), level) != "" {
+	if level <= volfs.LevelBase || n.behind(d.nodes(), level, n.askLevels(ctx)) != "" {
 		return
 	}
 	c := &volfs.Client{B: &volumeBackend{n: n, name: name, fixed: d}}
@@ -106,6 +149,7 @@ func (n *node) raiseNewVolume(ctx context.Context, name string, d *volumeDoc) {
 func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 	level := n.level()
 	var docs map[raftgroup.GroupID]*volumeDoc // read once a group needs them
+	ask := n.askLevels(ctx)
 	for _, g := range h.Groups() {
 		if ctx.Err() != nil {
 			return
@@ -127,7 +171,7 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		if d == nil {
 			continue
 		}
-		if n.behind(d.nodes(), level) != "" {
+		if n.behind(d.nodes(), level, ask) != "" {
 			continue
 		}
 		st, ok := leading(h, g)
@@ -138,7 +182,7 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		for _, m := range slices.Concat(st.Voters, st.Learners) {
 			nodes = append(nodes, n.names.name(m.Node))
 		}
-		if node := n.behind(nodes, level); node != "" {
+		if node := n.behind(nodes, level, ask); node != "" {
 			n.log.Debug("volume level not raised: a member's vold does not let it", "group", uint64(g), "level", level, "node", node)
 			continue
 		}

@@ -2,6 +2,7 @@ package vold
 
 import (
 	"context"
+	"encoding/binary"
 	"maps"
 	"sync"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/shoal-dev/shoal/pkg/volfs"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
@@ -23,7 +25,9 @@ import (
 
 // kindPing asks a vold whether it is ready to host replicas: it answers
 // once its Raft host's loop has synced a journal record
-// (raftgroup.Host.Check), so a stuck loop or disk does not answer.
+// (raftgroup.Host.Check), so a stuck loop or disk does not answer. The
+// answer's payload is the volume level the vold lets volumes reach
+// (level.go), as a uvarint; a vold from before levels answers with none.
 const kindPing = "ping"
 
 const (
@@ -37,8 +41,10 @@ const (
 )
 
 type probeResult struct {
-	at      time.Time
-	answers bool
+	at time.Time
+	// level is the volume level the vold answered with, 0 when it did not
+	// answer.
+	level uint32
 }
 
 // probes remembers recent pings' outcomes.
@@ -50,17 +56,38 @@ type probes struct {
 // answering pings those of nodes without a recent outcome, at once, and
 // reports which of nodes answered. This node's own vold answers.
 func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
+	return n.answeringAt(ctx, nodes, 1)
+}
+
+// answeringAt reports which of nodes answered a ping with at least level
+// (answering).
+func (n *node) answeringAt(ctx context.Context, nodes []string, level uint32) map[string]bool {
 	out := map[string]bool{}
+	for id, l := range n.pingedLevels(ctx, nodes, false) {
+		out[id] = l >= max(level, 1)
+	}
+	return out
+}
+
+// pingedLevels pings those of nodes without a recent outcome, at once,
+// and returns the level each answered with (0: it did not answer). This
+// node's own vold answers with its level. With fresh, only a recent
+// silence is taken as the outcome and the others are asked again: a
+// level remembered from before the node's vold was replaced by another
+// would be wrong for up to probeTTL, where a silence, right or wrong,
+// only holds something back.
+func (n *node) pingedLevels(ctx context.Context, nodes []string, fresh bool) map[string]uint32 {
+	out := map[string]uint32{}
 	var ask []string
 	now := time.Now()
 	n.probes.mu.Lock()
 	for _, id := range nodes {
 		if id == n.id {
-			out[id] = true
+			out[id] = n.level()
 			continue
 		}
-		if r, ok := n.probes.last[id]; ok && now.Sub(r.at) < probeTTL {
-			out[id] = r.answers
+		if r, ok := n.probes.last[id]; ok && now.Sub(r.at) < probeTTL && (!fresh || r.level == 0) {
+			out[id] = r.level
 			continue
 		}
 		ask = append(ask, id)
@@ -69,7 +96,7 @@ func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
 	if len(ask) == 0 {
 		return out
 	}
-	asked := askEach(ask, func(id string) (bool, bool) { return n.ping(ctx, id), true })
+	asked := askEach(ask, func(id string) (uint32, bool) { return n.ping(ctx, id), true })
 	maps.Copy(out, asked)
 	if ctx.Err() != nil {
 		return out // a cancelled caller learnt nothing about the nodes
@@ -79,30 +106,41 @@ func (n *node) answering(ctx context.Context, nodes []string) map[string]bool {
 	if n.probes.last == nil {
 		n.probes.last = map[string]probeResult{}
 	}
-	for id, ok := range asked {
+	for id, l := range asked {
 		prev, known := n.probes.last[id]
-		n.probes.last[id] = probeResult{at: now, answers: ok}
+		n.probes.last[id] = probeResult{at: now, level: l}
 		// Said once when a vold stops answering, not on every ping.
-		if !ok && (!known || prev.answers) {
+		if l == 0 && (!known || prev.level > 0) {
 			n.log.Info("vold does not answer a ping; new replicas go elsewhere while another node can take them", "peer_node", id)
 		}
 	}
 	return out
 }
 
-// ping reports whether node's vold answers over VolPeer and is ready.
-// Errors other than unreachable or not ready (an older vold that knows no
-// ping, say) still mean a vold runs there. Not through forwardTo: a ping
-// is not a forwarded request, and must not count as one in its metrics.
-func (n *node) ping(ctx context.Context, node string) bool {
-	_, err := n.askPeer(ctx, node, &volv1.ForwardRequest{Kind: kindPing})
+// ping asks node's vold whether it is ready and returns the volume level
+// it answered with, or 0 when it is unreachable or not ready. Errors
+// other than those (an older vold that knows no ping, say) still mean a
+// vold runs there, of the base level. Not through forwardTo: a ping is
+// not a forwarded request, and must not count as one in its metrics.
+func (n *node) ping(ctx context.Context, node string) uint32 {
+	resp, err := n.askPeer(ctx, node, &volv1.ForwardRequest{Kind: kindPing})
 	switch status.Code(err) {
 	case codes.OK:
-		return true
+		return pingLevel(resp.GetPayload())
 	case codes.Unavailable, codes.DeadlineExceeded, codes.Canceled:
-		return false
+		return 0
 	}
-	return true
+	return volfs.LevelBase
+}
+
+// pingLevel decodes the level of a ping's answer: volfs.LevelBase for a
+// vold that gave none.
+func pingLevel(payload []byte) uint32 {
+	l, k := binary.Uvarint(payload)
+	if k <= 0 || l < uint64(volfs.LevelBase) {
+		return volfs.LevelBase
+	}
+	return uint32(min(l, 1<<31))
 }
 
 // askPeer sends req to node's vold over VolPeer, bounded by

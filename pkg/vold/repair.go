@@ -204,7 +204,7 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 			}
 		}
 		picked, _ := placeAnswering(cands, 1, exclude, d.SizeBytes,
-			func(ids []string) map[string]bool { return n.answering(ctx, ids) }, false)
+			func(ids []string) map[string]bool { return n.answeringAt(ctx, ids, level) }, false)
 		if len(picked) == 0 {
 			n.log.Debug("no node to replace a dead replica on", "volume", name, "dead_node", deadNode)
 			return nil

@@ -430,6 +430,69 @@ func TestVolumeUpgradeFromOldVold(t *testing.T) {
 		}
 		c.restartVold(t, 3)
 	})
+	downgradeSteps(t, c, func() {
+		if err := os.WriteFile(flag, nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c.restartVold(t, 3)
+	})
+}
+
+// downgradeSteps follows levelSteps: node 3's vold goes back to one from
+// before levels (downgrade), which publishes no level, so node 3's
+// document still shows the level the newer vold published. A volume
+// created on the three nodes then stays at level 1 through several
+// repair rounds, its replicas agreeing: the volds ask each other's level
+// (a ping's answer carries it) before they raise a volume, and the old
+// vold's answer carries none. The raised volume goes first, as an
+// operator would have to: the old vold would apply its entries its own
+// way.
+func downgradeSteps(t *testing.T, c *volCluster, downgrade func()) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	for _, user := range []string{"e2e-level", "e2e-held"} {
+		if _, err := c.volumes(1).Unmount(ctx, &volv1.UnmountRequest{Name: "up", User: user}); err != nil {
+			t.Fatalf("unmount up for %s: %v", user, err)
+		}
+	}
+	c.mustCtl(1, "volume", "rm", "up")
+	downgrade()
+	st := nodeClient(t, c.Cluster, 1)
+	resp, err := st.Get(ctx, &statev1.GetRequest{Key: "/nodes/" + c.ids[2]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := resp.GetDocument().GetFields()["vold_fs_level"].GetIntValue(); l != 2 {
+		t.Fatalf("node 3's document shows level %d after the downgrade, want the newer vold's 2 (what this test is about)", l)
+	}
+
+	c.mustCtl(1, "volume", "create", "down")
+	f := c.openUnlinked(t, 1, "down", "held by the old rules")
+	defer f.Close()
+	var last string
+	at1 := func() bool {
+		v, err := c.inspect(2, "down")
+		last = fmt.Sprintf("level %d, held %d, members %v, err %v", v.GetLevel(), v.GetHeldFiles(), v.GetMembers(), err)
+		return err == nil && converged(v, 3) && v.GetLevel() == 1 && v.GetHeldFiles() == 1
+	}
+	for deadline := time.Now().Add(30 * time.Second); !at1(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("down at level 1 holding the open file on three agreeing replicas: not reached within 30s; last: %s", last)
+		}
+	}
+	// A leader raises a volume every repair round (2 s) once it may: wait
+	// past three rounds and a remembered ping (5 s).
+	time.Sleep(8 * time.Second)
+	if !at1() {
+		t.Fatalf("down with node 3 downgraded: %s; want level 1, held 1, three agreeing replicas", last)
+	}
+	m, err := c.volumes(1).Mount(ctx, &volv1.MountRequest{Name: "down", User: "e2e-level"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(m.GetPath(), "fifo"), 0o644); !errors.Is(err, syscall.EPERM) {
+		t.Fatalf("mkfifo on down with node 3 downgraded: %v, want EPERM", err)
+	}
 }
 
 // TestVolumes is the volume acceptance on four nodes (three replicas and
