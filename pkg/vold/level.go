@@ -58,16 +58,14 @@ func (n *node) fsLevel(node string) uint32 {
 
 // behind returns the first of nodes whose vold does not let volumes
 // reach level, or "". The levels published in node documents are read
-// first, which costs nothing; then the volds are asked through ask,
-// because a document keeps the level its last vold published: a node
-// downgraded to a vold from before levels, which publishes none, would
-// go on showing the newer vold's. A vold that does not answer is behind
-// too.
+// first (published), which costs nothing; then the volds are asked
+// through ask, because a document keeps the level its last vold
+// published: a node downgraded to a vold from before levels, which
+// publishes none, would go on showing the newer vold's. A vold that does
+// not answer is behind too.
 func (n *node) behind(nodes []string, level uint32, ask *levelAsk) string {
-	for _, node := range nodes {
-		if n.fsLevel(node) < level {
-			return node
-		}
+	if node := n.published(nodes, level); node != "" {
+		return node
 	}
 	answered := ask.levels(nodes)
 	for _, node := range nodes {
@@ -78,11 +76,24 @@ func (n *node) behind(nodes []string, level uint32, ask *levelAsk) string {
 	return ""
 }
 
+// published returns the first of nodes whose document does not show a
+// level of at least level, or "".
+func (n *node) published(nodes []string, level uint32) string {
+	for _, node := range nodes {
+		if n.fsLevel(node) < level {
+			return node
+		}
+	}
+	return ""
+}
+
 // levelAsk asks volds their levels (a ping, whose answer carries it),
 // each at most once: one is made per raise decision, or per round of
 // them, so that a level is never older than the decision that uses it
 // (pingedLevels' fresh) and a node is asked once however many volumes it
-// holds.
+// holds. Only a group's leader asks, and only while the group is below
+// the level and every member's document shows it: a member cut off then
+// costs its round one ping's timeout (probeTimeout).
 type levelAsk struct {
 	ctx    context.Context
 	n      *node
@@ -157,10 +168,12 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		if l := volumeLevel(h, g); l == 0 || l >= level {
 			continue
 		}
-		// The document's members first, which takes no lock (a pinned
-		// member holds back every volume it has a replica of, each round),
-		// then the group's configuration: a member added to the document
-		// and not yet to the group (repair's step 2) joins it next.
+		// The document's members' published levels first, which takes
+		// no lock (a pinned member holds back every volume it has a
+		// replica of, each round); then, on the leader only, the
+		// group's configuration's too (a member added to the document
+		// and not yet to the group, repair's step 2, joins it next), and
+		// every member's vold is asked.
 		if docs == nil {
 			docs = map[raftgroup.GroupID]*volumeDoc{}
 			for _, d := range n.volumeDocs() {
@@ -171,14 +184,14 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		if d == nil {
 			continue
 		}
-		if n.behind(d.nodes(), level, ask) != "" {
+		if n.published(d.nodes(), level) != "" {
 			continue
 		}
 		st, ok := leading(h, g)
 		if !ok {
 			continue
 		}
-		var nodes []string
+		nodes := d.nodes()
 		for _, m := range slices.Concat(st.Voters, st.Learners) {
 			nodes = append(nodes, n.names.name(m.Node))
 		}

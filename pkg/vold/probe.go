@@ -71,11 +71,10 @@ func (n *node) answeringAt(ctx context.Context, nodes []string, level uint32) ma
 
 // pingedLevels pings those of nodes without a recent outcome, at once,
 // and returns the level each answered with (0: it did not answer). This
-// node's own vold answers with its level. With fresh, only a recent
-// silence is taken as the outcome and the others are asked again: a
-// level remembered from before the node's vold was replaced by another
-// would be wrong for up to probeTTL, where a silence, right or wrong,
-// only holds something back.
+// node's own vold answers with its level. With fresh, every node is
+// asked again: a level remembered from before the node's vold was
+// replaced by another would be wrong for up to probeTTL, and a silence
+// remembered from its restart would hold a raise back as long.
 func (n *node) pingedLevels(ctx context.Context, nodes []string, fresh bool) map[string]uint32 {
 	out := map[string]uint32{}
 	var ask []string
@@ -86,7 +85,7 @@ func (n *node) pingedLevels(ctx context.Context, nodes []string, fresh bool) map
 			out[id] = n.level()
 			continue
 		}
-		if r, ok := n.probes.last[id]; ok && now.Sub(r.at) < probeTTL && (!fresh || r.level == 0) {
+		if r, ok := n.probes.last[id]; ok && now.Sub(r.at) < probeTTL && !fresh {
 			out[id] = r.level
 			continue
 		}
