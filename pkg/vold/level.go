@@ -58,13 +58,13 @@ func (n *node) fsLevel(node string) uint32 {
 
 // behind returns the first of nodes whose vold does not let volumes
 // reach level, or "". The levels published in node documents are read
-// first (published), which costs nothing; then the volds are asked
+// first (publishedBelow), which costs nothing; then the volds are asked
 // through ask, because a document keeps the level its last vold
 // published: a node downgraded to a vold from before levels, which
 // publishes none, would go on showing the newer vold's. A vold that does
 // not answer is behind too.
 func (n *node) behind(nodes []string, level uint32, ask *levelAsk) string {
-	if node := n.published(nodes, level); node != "" {
+	if node := n.publishedBelow(nodes, level); node != "" {
 		return node
 	}
 	answered := ask.levels(nodes)
@@ -76,9 +76,9 @@ func (n *node) behind(nodes []string, level uint32, ask *levelAsk) string {
 	return ""
 }
 
-// published returns the first of nodes whose document does not show a
-// level of at least level, or "".
-func (n *node) published(nodes []string, level uint32) string {
+// publishedBelow returns the first of nodes whose document does not
+// show a level of at least level, or "".
+func (n *node) publishedBelow(nodes []string, level uint32) string {
 	for _, node := range nodes {
 		if n.fsLevel(node) < level {
 			return node
@@ -184,7 +184,7 @@ func (n *node) raiseLevels(ctx context.Context, h *raftgroup.Host) {
 		if d == nil {
 			continue
 		}
-		if n.published(d.nodes(), level) != "" {
+		if n.publishedBelow(d.nodes(), level) != "" {
 			continue
 		}
 		st, ok := leading(h, g)
