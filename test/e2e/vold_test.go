@@ -480,8 +480,8 @@ func downgradeSteps(t *testing.T, c *volCluster, downgrade func()) {
 			t.Fatalf("down at level 1 holding the open file on three agreeing replicas: not reached within 30s; last: %s", last)
 		}
 	}
-	// A leader raises a volume every repair round (2 s) once it may: wait
-	// past three rounds and a remembered ping (5 s).
+	// A leader raises a volume in the first repair round (every 2 s) in
+	// which it may: wait four rounds.
 	time.Sleep(8 * time.Second)
 	if !at1() {
 		t.Fatalf("down with node 3 downgraded: %s; want level 1, held 1, three agreeing replicas", last)
