@@ -307,6 +307,12 @@ func TestReserveKeepsHugePages(t *testing.T) {
 // about 26 pages per MiB, against 2.5–8.4 with no reserve, all along (a
 // vold in that state wrote sequentially at 28–38 MB/s where one without
 // a reserve wrote 105–130).
+//
+// Each kind of child runs three times, alternated, and the fewest faults
+// of each kind are compared: on a loaded machine (the unit tests'
+// packages run at once) single children of either kind fault 8–25 pages
+// per MiB now and then, where the churn this test is about faulted every
+// time.
 func TestGivenUpReserveLeavesNoChurn(t *testing.T) {
 	per := func(mode string) float64 {
 		var f float64
@@ -316,8 +322,13 @@ func TestGivenUpReserveLeavesNoChurn(t *testing.T) {
 		}
 		return f
 	}
-	none, givenUp := per("churn-none"), per("churn-given-up")
-	t.Logf("page faults per MiB written: %.1f with no reserve, %.1f after one given up", none, givenUp)
+	var nones, givenUps []float64
+	for range 3 {
+		nones = append(nones, per("churn-none"))
+		givenUps = append(givenUps, per("churn-given-up"))
+	}
+	none, givenUp := slices.Min(nones), slices.Min(givenUps)
+	t.Logf("page faults per MiB written: %.1f with no reserve, %.1f after one given up (fewest of %v and %v)", none, givenUp, nones, givenUps)
 	if givenUp > none+10 {
 		t.Fatalf("after a reserve was given up the writes faulted %.1f pages per MiB, with none %.1f", givenUp, none)
 	}
