@@ -42,6 +42,9 @@ type replicaView struct {
 	Lag     uint64 `json:"lag"`
 	Alive   bool   `json:"alive"`
 	Digest  string `json:"digest,omitempty"`
+	// VoldLevel is the level the member's vold lets volumes reach
+	// (inspect only; 0 when it does not answer).
+	VoldLevel uint32 `json:"vold_level,omitempty"`
 }
 
 func viewVolume(v *volv1.Volume) volumeView {
@@ -56,7 +59,7 @@ func viewVolume(v *volv1.Volume) volumeView {
 	for _, m := range v.GetMembers() {
 		out.Members = append(out.Members, replicaView{
 			Node: m.GetNode(), Replica: m.GetReplica(), Role: m.GetRole(), Applied: m.GetApplied(),
-			Lag: m.GetLag(), Alive: m.GetAlive(), Digest: m.GetDigest(),
+			Lag: m.GetLag(), Alive: m.GetAlive(), Digest: m.GetDigest(), VoldLevel: m.GetVoldLevel(),
 		})
 	}
 	return out
@@ -280,7 +283,7 @@ func (a *app) renderVolume(format string, v *volv1.Volume) error {
 		if view.Level > 0 {
 			// Which semantics the replicas apply: an upgrade of vold
 			// raises it once every member runs the new one.
-			fmt.Fprintf(tw, "LEVEL\t%d\n", view.Level)
+			fmt.Fprintf(tw, "LEVEL\t%d%s\n", view.Level, levelNote(view))
 		}
 		if view.HeldFiles > 0 {
 			// Their bytes are in USED: say why USED exceeds what ls shows.
@@ -291,13 +294,21 @@ func (a *app) renderVolume(format string, v *volv1.Volume) error {
 		}
 		// The digest column only when they were asked for (--digests).
 		digests := slices.ContainsFunc(view.Members, func(m replicaView) bool { return m.Digest != "" })
+		// The volds' levels only where vold reported them (inspect).
+		levels := slices.ContainsFunc(view.Members, func(m replicaView) bool { return m.VoldLevel > 0 })
 		head := "\nNODE\tREPLICA\tROLE\tAPPLIED\tLAG\tALIVE"
+		if levels {
+			head += "\tVOLD LEVEL"
+		}
 		if digests {
 			head += "\tDIGEST"
 		}
 		fmt.Fprintln(tw, head)
 		for _, m := range view.Members {
 			fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%d\t%v", m.Node, m.Replica, dash(m.Role), m.Applied, m.Lag, m.Alive)
+			if levels {
+				fmt.Fprintf(tw, "\t%s", levelText(m.VoldLevel))
+			}
 			if digests {
 				d := m.Digest
 				if len(d) > 16 {
@@ -308,6 +319,40 @@ func (a *app) renderVolume(format string, v *volv1.Volume) error {
 			fmt.Fprintln(tw)
 		}
 	})
+}
+
+// levelNote says what holds a volume's level back when a member's vold
+// lets a higher one: the members whose vold lets less or does not answer,
+// or, when there are none, that the leader raises it (in its next repair
+// round). Empty when nothing is held back.
+func levelNote(view volumeView) string {
+	var top uint32
+	for _, m := range view.Members {
+		top = max(top, m.VoldLevel)
+	}
+	if top <= view.Level {
+		return ""
+	}
+	var held []string
+	for _, m := range view.Members {
+		switch {
+		case m.VoldLevel == 0:
+			held = append(held, fmt.Sprintf("node %s's vold does not answer", m.Node))
+		case m.VoldLevel < top:
+			held = append(held, fmt.Sprintf("node %s's vold lets %d", m.Node, m.VoldLevel))
+		}
+	}
+	if len(held) == 0 {
+		return fmt.Sprintf(" (every member's vold lets %d: the leader raises it)", top)
+	}
+	return fmt.Sprintf(" (%d once every member's vold lets it: %s)", top, strings.Join(held, "; "))
+}
+
+func levelText(l uint32) string {
+	if l == 0 {
+		return "-"
+	}
+	return fmt.Sprint(l)
 }
 
 // unreachableReplicas says which of a new volume's replicas did not

@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"bytes"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -78,5 +79,55 @@ func TestRenderVolumeHeldFiles(t *testing.T) {
 	}
 	if !strings.Contains(buf.String(), `"held_files": 2`) || !strings.Contains(buf.String(), `"level": 2`) {
 		t.Fatalf("json:\n%s", buf.String())
+	}
+}
+
+// TestRenderVolumeLevelHeldBack checks that inspect names the members
+// whose vold holds a volume's level back, shows each member's vold level,
+// and says nothing once the volume is at the highest level its members'
+// volds let it reach.
+func TestRenderVolumeLevelHeldBack(t *testing.T) {
+	v := &volv1.Volume{Name: "data", Replicas: 3, Level: 1, Members: []*volv1.Member{
+		{Node: "n1", Replica: 1, Role: "leader", VoldLevel: 2},
+		{Node: "n2", Replica: 2, Role: "follower", VoldLevel: 2},
+		{Node: "n3", Replica: 3, Role: "follower", VoldLevel: 1},
+	}}
+	var buf bytes.Buffer
+	a := &app{out: &buf}
+	render := func(format string) string {
+		t.Helper()
+		buf.Reset()
+		if err := a.renderVolume(format, v); err != nil {
+			t.Fatal(err)
+		}
+		return buf.String()
+	}
+	out := render("table")
+	if !regexp.MustCompile(`(?m)^LEVEL +1 \(2 once every member's vold lets it: node n3's vold lets 1\)$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^NODE .* VOLD LEVEL$`).MatchString(out) || !regexp.MustCompile(`(?m)^n3 +3 +follower .* 1$`).MatchString(out) {
+		t.Fatalf("n3's vold at level 1 holds the volume back:\n%s", out)
+	}
+	if out := render("json"); !strings.Contains(out, `"vold_level": 1`) || !strings.Contains(out, `"vold_level": 2`) {
+		t.Fatalf("json:\n%s", out)
+	}
+
+	v.Members[2].VoldLevel = 0 // n3's vold does not answer
+	if out := render("table"); !strings.Contains(out, "node n3's vold does not answer") || !regexp.MustCompile(`(?m)^n3 .* -$`).MatchString(out) {
+		t.Fatalf("n3's vold silent:\n%s", out)
+	}
+	v.Members[2].VoldLevel = 2
+	if out := render("table"); !strings.Contains(out, "(every member's vold lets 2: the leader raises it)") {
+		t.Fatalf("every vold lets 2:\n%s", out)
+	}
+	v.Level = 2
+	if out := render("table"); !regexp.MustCompile(`(?m)^LEVEL +2$`).MatchString(out) {
+		t.Fatalf("raised:\n%s", out)
+	}
+	// A vold that reports no members' levels (an older one): no column.
+	for _, m := range v.Members {
+		m.VoldLevel = 0
+	}
+	if out := render("table"); strings.Contains(out, "VOLD LEVEL") || !regexp.MustCompile(`(?m)^LEVEL +2$`).MatchString(out) {
+		t.Fatalf("no levels reported:\n%s", out)
 	}
 }

@@ -184,7 +184,17 @@ func (a *volumesAPI) InspectVolume(ctx context.Context, req *volv1.InspectVolume
 	if d == nil {
 		return nil, fmt.Errorf("volume %q does not exist: %w", req.GetName(), errdefs.ErrNotFound)
 	}
-	return n.inspect(ctx, req.GetName(), d, req.GetDigests()), nil
+	// What each member's vold lets the volume reach, asked beside the
+	// members' status: an operator upgrading vold sees which member holds
+	// a volume's level back.
+	levels := make(chan map[string]uint32, 1)
+	go func() { levels <- n.voldLevels(ctx, d.nodes()) }()
+	v := n.inspect(ctx, req.GetName(), d, req.GetDigests())
+	l := <-levels
+	for _, m := range v.GetMembers() {
+		m.VoldLevel = l[m.GetNode()]
+	}
+	return v, nil
 }
 
 func (a *volumesAPI) RemoveVolume(ctx context.Context, req *volv1.RemoveVolumeRequest) (*volv1.RemoveVolumeResponse, error) {

@@ -76,6 +76,17 @@ func (n *node) behind(nodes []string, level uint32, ask *levelAsk) string {
 	return ""
 }
 
+// voldLevels returns the level each of nodes' volds lets volumes reach
+// as behind judges it: the lower of its published level and its answer
+// to a fresh ping (0: no answer).
+func (n *node) voldLevels(ctx context.Context, nodes []string) map[string]uint32 {
+	out := n.pingedLevels(ctx, nodes, true)
+	for node, l := range out {
+		out[node] = min(l, n.fsLevel(node))
+	}
+	return out
+}
+
 // publishedBelow returns the first of nodes whose document does not
 // show a level of at least level, or "".
 func (n *node) publishedBelow(nodes []string, level uint32) string {

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -335,10 +336,14 @@ func levelSteps(t *testing.T, c *volCluster, upgrade func()) {
 	if err := syscall.Mkfifo(fifo, 0o644); !errors.Is(err, syscall.EPERM) {
 		t.Fatalf("mkfifo at level 1: %v, want EPERM", err)
 	}
+	c.heldBackBy(t, "up", 3)
 	upgrade()
 	start := time.Now()
 	waitFor(t, 30*time.Second, "up raised to level 2 once node 3's vold lets it", state(2, 1))
 	t.Logf("raised %v after node 3's vold was ready", time.Since(start).Round(time.Millisecond))
+	if v, _ := c.inspect(2, "up"); !maps.Equal(memberVoldLevels(v), map[string]uint32{c.ids[0]: 2, c.ids[1]: 2, c.ids[2]: 2}) {
+		t.Errorf("members' vold levels after the upgrade = %v, want 2 on every node", memberVoldLevels(v))
+	}
 	if out := c.mustCtl(3, "volume", "inspect", "up"); !regexp.MustCompile(`(?m)^LEVEL +2$`).MatchString(out) {
 		t.Errorf("volume inspect does not show level 2:\n%s", out)
 	}
@@ -353,6 +358,38 @@ func levelSteps(t *testing.T, c *volCluster, upgrade func()) {
 	var st syscall.Stat_t
 	if err := syscall.Stat(fifo, &st); err != nil || st.Mode&syscall.S_IFMT != syscall.S_IFIFO {
 		t.Fatalf("stat of the FIFO: mode %o, %v", st.Mode, err)
+	}
+}
+
+// memberVoldLevels returns the level each member's vold lets volumes
+// reach, by node, as InspectVolume reports it.
+func memberVoldLevels(v *volv1.Volume) map[string]uint32 {
+	out := map[string]uint32{}
+	for _, m := range v.GetMembers() {
+		out[m.GetNode()] = m.GetVoldLevel()
+	}
+	return out
+}
+
+// heldBackBy checks that inspect shows volume at level 1 with node i's
+// vold letting 1 and the others' 2, and that shoalctl's LEVEL line names
+// node i as what holds it back.
+func (c *volCluster) heldBackBy(t *testing.T, volume string, i int) {
+	t.Helper()
+	want := map[string]uint32{}
+	for k, id := range c.ids {
+		want[id] = 2
+		if k+1 == i {
+			want[id] = 1
+		}
+	}
+	v, err := c.inspect(2, volume)
+	if err != nil || v.GetLevel() != 1 || !maps.Equal(memberVoldLevels(v), want) {
+		t.Fatalf("inspect %s: level %d, members' vold levels %v, err %v; want level 1 and %v", volume, v.GetLevel(), memberVoldLevels(v), err, want)
+	}
+	line := fmt.Sprintf("(?m)^LEVEL +1 \\(2 once every member's vold lets it: node %s's vold lets 1\\)$", regexp.QuoteMeta(c.ids[i-1]))
+	if out := c.mustCtl(1, "volume", "inspect", volume); !regexp.MustCompile(line).MatchString(out) {
+		t.Errorf("volume inspect %s does not name node %d as holding it back:\n%s", volume, i, out)
 	}
 }
 
@@ -487,6 +524,8 @@ func downgradeSteps(t *testing.T, c *volCluster, downgrade func()) {
 	if !at1() {
 		t.Fatal("down with node 3 downgraded left level 1, or its replicas disagree")
 	}
+	// inspect judges node 3's vold as the raise does, not by its document.
+	c.heldBackBy(t, "down", 3)
 	m, err := c.volumes(1).Mount(ctx, &volv1.MountRequest{Name: "down", User: "e2e-level"})
 	if err != nil {
 		t.Fatal(err)

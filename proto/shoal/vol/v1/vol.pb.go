@@ -41,7 +41,14 @@ type Member struct {
 	Alive   bool   `protobuf:"varint,6,opt,name=alive,proto3" json:"alive,omitempty"`
 	// digest is the hex digest of the replica's state at applied (empty in
 	// ListVolumes).
-	Digest        string `protobuf:"bytes,7,opt,name=digest,proto3" json:"digest,omitempty"`
+	Digest string `protobuf:"bytes,7,opt,name=digest,proto3" json:"digest,omitempty"`
+	// vold_level is the highest volume level the member's vold lets volumes
+	// reach, as a raise judges it (InspectVolume only): the lower of what
+	// its node document shows and what the vold answers to a ping (a vold
+	// from before levels shows and answers none, which counts as 1); 0
+	// when it does not answer. The volume is raised once every member's is
+	// above its level.
+	VoldLevel     uint32 `protobuf:"varint,8,opt,name=vold_level,json=voldLevel,proto3" json:"vold_level,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -123,6 +130,13 @@ func (x *Member) GetDigest() string {
 		return x.Digest
 	}
 	return ""
+}
+
+func (x *Member) GetVoldLevel() uint32 {
+	if x != nil {
+		return x.VoldLevel
+	}
+	return 0
 }
 
 type Volume struct {
@@ -1777,7 +1791,7 @@ var File_shoal_vol_v1_vol_proto protoreflect.FileDescriptor
 
 const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\n" +
-	"\x16shoal/vol/v1/vol.proto\x12\fshoal.vol.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\"\xa4\x01\n" +
+	"\x16shoal/vol/v1/vol.proto\x12\fshoal.vol.v1\x1a\x19google/protobuf/any.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x1egoogle/protobuf/duration.proto\"\xc3\x01\n" +
 	"\x06Member\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\x18\n" +
 	"\areplica\x18\x02 \x01(\x04R\areplica\x12\x12\n" +
@@ -1785,7 +1799,9 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\aapplied\x18\x04 \x01(\x04R\aapplied\x12\x10\n" +
 	"\x03lag\x18\x05 \x01(\x04R\x03lag\x12\x14\n" +
 	"\x05alive\x18\x06 \x01(\bR\x05alive\x12\x16\n" +
-	"\x06digest\x18\a \x01(\tR\x06digest\"\xa7\x03\n" +
+	"\x06digest\x18\a \x01(\tR\x06digest\x12\x1d\n" +
+	"\n" +
+	"vold_level\x18\b \x01(\rR\tvoldLevel\"\xa7\x03\n" +
 	"\x06Volume\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
 	"\x05group\x18\x02 \x01(\x04R\x05group\x12\x1a\n" +
