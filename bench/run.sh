@@ -50,13 +50,13 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 trap 'exit 129' HUP
 
-# run NAME FLAGS...: go run ./bench/NAME FLAGS... with its Markdown in
-# $work/NAME.md and its progress on stderr.
+# run NAME FLAGS...: bench/NAME (built by build_benches) with FLAGS...,
+# its Markdown in $work/NAME.md and its progress on stderr.
 run() {
 	local name=$1
 	shift
 	echo "== bench/$name $*" >&2
-	"$GO" run "./bench/$name" "$@" >"$work/$name.md" &
+	"$work/bin/$name" "$@" >"$work/$name.md" &
 	job=$!
 	local rc=0
 	wait "$job" || rc=$?
@@ -107,17 +107,26 @@ for name in "${benches[@]}"; do
 	fi
 done
 
+# Every benchmark program is built before the first runs, and the commit
+# is read then, beside make's build of bin/: the header names the code
+# that ran, even if the working tree is edited while the benchmarks run
+# (go run would build each program from the tree as it was when its turn
+# came).
+mkdir -p "$work/bin"
+for name in "${benches[@]}"; do
+	"$GO" build -o "$work/bin/$name" "./bench/$name"
+done
+commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
+	commit="$commit (with uncommitted changes in the working tree)"
+fi
+
 start=$(date +%s)
 for name in "${benches[@]}"; do
 	mapfile -t args < <(flags "$name")
 	run "$name" "${args[@]}"
 done
 elapsed=$(($(date +%s) - start))
-
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-if [[ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]]; then
-	commit="$commit (with uncommitted changes in the working tree)"
-fi
 cpus=$(nproc)
 model=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)
 mem=$(awk '/^MemTotal:/ { printf "%.1f GiB", $2 / 1048576 }' /proc/meminfo)
