@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strconv"
@@ -696,9 +697,8 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 	}
 	ctx, cancel := context.WithTimeout(cmd.Context(), w.timeout)
 	defer cancel()
-	tty := isTerminal(a.errOut)
-	last := ""
-	timedOut := func() error { return fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, last) }
+	p := newProgress(a.errOut)
+	timedOut := func() error { return fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, p.last) }
 	for {
 		s, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: name})
 		if err != nil {
@@ -711,19 +711,8 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 		if len(s.GetUnschedulable()) > 0 {
 			line += "; unschedulable: " + strings.Join(s.GetUnschedulable(), "; ")
 		}
-		if line != last {
-			if tty {
-				fmt.Fprintf(a.errOut, "\r\033[K%s", line)
-			} else {
-				fmt.Fprintln(a.errOut, line)
-			}
-			last = line
-		}
-		done := func() {
-			if tty {
-				fmt.Fprintln(a.errOut)
-			}
-		}
+		p.show(line)
+		done := p.end
 		switch {
 		case s.GetState() == "paused":
 			done()
@@ -738,9 +727,7 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 		}
 		select {
 		case <-ctx.Done():
-			if tty {
-				fmt.Fprintln(a.errOut)
-			}
+			p.end()
 			return waitEnded(cmd, timedOut(), name)
 		case <-time.After(250 * time.Millisecond):
 		}
@@ -788,6 +775,35 @@ func waitEnded(cmd *cobra.Command, timedOut error, name string) error {
 		return fmt.Errorf("interrupted while waiting; the change was made and goes on without shoalctl (see `shoalctl service ps %s`)", name)
 	}
 	return timedOut
+}
+
+// progress shows a wait's status line whenever it changes: rewritten in
+// place on a terminal, a line each otherwise (logs, pipes).
+type progress struct {
+	w    io.Writer
+	tty  bool
+	last string
+}
+
+func newProgress(w io.Writer) *progress { return &progress{w: w, tty: isTerminal(w)} }
+
+func (p *progress) show(line string) {
+	if line == p.last {
+		return
+	}
+	if p.tty {
+		fmt.Fprintf(p.w, "\r\033[K%s", line)
+	} else {
+		fmt.Fprintln(p.w, line)
+	}
+	p.last = line
+}
+
+// end ends the line rewritten in place.
+func (p *progress) end() {
+	if p.tty {
+		fmt.Fprintln(p.w)
+	}
 }
 
 func isTerminal(w any) bool {

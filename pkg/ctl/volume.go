@@ -270,7 +270,7 @@ tests.`,
 		},
 	}
 	unmount.Flags().StringVar(&user, "user", "shoalctl", "who used the mount")
-	cmd.AddCommand(create, ls, inspect, rm, mount, unmount)
+	cmd.AddCommand(create, ls, inspect, a.volumeUpdateCommand(), rm, mount, unmount)
 	return cmd
 }
 

@@ -131,3 +131,30 @@ func TestRenderVolumeLevelHeldBack(t *testing.T) {
 		t.Fatalf("no levels reported:\n%s", out)
 	}
 }
+
+// TestResizeProgress checks when volume update stops waiting: the count
+// reached, every member voting, the volume healthy.
+func TestResizeProgress(t *testing.T) {
+	m := func(node, role string) *volv1.Member { return &volv1.Member{Node: node, Role: role} }
+	for _, tc := range []struct {
+		v    *volv1.Volume
+		line string
+		done bool
+	}{
+		{&volv1.Volume{Name: "d", Health: "healthy", Members: []*volv1.Member{m("a", "leader")}}, "d: 1 of 3 replicas voting, healthy", false},
+		{&volv1.Volume{Name: "d", Health: "degraded", Members: []*volv1.Member{m("a", "leader"), m("b", "joining"), m("c", "learner")}}, "d: 1 of 3 replicas voting, degraded (b joining, c learner)", false},
+		{&volv1.Volume{Name: "d", Health: "degraded", Members: []*volv1.Member{m("a", "leader"), m("b", "follower"), m("c", "follower")}}, "d: 3 of 3 replicas voting, degraded", false},
+		{&volv1.Volume{Name: "d", Health: "healthy", Members: []*volv1.Member{m("a", "leader"), m("b", "follower"), m("c", "follower")}}, "d: 3 of 3 replicas voting, healthy", true},
+		// Shrinking: done once the members removed are gone.
+		{&volv1.Volume{Name: "d", Health: "healthy", Members: []*volv1.Member{m("a", "leader"), m("b", "follower"), m("c", "follower")}}, "d: 3 of 2 replicas voting, healthy", false},
+	} {
+		want := 3
+		if strings.Contains(tc.line, "of 2") {
+			want = 2
+		}
+		line, done := resizeProgress(tc.v, want)
+		if line != tc.line || done != tc.done {
+			t.Errorf("got %q, %v; want %q, %v", line, done, tc.line, tc.done)
+		}
+	}
+}

@@ -197,6 +197,28 @@ func (a *volumesAPI) InspectVolume(ctx context.Context, req *volv1.InspectVolume
 	return v, nil
 }
 
+func (a *volumesAPI) UpdateVolume(ctx context.Context, req *volv1.UpdateVolumeRequest) (*volv1.Volume, error) {
+	n := a.n
+	if _, err := n.raftHost(); err != nil {
+		return nil, err
+	}
+	if err := validateName(req.GetName()); err != nil {
+		return nil, err
+	}
+	if req.GetReplicas() == 0 {
+		return nil, fmt.Errorf("nothing to update: give the replica count wanted: %w", errdefs.ErrInvalidArgument)
+	}
+	replicas, err := checkReplicas(req.GetReplicas())
+	if err != nil {
+		return nil, err
+	}
+	d, err := n.updateReplicas(ctx, req.GetName(), replicas)
+	if err != nil {
+		return nil, err
+	}
+	return n.inspect(ctx, req.GetName(), d, false), nil
+}
+
 func (a *volumesAPI) RemoveVolume(ctx context.Context, req *volv1.RemoveVolumeRequest) (*volv1.RemoveVolumeResponse, error) {
 	n := a.n
 	if _, err := n.raftHost(); err != nil {

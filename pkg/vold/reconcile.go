@@ -218,6 +218,9 @@ func (n *node) reconcile(ctx context.Context) {
 func (n *node) retire(h *raftgroup.Host, g raftgroup.GroupID, d *volumeDoc) {
 	var voters []raftgroup.Member
 	for _, m := range d.Members {
+		if m.Learner {
+			continue
+		}
 		id, err := n.names.add(m.Node)
 		if err != nil {
 			continue

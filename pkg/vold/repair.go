@@ -74,6 +74,7 @@ func (n *node) repairRound(ctx context.Context) {
 	// keeps an idle node with a thousand groups idle.
 	n.raiseLevels(ctx, h)
 	silent := n.silentVolds(h)
+	n.resizeVolumes(ctx, h, silent)
 	if !n.anyNodeDead() && len(silent) == 0 && time.Since(n.lastSweep) < repairSweep {
 		return
 	}
@@ -162,10 +163,10 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 	if dead == nil {
 		// Most rounds change nothing: judge from the mirror before reading
 		// statd.
-		if slices.Equal(n.membersFor(d.Members, st.Voters, st.MaxReplica), d.Members) {
+		if slices.Equal(n.membersFor(d.Members, st.Voters, st.Learners, st.MaxReplica), d.Members) {
 			return nil
 		}
-		return n.syncMembers(ctx, name, d.group(), st.Voters, st.MaxReplica)
+		return n.syncMembers(ctx, name, d.group(), st.Voters, st.Learners, st.MaxReplica)
 	}
 	deadNode := n.names.name(dead.Node)
 	h := n.host.Load()
@@ -185,26 +186,7 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		break
 	}
 	if target.Node == "" {
-		exclude := map[string]bool{}
-		for _, m := range d.Members {
-			exclude[m.Node] = true
-		}
-		for _, v := range st.Voters {
-			exclude[n.names.name(v.Node)] = true
-		}
-		for node := range silent {
-			exclude[node] = true
-		}
-		// A replica on a vold that does not know the volume's level
-		// would stop at its snapshot (volfs.ErrLevel).
-		cands, level := n.candidates(), volumeLevel(h, d.group())
-		for _, c := range cands {
-			if n.fsLevel(c.Node) < level {
-				exclude[c.Node] = true
-			}
-		}
-		picked, _ := placeAnswering(cands, 1, exclude, d.SizeBytes,
-			func(ids []string) map[string]bool { return n.answeringAt(ctx, ids, level) }, false)
+		picked := n.placeReplicas(ctx, d, 1, n.takenFor(d, st, silent))
 		if len(picked) == 0 {
 			n.log.Debug("no node to replace a dead replica on", "volume", name, "dead_node", deadNode)
 			return nil
@@ -239,7 +221,7 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 	n.stats.replaced.Add(1)
 	n.log.Info("dead replica replaced", "volume", name, "group", uint64(d.group()), "why", why, "dead_node", deadNode, "new_node", target.Node, "config_index", m.Index)
 	maxRep := raftgroup.ReplicaID(target.Replica)
-	return n.syncMembers(ctx, name, d.group(), m.Voters, maxRep)
+	return n.syncMembers(ctx, name, d.group(), m.Voters, m.Learners, maxRep)
 }
 
 // silentVolds returns the nodes whose vold has sent this one nothing for
@@ -278,27 +260,29 @@ func isVoterNode(voters []raftgroup.Member, node string, names *nodeNames) bool 
 // syncMembers rewrites the document's members to be the group's voters,
 // keeping what the document knew about each (Boot, Added) and members
 // still pending (never admitted, added less than pendingGrace ago).
-func (n *node) syncMembers(ctx context.Context, name string, g raftgroup.GroupID, voters []raftgroup.Member, maxReplica raftgroup.ReplicaID) error {
+func (n *node) syncMembers(ctx context.Context, name string, g raftgroup.GroupID, voters, learners []raftgroup.Member, maxReplica raftgroup.ReplicaID) error {
 	if len(voters) == 0 {
 		return nil
 	}
 	return n.updateMembers(ctx, name, g, func(ms []docMember) []docMember {
-		return n.membersFor(ms, voters, maxReplica)
+		return n.membersFor(ms, voters, learners, maxReplica)
 	})
 }
 
-// membersFor returns the document members that match voters (see
-// syncMembers).
-func (n *node) membersFor(ms []docMember, voters []raftgroup.Member, maxReplica raftgroup.ReplicaID) []docMember {
+// membersFor returns the document members that match voters and learners
+// (see syncMembers), learners marked so.
+func (n *node) membersFor(ms []docMember, voters, learners []raftgroup.Member, maxReplica raftgroup.ReplicaID) []docMember {
 	var out []docMember
-	for _, v := range voters {
+	for i, v := range slices.Concat(voters, learners) {
 		node := n.names.name(v.Node)
-		i := slices.IndexFunc(ms, func(m docMember) bool { return m.Node == node && m.Replica == uint64(v.Replica) })
-		if i >= 0 {
-			out = append(out, ms[i])
-		} else {
-			out = append(out, docMember{Node: node, Replica: uint64(v.Replica), Added: time.Now().UTC()})
+		learner := i >= len(voters)
+		k := slices.IndexFunc(ms, func(m docMember) bool { return m.Node == node && m.Replica == uint64(v.Replica) })
+		m := docMember{Node: node, Replica: uint64(v.Replica), Added: time.Now().UTC()}
+		if k >= 0 {
+			m = ms[k]
 		}
+		m.Learner = learner
+		out = append(out, m)
 	}
 	for _, m := range ms {
 		pending := !m.Boot && raftgroup.ReplicaID(m.Replica) > maxReplica && time.Since(m.Added) < pendingGrace
@@ -313,23 +297,40 @@ func (n *node) membersFor(ms []docMember, voters []raftgroup.Member, maxReplica 
 // document (read from statd) and writes it back if they changed. It does
 // nothing when the document is gone or names another group.
 func (n *node) updateMembers(ctx context.Context, name string, g raftgroup.GroupID, fn func([]docMember) []docMember) error {
+	var members []docMember
+	changed := false
+	err := n.updateDoc(ctx, name, g, func(d *volumeDoc) {
+		members = fn(slices.Clone(d.Members))
+		changed = !slices.Equal(members, d.Members)
+		d.Members = members
+	})
+	if err == nil && changed {
+		n.log.Info("volume members updated", "volume", name, "group", uint64(g), "members", memberList(members))
+	}
+	return err
+}
+
+// updateDoc applies fn to the volume's current document (read from statd)
+// and writes it back if it changed. It does nothing when the document is
+// gone or names another group.
+func (n *node) updateDoc(ctx context.Context, name string, g raftgroup.GroupID, fn func(*volumeDoc)) error {
 	d, err := n.readVolume(ctx, name)
 	if err != nil || d == nil || d.group() != g {
 		return err
 	}
-	members := fn(slices.Clone(d.Members))
-	if slices.Equal(members, d.Members) {
-		return nil
+	before, err := encodeVolume(d)
+	if err != nil {
+		return err
 	}
-	d.Members = members
+	fn(d)
 	fields, err := encodeVolume(d)
 	if err != nil {
 		return err
 	}
-	_, err = n.statd.Put(ctx, &statev1.PutRequest{Key: volumeKey(name), Fields: fields})
-	if err == nil {
-		n.log.Info("volume members updated", "volume", name, "group", uint64(g), "members", memberList(members))
+	if fields[fieldVolume].GetStringValue() == before[fieldVolume].GetStringValue() {
+		return nil
 	}
+	_, err = n.statd.Put(ctx, &statev1.PutRequest{Key: volumeKey(name), Fields: fields})
 	return err
 }
 

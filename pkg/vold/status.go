@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
@@ -59,8 +61,12 @@ func (n *node) localStatus(g raftgroup.GroupID, digest bool) (replicaStatus, err
 		Node: n.id, Replica: uint64(st.Replica), Role: st.Role, Term: st.Term,
 		Commit: st.Commit, Applied: st.Applied, LastIndex: st.LastIndex, Initialized: st.Initialized, Voters: st.Voters,
 	}
-	if !st.Initialized {
+	switch {
+	case !st.Initialized:
 		rs.Role = "joining"
+	case slices.ContainsFunc(st.Learners, func(m raftgroup.Member) bool { return m.Replica == st.Replica }):
+		// Added to grow the group, catching up before it votes.
+		rs.Role = "learner"
 	}
 	if st.LeaderNode != 0 {
 		rs.Leader = n.names.name(st.LeaderNode)
@@ -176,7 +182,8 @@ func (n *node) volumeProto(name string, d *volumeDoc) *volv1.Volume {
 // holds everything the leader committed (applied, or in its log: a
 // leader tells followers of a commit that only its own node waits for
 // with its next append or tick, so a follower of a busy volume often
-// holds its last entry unapplied); degraded when a quorum of members
+// holds its last entry unapplied); degraded when a quorum of the voters
+// (as the leader counts them: not the replicas still joining or learning)
 // answers and there is a leader; unavailable otherwise. Lag is of the
 // applied index. Members' digests are there only with digests.
 func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests bool) *volv1.Volume {
@@ -197,6 +204,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 	}
 	wg.Wait()
 	var leaderCommit, leaderTerm, maxCommit uint64
+	var leaderVoters []raftgroup.Member
 	for _, a := range answers {
 		if a.err != nil {
 			continue
@@ -206,7 +214,16 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 			v.Leader = a.st.Node
 			leaderCommit, leaderTerm = a.st.Commit, a.st.Term
 			v.UsedBytes, v.HeldFiles, v.Level = a.st.UsedBytes, a.st.HeldFiles, a.st.Level
+			leaderVoters = a.st.Voters
 		}
+	}
+	// Only voters make the quorum: a replica still joining or learning
+	// (added to grow the group, or to replace a dead one) does not count.
+	voter := func(m docMember) bool {
+		if leaderVoters == nil {
+			return !m.Learner
+		}
+		return slices.ContainsFunc(leaderVoters, func(v raftgroup.Member) bool { return uint64(v.Replica) == m.Replica })
 	}
 	if v.Leader == "" {
 		// No member says it leads; a follower may still know who does.
@@ -221,13 +238,23 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 		leaderCommit = maxCommit
 	}
 	v.Commit = leaderCommit
-	answering, current := 0, 0
+	voters, answering, current := 0, 0, 0
+	for _, m := range d.Members {
+		if voter(m) {
+			voters++
+		}
+	}
 	for i, m := range d.Members {
 		pm := v.Members[i]
 		a := answers[i]
 		pm.Alive = n.alive(m.Node) && a.err == nil
 		if a.err != nil {
 			pm.Role = "unreachable"
+			if n.alive(m.Node) && (replicaGone(a.err) || status.Code(a.err) == codes.NotFound) {
+				// Its vold answers but has not created the replica yet (a
+				// member just added), or has just removed it.
+				pm.Role = "joining"
+			}
 			continue
 		}
 		pm.Role = a.st.Role
@@ -243,7 +270,9 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 			v.Level = a.st.Level
 		}
 		if pm.Alive && a.st.Initialized {
-			answering++
+			if voter(m) {
+				answering++
+			}
 			if holdsCommitted(a.st, leaderCommit, leaderTerm) {
 				current++
 			}
@@ -252,7 +281,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 	switch {
 	case current == len(d.Members) && v.Leader != "":
 		v.Health = "healthy"
-	case answering >= len(d.Members)/2+1 && v.Leader != "":
+	case answering >= voters/2+1 && v.Leader != "":
 		v.Health = "degraded"
 	default:
 		v.Health = "unavailable"

@@ -99,6 +99,9 @@ type docMember struct {
 	Boot bool `json:"boot,omitempty"`
 	// Added is when repair added the member (zero for initial members).
 	Added time.Time `json:"added,omitzero"`
+	// Learner marks a replica added to grow the group (UpdateVolume) that
+	// is not a voter yet: it catches up first (replicas.go).
+	Learner bool `json:"learner,omitempty"`
 }
 
 func (d *volumeDoc) group() raftgroup.GroupID { return raftgroup.GroupID(d.Group) }

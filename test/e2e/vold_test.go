@@ -535,6 +535,128 @@ func downgradeSteps(t *testing.T, c *volCluster, downgrade func()) {
 	}
 }
 
+// TestVolumeReplicaCountChanged grows a volume of one replica to three
+// while it is written (the new replicas catch up from a snapshot as
+// learners, then vote), shrinks it to two (never losing the leader's
+// replica), and checks that a count no nodes can take is refused with
+// nothing changed.
+func TestVolumeReplicaCountChanged(t *testing.T) {
+	c := newVolCluster(t, 3)
+	c.mustCtl(1, "volume", "create", "grow", "--replicas", "1", "--size", "64Mi")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	m, err := c.volumes(1).Mount(ctx, &volv1.MountRequest{Name: "grow", User: "e2e-writer"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(file string, data []byte) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(m.GetPath(), file), data, 0o644); err != nil {
+			t.Fatalf("write %s: %v", file, err)
+		}
+	}
+	bulk := bytes.Repeat([]byte("0123456789abcdef"), 512<<10) // 8 MiB, for a snapshot worth sending
+	write("bulk", bulk)
+	write("before", []byte("written with one replica"))
+
+	members := func() int {
+		v, err := c.inspect(1, "grow")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(v.GetMembers())
+	}
+	for _, args := range [][]string{{"--replicas", "4"}, {"--replicas", "0"}, {"--replicas", "8"}, {}} {
+		out, errOut, code := c.ctl(1, append([]string{"volume", "update", "grow"}, args...)...)
+		if code == 0 {
+			t.Errorf("volume update grow %v succeeded: %s", args, out)
+		}
+		if len(args) > 0 && args[1] == "4" && !strings.Contains(errOut, "cannot have 4") {
+			t.Errorf("volume update grow --replicas 4 on three nodes: %s", errOut)
+		}
+	}
+	if _, _, code := c.ctl(1, "volume", "update", "nosuch", "--replicas", "3"); code == 0 {
+		t.Error("volume update of a missing volume succeeded")
+	}
+	if n := members(); n != 1 {
+		t.Fatalf("refused updates left %d members, want 1", n)
+	}
+
+	c.mustCtl(1, "volume", "update", "grow", "--replicas", "3", "--detach")
+	write("during", []byte("written while replicas join"))
+	// Asked again from another node, which waits until they vote.
+	_, errOut, code := c.ctl(2, "volume", "update", "grow", "--replicas", "3")
+	if code != 0 || !strings.Contains(errOut, "grow: 3 of 3 replicas voting, healthy") {
+		t.Fatalf("volume update grow --replicas 3: exit %d: %s", code, errOut)
+	}
+	t.Logf("growing: %s", strings.ReplaceAll(strings.TrimSpace(errOut), "\n", " | "))
+	var v *volv1.Volume
+	waitFor(t, 30*time.Second, "grow on three voting replicas with agreeing digests", func() bool {
+		v, err = c.inspect(1, "grow")
+		return err == nil && converged(v, 3) && v.GetReplicas() == 3 && !slices.ContainsFunc(v.GetMembers(), func(m *volv1.Member) bool { return m.GetRole() == "learner" })
+	})
+	for file, want := range map[string]string{"before": "written with one replica", "during": "written while replicas join"} {
+		if got, err := c.readVolumeFile(3, "grow", file); err != nil || got != want {
+			t.Fatalf("read %s through node 3: %q, %v", file, got, err)
+		}
+	}
+	c.releaseReader(3, "grow")
+
+	leader := v.GetLeader()
+	c.mustCtl(3, "volume", "update", "grow", "--replicas", "2")
+	waitFor(t, 30*time.Second, "grow on two replicas with agreeing digests", func() bool {
+		v, err = c.inspect(2, "grow")
+		return err == nil && converged(v, 2) && v.GetReplicas() == 2
+	})
+	if !slices.ContainsFunc(v.GetMembers(), func(m *volv1.Member) bool { return m.GetNode() == leader }) {
+		t.Errorf("the shrink removed the leader's replica (%s): members %v", leader, v.GetMembers())
+	}
+	write("after", []byte("written with two replicas"))
+	if got, err := c.readVolumeFile(2, "grow", "bulk"); err != nil || got != string(bulk) {
+		t.Fatalf("read bulk through node 2 after the shrink: %d bytes, %v", len(got), err)
+	}
+	if got, err := c.readVolumeFile(2, "grow", "after"); err != nil || got != "written with two replicas" {
+		t.Fatalf("read after through node 2: %q, %v", got, err)
+	}
+
+	// Down to the leader's replica alone, while every node has the volume
+	// mounted: the mounts on nodes whose replica goes carry on through the
+	// remaining one.
+	if _, err := c.readVolumeFile(3, "grow", "before"); err != nil {
+		t.Fatal(err)
+	}
+	c.mustCtl(1, "volume", "update", "grow", "--replicas", "1")
+	waitFor(t, 30*time.Second, "grow on one replica", func() bool {
+		v, err = c.inspect(1, "grow")
+		return err == nil && converged(v, 1) && v.GetReplicas() == 1
+	})
+	for i := 1; i <= 3; i++ {
+		if got, err := c.readVolumeFile(i, "grow", "after"); err != nil || got != "written with two replicas" {
+			t.Fatalf("read after through node %d with one replica left: %q, %v", i, got, err)
+		}
+	}
+	write("last", []byte("written with one replica left"))
+	if got, err := c.readVolumeFile(3, "grow", "last"); err != nil || got != "written with one replica left" {
+		t.Fatalf("read last through node 3: %q, %v", got, err)
+	}
+	for i := 1; i <= 3; i++ {
+		c.releaseReader(i, "grow")
+	}
+	// The replicas removed (one at each shrink) are destroyed on their
+	// nodes once they retire; the leaders counted their steps.
+	sum := func(name string) float64 {
+		total := 0.0
+		for i := 1; i <= 3; i++ {
+			total += max(metricValue(c.voldMetrics(t, i), name), 0)
+		}
+		return total
+	}
+	waitFor(t, 30*time.Second, "the two replicas removed destroyed", func() bool { return sum("shoal_vold_replicas_destroyed_total") >= 2 })
+	if steps := sum("shoal_vold_resize_steps_total"); steps < 4 {
+		t.Errorf("resize steps counted: %v, want at least 4 (learners added, promoted, two removals)", steps)
+	}
+}
+
 // TestVolumes is the volume acceptance on four nodes (three replicas and
 // a spare): a service writes through its node's FUSE mount while the
 // leader's node is killed and comes back, replicas end identical, and a
@@ -623,14 +745,7 @@ func TestVolumes(t *testing.T) {
 		// The mount's node timed those operations, and every member's
 		// vold its journal's syncs (the mount's node may hold no replica:
 		// 3 of 4 nodes do).
-		voldMetrics := func(i int) string {
-			t.Helper()
-			out, _, code, err := c.Exec(ctx, i, []string{"busybox", "wget", "-qO-", "http://127.0.0.1:9464/metrics"}, nil)
-			if err != nil || code != 0 {
-				t.Fatalf("node %d's vold metrics: %v %d", i, err, code)
-			}
-			return out
-		}
+		voldMetrics := func(i int) string { return c.voldMetrics(t, i) }
 		metrics := voldMetrics(2)
 		for _, name := range []string{`shoal_vold_fs_op_seconds_count{kind="mutate"}`, `shoal_vold_fs_op_seconds_count{kind="query"}`} {
 			if v := metricValue(metrics, name); v <= 0 {
@@ -1862,6 +1977,18 @@ func k9Writer(dir string) int {
 		fmt.Println(k)
 	}
 	return 0
+}
+
+// voldMetrics returns node i's vold's /metrics exposition.
+func (c *volCluster) voldMetrics(t *testing.T, i int) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	out, _, code, err := c.Exec(ctx, i, []string{"busybox", "wget", "-qO-", "http://127.0.0.1:9464/metrics"}, nil)
+	if err != nil || code != 0 {
+		t.Fatalf("node %d's vold metrics: %v %d", i, err, code)
+	}
+	return out
 }
 
 // metricValue returns the value of the sample name (with its labels, as

@@ -493,6 +493,59 @@ func (x *InspectVolumeRequest) GetDigests() bool {
 	return false
 }
 
+type UpdateVolumeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// replicas is the count wanted, 1 to 7.
+	Replicas      int32 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateVolumeRequest) Reset() {
+	*x = UpdateVolumeRequest{}
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateVolumeRequest) ProtoMessage() {}
+
+func (x *UpdateVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateVolumeRequest.ProtoReflect.Descriptor instead.
+func (*UpdateVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *UpdateVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *UpdateVolumeRequest) GetReplicas() int32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
 type RemoveVolumeRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -502,7 +555,7 @@ type RemoveVolumeRequest struct {
 
 func (x *RemoveVolumeRequest) Reset() {
 	*x = RemoveVolumeRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[6]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -514,7 +567,7 @@ func (x *RemoveVolumeRequest) String() string {
 func (*RemoveVolumeRequest) ProtoMessage() {}
 
 func (x *RemoveVolumeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[6]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -527,7 +580,7 @@ func (x *RemoveVolumeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveVolumeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveVolumeRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{6}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *RemoveVolumeRequest) GetName() string {
@@ -545,7 +598,7 @@ type RemoveVolumeResponse struct {
 
 func (x *RemoveVolumeResponse) Reset() {
 	*x = RemoveVolumeResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[7]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -557,7 +610,7 @@ func (x *RemoveVolumeResponse) String() string {
 func (*RemoveVolumeResponse) ProtoMessage() {}
 
 func (x *RemoveVolumeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[7]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -570,7 +623,7 @@ func (x *RemoveVolumeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveVolumeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveVolumeResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{7}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{8}
 }
 
 type MountRequest struct {
@@ -585,7 +638,7 @@ type MountRequest struct {
 
 func (x *MountRequest) Reset() {
 	*x = MountRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[8]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -597,7 +650,7 @@ func (x *MountRequest) String() string {
 func (*MountRequest) ProtoMessage() {}
 
 func (x *MountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[8]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -610,7 +663,7 @@ func (x *MountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountRequest.ProtoReflect.Descriptor instead.
 func (*MountRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{8}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *MountRequest) GetName() string {
@@ -636,7 +689,7 @@ type MountResponse struct {
 
 func (x *MountResponse) Reset() {
 	*x = MountResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[9]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -648,7 +701,7 @@ func (x *MountResponse) String() string {
 func (*MountResponse) ProtoMessage() {}
 
 func (x *MountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[9]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -661,7 +714,7 @@ func (x *MountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MountResponse.ProtoReflect.Descriptor instead.
 func (*MountResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{9}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *MountResponse) GetPath() string {
@@ -681,7 +734,7 @@ type UnmountRequest struct {
 
 func (x *UnmountRequest) Reset() {
 	*x = UnmountRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[10]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -693,7 +746,7 @@ func (x *UnmountRequest) String() string {
 func (*UnmountRequest) ProtoMessage() {}
 
 func (x *UnmountRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[10]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -706,7 +759,7 @@ func (x *UnmountRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountRequest.ProtoReflect.Descriptor instead.
 func (*UnmountRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{10}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *UnmountRequest) GetName() string {
@@ -731,7 +784,7 @@ type UnmountResponse struct {
 
 func (x *UnmountResponse) Reset() {
 	*x = UnmountResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[11]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -743,7 +796,7 @@ func (x *UnmountResponse) String() string {
 func (*UnmountResponse) ProtoMessage() {}
 
 func (x *UnmountResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[11]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -756,7 +809,7 @@ func (x *UnmountResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UnmountResponse.ProtoReflect.Descriptor instead.
 func (*UnmountResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{11}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{12}
 }
 
 type PutRequest struct {
@@ -775,7 +828,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[12]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -787,7 +840,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[12]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -800,7 +853,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{12}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -850,7 +903,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[13]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -862,7 +915,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[13]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -875,7 +928,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{13}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *PutResponse) GetApplied() bool {
@@ -901,7 +954,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[14]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -913,7 +966,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[14]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -926,7 +979,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{14}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -947,7 +1000,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[15]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -959,7 +1012,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[15]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -972,7 +1025,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{15}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1009,7 +1062,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[16]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1074,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[16]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1087,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{16}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *Lease) GetName() string {
@@ -1076,7 +1129,7 @@ type AcquireLockRequest struct {
 
 func (x *AcquireLockRequest) Reset() {
 	*x = AcquireLockRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[17]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1088,7 +1141,7 @@ func (x *AcquireLockRequest) String() string {
 func (*AcquireLockRequest) ProtoMessage() {}
 
 func (x *AcquireLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[17]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1101,7 +1154,7 @@ func (x *AcquireLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireLockRequest.ProtoReflect.Descriptor instead.
 func (*AcquireLockRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{17}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *AcquireLockRequest) GetName() string {
@@ -1137,7 +1190,7 @@ type RenewLockRequest struct {
 
 func (x *RenewLockRequest) Reset() {
 	*x = RenewLockRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[18]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1149,7 +1202,7 @@ func (x *RenewLockRequest) String() string {
 func (*RenewLockRequest) ProtoMessage() {}
 
 func (x *RenewLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[18]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1162,7 +1215,7 @@ func (x *RenewLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLockRequest.ProtoReflect.Descriptor instead.
 func (*RenewLockRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{18}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RenewLockRequest) GetName() string {
@@ -1204,7 +1257,7 @@ type ReleaseLockRequest struct {
 
 func (x *ReleaseLockRequest) Reset() {
 	*x = ReleaseLockRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[19]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1216,7 +1269,7 @@ func (x *ReleaseLockRequest) String() string {
 func (*ReleaseLockRequest) ProtoMessage() {}
 
 func (x *ReleaseLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[19]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1229,7 +1282,7 @@ func (x *ReleaseLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLockRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseLockRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{19}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ReleaseLockRequest) GetName() string {
@@ -1261,7 +1314,7 @@ type ReleaseLockResponse struct {
 
 func (x *ReleaseLockResponse) Reset() {
 	*x = ReleaseLockResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[20]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1273,7 +1326,7 @@ func (x *ReleaseLockResponse) String() string {
 func (*ReleaseLockResponse) ProtoMessage() {}
 
 func (x *ReleaseLockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[20]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1286,7 +1339,7 @@ func (x *ReleaseLockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLockResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseLockResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{20}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{21}
 }
 
 type ListLocksRequest struct {
@@ -1297,7 +1350,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[21]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1309,7 +1362,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[21]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1322,7 +1375,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{21}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{22}
 }
 
 type ListLocksResponse struct {
@@ -1334,7 +1387,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[22]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1346,7 +1399,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[22]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1359,7 +1412,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{22}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ListLocksResponse) GetLeases() []*Lease {
@@ -1398,7 +1451,7 @@ type SetRequest struct {
 
 func (x *SetRequest) Reset() {
 	*x = SetRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1410,7 +1463,7 @@ func (x *SetRequest) String() string {
 func (*SetRequest) ProtoMessage() {}
 
 func (x *SetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1423,7 +1476,7 @@ func (x *SetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRequest.ProtoReflect.Descriptor instead.
 func (*SetRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{23}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetRequest) GetMachine() string {
@@ -1494,7 +1547,7 @@ type SetResponse struct {
 
 func (x *SetResponse) Reset() {
 	*x = SetResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1506,7 +1559,7 @@ func (x *SetResponse) String() string {
 func (*SetResponse) ProtoMessage() {}
 
 func (x *SetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1519,7 +1572,7 @@ func (x *SetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetResponse.ProtoReflect.Descriptor instead.
 func (*SetResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{24}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetResponse) GetApplied() bool {
@@ -1551,7 +1604,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1563,7 +1616,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1576,7 +1629,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{25}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *WatchRequest) GetMachine() string {
@@ -1614,7 +1667,7 @@ type MachineCommand struct {
 
 func (x *MachineCommand) Reset() {
 	*x = MachineCommand{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1626,7 +1679,7 @@ func (x *MachineCommand) String() string {
 func (*MachineCommand) ProtoMessage() {}
 
 func (x *MachineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1639,7 +1692,7 @@ func (x *MachineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineCommand.ProtoReflect.Descriptor instead.
 func (*MachineCommand) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{26}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *MachineCommand) GetIndex() uint64 {
@@ -1687,7 +1740,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1699,7 +1752,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1712,7 +1765,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{27}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ForwardRequest) GetGroup() uint64 {
@@ -1752,7 +1805,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1764,7 +1817,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1777,7 +1830,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{28}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForwardResponse) GetPayload() []byte {
@@ -1832,7 +1885,10 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\avolumes\x18\x01 \x03(\v2\x14.shoal.vol.v1.VolumeR\avolumes\"D\n" +
 	"\x14InspectVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\adigests\x18\x02 \x01(\bR\adigests\")\n" +
+	"\adigests\x18\x02 \x01(\bR\adigests\"E\n" +
+	"\x13UpdateVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\breplicas\x18\x02 \x01(\x05R\breplicas\")\n" +
 	"\x13RemoveVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
 	"\x14RemoveVolumeResponse\"6\n" +
@@ -1913,11 +1969,12 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\apayload\x18\x03 \x01(\fR\apayload\x12\x10\n" +
 	"\x03key\x18\x04 \x01(\tR\x03key\"+\n" +
 	"\x0fForwardResponse\x12\x18\n" +
-	"\apayload\x18\x01 \x01(\fR\apayload2\xd2\x03\n" +
+	"\apayload\x18\x01 \x01(\fR\apayload2\x9b\x04\n" +
 	"\aVolumes\x12G\n" +
 	"\fCreateVolume\x12!.shoal.vol.v1.CreateVolumeRequest\x1a\x14.shoal.vol.v1.Volume\x12R\n" +
 	"\vListVolumes\x12 .shoal.vol.v1.ListVolumesRequest\x1a!.shoal.vol.v1.ListVolumesResponse\x12I\n" +
-	"\rInspectVolume\x12\".shoal.vol.v1.InspectVolumeRequest\x1a\x14.shoal.vol.v1.Volume\x12U\n" +
+	"\rInspectVolume\x12\".shoal.vol.v1.InspectVolumeRequest\x1a\x14.shoal.vol.v1.Volume\x12G\n" +
+	"\fUpdateVolume\x12!.shoal.vol.v1.UpdateVolumeRequest\x1a\x14.shoal.vol.v1.Volume\x12U\n" +
 	"\fRemoveVolume\x12!.shoal.vol.v1.RemoveVolumeRequest\x1a\".shoal.vol.v1.RemoveVolumeResponse\x12@\n" +
 	"\x05Mount\x12\x1a.shoal.vol.v1.MountRequest\x1a\x1b.shoal.vol.v1.MountResponse\x12F\n" +
 	"\aUnmount\x12\x1c.shoal.vol.v1.UnmountRequest\x1a\x1d.shoal.vol.v1.UnmountResponse2\xa6\x03\n" +
@@ -1946,7 +2003,7 @@ func file_shoal_vol_v1_vol_proto_rawDescGZIP() []byte {
 	return file_shoal_vol_v1_vol_proto_rawDescData
 }
 
-var file_shoal_vol_v1_vol_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_shoal_vol_v1_vol_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_shoal_vol_v1_vol_proto_goTypes = []any{
 	(*Member)(nil),                // 0: shoal.vol.v1.Member
 	(*Volume)(nil),                // 1: shoal.vol.v1.Volume
@@ -1954,76 +2011,79 @@ var file_shoal_vol_v1_vol_proto_goTypes = []any{
 	(*ListVolumesRequest)(nil),    // 3: shoal.vol.v1.ListVolumesRequest
 	(*ListVolumesResponse)(nil),   // 4: shoal.vol.v1.ListVolumesResponse
 	(*InspectVolumeRequest)(nil),  // 5: shoal.vol.v1.InspectVolumeRequest
-	(*RemoveVolumeRequest)(nil),   // 6: shoal.vol.v1.RemoveVolumeRequest
-	(*RemoveVolumeResponse)(nil),  // 7: shoal.vol.v1.RemoveVolumeResponse
-	(*MountRequest)(nil),          // 8: shoal.vol.v1.MountRequest
-	(*MountResponse)(nil),         // 9: shoal.vol.v1.MountResponse
-	(*UnmountRequest)(nil),        // 10: shoal.vol.v1.UnmountRequest
-	(*UnmountResponse)(nil),       // 11: shoal.vol.v1.UnmountResponse
-	(*PutRequest)(nil),            // 12: shoal.vol.v1.PutRequest
-	(*PutResponse)(nil),           // 13: shoal.vol.v1.PutResponse
-	(*GetRequest)(nil),            // 14: shoal.vol.v1.GetRequest
-	(*GetResponse)(nil),           // 15: shoal.vol.v1.GetResponse
-	(*Lease)(nil),                 // 16: shoal.vol.v1.Lease
-	(*AcquireLockRequest)(nil),    // 17: shoal.vol.v1.AcquireLockRequest
-	(*RenewLockRequest)(nil),      // 18: shoal.vol.v1.RenewLockRequest
-	(*ReleaseLockRequest)(nil),    // 19: shoal.vol.v1.ReleaseLockRequest
-	(*ReleaseLockResponse)(nil),   // 20: shoal.vol.v1.ReleaseLockResponse
-	(*ListLocksRequest)(nil),      // 21: shoal.vol.v1.ListLocksRequest
-	(*ListLocksResponse)(nil),     // 22: shoal.vol.v1.ListLocksResponse
-	(*SetRequest)(nil),            // 23: shoal.vol.v1.SetRequest
-	(*SetResponse)(nil),           // 24: shoal.vol.v1.SetResponse
-	(*WatchRequest)(nil),          // 25: shoal.vol.v1.WatchRequest
-	(*MachineCommand)(nil),        // 26: shoal.vol.v1.MachineCommand
-	(*ForwardRequest)(nil),        // 27: shoal.vol.v1.ForwardRequest
-	(*ForwardResponse)(nil),       // 28: shoal.vol.v1.ForwardResponse
-	(*timestamppb.Timestamp)(nil), // 29: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 30: google.protobuf.Duration
-	(*anypb.Any)(nil),             // 31: google.protobuf.Any
+	(*UpdateVolumeRequest)(nil),   // 6: shoal.vol.v1.UpdateVolumeRequest
+	(*RemoveVolumeRequest)(nil),   // 7: shoal.vol.v1.RemoveVolumeRequest
+	(*RemoveVolumeResponse)(nil),  // 8: shoal.vol.v1.RemoveVolumeResponse
+	(*MountRequest)(nil),          // 9: shoal.vol.v1.MountRequest
+	(*MountResponse)(nil),         // 10: shoal.vol.v1.MountResponse
+	(*UnmountRequest)(nil),        // 11: shoal.vol.v1.UnmountRequest
+	(*UnmountResponse)(nil),       // 12: shoal.vol.v1.UnmountResponse
+	(*PutRequest)(nil),            // 13: shoal.vol.v1.PutRequest
+	(*PutResponse)(nil),           // 14: shoal.vol.v1.PutResponse
+	(*GetRequest)(nil),            // 15: shoal.vol.v1.GetRequest
+	(*GetResponse)(nil),           // 16: shoal.vol.v1.GetResponse
+	(*Lease)(nil),                 // 17: shoal.vol.v1.Lease
+	(*AcquireLockRequest)(nil),    // 18: shoal.vol.v1.AcquireLockRequest
+	(*RenewLockRequest)(nil),      // 19: shoal.vol.v1.RenewLockRequest
+	(*ReleaseLockRequest)(nil),    // 20: shoal.vol.v1.ReleaseLockRequest
+	(*ReleaseLockResponse)(nil),   // 21: shoal.vol.v1.ReleaseLockResponse
+	(*ListLocksRequest)(nil),      // 22: shoal.vol.v1.ListLocksRequest
+	(*ListLocksResponse)(nil),     // 23: shoal.vol.v1.ListLocksResponse
+	(*SetRequest)(nil),            // 24: shoal.vol.v1.SetRequest
+	(*SetResponse)(nil),           // 25: shoal.vol.v1.SetResponse
+	(*WatchRequest)(nil),          // 26: shoal.vol.v1.WatchRequest
+	(*MachineCommand)(nil),        // 27: shoal.vol.v1.MachineCommand
+	(*ForwardRequest)(nil),        // 28: shoal.vol.v1.ForwardRequest
+	(*ForwardResponse)(nil),       // 29: shoal.vol.v1.ForwardResponse
+	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
+	(*anypb.Any)(nil),             // 32: google.protobuf.Any
 }
 var file_shoal_vol_v1_vol_proto_depIdxs = []int32{
 	0,  // 0: shoal.vol.v1.Volume.members:type_name -> shoal.vol.v1.Member
-	29, // 1: shoal.vol.v1.Volume.created:type_name -> google.protobuf.Timestamp
+	30, // 1: shoal.vol.v1.Volume.created:type_name -> google.protobuf.Timestamp
 	1,  // 2: shoal.vol.v1.ListVolumesResponse.volumes:type_name -> shoal.vol.v1.Volume
-	29, // 3: shoal.vol.v1.Lease.expires:type_name -> google.protobuf.Timestamp
-	30, // 4: shoal.vol.v1.AcquireLockRequest.ttl:type_name -> google.protobuf.Duration
-	30, // 5: shoal.vol.v1.RenewLockRequest.ttl:type_name -> google.protobuf.Duration
-	16, // 6: shoal.vol.v1.ListLocksResponse.leases:type_name -> shoal.vol.v1.Lease
-	31, // 7: shoal.vol.v1.SetRequest.command:type_name -> google.protobuf.Any
-	31, // 8: shoal.vol.v1.MachineCommand.command:type_name -> google.protobuf.Any
-	29, // 9: shoal.vol.v1.MachineCommand.time:type_name -> google.protobuf.Timestamp
+	30, // 3: shoal.vol.v1.Lease.expires:type_name -> google.protobuf.Timestamp
+	31, // 4: shoal.vol.v1.AcquireLockRequest.ttl:type_name -> google.protobuf.Duration
+	31, // 5: shoal.vol.v1.RenewLockRequest.ttl:type_name -> google.protobuf.Duration
+	17, // 6: shoal.vol.v1.ListLocksResponse.leases:type_name -> shoal.vol.v1.Lease
+	32, // 7: shoal.vol.v1.SetRequest.command:type_name -> google.protobuf.Any
+	32, // 8: shoal.vol.v1.MachineCommand.command:type_name -> google.protobuf.Any
+	30, // 9: shoal.vol.v1.MachineCommand.time:type_name -> google.protobuf.Timestamp
 	2,  // 10: shoal.vol.v1.Volumes.CreateVolume:input_type -> shoal.vol.v1.CreateVolumeRequest
 	3,  // 11: shoal.vol.v1.Volumes.ListVolumes:input_type -> shoal.vol.v1.ListVolumesRequest
 	5,  // 12: shoal.vol.v1.Volumes.InspectVolume:input_type -> shoal.vol.v1.InspectVolumeRequest
-	6,  // 13: shoal.vol.v1.Volumes.RemoveVolume:input_type -> shoal.vol.v1.RemoveVolumeRequest
-	8,  // 14: shoal.vol.v1.Volumes.Mount:input_type -> shoal.vol.v1.MountRequest
-	10, // 15: shoal.vol.v1.Volumes.Unmount:input_type -> shoal.vol.v1.UnmountRequest
-	12, // 16: shoal.vol.v1.KV.Put:input_type -> shoal.vol.v1.PutRequest
-	14, // 17: shoal.vol.v1.KV.Get:input_type -> shoal.vol.v1.GetRequest
-	17, // 18: shoal.vol.v1.KV.AcquireLock:input_type -> shoal.vol.v1.AcquireLockRequest
-	18, // 19: shoal.vol.v1.KV.RenewLock:input_type -> shoal.vol.v1.RenewLockRequest
-	19, // 20: shoal.vol.v1.KV.ReleaseLock:input_type -> shoal.vol.v1.ReleaseLockRequest
-	21, // 21: shoal.vol.v1.KV.ListLocks:input_type -> shoal.vol.v1.ListLocksRequest
-	23, // 22: shoal.vol.v1.StateMachines.Set:input_type -> shoal.vol.v1.SetRequest
-	25, // 23: shoal.vol.v1.StateMachines.Watch:input_type -> shoal.vol.v1.WatchRequest
-	27, // 24: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
-	1,  // 25: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
-	4,  // 26: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
-	1,  // 27: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
-	7,  // 28: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
-	9,  // 29: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
-	11, // 30: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
-	13, // 31: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
-	15, // 32: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
-	16, // 33: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
-	16, // 34: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
-	20, // 35: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
-	22, // 36: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
-	24, // 37: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
-	26, // 38: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
-	28, // 39: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
-	25, // [25:40] is the sub-list for method output_type
-	10, // [10:25] is the sub-list for method input_type
+	6,  // 13: shoal.vol.v1.Volumes.UpdateVolume:input_type -> shoal.vol.v1.UpdateVolumeRequest
+	7,  // 14: shoal.vol.v1.Volumes.RemoveVolume:input_type -> shoal.vol.v1.RemoveVolumeRequest
+	9,  // 15: shoal.vol.v1.Volumes.Mount:input_type -> shoal.vol.v1.MountRequest
+	11, // 16: shoal.vol.v1.Volumes.Unmount:input_type -> shoal.vol.v1.UnmountRequest
+	13, // 17: shoal.vol.v1.KV.Put:input_type -> shoal.vol.v1.PutRequest
+	15, // 18: shoal.vol.v1.KV.Get:input_type -> shoal.vol.v1.GetRequest
+	18, // 19: shoal.vol.v1.KV.AcquireLock:input_type -> shoal.vol.v1.AcquireLockRequest
+	19, // 20: shoal.vol.v1.KV.RenewLock:input_type -> shoal.vol.v1.RenewLockRequest
+	20, // 21: shoal.vol.v1.KV.ReleaseLock:input_type -> shoal.vol.v1.ReleaseLockRequest
+	22, // 22: shoal.vol.v1.KV.ListLocks:input_type -> shoal.vol.v1.ListLocksRequest
+	24, // 23: shoal.vol.v1.StateMachines.Set:input_type -> shoal.vol.v1.SetRequest
+	26, // 24: shoal.vol.v1.StateMachines.Watch:input_type -> shoal.vol.v1.WatchRequest
+	28, // 25: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
+	1,  // 26: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
+	4,  // 27: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
+	1,  // 28: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
+	1,  // 29: shoal.vol.v1.Volumes.UpdateVolume:output_type -> shoal.vol.v1.Volume
+	8,  // 30: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
+	10, // 31: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
+	12, // 32: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
+	14, // 33: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
+	16, // 34: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
+	17, // 35: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
+	17, // 36: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
+	21, // 37: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
+	23, // 38: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
+	25, // 39: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
+	27, // 40: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
+	29, // 41: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
+	26, // [26:42] is the sub-list for method output_type
+	10, // [10:26] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -2040,7 +2100,7 @@ func file_shoal_vol_v1_vol_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_vol_v1_vol_proto_rawDesc), len(file_shoal_vol_v1_vol_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

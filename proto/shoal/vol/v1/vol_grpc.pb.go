@@ -28,6 +28,7 @@ const (
 	Volumes_CreateVolume_FullMethodName  = "/shoal.vol.v1.Volumes/CreateVolume"
 	Volumes_ListVolumes_FullMethodName   = "/shoal.vol.v1.Volumes/ListVolumes"
 	Volumes_InspectVolume_FullMethodName = "/shoal.vol.v1.Volumes/InspectVolume"
+	Volumes_UpdateVolume_FullMethodName  = "/shoal.vol.v1.Volumes/UpdateVolume"
 	Volumes_RemoveVolume_FullMethodName  = "/shoal.vol.v1.Volumes/RemoveVolume"
 	Volumes_Mount_FullMethodName         = "/shoal.vol.v1.Volumes/Mount"
 	Volumes_Unmount_FullMethodName       = "/shoal.vol.v1.Volumes/Unmount"
@@ -48,6 +49,12 @@ type VolumesClient interface {
 	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
 	// InspectVolume reports the volume with the live status of its group.
 	InspectVolume(ctx context.Context, in *InspectVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
+	// UpdateVolume sets how many replicas a volume should have and returns
+	// at once; the group's leader then adds replicas (as learners that catch
+	// up from a snapshot, then voters) or removes them, a step per repair
+	// round, and InspectVolume shows the progress. FAILED_PRECONDITION, with
+	// nothing changed, when too few nodes can take the replicas asked for.
+	UpdateVolume(ctx context.Context, in *UpdateVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
 	// RemoveVolume destroys a volume and its data (FAILED_PRECONDITION while
 	// a task uses it).
 	RemoveVolume(ctx context.Context, in *RemoveVolumeRequest, opts ...grpc.CallOption) (*RemoveVolumeResponse, error)
@@ -89,6 +96,16 @@ func (c *volumesClient) InspectVolume(ctx context.Context, in *InspectVolumeRequ
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Volume)
 	err := c.cc.Invoke(ctx, Volumes_InspectVolume_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *volumesClient) UpdateVolume(ctx context.Context, in *UpdateVolumeRequest, opts ...grpc.CallOption) (*Volume, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Volume)
+	err := c.cc.Invoke(ctx, Volumes_UpdateVolume_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -140,6 +157,12 @@ type VolumesServer interface {
 	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
 	// InspectVolume reports the volume with the live status of its group.
 	InspectVolume(context.Context, *InspectVolumeRequest) (*Volume, error)
+	// UpdateVolume sets how many replicas a volume should have and returns
+	// at once; the group's leader then adds replicas (as learners that catch
+	// up from a snapshot, then voters) or removes them, a step per repair
+	// round, and InspectVolume shows the progress. FAILED_PRECONDITION, with
+	// nothing changed, when too few nodes can take the replicas asked for.
+	UpdateVolume(context.Context, *UpdateVolumeRequest) (*Volume, error)
 	// RemoveVolume destroys a volume and its data (FAILED_PRECONDITION while
 	// a task uses it).
 	RemoveVolume(context.Context, *RemoveVolumeRequest) (*RemoveVolumeResponse, error)
@@ -165,6 +188,9 @@ func (UnimplementedVolumesServer) ListVolumes(context.Context, *ListVolumesReque
 }
 func (UnimplementedVolumesServer) InspectVolume(context.Context, *InspectVolumeRequest) (*Volume, error) {
 	return nil, status.Error(codes.Unimplemented, "method InspectVolume not implemented")
+}
+func (UnimplementedVolumesServer) UpdateVolume(context.Context, *UpdateVolumeRequest) (*Volume, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateVolume not implemented")
 }
 func (UnimplementedVolumesServer) RemoveVolume(context.Context, *RemoveVolumeRequest) (*RemoveVolumeResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveVolume not implemented")
@@ -250,6 +276,24 @@ func _Volumes_InspectVolume_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Volumes_UpdateVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateVolumeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(VolumesServer).UpdateVolume(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Volumes_UpdateVolume_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(VolumesServer).UpdateVolume(ctx, req.(*UpdateVolumeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Volumes_RemoveVolume_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(RemoveVolumeRequest)
 	if err := dec(in); err != nil {
@@ -322,6 +366,10 @@ var Volumes_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "InspectVolume",
 			Handler:    _Volumes_InspectVolume_Handler,
+		},
+		{
+			MethodName: "UpdateVolume",
+			Handler:    _Volumes_UpdateVolume_Handler,
 		},
 		{
 			MethodName: "RemoveVolume",

@@ -1,0 +1,251 @@
+package vold
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/containerd/errdefs"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+)
+
+// Changing a volume's replica count (UpdateVolume). The API checks that
+// enough nodes can take the replicas asked for and writes the count into
+// the volume's document; the group's leader then moves its members
+// there in its repair rounds (resizeVolumes), one step a round, so that a
+// leader that changes or a vold that restarts midway loses nothing: the
+// next leader reads the same document and carries on.
+//
+//   - Growing: the new replicas are placed as repair places a replacement
+//     (live nodes that hold none of the volume, answer a ping at its
+//     level and have room), added to the document marked as learners,
+//     and joined to the group as learners, which catch up from a snapshot
+//     without counting in any quorum: writes go on meanwhile. A learner
+//     whose log the leader replicates to normally (it took the snapshot)
+//     is promoted to voter in a later round.
+//   - Shrinking: the voters to remove are picked (dead or silent ones
+//     first, then the newest replicas; never the leader) and removed in
+//     one change, through a joint configuration when there are several.
+//     Their nodes' volds see the document no longer place them and
+//     retire the replicas (reconcile.go).
+//
+// Dead voters are repair's (repairGroup) to replace first: a group with
+// one is left alone here.
+
+// updateReplicas checks that the volume named name can have replicas
+// replicas and writes that count into its document. It returns the
+// document as written.
+func (n *node) updateReplicas(ctx context.Context, name string, replicas int) (*volumeDoc, error) {
+	d, err := n.readVolume(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	if d == nil {
+		return nil, fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
+	}
+	if name == systemVolume {
+		return nil, fmt.Errorf("volume %q is the KV's and locks' group, which every node holds: %w", name, errdefs.ErrInvalidArgument)
+	}
+	if more := replicas - len(d.Members); more > 0 {
+		exclude := map[string]bool{}
+		for _, m := range d.Members {
+			exclude[m.Node] = true
+		}
+		picked := n.placeReplicas(ctx, d, more, exclude)
+		if len(picked) < more {
+			return nil, fmt.Errorf("volume %q has %d replicas and cannot have %d: %d more need as many live nodes that hold none of it, run a vold that answers and lets its level, and have %s free; %d can: %w",
+				name, len(d.Members), replicas, more, humanBytes(d.SizeBytes), len(picked), errdefs.ErrFailedPrecondition)
+		}
+	}
+	if d.Replicas == replicas {
+		return d, nil
+	}
+	err = n.updateDoc(ctx, name, d.group(), func(d *volumeDoc) { d.Replicas = replicas })
+	if err != nil {
+		return nil, err
+	}
+	n.log.Info("volume replica count set", "volume", name, "group", d.Group, "replicas", replicas, "members", len(d.Members))
+	d.Replicas = replicas
+	return d, nil
+}
+
+// takenFor returns the nodes that cannot take a new replica of d's
+// group, whose status (on its leader) is st: those its document places
+// one on, those of its voters, and the silent ones.
+func (n *node) takenFor(d *volumeDoc, st raftgroup.GroupStatus, silent map[string]bool) map[string]bool {
+	out := map[string]bool{}
+	for _, m := range d.Members {
+		out[m.Node] = true
+	}
+	for _, v := range st.Voters {
+		out[n.names.name(v.Node)] = true
+	}
+	for node := range silent {
+		out[node] = true
+	}
+	return out
+}
+
+// placeReplicas picks up to count nodes for new replicas of d's volume,
+// none of them in exclude, that answer a ping at the volume's level (a
+// replacement, or a replica added to grow the group).
+func (n *node) placeReplicas(ctx context.Context, d *volumeDoc, count int, exclude map[string]bool) []string {
+	ex := map[string]bool{}
+	for node := range exclude {
+		ex[node] = true
+	}
+	level := uint32(1)
+	if h := n.host.Load(); h != nil {
+		level = max(level, volumeLevel(h, d.group()))
+	}
+	cands := n.candidates()
+	for _, c := range cands {
+		// A replica on a vold that does not know the volume's level
+		// would stop at its snapshot (volfs.ErrLevel).
+		if n.fsLevel(c.Node) < level {
+			ex[c.Node] = true
+		}
+	}
+	picked, _ := placeAnswering(cands, count, ex, d.SizeBytes,
+		func(ids []string) map[string]bool { return n.answeringAt(ctx, ids, level) }, false)
+	return picked
+}
+
+// resizing reports whether d asks its leader for a step: its replica
+// count is not its members', or a member is still a learner.
+func (d *volumeDoc) resizing() bool {
+	return d.Replicas > 0 && (d.Replicas != len(d.Members) || slices.ContainsFunc(d.Members, func(m docMember) bool { return m.Learner }))
+}
+
+// resizeVolumes takes a step towards its replica count for every volume
+// whose group this node leads and whose document asks for one.
+func (n *node) resizeVolumes(ctx context.Context, h *raftgroup.Host, silent map[string]bool) {
+	for name, d := range n.volumeDocs() {
+		if ctx.Err() != nil {
+			return
+		}
+		if name == systemVolume || !d.resizing() {
+			continue
+		}
+		st, ok := leading(h, d.group())
+		if !ok {
+			continue
+		}
+		if err := n.resizeGroup(ctx, name, d, st, silent); err != nil {
+			n.log.Warn("change volume's replica count", "volume", name, "group", d.Group, "replicas", d.Replicas, "err", err)
+		}
+	}
+}
+
+// resizeGroup takes one step of the resize of a group this node leads:
+// promote caught-up learners, add learners, or remove voters.
+func (n *node) resizeGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus, silent map[string]bool) error {
+	for _, v := range st.Voters {
+		if node := n.names.name(v.Node); n.deadFor(node) > 0 || silent[node] {
+			return nil // repair's, first
+		}
+	}
+	want, voters := d.Replicas, len(st.Voters)
+	h := n.host.Load()
+	cctx, cancel := context.WithTimeout(ctx, changeTimeout)
+	defer cancel()
+	var changes []raftgroup.Change
+	var what string
+	switch {
+	case len(st.Learners) > 0:
+		var ready, gone []string
+		for _, l := range st.Learners {
+			node := n.names.name(l.Node)
+			name := fmt.Sprintf("%s/%d", node, l.Replica)
+			switch {
+			case len(ready)+voters >= want || n.deadFor(node) > 0 || silent[node]:
+				// Not wanted any more (fewer asked for since), or its
+				// node is gone: it goes, and a later round places
+				// another if need be.
+				changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: l.Replica})
+				gone = append(gone, name)
+			case st.Progress[l.Replica].State == "StateReplicate":
+				// It took its snapshot and follows the log.
+				changes = append(changes, raftgroup.Change{Type: raftgroup.AddVoter, Replica: l.Replica, Node: l.Node})
+				ready = append(ready, name)
+			}
+		}
+		what = fmt.Sprintf("promote learners [%s], remove learners [%s]", strings.Join(ready, ","), strings.Join(gone, ","))
+	case voters < want:
+		picked := n.placeReplicas(ctx, d, want-voters, n.takenFor(d, st, silent))
+		if len(picked) == 0 {
+			n.log.Debug("no node for a new replica", "volume", name, "replicas", want)
+			return nil
+		}
+		next, err := h.NextReplicaID(d.group())
+		if err != nil {
+			return err
+		}
+		first := max(uint64(next), uint64(st.MaxReplica)+1, d.maxReplica()+1)
+		var added []docMember
+		for i, node := range picked {
+			id, err := n.names.add(node)
+			if err != nil {
+				return err
+			}
+			m := docMember{Node: node, Replica: first + uint64(i), Added: time.Now().UTC(), Learner: true}
+			added = append(added, m)
+			changes = append(changes, raftgroup.Change{Type: raftgroup.AddLearner, Replica: raftgroup.ReplicaID(m.Replica), Node: id})
+		}
+		// In the document first, so that the nodes' volds create the
+		// replicas that join.
+		if err := n.updateMembers(ctx, name, d.group(), func(ms []docMember) []docMember { return append(ms, added...) }); err != nil {
+			return fmt.Errorf("add learners to the document: %w", err)
+		}
+		what = "add learners " + memberList(added)
+	case voters > want:
+		for _, v := range removeOrder(st.Voters, st.Leader, func(m raftgroup.Member) bool {
+			node := n.names.name(m.Node)
+			return n.deadFor(node) > 0 || silent[node] || !n.alive(node)
+		})[:voters-want] {
+			changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: v.Replica})
+		}
+		what = fmt.Sprintf("remove %d voters", voters-want)
+	}
+	if len(changes) == 0 {
+		// Only the document lags: a learner promoted (or members changed)
+		// before a leader change.
+		return n.syncMembers(ctx, name, d.group(), st.Voters, st.Learners, st.MaxReplica)
+	}
+	n.log.Info("changing volume's replica count", "volume", name, "group", d.Group, "replicas", want, "voters", voters, "step", what)
+	m, err := h.ChangeMembership(cctx, d.group(), changes...)
+	if err != nil {
+		if errors.Is(err, raftgroup.ErrReplicaIDReused) || errors.Is(err, raftgroup.ErrInvalidChange) {
+			// The next round starts afresh from the group's members.
+			_ = n.syncMembers(ctx, name, d.group(), st.Voters, st.Learners, st.MaxReplica)
+		}
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	n.stats.resizeSteps.Add(1)
+	maxRep := st.MaxReplica
+	for _, c := range changes {
+		maxRep = max(maxRep, c.Replica)
+	}
+	return n.syncMembers(ctx, name, d.group(), m.Voters, m.Learners, maxRep)
+}
+
+// removeOrder returns voters in the order a shrink removes them: those
+// down first, then the newest replicas (highest IDs), the leader never.
+func removeOrder(voters []raftgroup.Member, leader raftgroup.ReplicaID, down func(raftgroup.Member) bool) []raftgroup.Member {
+	out := slices.DeleteFunc(slices.Clone(voters), func(m raftgroup.Member) bool { return m.Replica == leader })
+	slices.SortStableFunc(out, func(a, b raftgroup.Member) int {
+		if da, db := down(a), down(b); da != db {
+			if da {
+				return -1
+			}
+			return 1
+		}
+		return cmp.Compare(b.Replica, a.Replica)
+	})
+	return out
+}

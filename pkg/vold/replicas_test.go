@@ -1,0 +1,98 @@
+package vold
+
+import (
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/shoal-dev/shoal/pkg/raftgroup"
+)
+
+// TestRemoveOrder checks which voters a shrink removes first: those down,
+// then the newest replicas, and never the leader.
+func TestRemoveOrder(t *testing.T) {
+	voters := []raftgroup.Member{{Replica: 1, Node: 10}, {Replica: 2, Node: 20}, {Replica: 4, Node: 40}, {Replica: 5, Node: 50}, {Replica: 7, Node: 70}}
+	ids := func(ms []raftgroup.Member) []raftgroup.ReplicaID {
+		var out []raftgroup.ReplicaID
+		for _, m := range ms {
+			out = append(out, m.Replica)
+		}
+		return out
+	}
+	none := func(raftgroup.Member) bool { return false }
+	if got := ids(removeOrder(voters, 7, none)); !slices.Equal(got, []raftgroup.ReplicaID{5, 4, 2, 1}) {
+		t.Errorf("leader 7, none down: %v, want 5 4 2 1", got)
+	}
+	down := func(m raftgroup.Member) bool { return m.Node == 20 || m.Node == 70 }
+	if got := ids(removeOrder(voters, 7, down)); !slices.Equal(got, []raftgroup.ReplicaID{2, 5, 4, 1}) {
+		t.Errorf("leader 7 (down), 2 down: %v, want 2 5 4 1", got)
+	}
+	if got := ids(removeOrder(voters, 1, down)); !slices.Equal(got, []raftgroup.ReplicaID{7, 2, 5, 4}) {
+		t.Errorf("leader 1, 2 and 7 down: %v, want 7 2 5 4", got)
+	}
+	if got := ids(removeOrder(voters[:1], 1, none)); len(got) != 0 {
+		t.Errorf("a lone leader: %v, want none", got)
+	}
+	if voters[0].Replica != 1 || voters[4].Replica != 7 {
+		t.Errorf("removeOrder reordered its argument: %v", voters)
+	}
+}
+
+// TestMembersForLearners checks that the document's members follow the
+// group's voters and learners, learners marked, and that members added
+// for a change not made yet stay pending.
+func TestMembersForLearners(t *testing.T) {
+	n := &node{names: newNodeNames()}
+	a, b, c, d := "0000000000aa", "0000000000bb", "0000000000cc", "0000000000dd"
+	id := func(s string) raftgroup.NodeID {
+		r, err := n.names.add(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	added := time.Now().UTC()
+	doc := []docMember{
+		{Node: a, Replica: 1, Boot: true},
+		{Node: b, Replica: 2, Added: added, Learner: true},
+		{Node: c, Replica: 3, Added: added, Learner: true},
+	}
+	voters := []raftgroup.Member{{Replica: 1, Node: id(a)}}
+	learners := []raftgroup.Member{{Replica: 2, Node: id(b)}}
+	// Replica 3 is not in the group yet (its change comes next): pending.
+	got := n.membersFor(doc, voters, learners, 2)
+	if !slices.Equal(got, doc) {
+		t.Fatalf("learner 2, pending 3: %+v, want %+v", got, doc)
+	}
+	// 2 promoted, 3 a learner now.
+	got = n.membersFor(doc, []raftgroup.Member{voters[0], {Replica: 2, Node: id(b)}}, []raftgroup.Member{{Replica: 3, Node: id(c)}}, 3)
+	want := []docMember{doc[0], {Node: b, Replica: 2, Added: added}, doc[2]}
+	if !slices.Equal(got, want) {
+		t.Fatalf("2 promoted: %+v, want %+v", got, want)
+	}
+	// 3 removed (no longer wanted): it goes, as does a replica the
+	// document never had that the group has (d, added to the document).
+	got = n.membersFor(want, []raftgroup.Member{voters[0], {Replica: 2, Node: id(b)}, {Replica: 4, Node: id(d)}}, nil, 4)
+	if len(got) != 3 || got[2].Node != d || got[2].Replica != 4 || got[2].Learner || slices.ContainsFunc(got, func(m docMember) bool { return m.Replica == 3 }) {
+		t.Fatalf("3 removed, 4 a voter: %+v", got)
+	}
+}
+
+// TestResizing checks which documents ask their leader for a step.
+func TestResizing(t *testing.T) {
+	three := []docMember{{Node: "a", Replica: 1}, {Node: "b", Replica: 2}, {Node: "c", Replica: 3}}
+	for _, tc := range []struct {
+		d    volumeDoc
+		want bool
+	}{
+		{volumeDoc{Replicas: 3, Members: three}, false},
+		{volumeDoc{Replicas: 1, Members: three}, true},
+		{volumeDoc{Replicas: 5, Members: three}, true},
+		{volumeDoc{Replicas: 3, Members: []docMember{three[0], three[1], {Node: "c", Replica: 3, Learner: true}}}, true},
+		{volumeDoc{Replicas: 0, Members: three}, false}, // no count: nothing to do
+	} {
+		if got := tc.d.resizing(); got != tc.want {
+			t.Errorf("%+v: resizing %v, want %v", tc.d, got, tc.want)
+		}
+	}
+}
