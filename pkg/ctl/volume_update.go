@@ -16,30 +16,44 @@ import (
 func (a *app) volumeUpdateCommand() *cobra.Command {
 	var (
 		replicas int32
+		size     string
 		format   string
 		w        waitFlags
 	)
 	cmd := &cobra.Command{
-		Use:   "update NAME --replicas R",
-		Short: "Change how many replicas a volume has, and wait until it has them",
-		Long: `Change how many replicas a volume has (1 to 7). Refused, with nothing
-changed, when too few live nodes can take the new replicas. The group's
-leader makes the change a step every repair round: new replicas join as
-learners, catch up from a snapshot while writes go on, and then vote;
-replicas removed are the ones on nodes that are down first, then the
-newest, never the leader's. shoalctl waits until every replica votes and
-holds what the leader committed, showing progress (--detach returns at
-once; volume inspect shows where it is).`,
+		Use:   "update NAME [--replicas R] [--size S]",
+		Short: "Change a volume's size limit or how many replicas it has",
+		Long: `Change a volume's size limit (--size: applied on every replica before
+this returns; refused while the volume holds more, or when a member's
+node lacks the room to grow it) or how many replicas it has (--replicas,
+1 to 7; refused when too few live nodes can take the new replicas). A
+refused update changes nothing.
+
+The group's leader changes the replicas a step every repair round: new
+replicas join as learners, catch up from a snapshot while writes go on,
+and then vote; replicas removed are the ones on nodes that are down
+first, then the newest, never the leader's. shoalctl waits until every
+replica votes and holds what the leader committed, showing progress
+(--detach returns at once; volume inspect shows where it is).`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
-			if !cmd.Flags().Changed("replicas") {
-				return usageError{fmt.Errorf("nothing to update: give --replicas")}
+			scale := cmd.Flags().Changed("replicas")
+			if !scale && size == "" {
+				return usageError{fmt.Errorf("nothing to update: give --replicas or --size")}
 			}
-			if replicas < 1 {
+			if scale && replicas < 1 {
 				return usageError{fmt.Errorf("--replicas %d: a volume needs at least one replica", replicas)}
+			}
+			var sizeBytes int64
+			if size != "" {
+				b, err := parseBytes(size)
+				if err != nil || b <= 0 {
+					return usageError{fmt.Errorf("--size %q: want a size such as 512Mi or 2G", size)}
+				}
+				sizeBytes = b
 			}
 			c, ctx, done, err := a.voldCall(cmd)
 			if err != nil {
@@ -47,11 +61,11 @@ once; volume inspect shows where it is).`,
 			}
 			defer done()
 			name := args[0]
-			v, err := c.Volumes.UpdateVolume(ctx, &volv1.UpdateVolumeRequest{Name: name, Replicas: replicas})
+			v, err := c.Volumes.UpdateVolume(ctx, &volv1.UpdateVolumeRequest{Name: name, Replicas: replicas, SizeBytes: sizeBytes})
 			if err != nil {
 				return err
 			}
-			if !w.detach {
+			if scale && !w.detach {
 				wctx, cancel := context.WithTimeout(cmd.Context(), w.timeout)
 				defer cancel()
 				p := newProgress(a.errOut)
@@ -86,6 +100,7 @@ once; volume inspect shows where it is).`,
 		},
 	}
 	cmd.Flags().Int32Var(&replicas, "replicas", 0, "number of replicas wanted (1 to 7)")
+	cmd.Flags().StringVar(&size, "size", "", "new size limit, e.g. 2Gi")
 	cmd.Flags().BoolVarP(&w.detach, "detach", "d", false, "return once the count is set instead of waiting for the replicas")
 	cmd.Flags().DurationVar(&w.timeout, "wait-timeout", 5*time.Minute, "give up waiting for the replicas after this long")
 	outputFlag(cmd, &format)

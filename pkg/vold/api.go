@@ -202,21 +202,63 @@ func (a *volumesAPI) UpdateVolume(ctx context.Context, req *volv1.UpdateVolumeRe
 	if _, err := n.raftHost(); err != nil {
 		return nil, err
 	}
-	if err := validateName(req.GetName()); err != nil {
+	name := req.GetName()
+	if err := validateName(name); err != nil {
 		return nil, err
 	}
-	if req.GetReplicas() == 0 {
-		return nil, fmt.Errorf("nothing to update: give the replica count wanted: %w", errdefs.ErrInvalidArgument)
+	if req.GetReplicas() == 0 && req.GetSizeBytes() == 0 {
+		return nil, fmt.Errorf("nothing to update: give a replica count or a size: %w", errdefs.ErrInvalidArgument)
 	}
-	replicas, err := checkReplicas(req.GetReplicas())
+	var (
+		replicas int
+		size     int64
+		err      error
+	)
+	if req.GetReplicas() != 0 {
+		if replicas, err = checkReplicas(req.GetReplicas()); err != nil {
+			return nil, err
+		}
+	}
+	if req.GetSizeBytes() != 0 {
+		if size, err = checkSize(req.GetSizeBytes()); err != nil {
+			return nil, err
+		}
+	}
+	d, err := n.readVolume(ctx, name)
 	if err != nil {
 		return nil, err
 	}
-	d, err := n.updateReplicas(ctx, req.GetName(), replicas)
-	if err != nil {
-		return nil, err
+	if d == nil {
+		return nil, fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
 	}
-	return n.inspect(ctx, req.GetName(), d, false), nil
+	if name == systemVolume {
+		return nil, fmt.Errorf("volume %q is the KV's and locks' group, which every node holds: %w", name, errdefs.ErrInvalidArgument)
+	}
+	// Both checked before either changes: a refused update changes
+	// nothing. The new replicas are placed by the new size.
+	next := d.clone()
+	if size > 0 {
+		next.SizeBytes = size
+		if err := n.checkResize(ctx, name, d, size); err != nil {
+			return nil, err
+		}
+	}
+	if replicas > 0 {
+		if err := n.checkScale(ctx, name, next, replicas); err != nil {
+			return nil, err
+		}
+	}
+	if size > 0 {
+		if err := n.resize(ctx, name, d, size); err != nil {
+			return nil, err
+		}
+	}
+	if replicas > 0 {
+		if err := n.setReplicaCount(ctx, name, d, replicas); err != nil {
+			return nil, err
+		}
+	}
+	return n.inspect(ctx, name, d, false), nil
 }
 
 func (a *volumesAPI) RemoveVolume(ctx context.Context, req *volv1.RemoveVolumeRequest) (*volv1.RemoveVolumeResponse, error) {

@@ -26,7 +26,7 @@ var metricHelp = map[string]string{
 	"replicas_created_total":              "Replicas created or joined on this node.",
 	"replicas_destroyed_total":            "Replicas destroyed on this node.",
 	"replicas_replaced_total":             "Dead replicas this node replaced as leader (node dead, or its vold silent on a live node).",
-	"resize_steps_total":                  "Membership changes this node made as leader to bring a volume to the replica count asked for (learners added, promoted or removed; voters removed).",
+	"scale_steps_total":                   "Membership changes this node made as leader to bring a volume to the replica count asked for (learners added, promoted or removed; voters removed).",
 	"raft_batches_sent_total":             "Raft batches sent to other nodes.",
 	"raft_bytes_sent_total":               "Bytes of Raft batches sent to other nodes.",
 	"raft_batches_sent_here_total":        "Raft batches the Raft loop wrote to an idle connection itself (no hand-off to the connection's goroutine).",
@@ -112,7 +112,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	emit("replicas_created_total", ct, n.stats.created.Load())
 	emit("replicas_destroyed_total", ct, n.stats.destroyed.Load())
 	emit("replicas_replaced_total", ct, n.stats.replaced.Load())
-	emit("resize_steps_total", ct, n.stats.resizeSteps.Load())
+	emit("scale_steps_total", ct, n.stats.scaleSteps.Load())
 	emit("raft_batches_sent_total", ct, n.trans.sentBatches.Load())
 	emit("raft_bytes_sent_total", ct, n.trans.sentBytes.Load())
 	emit("raft_batches_sent_here_total", ct, n.trans.sentHere.Load())

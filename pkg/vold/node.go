@@ -88,7 +88,7 @@ type node struct {
 // counters are vold's own figures for metrics.
 type counters struct {
 	proposals, forwardedOut, forwardedIn, forwardErrors atomic.Uint64
-	created, destroyed, replaced, resizeSteps           atomic.Uint64
+	created, destroyed, replaced, scaleSteps            atomic.Uint64
 }
 
 func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error, error) {

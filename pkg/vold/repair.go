@@ -74,7 +74,7 @@ func (n *node) repairRound(ctx context.Context) {
 	// keeps an idle node with a thousand groups idle.
 	n.raiseLevels(ctx, h)
 	silent := n.silentVolds(h)
-	n.resizeVolumes(ctx, h, silent)
+	n.scaleVolumes(ctx, h, silent)
 	if !n.anyNodeDead() && len(silent) == 0 && time.Since(n.lastSweep) < repairSweep {
 		return
 	}

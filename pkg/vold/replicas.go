@@ -17,7 +17,7 @@ import (
 // Changing a volume's replica count (UpdateVolume). The API checks that
 // enough nodes can take the replicas asked for and writes the count into
 // the volume's document; the group's leader then moves its members
-// there in its repair rounds (resizeVolumes), one step a round, so that a
+// there in its repair rounds (scaleVolumes), one step a round, so that a
 // leader that changes or a vold that restarts midway loses nothing: the
 // next leader reads the same document and carries on.
 //
@@ -34,44 +34,39 @@ import (
 //     Their nodes' volds see the document no longer place them and
 //     retire the replicas (reconcile.go).
 //
-// Dead voters are repair's (repairGroup) to replace first: a group with
-// one is left alone here.
+// A dead voter is repair's (repairGroup) to replace first, unless the
+// group shrinks: then it is the first to go.
 
-// updateReplicas checks that the volume named name can have replicas
-// replicas and writes that count into its document. It returns the
-// document as written.
-func (n *node) updateReplicas(ctx context.Context, name string, replicas int) (*volumeDoc, error) {
-	d, err := n.readVolume(ctx, name)
-	if err != nil {
-		return nil, err
+// checkScale reports why d's volume cannot have replicas replicas: too
+// few nodes can take the replicas it would add.
+func (n *node) checkScale(ctx context.Context, name string, d *volumeDoc, replicas int) error {
+	more := replicas - len(d.Members)
+	if more <= 0 {
+		return nil
 	}
-	if d == nil {
-		return nil, fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
+	exclude := map[string]bool{}
+	for _, m := range d.Members {
+		exclude[m.Node] = true
 	}
-	if name == systemVolume {
-		return nil, fmt.Errorf("volume %q is the KV's and locks' group, which every node holds: %w", name, errdefs.ErrInvalidArgument)
+	if picked := n.placeReplicas(ctx, d, more, exclude); len(picked) < more {
+		return fmt.Errorf("volume %q has %d replicas and cannot have %d: %d more need as many live nodes that hold none of it, run a vold that answers and lets its level, and have %s free; %d can: %w",
+			name, len(d.Members), replicas, more, humanBytes(d.SizeBytes), len(picked), errdefs.ErrFailedPrecondition)
 	}
-	if more := replicas - len(d.Members); more > 0 {
-		exclude := map[string]bool{}
-		for _, m := range d.Members {
-			exclude[m.Node] = true
-		}
-		picked := n.placeReplicas(ctx, d, more, exclude)
-		if len(picked) < more {
-			return nil, fmt.Errorf("volume %q has %d replicas and cannot have %d: %d more need as many live nodes that hold none of it, run a vold that answers and lets its level, and have %s free; %d can: %w",
-				name, len(d.Members), replicas, more, humanBytes(d.SizeBytes), len(picked), errdefs.ErrFailedPrecondition)
-		}
-	}
+	return nil
+}
+
+// setReplicaCount writes replicas into d's volume's document, for its
+// group's leader to act on (scaleVolumes).
+func (n *node) setReplicaCount(ctx context.Context, name string, d *volumeDoc, replicas int) error {
 	if d.Replicas == replicas {
-		return d, nil
+		return nil
 	}
-	err = n.updateDoc(ctx, name, d.group(), func(d *volumeDoc) { d.Replicas = replicas })
-	if err != nil {
-		return nil, err
+	if err := n.updateDoc(ctx, name, d.group(), func(d *volumeDoc) { d.Replicas = replicas }); err != nil {
+		return fmt.Errorf("write volume %q: %w", name, err)
 	}
 	n.log.Info("volume replica count set", "volume", name, "group", d.Group, "replicas", replicas, "members", len(d.Members))
 	d.Replicas = replicas
-	return d, nil
+	return nil
 }
 
 // takenFor returns the nodes that cannot take a new replica of d's
@@ -116,41 +111,44 @@ func (n *node) placeReplicas(ctx context.Context, d *volumeDoc, count int, exclu
 	return picked
 }
 
-// resizing reports whether d asks its leader for a step: its replica
+// scaling reports whether d asks its leader for a step: its replica
 // count is not its members', or a member is still a learner.
-func (d *volumeDoc) resizing() bool {
+func (d *volumeDoc) scaling() bool {
 	return d.Replicas > 0 && (d.Replicas != len(d.Members) || slices.ContainsFunc(d.Members, func(m docMember) bool { return m.Learner }))
 }
 
-// resizeVolumes takes a step towards its replica count for every volume
+// scaleVolumes takes a step towards its replica count for every volume
 // whose group this node leads and whose document asks for one.
-func (n *node) resizeVolumes(ctx context.Context, h *raftgroup.Host, silent map[string]bool) {
+func (n *node) scaleVolumes(ctx context.Context, h *raftgroup.Host, silent map[string]bool) {
 	for name, d := range n.volumeDocs() {
 		if ctx.Err() != nil {
 			return
 		}
-		if name == systemVolume || !d.resizing() {
+		if name == systemVolume || !d.scaling() {
 			continue
 		}
 		st, ok := leading(h, d.group())
 		if !ok {
 			continue
 		}
-		if err := n.resizeGroup(ctx, name, d, st, silent); err != nil {
+		if err := n.scaleGroup(ctx, name, d, st, silent); err != nil {
 			n.log.Warn("change volume's replica count", "volume", name, "group", d.Group, "replicas", d.Replicas, "err", err)
 		}
 	}
 }
 
-// resizeGroup takes one step of the resize of a group this node leads:
+// scaleGroup takes one step of the scaling of a group this node leads:
 // promote caught-up learners, add learners, or remove voters.
-func (n *node) resizeGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus, silent map[string]bool) error {
-	for _, v := range st.Voters {
-		if node := n.names.name(v.Node); n.deadFor(node) > 0 || silent[node] {
-			return nil // repair's, first
-		}
-	}
+func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus, silent map[string]bool) error {
 	want, voters := d.Replicas, len(st.Voters)
+	down := func(m raftgroup.Member) bool {
+		node := n.names.name(m.Node)
+		return n.deadFor(node) > 0 || silent[node]
+	}
+	if voters <= want && slices.ContainsFunc(st.Voters, down) {
+		// Repair replaces it first; a shrink removes it instead.
+		return nil
+	}
 	h := n.host.Load()
 	cctx, cancel := context.WithTimeout(ctx, changeTimeout)
 	defer cancel()
@@ -160,19 +158,18 @@ func (n *node) resizeGroup(ctx context.Context, name string, d *volumeDoc, st ra
 	case len(st.Learners) > 0:
 		var ready, gone []string
 		for _, l := range st.Learners {
-			node := n.names.name(l.Node)
-			name := fmt.Sprintf("%s/%d", node, l.Replica)
+			label := fmt.Sprintf("%s/%d", n.names.name(l.Node), l.Replica)
 			switch {
-			case len(ready)+voters >= want || n.deadFor(node) > 0 || silent[node]:
+			case len(ready)+voters >= want || down(l):
 				// Not wanted any more (fewer asked for since), or its
 				// node is gone: it goes, and a later round places
 				// another if need be.
 				changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: l.Replica})
-				gone = append(gone, name)
+				gone = append(gone, label)
 			case st.Progress[l.Replica].State == "StateReplicate":
 				// It took its snapshot and follows the log.
 				changes = append(changes, raftgroup.Change{Type: raftgroup.AddVoter, Replica: l.Replica, Node: l.Node})
-				ready = append(ready, name)
+				ready = append(ready, label)
 			}
 		}
 		what = fmt.Sprintf("promote learners [%s], remove learners [%s]", strings.Join(ready, ","), strings.Join(gone, ","))
@@ -205,8 +202,7 @@ func (n *node) resizeGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		what = "add learners " + memberList(added)
 	case voters > want:
 		for _, v := range removeOrder(st.Voters, st.Leader, func(m raftgroup.Member) bool {
-			node := n.names.name(m.Node)
-			return n.deadFor(node) > 0 || silent[node] || !n.alive(node)
+			return down(m) || !n.alive(n.names.name(m.Node))
 		})[:voters-want] {
 			changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: v.Replica})
 		}
@@ -226,7 +222,7 @@ func (n *node) resizeGroup(ctx context.Context, name string, d *volumeDoc, st ra
 		}
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	n.stats.resizeSteps.Add(1)
+	n.stats.scaleSteps.Add(1)
 	maxRep := st.MaxReplica
 	for _, c := range changes {
 		maxRep = max(maxRep, c.Replica)

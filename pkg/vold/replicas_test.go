@@ -78,8 +78,8 @@ func TestMembersForLearners(t *testing.T) {
 	}
 }
 
-// TestResizing checks which documents ask their leader for a step.
-func TestResizing(t *testing.T) {
+// TestScaling checks which documents ask their leader for a step.
+func TestScaling(t *testing.T) {
 	three := []docMember{{Node: "a", Replica: 1}, {Node: "b", Replica: 2}, {Node: "c", Replica: 3}}
 	for _, tc := range []struct {
 		d    volumeDoc
@@ -91,8 +91,8 @@ func TestResizing(t *testing.T) {
 		{volumeDoc{Replicas: 3, Members: []docMember{three[0], three[1], {Node: "c", Replica: 3, Learner: true}}}, true},
 		{volumeDoc{Replicas: 0, Members: three}, false}, // no count: nothing to do
 	} {
-		if got := tc.d.resizing(); got != tc.want {
-			t.Errorf("%+v: resizing %v, want %v", tc.d, got, tc.want)
+		if got := tc.d.scaling(); got != tc.want {
+			t.Errorf("%+v: scaling %v, want %v", tc.d, got, tc.want)
 		}
 	}
 }

@@ -496,8 +496,10 @@ func (x *InspectVolumeRequest) GetDigests() bool {
 type UpdateVolumeRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	// replicas is the count wanted, 1 to 7.
-	Replicas      int32 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// replicas is the count wanted, 1 to 7 (0: unchanged).
+	Replicas int32 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	// size_bytes is the new size limit, 1 MiB to 1 TiB (0: unchanged).
+	SizeBytes     int64 `protobuf:"varint,3,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -542,6 +544,13 @@ func (x *UpdateVolumeRequest) GetName() string {
 func (x *UpdateVolumeRequest) GetReplicas() int32 {
 	if x != nil {
 		return x.Replicas
+	}
+	return 0
+}
+
+func (x *UpdateVolumeRequest) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
 	}
 	return 0
 }
@@ -1885,10 +1894,12 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\avolumes\x18\x01 \x03(\v2\x14.shoal.vol.v1.VolumeR\avolumes\"D\n" +
 	"\x14InspectVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
-	"\adigests\x18\x02 \x01(\bR\adigests\"E\n" +
+	"\adigests\x18\x02 \x01(\bR\adigests\"d\n" +
 	"\x13UpdateVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
-	"\breplicas\x18\x02 \x01(\x05R\breplicas\")\n" +
+	"\breplicas\x18\x02 \x01(\x05R\breplicas\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x03 \x01(\x03R\tsizeBytes\")\n" +
 	"\x13RemoveVolumeRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
 	"\x14RemoveVolumeResponse\"6\n" +

@@ -49,11 +49,15 @@ type VolumesClient interface {
 	ListVolumes(ctx context.Context, in *ListVolumesRequest, opts ...grpc.CallOption) (*ListVolumesResponse, error)
 	// InspectVolume reports the volume with the live status of its group.
 	InspectVolume(ctx context.Context, in *InspectVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
-	// UpdateVolume sets how many replicas a volume should have and returns
-	// at once; the group's leader then adds replicas (as learners that catch
-	// up from a snapshot, then voters) or removes them, a step per repair
-	// round, and InspectVolume shows the progress. FAILED_PRECONDITION, with
-	// nothing changed, when too few nodes can take the replicas asked for.
+	// UpdateVolume changes a volume's size limit and how many replicas it
+	// should have. A new size applies before it returns (a Raft entry every
+	// replica applies); FAILED_PRECONDITION when the volume already holds
+	// more, RESOURCE_EXHAUSTED when a member's node lacks the room. A new
+	// replica count returns at once: the group's leader then adds replicas
+	// (as learners that catch up from a snapshot, then voters) or removes
+	// them, a step per repair round, and InspectVolume shows the progress;
+	// FAILED_PRECONDITION when too few nodes can take the replicas asked
+	// for. A refused update changes nothing.
 	UpdateVolume(ctx context.Context, in *UpdateVolumeRequest, opts ...grpc.CallOption) (*Volume, error)
 	// RemoveVolume destroys a volume and its data (FAILED_PRECONDITION while
 	// a task uses it).
@@ -157,11 +161,15 @@ type VolumesServer interface {
 	ListVolumes(context.Context, *ListVolumesRequest) (*ListVolumesResponse, error)
 	// InspectVolume reports the volume with the live status of its group.
 	InspectVolume(context.Context, *InspectVolumeRequest) (*Volume, error)
-	// UpdateVolume sets how many replicas a volume should have and returns
-	// at once; the group's leader then adds replicas (as learners that catch
-	// up from a snapshot, then voters) or removes them, a step per repair
-	// round, and InspectVolume shows the progress. FAILED_PRECONDITION, with
-	// nothing changed, when too few nodes can take the replicas asked for.
+	// UpdateVolume changes a volume's size limit and how many replicas it
+	// should have. A new size applies before it returns (a Raft entry every
+	// replica applies); FAILED_PRECONDITION when the volume already holds
+	// more, RESOURCE_EXHAUSTED when a member's node lacks the room. A new
+	// replica count returns at once: the group's leader then adds replicas
+	// (as learners that catch up from a snapshot, then voters) or removes
+	// them, a step per repair round, and InspectVolume shows the progress;
+	// FAILED_PRECONDITION when too few nodes can take the replicas asked
+	// for. A refused update changes nothing.
 	UpdateVolume(context.Context, *UpdateVolumeRequest) (*Volume, error)
 	// RemoveVolume destroys a volume and its data (FAILED_PRECONDITION while
 	// a task uses it).
