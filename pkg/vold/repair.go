@@ -257,9 +257,10 @@ func isVoterNode(voters []raftgroup.Member, node string, names *nodeNames) bool 
 	return slices.ContainsFunc(voters, func(v raftgroup.Member) bool { return names.name(v.Node) == node })
 }
 
-// syncMembers rewrites the document's members to be the group's voters,
-// keeping what the document knew about each (Boot, Added) and members
-// still pending (never admitted, added less than pendingGrace ago).
+// syncMembers rewrites the document's members to be the group's voters
+// and learners (marked so), keeping what the document knew about each
+// (Boot, Added) and members still pending (never admitted, added less
+// than pendingGrace ago).
 func (n *node) syncMembers(ctx context.Context, name string, g raftgroup.GroupID, voters, learners []raftgroup.Member, maxReplica raftgroup.ReplicaID) error {
 	if len(voters) == 0 {
 		return nil
