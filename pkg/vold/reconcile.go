@@ -29,7 +29,7 @@ type cachedDoc struct {
 // decode returns decodeVolume(d), from the cache when d's text has not
 // changed since it was last decoded.
 func (c *docCache) decode(d *statev1.Document) (*volumeDoc, error) {
-	key, raw := d.GetKey(), d.GetFields()[fieldVolume].GetStringValue()
+	key, raw := d.GetKey(), docText(d)
 	c.mu.Lock()
 	e, ok := c.m[key]
 	c.mu.Unlock()

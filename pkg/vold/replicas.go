@@ -61,8 +61,8 @@ func (n *node) setReplicaCount(ctx context.Context, name string, d *volumeDoc, r
 	if d.Replicas == replicas {
 		return nil
 	}
-	if err := n.updateDoc(ctx, name, d.group(), func(d *volumeDoc) { d.Replicas = replicas }); err != nil {
-		return fmt.Errorf("write volume %q: %w", name, err)
+	if err := n.putSetting(ctx, name, d, fieldReplicasSet, int64(replicas)); err != nil {
+		return err
 	}
 	n.log.Info("volume replica count set", "volume", name, "group", d.Group, "replicas", replicas, "members", len(d.Members))
 	d.Replicas = replicas

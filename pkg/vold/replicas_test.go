@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
 // TestRemoveOrder checks which voters a shrink removes first: those down,
@@ -94,5 +95,32 @@ func TestScaling(t *testing.T) {
 		if got := tc.d.scaling(); got != tc.want {
 			t.Errorf("%+v: scaling %v, want %v", tc.d, got, tc.want)
 		}
+	}
+}
+
+// TestSettingsOverrideTheDescription checks that UpdateVolume's fields
+// win over the description's values, only for the group they name, and
+// that the cache of decoded documents sees them change.
+func TestSettingsOverrideTheDescription(t *testing.T) {
+	fields, err := encodeVolume(&volumeDoc{Group: 7, Replicas: 3, SizeBytes: 1 << 30, Members: []docMember{{Node: "a", Replica: 1, Boot: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields[fieldReplicasSet] = settingField(7, 5)
+	fields[fieldSizeSet] = settingField(8, 2<<30) // a removed volume's
+	doc := &statev1.Document{Key: volumeKey("data"), Fields: fields}
+	var c docCache
+	d, err := c.decode(doc)
+	if err != nil || d.Replicas != 5 || d.SizeBytes != 1<<30 {
+		t.Fatalf("decoded %+v, %v: want 5 replicas (set) and 1 GiB (the other group's setting ignored)", d, err)
+	}
+	fields[fieldReplicasSet] = settingField(7, 1)
+	fields[fieldSizeSet] = settingField(7, 64<<20)
+	if d, err = c.decode(doc); err != nil || d.Replicas != 1 || d.SizeBytes != 64<<20 {
+		t.Fatalf("after new settings: %+v, %v: want 1 replica and 64 MiB", d, err)
+	}
+	fields[fieldReplicasSet] = &statev1.Value{Kind: &statev1.Value_StringValue{StringValue: "not json"}}
+	if d, err = c.decode(doc); err != nil || d.Replicas != 3 {
+		t.Fatalf("a setting that does not parse: %+v, %v: want the description's 3", d, err)
 	}
 }

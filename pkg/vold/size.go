@@ -5,11 +5,13 @@ import (
 	"fmt"
 
 	"github.com/containerd/errdefs"
+
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
 // Changing a volume's size limit (UpdateVolume). The limit is two things:
-// the document's size_bytes, which placement counts as taken on every
-// member's node, and the limit the filesystem enforces, a Raft entry
+// the document's size (its "size_set" field, over the description's
+// size_bytes), which placement counts as taken on every member's node, and the limit the filesystem enforces, a Raft entry
 // every replica applies (volfs KindSetLimit). The document's is never
 // below the filesystem's, so that a node is never promised more than
 // placement counted: a growth writes the document first, a shrink sets
@@ -51,12 +53,7 @@ func (n *node) resize(ctx context.Context, name string, d *volumeDoc, size int64
 	if size == d.SizeBytes {
 		return nil
 	}
-	doc := func() error {
-		if err := n.updateDoc(ctx, name, d.group(), func(d *volumeDoc) { d.SizeBytes = size }); err != nil {
-			return fmt.Errorf("write volume %q: %w", name, err)
-		}
-		return nil
-	}
+	doc := func() error { return n.putSetting(ctx, name, d, fieldSizeSet, size) }
 	limit := func() error {
 		next := d.clone()
 		next.SizeBytes = size
@@ -76,5 +73,15 @@ func (n *node) resize(ctx context.Context, name string, d *volumeDoc, size int64
 	}
 	n.log.Info("volume size limit changed", "volume", name, "group", d.Group, "from", d.SizeBytes, "to", size)
 	d.SizeBytes = size
+	return nil
+}
+
+// putSetting writes one of UpdateVolume's settings (field, value v) into
+// d's volume's document, beside its description (volume.go says why).
+func (n *node) putSetting(ctx context.Context, name string, d *volumeDoc, field string, v int64) error {
+	_, err := n.statd.Put(ctx, &statev1.PutRequest{Key: volumeKey(name), Fields: map[string]*statev1.Value{field: settingField(d.Group, v)}})
+	if err != nil {
+		return fmt.Errorf("write volume %q: %w", name, err)
+	}
 	return nil
 }

@@ -28,15 +28,25 @@ import (
 // name must not leave a document with one creator's group and the other's
 // members. Mount documents are per node so that only the mounting node
 // ever writes one (no lost updates between nodes).
+//
+// UpdateVolume's changes are fields of their own ("replicas_set",
+// "size_set": JSON docSetting) that override the description's, for the
+// same reason turned around: a leader rewrites the description (its
+// members) now and then, and had the update been in it, a rewrite
+// racing the update would undo it. Each names the group it is for, so
+// that what was set for a removed volume never applies to a new one of
+// the same name.
 const (
 	volumesPrefix = "/volumes/"
 	mountsPrefix  = "/volumemounts/"
 	nodesPrefix   = "/nodes/"
 
-	fieldVolume   = "volume"
-	fieldUsers    = "users"
-	fieldPath     = "path"
-	fieldVoldPort = "vold_port"
+	fieldVolume      = "volume"
+	fieldReplicasSet = "replicas_set"
+	fieldSizeSet     = "size_set"
+	fieldUsers       = "users"
+	fieldPath        = "path"
+	fieldVoldPort    = "vold_port"
 	// fieldVoldFree is the free space (bytes) of the node's vold state dir.
 	fieldVoldFree = "vold_free_bytes"
 
@@ -170,7 +180,47 @@ func decodeVolume(doc *statev1.Document) (*volumeDoc, error) {
 	if d.Group == 0 {
 		return nil, fmt.Errorf("volume document %s has no group", doc.GetKey())
 	}
+	if v, ok := docSettingOf(doc, fieldReplicasSet, d.Group); ok {
+		d.Replicas = int(v)
+	}
+	if v, ok := docSettingOf(doc, fieldSizeSet, d.Group); ok {
+		d.SizeBytes = v
+	}
 	return &d, nil
+}
+
+// docSetting is a value UpdateVolume set for the volume of group Group.
+type docSetting struct {
+	Group uint64 `json:"group"`
+	Value int64  `json:"value"`
+}
+
+// settingField encodes a setting of group's volume.
+func settingField(group uint64, v int64) *statev1.Value {
+	b, _ := json.Marshal(docSetting{Group: group, Value: v})
+	return &statev1.Value{Kind: &statev1.Value_StringValue{StringValue: string(b)}}
+}
+
+// docSettingOf returns doc's setting field for the volume of group, if it
+// has one (a setting for another group, or one that does not parse, is
+// ignored).
+func docSettingOf(doc *statev1.Document, field string, group uint64) (int64, bool) {
+	raw := doc.GetFields()[field].GetStringValue()
+	if raw == "" {
+		return 0, false
+	}
+	var s docSetting
+	if err := json.Unmarshal([]byte(raw), &s); err != nil || s.Group != group || s.Value <= 0 {
+		return 0, false
+	}
+	return s.Value, true
+}
+
+// docText is what decodeVolume reads of doc, for the cache of decoded
+// documents.
+func docText(doc *statev1.Document) string {
+	f := doc.GetFields()
+	return f[fieldVolume].GetStringValue() + "\x00" + f[fieldReplicasSet].GetStringValue() + "\x00" + f[fieldSizeSet].GetStringValue()
 }
 
 func volumeKey(name string) string { return volumesPrefix + name }
