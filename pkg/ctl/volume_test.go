@@ -132,9 +132,9 @@ func TestRenderVolumeLevelHeldBack(t *testing.T) {
 	}
 }
 
-// TestResizeProgress checks when volume update stops waiting: the count
+// TestScaleProgress checks when volume update stops waiting: the count
 // reached, every member voting, the volume healthy.
-func TestResizeProgress(t *testing.T) {
+func TestScaleProgress(t *testing.T) {
 	m := func(node, role string) *volv1.Member { return &volv1.Member{Node: node, Role: role} }
 	for _, tc := range []struct {
 		v    *volv1.Volume
@@ -152,7 +152,7 @@ func TestResizeProgress(t *testing.T) {
 		if strings.Contains(tc.line, "of 2") {
 			want = 2
 		}
-		line, done := resizeProgress(tc.v, want)
+		line, done := scaleProgress(tc.v, want)
 		if line != tc.line || done != tc.done {
 			t.Errorf("got %q, %v; want %q, %v", line, done, tc.line, tc.done)
 		}

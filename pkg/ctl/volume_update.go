@@ -70,7 +70,7 @@ replica votes and holds what the leader committed, showing progress
 				defer cancel()
 				p := newProgress(a.errOut)
 				for {
-					line, ok := resizeProgress(v, int(replicas))
+					line, ok := scaleProgress(v, int(replicas))
 					p.show(line)
 					if ok {
 						p.end()
@@ -91,7 +91,7 @@ replica votes and holds what the leader committed, showing progress
 					if err == nil {
 						v = nv
 					} else if wctx.Err() == nil {
-						line, _ := resizeProgress(v, int(replicas))
+						line, _ := scaleProgress(v, int(replicas))
 						p.show(fmt.Sprintf("%s; inspect failed: %s", line, describe(err)))
 					}
 				}
@@ -107,10 +107,10 @@ replica votes and holds what the leader committed, showing progress
 	return cmd
 }
 
-// resizeProgress describes where a volume is on its way to want replicas,
+// scaleProgress describes where a volume is on its way to want replicas,
 // and reports whether it is there: want members, every one a voter that
 // answers, and the volume healthy.
-func resizeProgress(v *volv1.Volume, want int) (string, bool) {
+func scaleProgress(v *volv1.Volume, want int) (string, bool) {
 	voting, pending := 0, []string{}
 	for _, m := range v.GetMembers() {
 		switch m.GetRole() {

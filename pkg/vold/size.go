@@ -11,18 +11,22 @@ import (
 
 // Changing a volume's size limit (UpdateVolume). The limit is two things:
 // the document's size (its "size_set" field, over the description's
-// size_bytes), which placement counts as taken on every member's node, and the limit the filesystem enforces, a Raft entry
-// every replica applies (volfs KindSetLimit). The document's is never
-// below the filesystem's, so that a node is never promised more than
-// placement counted: a growth writes the document first, a shrink sets
-// the filesystem's first.
+// size_bytes), which placement counts as taken on every member's node,
+// and the limit the filesystem enforces, a Raft entry every replica
+// applies (volfs KindSetLimit). The document's is never below the
+// filesystem's, so that a node is never promised more than placement
+// counted: a growth writes the document first, a shrink sets the
+// filesystem's first.
 
 // checkResize reports why d's volume cannot have the size limit size: it
 // holds more than that already, or a member's node lacks the room to
 // grow it. A member whose node is not live is not asked: its replica's
 // replacement is placed by the new size.
 func (n *node) checkResize(ctx context.Context, name string, d *volumeDoc, size int64) error {
-	if size < d.SizeBytes {
+	switch {
+	case size == d.SizeBytes:
+		return nil
+	case size < d.SizeBytes:
 		v := n.inspect(ctx, name, d, false)
 		if v.GetLeader() == "" {
 			return fmt.Errorf("volume %q has no leader to say how much it holds: %w", name, errdefs.ErrUnavailable)
