@@ -156,23 +156,16 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 	var what string
 	switch {
 	case len(st.Learners) > 0:
-		var ready, gone []string
-		for _, l := range st.Learners {
-			label := fmt.Sprintf("%s/%d", n.names.name(l.Node), l.Replica)
-			switch {
-			case len(ready)+voters >= want || down(l):
-				// Not wanted any more (fewer asked for since), or its
-				// node is gone: it goes, and a later round places
-				// another if need be.
-				changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: l.Replica})
-				gone = append(gone, label)
-			case st.Progress[l.Replica].State == "StateReplicate":
-				// It took its snapshot and follows the log.
-				changes = append(changes, raftgroup.Change{Type: raftgroup.AddVoter, Replica: l.Replica, Node: l.Node})
-				ready = append(ready, label)
+		var promoted, removed []raftgroup.Member
+		changes, promoted, removed = learnerStep(voters, want, st.Learners, st.Progress, down)
+		label := func(ms []raftgroup.Member) string {
+			var out []string
+			for _, m := range ms {
+				out = append(out, fmt.Sprintf("%s/%d", n.names.name(m.Node), m.Replica))
 			}
+			return strings.Join(out, ",")
 		}
-		what = fmt.Sprintf("promote learners [%s], remove learners [%s]", strings.Join(ready, ","), strings.Join(gone, ","))
+		what = fmt.Sprintf("promote learners [%s], remove learners [%s]", label(promoted), label(removed))
 	case voters < want:
 		picked := n.placeReplicas(ctx, d, want-voters, n.takenFor(d, st, silent))
 		if len(picked) == 0 {
@@ -228,6 +221,26 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 		maxRep = max(maxRep, c.Replica)
 	}
 	return n.syncMembers(ctx, name, d.group(), m.Voters, m.Learners, maxRep)
+}
+
+// learnerStep decides a step for a group with voters voters and
+// learners, which should have want voters: a learner whose node is down,
+// or that is not wanted any more (fewer asked for since), goes, and a
+// later round places another if need be; one the leader replicates to
+// normally (it took its snapshot and follows the log, progress) becomes a
+// voter, up to want; the others are left to catch up.
+func learnerStep(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, down func(raftgroup.Member) bool) (changes []raftgroup.Change, promoted, removed []raftgroup.Member) {
+	for _, l := range learners {
+		switch {
+		case len(promoted)+voters >= want || down(l):
+			changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: l.Replica})
+			removed = append(removed, l)
+		case progress[l.Replica].State == "StateReplicate":
+			changes = append(changes, raftgroup.Change{Type: raftgroup.AddVoter, Replica: l.Replica, Node: l.Node})
+			promoted = append(promoted, l)
+		}
+	}
+	return changes, promoted, removed
 }
 
 // removeOrder returns voters in the order a shrink removes them: those

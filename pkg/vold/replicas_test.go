@@ -124,3 +124,53 @@ func TestSettingsOverrideTheDescription(t *testing.T) {
 		t.Fatalf("a setting that does not parse: %+v, %v: want the description's 3", d, err)
 	}
 }
+
+// TestLearnerStep checks what a leader does with learners: promote those
+// that follow the log, up to the count wanted; remove those whose node is
+// down and those no longer wanted; leave the others to catch up.
+func TestLearnerStep(t *testing.T) {
+	l2, l3, l4 := raftgroup.Member{Replica: 2, Node: 20}, raftgroup.Member{Replica: 3, Node: 30}, raftgroup.Member{Replica: 4, Node: 40}
+	following := raftgroup.ReplicaProgress{State: "StateReplicate"}
+	snapshotting := raftgroup.ReplicaProgress{State: "StateSnapshot"}
+	none := func(raftgroup.Member) bool { return false }
+	type step struct{ promoted, removed []raftgroup.ReplicaID }
+	run := func(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, down func(raftgroup.Member) bool) step {
+		changes, promoted, removed := learnerStep(voters, want, learners, progress, down)
+		var s step
+		for _, m := range promoted {
+			s.promoted = append(s.promoted, m.Replica)
+		}
+		for _, m := range removed {
+			s.removed = append(s.removed, m.Replica)
+		}
+		if len(changes) != len(promoted)+len(removed) {
+			t.Errorf("%d changes for %d promoted and %d removed", len(changes), len(promoted), len(removed))
+		}
+		for _, c := range changes {
+			if c.Type == raftgroup.AddVoter && c.Node == 0 {
+				t.Errorf("a promotion without the learner's node: %+v", c)
+			}
+		}
+		return s
+	}
+	for _, tc := range []struct {
+		name          string
+		voters, want  int
+		learners      []raftgroup.Member
+		progress      map[raftgroup.ReplicaID]raftgroup.ReplicaProgress
+		down          func(raftgroup.Member) bool
+		promoted, out []raftgroup.ReplicaID
+	}{
+		{"both follow: both vote", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: following}, none, []raftgroup.ReplicaID{2, 3}, nil},
+		{"one still takes its snapshot", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: snapshotting, 3: following}, none, []raftgroup.ReplicaID{3}, nil},
+		{"a learner's node died", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: snapshotting}, func(m raftgroup.Member) bool { return m.Node == 30 }, []raftgroup.ReplicaID{2}, []raftgroup.ReplicaID{3}},
+		{"fewer wanted since: the rest go", 2, 3, []raftgroup.Member{l2, l3, l4}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: following, 4: following}, none, []raftgroup.ReplicaID{2}, []raftgroup.ReplicaID{3, 4}},
+		{"a shrink below the voters: every learner goes", 3, 1, []raftgroup.Member{l2}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following}, none, nil, []raftgroup.ReplicaID{2}},
+		{"unknown progress (a new leader's): wait", 1, 2, []raftgroup.Member{l2}, nil, none, nil, nil},
+	} {
+		got := run(tc.voters, tc.want, tc.learners, tc.progress, tc.down)
+		if !slices.Equal(got.promoted, tc.promoted) || !slices.Equal(got.removed, tc.out) {
+			t.Errorf("%s: promoted %v, removed %v; want %v, %v", tc.name, got.promoted, got.removed, tc.promoted, tc.out)
+		}
+	}
+}
