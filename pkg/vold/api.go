@@ -74,6 +74,16 @@ func (n *node) readVolume(ctx context.Context, name string) (*volumeDoc, error) 
 	return decodeVolume(resp.GetDocument())
 }
 
+// existingVolume reads a volume's document from statd, as readVolume
+// does: NOT_FOUND when there is none.
+func (n *node) existingVolume(ctx context.Context, name string) (*volumeDoc, error) {
+	d, err := n.readVolume(ctx, name)
+	if err == nil && d == nil {
+		err = fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
+	}
+	return d, err
+}
+
 // createVolume places a new volume, writes its document and waits until
 // its group has a leader and has applied the volume's size limit (the
 // system group: until a linearizable read succeeds).
@@ -177,12 +187,9 @@ func (a *volumesAPI) InspectVolume(ctx context.Context, req *volv1.InspectVolume
 	d := n.volumeDoc(req.GetName())
 	if d == nil {
 		var err error
-		if d, err = n.readVolume(ctx, req.GetName()); err != nil {
+		if d, err = n.existingVolume(ctx, req.GetName()); err != nil {
 			return nil, err
 		}
-	}
-	if d == nil {
-		return nil, fmt.Errorf("volume %q does not exist: %w", req.GetName(), errdefs.ErrNotFound)
 	}
 	// What each member's vold lets the volume reach, asked beside the
 	// members' status: an operator upgrading vold sees which member holds
@@ -224,12 +231,9 @@ func (a *volumesAPI) UpdateVolume(ctx context.Context, req *volv1.UpdateVolumeRe
 			return nil, err
 		}
 	}
-	d, err := n.readVolume(ctx, name)
+	d, err := n.existingVolume(ctx, name)
 	if err != nil {
 		return nil, err
-	}
-	if d == nil {
-		return nil, fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
 	}
 	if name == systemVolume {
 		return nil, fmt.Errorf("volume %q is the KV's and locks' group, which every node holds: %w", name, errdefs.ErrInvalidArgument)
@@ -270,12 +274,9 @@ func (a *volumesAPI) RemoveVolume(ctx context.Context, req *volv1.RemoveVolumeRe
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
-	d, err := n.readVolume(ctx, name)
+	d, err := n.existingVolume(ctx, name)
 	if err != nil {
 		return nil, err
-	}
-	if d == nil {
-		return nil, fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
 	}
 	users, lift, err := n.fenceMountUsers(ctx, removalFence{Name: name, Group: d.Group})
 	if err != nil {

@@ -46,11 +46,8 @@ func (n *node) mount(ctx context.Context, name, user string) (string, error) {
 	d := n.volumeDoc(name)
 	if d == nil {
 		var err error
-		if d, err = n.readVolume(ctx, name); err != nil {
+		if d, err = n.existingVolume(ctx, name); err != nil {
 			return "", err
-		}
-		if d == nil {
-			return "", fmt.Errorf("volume %q does not exist: %w", name, errdefs.ErrNotFound)
 		}
 	}
 	n.mountMu.Lock()
