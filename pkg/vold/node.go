@@ -230,6 +230,7 @@ func (n *node) run(ctx context.Context, wg *sync.WaitGroup) error {
 		NewStateMachine: n.newStateMachine,
 		Logger:          n.log.With("component", "raft"),
 		TickInterval:    time.Duration(n.cfg.RaftTick),
+		ElectionTicks:   electionTicks,
 		// A volume's snapshot is the whole volume, the system group's up
 		// to 64 MiB of state machine logs: written on the loop either
 		// would stall every group of the node for as long.

@@ -37,6 +37,9 @@ import (
 // A dead voter is repair's (repairGroup) to replace first, unless the
 // group shrinks: then it is the first to go.
 
+// electionTicks is the Raft hosts' election timeout in ticks (raft_tick).
+const electionTicks = 10
+
 // checkScale reports why d's volume cannot have replicas replicas: too
 // few nodes can take the replicas it would add.
 func (n *node) checkScale(ctx context.Context, name string, d *volumeDoc, replicas int) error {
@@ -158,14 +161,7 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 	case len(st.Learners) > 0:
 		var promoted, removed []raftgroup.Member
 		changes, promoted, removed = learnerStep(voters, want, st.Learners, st.Progress, down)
-		label := func(ms []raftgroup.Member) string {
-			var out []string
-			for _, m := range ms {
-				out = append(out, fmt.Sprintf("%s/%d", n.names.name(m.Node), m.Replica))
-			}
-			return strings.Join(out, ",")
-		}
-		what = fmt.Sprintf("promote learners [%s], remove learners [%s]", label(promoted), label(removed))
+		what = fmt.Sprintf("promote learners [%s], remove learners [%s]", memberNames(n.names, promoted), memberNames(n.names, removed))
 	case voters < want:
 		picked := n.placeReplicas(ctx, d, want-voters, n.takenFor(d, st, silent))
 		if len(picked) == 0 {
@@ -194,12 +190,29 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 		}
 		what = "add learners " + memberList(added)
 	case voters > want:
-		for _, v := range removeOrder(st.Voters, st.Leader, func(m raftgroup.Member) bool {
-			return down(m) || !n.alive(n.names.name(m.Node))
-		})[:voters-want] {
+		// Whether a voter answers, as this leader hears it: its node's
+		// vold has sent it something within an election timeout (volds
+		// that share groups ping each other three times per one, quiesced
+		// or not). statd's word that a node died comes seconds later, and
+		// removing a voter that answers while keeping one that does not
+		// would leave the group without a quorum.
+		quiet := map[string]bool{}
+		for id, d := range h.PeerSilence() {
+			quiet[n.names.name(id)] = d >= electionTicks*time.Duration(n.cfg.RaftTick)
+		}
+		answers := func(m raftgroup.Member) bool {
+			node := n.names.name(m.Node)
+			return m.Replica == st.Leader || !down(m) && !quiet[node] && n.alive(node)
+		}
+		victims, ok := shrinkStep(st.Voters, st.Leader, want, answers)
+		if !ok {
+			n.log.Warn("not removing voters yet: those left would not have a quorum that answers", "volume", name, "group", d.Group, "replicas", want, "voters", voters)
+			return nil
+		}
+		for _, v := range victims {
 			changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: v.Replica})
 		}
-		what = fmt.Sprintf("remove %d voters", voters-want)
+		what = fmt.Sprintf("remove %d voters (%s)", len(victims), memberNames(n.names, victims))
 	}
 	if len(changes) == 0 {
 		// Only the document lags: a learner promoted (or members changed)
@@ -241,6 +254,34 @@ func learnerStep(voters, want int, learners []raftgroup.Member, progress map[raf
 		}
 	}
 	return changes, promoted, removed
+}
+
+// shrinkStep picks the voters to remove so that want are left, in
+// removeOrder (those that do not answer first), and reports whether a
+// majority of those left answers; if not, nothing may be removed yet: the
+// group would stop until a voter came back.
+func shrinkStep(voters []raftgroup.Member, leader raftgroup.ReplicaID, want int, answers func(raftgroup.Member) bool) ([]raftgroup.Member, bool) {
+	victims := removeOrder(voters, leader, func(m raftgroup.Member) bool { return !answers(m) })[:len(voters)-want]
+	left, answering := 0, 0
+	for _, v := range voters {
+		if slices.ContainsFunc(victims, func(x raftgroup.Member) bool { return x.Replica == v.Replica }) {
+			continue
+		}
+		left++
+		if answers(v) {
+			answering++
+		}
+	}
+	return victims, answering >= left/2+1
+}
+
+// memberNames lists members as node/replica.
+func memberNames(names *nodeNames, ms []raftgroup.Member) string {
+	var out []string
+	for _, m := range ms {
+		out = append(out, fmt.Sprintf("%s/%d", names.name(m.Node), m.Replica))
+	}
+	return strings.Join(out, ",")
 }
 
 // removeOrder returns voters in the order a shrink removes them: those

@@ -174,3 +174,41 @@ func TestLearnerStep(t *testing.T) {
 		}
 	}
 }
+
+// TestShrinkStep checks that a shrink removes the voters that do not
+// answer first, and removes none when those left would lack a quorum that
+// answers. The first case is what an e2e run met: a voter whose node had
+// just died, which statd did not call dead yet, and the newest replica
+// removed instead left the group without a quorum.
+func TestShrinkStep(t *testing.T) {
+	three := []raftgroup.Member{{Replica: 1, Node: 10}, {Replica: 2, Node: 20}, {Replica: 3, Node: 30}}
+	five := []raftgroup.Member{{Replica: 1, Node: 10}, {Replica: 2, Node: 20}, {Replica: 3, Node: 30}, {Replica: 4, Node: 40}, {Replica: 5, Node: 50}}
+	silent := func(nodes ...raftgroup.NodeID) func(raftgroup.Member) bool {
+		return func(m raftgroup.Member) bool { return !slices.Contains(nodes, m.Node) }
+	}
+	for _, tc := range []struct {
+		name    string
+		voters  []raftgroup.Member
+		leader  raftgroup.ReplicaID
+		want    int
+		answers func(raftgroup.Member) bool
+		victims []raftgroup.ReplicaID
+		ok      bool
+	}{
+		{"the voter that does not answer goes", three, 2, 2, silent(10), []raftgroup.ReplicaID{1}, true},
+		{"all answer: the newest goes", three, 2, 2, silent(), []raftgroup.ReplicaID{3}, true},
+		{"two silent, one to go: no quorum left", three, 2, 2, silent(10, 30), []raftgroup.ReplicaID{3}, false},
+		{"two silent, both go", three, 2, 1, silent(10, 30), []raftgroup.ReplicaID{3, 1}, true},
+		{"five to three, the silent two go", five, 1, 3, silent(40, 50), []raftgroup.ReplicaID{5, 4}, true},
+		{"five to four with two silent: a quorum of four answers", five, 1, 4, silent(20, 30), []raftgroup.ReplicaID{3}, true},
+	} {
+		victims, ok := shrinkStep(tc.voters, tc.leader, tc.want, tc.answers)
+		var got []raftgroup.ReplicaID
+		for _, v := range victims {
+			got = append(got, v.Replica)
+		}
+		if !slices.Equal(got, tc.victims) || ok != tc.ok {
+			t.Errorf("%s: victims %v, ok %v; want %v, %v", tc.name, got, ok, tc.victims, tc.ok)
+		}
+	}
+}
