@@ -144,15 +144,30 @@ func (n *node) scaleVolumes(ctx context.Context, h *raftgroup.Host, silent map[s
 // promote caught-up learners, add learners, or remove voters.
 func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus, silent map[string]bool) error {
 	want, voters := d.Replicas, len(st.Voters)
+	h := n.host.Load()
+	// down: statd calls its node dead, or its vold has been silent long
+	// enough for repair to replace it. answers: its vold sent this
+	// leader's something within an election timeout (volds that share
+	// groups ping each other three times per one, quiesced or not), and
+	// it is not down. statd's word that a node died comes seconds after
+	// its vold falls silent: a change that counts on a voter or learner
+	// answering goes by what this leader hears.
 	down := func(m raftgroup.Member) bool {
 		node := n.names.name(m.Node)
 		return n.deadFor(node) > 0 || silent[node]
+	}
+	quiet := map[string]bool{}
+	for id, d := range h.PeerSilence() {
+		quiet[n.names.name(id)] = d >= electionTicks*time.Duration(n.cfg.RaftTick)
+	}
+	answers := func(m raftgroup.Member) bool {
+		node := n.names.name(m.Node)
+		return m.Replica == st.Leader || !down(m) && !quiet[node] && n.alive(node)
 	}
 	if voters <= want && slices.ContainsFunc(st.Voters, down) {
 		// Repair replaces it first; a shrink removes it instead.
 		return nil
 	}
-	h := n.host.Load()
 	cctx, cancel := context.WithTimeout(ctx, changeTimeout)
 	defer cancel()
 	var changes []raftgroup.Change
@@ -160,7 +175,7 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 	switch {
 	case len(st.Learners) > 0:
 		var promoted, removed []raftgroup.Member
-		changes, promoted, removed = learnerStep(voters, want, st.Learners, st.Progress, down)
+		changes, promoted, removed = learnerStep(voters, want, st.Learners, st.Progress, down, answers)
 		what = fmt.Sprintf("promote learners [%s], remove learners [%s]", memberNames(n.names, promoted), memberNames(n.names, removed))
 	case voters < want:
 		picked := n.placeReplicas(ctx, d, want-voters, n.takenFor(d, st, silent))
@@ -190,20 +205,8 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 		}
 		what = "add learners " + memberList(added)
 	case voters > want:
-		// Whether a voter answers, as this leader hears it: its node's
-		// vold has sent it something within an election timeout (volds
-		// that share groups ping each other three times per one, quiesced
-		// or not). statd's word that a node died comes seconds later, and
-		// removing a voter that answers while keeping one that does not
+		// Removing a voter that answers while keeping one that does not
 		// would leave the group without a quorum.
-		quiet := map[string]bool{}
-		for id, d := range h.PeerSilence() {
-			quiet[n.names.name(id)] = d >= electionTicks*time.Duration(n.cfg.RaftTick)
-		}
-		answers := func(m raftgroup.Member) bool {
-			node := n.names.name(m.Node)
-			return m.Replica == st.Leader || !down(m) && !quiet[node] && n.alive(node)
-		}
 		victims, ok := shrinkStep(st.Voters, st.Leader, want, answers)
 		if !ok {
 			n.log.Warn("not removing voters yet: those left would not have a quorum that answers", "volume", name, "group", d.Group, "replicas", want, "voters", voters)
@@ -240,15 +243,17 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 // learners, which should have want voters: a learner whose node is down,
 // or that is not wanted any more (fewer asked for since), goes, and a
 // later round places another if need be; one the leader replicates to
-// normally (it took its snapshot and follows the log, progress) becomes a
-// voter, up to want; the others are left to catch up.
-func learnerStep(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, down func(raftgroup.Member) bool) (changes []raftgroup.Change, promoted, removed []raftgroup.Member) {
+// normally (it took its snapshot and follows the log, progress) and that
+// answers becomes a voter, up to want (a voter that does not answer could
+// cost the group its quorum: two voters, one silent, have none); the
+// others are left to catch up, or to answer again.
+func learnerStep(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, down, answers func(raftgroup.Member) bool) (changes []raftgroup.Change, promoted, removed []raftgroup.Member) {
 	for _, l := range learners {
 		switch {
 		case len(promoted)+voters >= want || down(l):
 			changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: l.Replica})
 			removed = append(removed, l)
-		case progress[l.Replica].State == "StateReplicate":
+		case progress[l.Replica].State == "StateReplicate" && answers(l):
 			changes = append(changes, raftgroup.Change{Type: raftgroup.AddVoter, Replica: l.Replica, Node: l.Node})
 			promoted = append(promoted, l)
 		}

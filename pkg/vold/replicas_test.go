@@ -134,8 +134,8 @@ func TestLearnerStep(t *testing.T) {
 	snapshotting := raftgroup.ReplicaProgress{State: "StateSnapshot"}
 	none := func(raftgroup.Member) bool { return false }
 	type step struct{ promoted, removed []raftgroup.ReplicaID }
-	run := func(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, down func(raftgroup.Member) bool) step {
-		changes, promoted, removed := learnerStep(voters, want, learners, progress, down)
+	run := func(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, down, quiet func(raftgroup.Member) bool) step {
+		changes, promoted, removed := learnerStep(voters, want, learners, progress, down, func(m raftgroup.Member) bool { return !down(m) && !quiet(m) })
 		var s step
 		for _, m := range promoted {
 			s.promoted = append(s.promoted, m.Replica)
@@ -160,15 +160,22 @@ func TestLearnerStep(t *testing.T) {
 		progress      map[raftgroup.ReplicaID]raftgroup.ReplicaProgress
 		down          func(raftgroup.Member) bool
 		promoted, out []raftgroup.ReplicaID
+		quiet         func(raftgroup.Member) bool
 	}{
-		{"both follow: both vote", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: following}, none, []raftgroup.ReplicaID{2, 3}, nil},
-		{"one still takes its snapshot", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: snapshotting, 3: following}, none, []raftgroup.ReplicaID{3}, nil},
-		{"a learner's node died", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: snapshotting}, func(m raftgroup.Member) bool { return m.Node == 30 }, []raftgroup.ReplicaID{2}, []raftgroup.ReplicaID{3}},
-		{"fewer wanted since: the rest go", 2, 3, []raftgroup.Member{l2, l3, l4}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: following, 4: following}, none, []raftgroup.ReplicaID{2}, []raftgroup.ReplicaID{3, 4}},
-		{"a shrink below the voters: every learner goes", 3, 1, []raftgroup.Member{l2}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following}, none, nil, []raftgroup.ReplicaID{2}},
-		{"unknown progress (a new leader's): wait", 1, 2, []raftgroup.Member{l2}, nil, none, nil, nil},
+		{"both follow: both vote", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: following}, none, []raftgroup.ReplicaID{2, 3}, nil, nil},
+		{"one still takes its snapshot", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: snapshotting, 3: following}, none, []raftgroup.ReplicaID{3}, nil, nil},
+		{"a learner's node died", 1, 3, []raftgroup.Member{l2, l3}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: snapshotting}, func(m raftgroup.Member) bool { return m.Node == 30 }, []raftgroup.ReplicaID{2}, []raftgroup.ReplicaID{3}, nil},
+		{"fewer wanted since: the rest go", 2, 3, []raftgroup.Member{l2, l3, l4}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following, 3: following, 4: following}, none, []raftgroup.ReplicaID{2}, []raftgroup.ReplicaID{3, 4}, nil},
+		{"a shrink below the voters: every learner goes", 3, 1, []raftgroup.Member{l2}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following}, none, nil, []raftgroup.ReplicaID{2}, nil},
+		{"unknown progress (a new leader's): wait", 1, 2, []raftgroup.Member{l2}, nil, none, nil, nil, nil},
+		// Promoted, it would make two voters with one silent: no quorum.
+		{"a learner silent, not dead yet: wait", 1, 2, []raftgroup.Member{l2}, map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: following}, none, nil, nil, func(m raftgroup.Member) bool { return m.Node == 20 }},
 	} {
-		got := run(tc.voters, tc.want, tc.learners, tc.progress, tc.down)
+		quiet := tc.quiet
+		if quiet == nil {
+			quiet = none
+		}
+		got := run(tc.voters, tc.want, tc.learners, tc.progress, tc.down, quiet)
 		if !slices.Equal(got.promoted, tc.promoted) || !slices.Equal(got.removed, tc.out) {
 			t.Errorf("%s: promoted %v, removed %v; want %v, %v", tc.name, got.promoted, got.removed, tc.promoted, tc.out)
 		}
