@@ -22,18 +22,18 @@ type docCache struct {
 }
 
 type cachedDoc struct {
-	raw string
-	doc *volumeDoc
+	text docText
+	doc  *volumeDoc
 }
 
 // decode returns decodeVolume(d), from the cache when d's text has not
 // changed since it was last decoded.
 func (c *docCache) decode(d *statev1.Document) (*volumeDoc, error) {
-	key, raw := d.GetKey(), docText(d)
+	key, text := d.GetKey(), textOf(d)
 	c.mu.Lock()
 	e, ok := c.m[key]
 	c.mu.Unlock()
-	if ok && e.raw == raw {
+	if ok && e.text == text {
 		return e.doc.clone(), nil
 	}
 	v, err := decodeVolume(d)
@@ -44,7 +44,7 @@ func (c *docCache) decode(d *statev1.Document) (*volumeDoc, error) {
 	if c.m == nil {
 		c.m = map[string]cachedDoc{}
 	}
-	c.m[key] = cachedDoc{raw: raw, doc: v.clone()}
+	c.m[key] = cachedDoc{text: text, doc: v.clone()}
 	c.mu.Unlock()
 	return v, nil
 }

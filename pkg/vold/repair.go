@@ -229,11 +229,17 @@ func (n *node) repairGroup(ctx context.Context, name string, d *volumeDoc, st ra
 // counts dead are deadFor's). Only nodes this vold shares a group with
 // are known.
 func (n *node) silentVolds(h *raftgroup.Host) map[string]bool {
-	silence := map[string]time.Duration{}
+	return silentLongerThan(n.peerSilence(h), n.aliveFor, 2*time.Duration(n.cfg.ReplaceAfter))
+}
+
+// peerSilence is h.PeerSilence by node name: how long each vold this one
+// shares a group with has sent it nothing.
+func (n *node) peerSilence(h *raftgroup.Host) map[string]time.Duration {
+	out := map[string]time.Duration{}
 	for id, d := range h.PeerSilence() {
-		silence[n.names.name(id)] = d
+		out[n.names.name(id)] = d
 	}
-	return silentLongerThan(silence, n.aliveFor, 2*time.Duration(n.cfg.ReplaceAfter))
+	return out
 }
 
 // silentLongerThan returns the nodes silent for longer than limit, a

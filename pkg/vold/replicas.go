@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -47,11 +48,7 @@ func (n *node) checkScale(ctx context.Context, name string, d *volumeDoc, replic
 	if more <= 0 {
 		return nil
 	}
-	exclude := map[string]bool{}
-	for _, m := range d.Members {
-		exclude[m.Node] = true
-	}
-	if picked := n.placeReplicas(ctx, d, more, exclude); len(picked) < more {
+	if picked := n.placeReplicas(ctx, d, more, n.takenFor(d, raftgroup.GroupStatus{}, nil)); len(picked) < more {
 		return fmt.Errorf("volume %q has %d replicas and cannot have %d: %d more need as many live nodes that hold none of it, run a vold that answers and lets its level, and have %s free; %d can: %w",
 			name, len(d.Members), replicas, more, humanBytes(d.SizeBytes), len(picked), errdefs.ErrFailedPrecondition)
 	}
@@ -93,9 +90,9 @@ func (n *node) takenFor(d *volumeDoc, st raftgroup.GroupStatus, silent map[strin
 // none of them in exclude, that answer a ping at the volume's level (a
 // replacement, or a replica added to grow the group).
 func (n *node) placeReplicas(ctx context.Context, d *volumeDoc, count int, exclude map[string]bool) []string {
-	ex := map[string]bool{}
-	for node := range exclude {
-		ex[node] = true
+	ex := maps.Clone(exclude)
+	if ex == nil {
+		ex = map[string]bool{}
 	}
 	level := uint32(1)
 	if h := n.host.Load(); h != nil {
@@ -156,13 +153,10 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 		node := n.names.name(m.Node)
 		return n.deadFor(node) > 0 || silent[node]
 	}
-	quiet := map[string]bool{}
-	for id, d := range h.PeerSilence() {
-		quiet[n.names.name(id)] = d >= electionTicks*time.Duration(n.cfg.RaftTick)
-	}
+	silence := n.peerSilence(h)
 	answers := func(m raftgroup.Member) bool {
 		node := n.names.name(m.Node)
-		return m.Replica == st.Leader || !down(m) && !quiet[node] && n.alive(node)
+		return m.Replica == st.Leader || !down(m) && silence[node] < electionTicks*time.Duration(n.cfg.RaftTick) && n.alive(node)
 	}
 	if voters <= want && slices.ContainsFunc(st.Voters, down) {
 		// Repair replaces it first; a shrink removes it instead.
