@@ -38,9 +38,13 @@ type node struct {
 	members  atomic.Pointer[membership]
 	// lastSweep is when repair last looked at every group (repairLoop's).
 	lastSweep time.Time
-	pool      *peerPool
-	trans     *transport
-	host      atomic.Pointer[raftgroup.Host]
+	// commitMarks is the commit index each group this node leads had at
+	// repair's previous round while it has learners (repairLoop's:
+	// replicas.go).
+	commitMarks map[raftgroup.GroupID]uint64
+	pool        *peerPool
+	trans       *transport
+	host        atomic.Pointer[raftgroup.Host]
 	// synced is set once statd has caught up with a peer since start:
 	// only then may a missing document destroy a replica.
 	synced atomic.Bool

@@ -27,8 +27,10 @@ import (
 //     level and have room), added to the document marked as learners,
 //     and joined to the group as learners, which catch up from a snapshot
 //     without counting in any quorum: writes go on meanwhile. A learner
-//     whose log the leader replicates to normally (it took the snapshot)
-//     is promoted to voter in a later round.
+//     is promoted to voter in a later round, once it holds what the group
+//     had committed at the round before (commitMarks): a snapshot alone
+//     can leave it a log's length behind, and a voter that far behind
+//     would stall the group's commits if another voter failed.
 //   - Shrinking: the voters to remove are picked (dead or silent ones
 //     first, then the newest replicas; never the leader) and removed in
 //     one change, through a joint configuration when there are several.
@@ -120,6 +122,8 @@ func (d *volumeDoc) scaling() bool {
 // scaleVolumes takes a step towards its replica count for every volume
 // whose group this node leads and whose document asks for one.
 func (n *node) scaleVolumes(ctx context.Context, h *raftgroup.Host, silent map[string]bool) {
+	marks := n.commitMarks
+	n.commitMarks = map[raftgroup.GroupID]uint64{}
 	for name, d := range n.volumeDocs() {
 		if ctx.Err() != nil {
 			return
@@ -131,15 +135,19 @@ func (n *node) scaleVolumes(ctx context.Context, h *raftgroup.Host, silent map[s
 		if !ok {
 			continue
 		}
-		if err := n.scaleGroup(ctx, name, d, st, silent); err != nil {
+		if len(st.Learners) > 0 {
+			n.commitMarks[d.group()] = st.Commit
+		}
+		if err := n.scaleGroup(ctx, name, d, st, marks[d.group()], silent); err != nil {
 			n.log.Warn("change volume's replica count", "volume", name, "group", d.Group, "replicas", d.Replicas, "err", err)
 		}
 	}
 }
 
 // scaleGroup takes one step of the scaling of a group this node leads:
-// promote caught-up learners, add learners, or remove voters.
-func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus, silent map[string]bool) error {
+// promote caught-up learners (those that hold mark, the commit index of
+// the round before; none while it is 0), add learners, or remove voters.
+func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raftgroup.GroupStatus, mark uint64, silent map[string]bool) error {
 	want, voters := d.Replicas, len(st.Voters)
 	h := n.host.Load()
 	// down: statd calls its node dead, or its vold has been silent long
@@ -169,7 +177,7 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 	switch {
 	case len(st.Learners) > 0:
 		var promoted, removed []raftgroup.Member
-		changes, promoted, removed = learnerStep(voters, want, st.Learners, st.Progress, down, answers)
+		changes, promoted, removed = learnerStep(voters, want, st.Learners, st.Progress, mark, down, answers)
 		what = fmt.Sprintf("promote learners [%s], remove learners [%s]", memberNames(n.names, promoted), memberNames(n.names, removed))
 	case voters < want:
 		picked := n.placeReplicas(ctx, d, want-voters, n.takenFor(d, st, silent))
@@ -237,17 +245,24 @@ func (n *node) scaleGroup(ctx context.Context, name string, d *volumeDoc, st raf
 // learners, which should have want voters: a learner whose node is down,
 // or that is not wanted any more (fewer asked for since), goes, and a
 // later round places another if need be; one the leader replicates to
-// normally (it took its snapshot and follows the log, progress) and that
-// answers becomes a voter, up to want (a voter that does not answer could
-// cost the group its quorum: two voters, one silent, have none); the
-// others are left to catch up, or to answer again.
-func learnerStep(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, down, answers func(raftgroup.Member) bool) (changes []raftgroup.Change, promoted, removed []raftgroup.Member) {
+// normally (it took its snapshot and follows the log, progress), that
+// holds the log up to mark (a commit index of an earlier round; 0: not
+// known yet) and that answers becomes a voter, up to want (a voter that
+// does not answer could cost the group its quorum: two voters, one
+// silent, have none; one far behind would stall its commits until it
+// caught up, should another fail); the others are left to catch up, or
+// to answer again. A mark from the round before, not the commit index of
+// this one, lets a learner of a busy group qualify: it trails the commit
+// by the entries in flight, but soon holds what was committed seconds
+// ago.
+func learnerStep(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, mark uint64, down, answers func(raftgroup.Member) bool) (changes []raftgroup.Change, promoted, removed []raftgroup.Member) {
 	for _, l := range learners {
+		p := progress[l.Replica]
 		switch {
 		case len(promoted)+voters >= want || down(l):
 			changes = append(changes, raftgroup.Change{Type: raftgroup.RemoveReplica, Replica: l.Replica})
 			removed = append(removed, l)
-		case progress[l.Replica].State == "StateReplicate" && answers(l):
+		case p.State == "StateReplicate" && mark > 0 && p.Match >= mark && answers(l):
 			changes = append(changes, raftgroup.Change{Type: raftgroup.AddVoter, Replica: l.Replica, Node: l.Node})
 			promoted = append(promoted, l)
 		}

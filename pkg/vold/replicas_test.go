@@ -126,16 +126,19 @@ func TestSettingsOverrideTheDescription(t *testing.T) {
 }
 
 // TestLearnerStep checks what a leader does with learners: promote those
-// that follow the log, up to the count wanted; remove those whose node is
-// down and those no longer wanted; leave the others to catch up.
+// that follow the log and hold the round before's commit, up to the count
+// wanted; remove those whose node is down and those no longer wanted;
+// leave the others to catch up.
 func TestLearnerStep(t *testing.T) {
 	l2, l3, l4 := raftgroup.Member{Replica: 2, Node: 20}, raftgroup.Member{Replica: 3, Node: 30}, raftgroup.Member{Replica: 4, Node: 40}
-	following := raftgroup.ReplicaProgress{State: "StateReplicate"}
+	// The learners below that follow hold the mark the step is given.
+	const mark = 500
+	following := raftgroup.ReplicaProgress{State: "StateReplicate", Match: mark}
 	snapshotting := raftgroup.ReplicaProgress{State: "StateSnapshot"}
 	none := func(raftgroup.Member) bool { return false }
 	type step struct{ promoted, removed []raftgroup.ReplicaID }
-	run := func(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, down, quiet func(raftgroup.Member) bool) step {
-		changes, promoted, removed := learnerStep(voters, want, learners, progress, down, func(m raftgroup.Member) bool { return !down(m) && !quiet(m) })
+	run := func(voters, want int, learners []raftgroup.Member, progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress, mark uint64, down, quiet func(raftgroup.Member) bool) step {
+		changes, promoted, removed := learnerStep(voters, want, learners, progress, mark, down, func(m raftgroup.Member) bool { return !down(m) && !quiet(m) })
 		var s step
 		for _, m := range promoted {
 			s.promoted = append(s.promoted, m.Replica)
@@ -175,9 +178,28 @@ func TestLearnerStep(t *testing.T) {
 		if quiet == nil {
 			quiet = none
 		}
-		got := run(tc.voters, tc.want, tc.learners, tc.progress, tc.down, quiet)
+		got := run(tc.voters, tc.want, tc.learners, tc.progress, mark, tc.down, quiet)
 		if !slices.Equal(got.promoted, tc.promoted) || !slices.Equal(got.removed, tc.out) {
 			t.Errorf("%s: promoted %v, removed %v; want %v, %v", tc.name, got.promoted, got.removed, tc.promoted, tc.out)
+		}
+	}
+	// How far a learner that follows the log has come: it votes only once
+	// it holds the mark, the commit index of the leader's round before.
+	behind := raftgroup.ReplicaProgress{State: "StateReplicate", Match: mark - 1}
+	ahead := raftgroup.ReplicaProgress{State: "StateReplicate", Match: mark + 40}
+	for _, tc := range []struct {
+		name     string
+		progress map[raftgroup.ReplicaID]raftgroup.ReplicaProgress
+		mark     uint64
+		promoted []raftgroup.ReplicaID
+	}{
+		{"past its snapshot, still behind the mark: wait", map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: behind, 3: following}, mark, []raftgroup.ReplicaID{3}},
+		{"past the mark (writes went on since): vote", map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: ahead, 3: following}, mark, []raftgroup.ReplicaID{2, 3}},
+		{"no mark yet (the leader's first round with them): wait", map[raftgroup.ReplicaID]raftgroup.ReplicaProgress{2: ahead, 3: following}, 0, nil},
+	} {
+		got := run(1, 3, []raftgroup.Member{l2, l3}, tc.progress, tc.mark, none, none)
+		if !slices.Equal(got.promoted, tc.promoted) || got.removed != nil {
+			t.Errorf("%s: promoted %v, removed %v; want %v promoted", tc.name, got.promoted, got.removed, tc.promoted)
 		}
 	}
 }
