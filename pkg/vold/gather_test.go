@@ -2,15 +2,19 @@ package vold
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"io"
 	"math/rand/v2"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/shoal-dev/shoal/pkg/pki"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
 // countingConn counts the writes that reach the socket.
@@ -80,5 +84,55 @@ func TestGatheredTLSOneSyscallPerWrite(t *testing.T) {
 	}
 	if b := <-got; !bytes.Equal(b, want) {
 		t.Fatalf("the peer read %d bytes, not the %d written, or not in order", len(b), len(want))
+	}
+}
+
+// A forwarded 1 MiB write leaves a VolPeer client in a few writes to the
+// socket (gRPC's frames gathered under TLS: gatheredCreds and the write
+// buffer; with credentials.NewTLS it took 64, one per TLS record), and the
+// server still knows the caller by its certificate.
+func TestForwardedWriteReachesTheSocketGathered(t *testing.T) {
+	peers := startCluster(t, "a1", "b2")
+	var conns []*countingConn
+	var mu sync.Mutex
+	peers[1].pool.dial = func(ctx context.Context, addr string) (net.Conn, error) {
+		raw, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+		if err != nil {
+			return nil, err
+		}
+		c := &countingConn{Conn: raw}
+		mu.Lock()
+		conns = append(conns, c)
+		mu.Unlock()
+		return c, nil
+	}
+	writes := func() (n int64) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			n += c.writes.Load()
+		}
+		return n
+	}
+	api, err := peers[1].pool.client("a1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	payload := bytes.Repeat([]byte{0x5a}, 1<<20)
+	for i := 0; i < 4; i++ {
+		before := writes()
+		resp, err := api.Forward(ctx, &volv1.ForwardRequest{Kind: kindStatus, Payload: payload})
+		if err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+		if string(resp.Payload) != "b2" {
+			t.Fatalf("call %d: the server saw caller %q, want b2", i, resp.Payload)
+		}
+		// The first call also dials and handshakes.
+		if w := writes() - before; i > 0 && w > 4 {
+			t.Fatalf("call %d: a 1 MiB request took %d writes to the socket, want at most 4", i, w)
+		}
 	}
 }

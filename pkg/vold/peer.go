@@ -16,7 +16,6 @@ import (
 	"github.com/containerd/errdefs"
 	"golang.org/x/sys/unix"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/shoal-dev/shoal/pkg/peerauth"
@@ -62,6 +61,11 @@ const (
 	peerStreamWindow = 16 << 20
 	peerConnWindow   = 32 << 20
 )
+
+// peerWriteBuffer is what a VolPeer client's gRPC gathers before it
+// writes: a forwarded 1 MiB write's message, its HTTP/2 frames' headers
+// and room.
+const peerWriteBuffer = 1<<20 + 64<<10
 
 // newPeerGRPC returns the gRPC server of VolPeer; it serves the
 // connections of a peerListener, whose handshake it trusts.
@@ -140,6 +144,9 @@ type peerPool struct {
 	id   func() *pki.Identity
 	ca   func() *x509.CertPool
 	addr func(node string) (string, error)
+	// dial, if set, opens VolPeer's TCP connections (tests count their
+	// writes).
+	dial func(ctx context.Context, addr string) (net.Conn, error)
 
 	mu    sync.Mutex
 	conns map[string]*peerConn
@@ -169,13 +176,22 @@ func (p *peerPool) client(node string) (volv1.VolPeerClient, error) {
 	} else if pc != nil {
 		pc.conn.Close()
 	}
-	conn, err := grpc.NewClient("passthrough:///"+addr,
-		grpc.WithTransportCredentials(credentials.NewTLS(pki.ClientConfig(p.id, p.ca, node))),
+	opts := []grpc.DialOption{
+		grpc.WithTransportCredentials(gatheredCreds{cfg: pki.ClientConfig(p.id, p.ca, node)}),
+		// A forwarded 1 MiB write and its frames reach the connection in
+		// one Write, and so the socket in one syscall (gatheredCreds); the
+		// buffer goes back to a pool between writes.
+		grpc.WithWriteBufferSize(peerWriteBuffer),
+		grpc.WithSharedWriteBuffer(true),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxPeerMessage), grpc.MaxCallSendMsgSize(maxPeerMessage)),
 		grpc.WithStaticStreamWindowSize(peerStreamWindow),
 		grpc.WithStaticConnWindowSize(peerConnWindow),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 5 * time.Second, Timeout: 5 * time.Second, PermitWithoutStream: true}),
-	)
+	}
+	if p.dial != nil {
+		opts = append(opts, grpc.WithContextDialer(p.dial))
+	}
+	conn, err := grpc.NewClient("passthrough:///"+addr, opts...)
 	if err != nil {
 		return nil, err
 	}
