@@ -113,7 +113,8 @@ func (c gatheredCreds) ClientHandshake(ctx context.Context, authority string, ra
 		raw.Close()
 		return nil, nil, err
 	}
-	// gRPC checks this itself with its own credentials.
+	// As credentials.NewTLS does: a server that did not agree to h2
+	// would not understand what follows.
 	if got := conn.ConnectionState().NegotiatedProtocol; got != "h2" {
 		raw.Close()
 		return nil, nil, fmt.Errorf("peer at %s negotiated %q, not h2", authority, got)

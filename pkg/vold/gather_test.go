@@ -89,7 +89,7 @@ func TestGatheredTLSOneSyscallPerWrite(t *testing.T) {
 
 // A forwarded 1 MiB write leaves a VolPeer client in a few writes to the
 // socket (gRPC's frames gathered under TLS: gatheredCreds and the write
-// buffer; with credentials.NewTLS it took 64, one per TLS record), and the
+// buffer; with credentials.NewTLS it took 66, about one per TLS record), and the
 // server still knows the caller by its certificate.
 func TestForwardedWriteReachesTheSocketGathered(t *testing.T) {
 	peers := startCluster(t, "a1", "b2")

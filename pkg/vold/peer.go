@@ -179,10 +179,9 @@ func (p *peerPool) client(node string) (volv1.VolPeerClient, error) {
 	opts := []grpc.DialOption{
 		grpc.WithTransportCredentials(gatheredCreds{cfg: pki.ClientConfig(p.id, p.ca, node)}),
 		// A forwarded 1 MiB write and its frames reach the connection in
-		// one Write, and so the socket in one syscall (gatheredCreds); the
-		// buffer goes back to a pool between writes.
+		// one Write, and so the socket in one syscall (gatheredCreds); gRPC
+		// returns the buffer to a pool between writes.
 		grpc.WithWriteBufferSize(peerWriteBuffer),
-		grpc.WithSharedWriteBuffer(true),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(maxPeerMessage), grpc.MaxCallSendMsgSize(maxPeerMessage)),
 		grpc.WithStaticStreamWindowSize(peerStreamWindow),
 		grpc.WithStaticConnWindowSize(peerConnWindow),
