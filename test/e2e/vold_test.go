@@ -737,6 +737,46 @@ func TestVolumeUpdate(t *testing.T) {
 	// The replicas removed (one at each shrink) are destroyed on their
 	// nodes once they retire (the dead one's once its node is back).
 	waitFor(t, 30*time.Second, "the two replicas removed destroyed", func() bool { return sum("shoal_vold_replicas_destroyed_total") >= 2 })
+
+	// A learner whose node dies before it votes is removed, and another
+	// placed: grow to two and kill the new member's node as soon as the
+	// volume's document names it. A learner is promoted two repair rounds
+	// (2 s each) after it joins at the soonest, so it dies a learner, and
+	// the leader's log says which step removed it.
+	c.mustCtl(1, "volume", "update", "grow", "--replicas", "2", "--detach")
+	dying := 0
+	waitFor(t, 10*time.Second, "a second member named", func() bool {
+		ictx, icancel := context.WithTimeout(ctx, 5*time.Second)
+		defer icancel()
+		v, err := c.volumes(1).InspectVolume(ictx, &volv1.InspectVolumeRequest{Name: "grow"})
+		if err != nil {
+			return false
+		}
+		for _, m := range v.GetMembers() {
+			if i := c.node(m.GetNode()); i != 1 {
+				dying = i
+			}
+		}
+		return dying != 0
+	})
+	if err := c.Kill(ctx, dying, ""); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 60*time.Second, "grow on two replicas again, none on the dead node", func() bool {
+		v, err = c.inspect(1, "grow")
+		return err == nil && converged(v, 2) && v.GetReplicas() == 2 && !slices.Contains(c.memberNodes(v), dying)
+	})
+	logged, err := os.ReadFile(c.LogPath(1, "vold"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(logged), "remove learners ["+c.ids[dying-1]+"/") {
+		t.Errorf("node 1's vold did not log removing node %d's learner", dying)
+	}
+	if got, err := c.readVolumeFile(6-1-dying, "grow", "last"); err != nil || got != "written with one replica left" {
+		t.Fatalf("read last through node %d, the new member's: %q, %v", 6-1-dying, got, err)
+	}
+	c.releaseReader(6-1-dying, "grow")
 }
 
 // TestVolumes is the volume acceptance on four nodes (three replicas and
