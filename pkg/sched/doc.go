@@ -41,7 +41,9 @@
 //
 // The owner filters nodes (alive, active, constraints, host ports, free
 // CPU and memory as last seen) and scores them (spread: fewer tasks of the
-// service, then more free; binpack: less free), in Place. It cannot know
+// service, then near the task's volumes, then more free; binpack: near the
+// task's volumes, then less free; Snapshot.VolumeReplicas says which nodes
+// hold which volume), in Place. It cannot know
 // what other owners are placing at the same moment, so it does not decide:
 // it asks. A Reserve action lists ranked candidates; the executor sends the
 // Reserve call to the first; the target checks it against its Ledger

@@ -22,6 +22,32 @@ type Request struct {
 	Strategy    Strategy
 	// Tasks counts the service's live tasks per node (spread).
 	Tasks map[string]int
+	// Near is, per node, the share of the task's volumes that the node
+	// holds a replica of (NearVolumes): a volume mounted there is served
+	// by its own replica, where elsewhere every operation is forwarded to
+	// the group's leader, and leadership follows the writer's node only
+	// among replicas.
+	Near map[string]float64
+}
+
+// NearVolumes returns Request.Near for a task that mounts volumes (as in
+// ServiceSpec.Volumes), given the nodes that hold a replica of each
+// volume by name; nil when it mounts none or nothing is known.
+func NearVolumes(volumes []string, replicas map[string][]string) map[string]float64 {
+	if len(volumes) == 0 || len(replicas) == 0 {
+		return nil
+	}
+	out := map[string]float64{}
+	for _, v := range volumes {
+		m, err := ParseVolume(v)
+		if err != nil {
+			continue
+		}
+		for _, node := range slices.Compact(slices.Sorted(slices.Values(replicas[m.Name]))) {
+			out[node] += 1 / float64(len(volumes))
+		}
+	}
+	return out
 }
 
 // NewRequest builds the request of one task of spec for slot. The spec
@@ -208,10 +234,11 @@ const ScoreBuckets = 16
 
 // Score rates a node that passed Filter: higher is better.
 //
-// spread: fewer tasks of the service first, then more free resources
-// after placing the task; binpack: less free resources after placing.
-// Free resources are the mean of the free CPU and memory fractions, so
-// both count equally whatever their units.
+// spread: fewer tasks of the service first, then nodes near the task's
+// volumes (Request.Near), then more free resources after placing the
+// task; binpack: nodes near the task's volumes first, then less free
+// resources after placing. Free resources are the mean of the free CPU
+// and memory fractions, so both count equally whatever their units.
 //
 // NB: the fraction is rounded down to 1/ScoreBuckets. Owners decide
 // concurrently from the same, slightly stale figures; exact scores would
@@ -221,11 +248,15 @@ const ScoreBuckets = 16
 // per-slot tie-break fans the owners out over them.
 func Score(req Request, n Node, u NodeUsage) float64 {
 	f := math.Floor(freeFraction(n.Capacity, u.Used.Add(req.Resources))*ScoreBuckets) / ScoreBuckets
+	near := req.Near[n.ID]
 	if req.Strategy == Binpack {
-		return -f
+		// near is in [0, 1] and 0.5*f too: a node holding every volume
+		// comes before the fullest that holds none.
+		return near - 0.5*f
 	}
-	// f is in [0, 1]: the task count dominates.
-	return -float64(req.Tasks[n.ID]) + 0.5*f
+	// f and near are in [0, 1]: the task count dominates (0.5 + 0.25 <
+	// 1), then a node holding every volume beats the emptiest.
+	return -float64(req.Tasks[n.ID]) + 0.5*near + 0.25*f
 }
 
 func freeFraction(capacity, used Resources) float64 {

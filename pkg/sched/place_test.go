@@ -88,6 +88,56 @@ func TestPlaceBinpack(t *testing.T) {
 	}
 }
 
+// TestPlaceNearVolumes: a task that mounts volumes goes to the nodes that
+// hold their replicas, before emptier ones (spread) and fuller ones
+// (binpack); spread's task count still comes first, and nodes that cannot
+// take the task are not made to.
+func TestPlaceNearVolumes(t *testing.T) {
+	nodes := []sched.Node{node("n1", 4000, 8*gib), node("n2", 4000, 8*gib), node("n3", 4000, 8*gib), node("n4", 4000, 8*gib)}
+	replicas := map[string][]string{"data": {"n3"}, "logs": {"n2", "n3"}, "other": {"n1"}}
+	spec := sched.ServiceSpec{Name: "db", Image: "x", CPUMillis: 1000, MemoryBytes: gib, Volumes: []string{"data:/var/lib/db", "logs:/var/log:ro"}}
+	near := sched.NearVolumes(spec.Volumes, replicas)
+	if near["n3"] != 1 || near["n2"] != 0.5 || near["n1"] != 0 || near["n4"] != 0 {
+		t.Fatalf("NearVolumes = %v, want n3 1, n2 0.5", near)
+	}
+	if got := sched.NearVolumes(nil, replicas); got != nil {
+		t.Fatalf("NearVolumes of no volumes = %v, want nil", got)
+	}
+	if got := sched.NearVolumes([]string{"data:/d", "data:/e"}, map[string][]string{"data": {"n1", "n1"}}); got["n1"] != 1 {
+		t.Fatalf("a volume mounted twice, a node listed twice: %v, want n1 1", got)
+	}
+
+	req := request(t, spec)
+	req.Near = near
+	// n3 is the fullest that fits, n4 the emptiest: n3 holds both volumes.
+	usage := sched.Usage{
+		"n3": {Used: sched.Resources{CPUMillis: 2500, MemoryBytes: 5 * gib}},
+		"n1": {Used: sched.Resources{CPUMillis: 1000, MemoryBytes: 2 * gib}},
+	}
+	ranked, _ := sched.Place(req, nodes, usage)
+	if !slices.Equal(ranked[:2], []string{"n3", "n2"}) {
+		t.Fatalf("spread Place = %v, want n3 (both volumes) then n2 (one)", ranked)
+	}
+	// The service's own task count comes first.
+	req.Tasks = map[string]int{"n3": 1}
+	if ranked, _ = sched.Place(req, nodes, usage); ranked[0] != "n2" || ranked[len(ranked)-1] != "n3" {
+		t.Fatalf("spread Place with a task on n3 = %v, want n2 first and n3 last", ranked)
+	}
+	req.Tasks = nil
+	// Binpack: the replicas' node before the fullest.
+	bp := request(t, sched.ServiceSpec{Name: "db", Image: "x", CPUMillis: 1000, MemoryBytes: gib, Placement: sched.Binpack, Volumes: spec.Volumes})
+	bp.Near = near
+	usage["n1"] = sched.NodeUsage{Used: sched.Resources{CPUMillis: 3000, MemoryBytes: 7 * gib}}
+	if ranked, _ = sched.Place(bp, nodes, usage); ranked[0] != "n3" || ranked[1] != "n2" || ranked[2] != "n1" {
+		t.Fatalf("binpack Place = %v, want n3, n2, then n1 (the fullest)", ranked)
+	}
+	// A replica's node that cannot take the task is passed over.
+	usage["n3"] = sched.NodeUsage{Used: sched.Resources{CPUMillis: 3500}}
+	if ranked, _ = sched.Place(req, nodes, usage); slices.Contains(ranked, "n3") || ranked[0] != "n2" {
+		t.Fatalf("Place with n3 full = %v, want n2 first and no n3", ranked)
+	}
+}
+
 // TestPlaceTieBreak: on identical nodes different slots prefer different
 // nodes, deterministically.
 func TestPlaceTieBreak(t *testing.T) {

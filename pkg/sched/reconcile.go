@@ -38,6 +38,10 @@ type Snapshot struct {
 	// so. A plain node death, with no node coming back, is not delayed.
 	Rejoined time.Time
 	Settle   time.Duration
+	// VolumeReplicas are, per replicated volume by name, the nodes that
+	// hold a replica of it (nil when unknown): placement prefers the
+	// nodes near a task's volumes (Request.Near).
+	VolumeReplicas map[string][]string
 }
 
 // DefaultSettle is how long after a node comes back an owner waits before
@@ -190,11 +194,13 @@ func newReconciler(s Snapshot, now time.Time, newID func() string) *reconciler {
 	r.spec.Name = s.Service.Name
 	r.digest = r.spec.Digest()
 	r.req, r.reqErr = NewRequest(r.spec, "")
+	r.req.Near = NearVolumes(r.spec.Volumes, s.VolumeReplicas)
 	if s.Service.PrevSpec != nil {
 		p := s.Service.PrevSpec.WithDefaults()
 		p.Name = s.Service.Name
 		r.prev, r.prevDigest = &p, p.Digest()
 		r.prevReq, _ = NewRequest(p, "")
+		r.prevReq.Near = NearVolumes(p.Volumes, s.VolumeReplicas)
 	}
 	for i := range s.Nodes {
 		r.nodes[s.Nodes[i].ID] = &s.Nodes[i]

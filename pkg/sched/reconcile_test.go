@@ -800,3 +800,45 @@ requeue at 00:00:10.000 (retry unschedulable)
 		})
 	}
 }
+
+// TestReconcilePlacesNearVolumes: the snapshot's volume replicas reach
+// placement. A single task that mounts a volume held on n3 goes there
+// first, where without the replicas known the slot's tie-break would
+// send it elsewhere; and a replicated service still spreads one task per
+// node before any doubles up on the replicas' nodes.
+func TestReconcilePlacesNearVolumes(t *testing.T) {
+	spec := webSpec(1)
+	spec.Volumes = []string{"data:/data"}
+	for _, tc := range []struct {
+		name     string
+		replicas map[string][]string
+		want     string
+	}{
+		{"replicas unknown", nil, "reserve web/0 task=new1 v1 as=task on=n2,n3,n1 fresh\n"},
+		{"replica on n3", map[string][]string{"data": {"n3"}}, "reserve web/0 task=new1 v1 as=task on=n3,n2,n1 fresh\n"},
+		{"replicas of another volume", map[string][]string{"other": {"n1"}}, "reserve web/0 task=new1 v1 as=task on=n2,n3,n1 fresh\n"},
+	} {
+		w := newWorld(spec)
+		w.svc.Converged = 0
+		snap := w.snapshot()
+		snap.VolumeReplicas = tc.replicas
+		if got := render(sched.Reconcile(snap, t0, counter())); got != tc.want {
+			t.Errorf("%s:\ngot  %s\nwant %s", tc.name, got, tc.want)
+		}
+	}
+	spec = webSpec(3)
+	spec.Volumes = []string{"data:/data"}
+	w := newWorld(spec)
+	w.svc.Converged = 0
+	snap := w.snapshot()
+	snap.VolumeReplicas = map[string][]string{"data": {"n1", "n2"}}
+	got := render(sched.Reconcile(snap, t0, counter()))
+	firsts := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(got), "\n") {
+		_, on, _ := strings.Cut(line, " on=")
+		firsts[strings.SplitN(on, ",", 2)[0]] = true
+	}
+	if len(firsts) != 3 {
+		t.Errorf("three slots of a service with a volume on n1 and n2 should each prefer another node:\n%s", got)
+	}
+}

@@ -116,6 +116,7 @@ func (n *node) ownerRound(ctx context.Context, now time.Time) {
 		snap := sched.Snapshot{
 			Service: w.services[svc], Slots: w.slots[svc], Tasks: w.tasks[svc],
 			Nodes: w.nodes, Usage: usage, TTL: time.Duration(n.cfg.ReservationTTL),
+			VolumeReplicas: n.replicas.of(ctx, n.vold, w.services[svc], now),
 		}
 		if ns := n.rejoined.Load(); ns != 0 {
 			snap.Rejoined = time.Unix(0, ns)

@@ -121,6 +121,9 @@ type node struct {
 	vold  volv1.VolumesClient
 	// releases tells vold of tasks that no longer use a volume.
 	releases *volumeReleases
+	// replicas are the nodes holding the volumes that owned services
+	// mount, for placement (near.go).
+	replicas volumeReplicas
 
 	// Set once the node is in a cluster (identity from statd).
 	id       string

@@ -1295,6 +1295,42 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 		}
 	})
 
+	c.run(t, "TasksPlacedNearTheirVolume", func(t *testing.T) {
+		// A volume of one replica on one of the four nodes: the tasks of
+		// three services that mount it run where the replica is
+		// (placement prefers the nodes holding a task's volumes). By the
+		// slots' tie-break alone each would land there one time in four.
+		c.mustCtl(1, "volume", "create", "nearby", "--replicas", "1", "--size", "16Mi")
+		v, err := c.inspect(1, "nearby")
+		if err != nil {
+			t.Fatal(err)
+		}
+		home := c.memberNodes(v)[0]
+		names := []string{"near-a", "near-b", "near-c"}
+		for _, name := range names {
+			c.mustCtl(2, "service", "create", name, "--image", "local/busybox:latest", "--stop-grace", "1s",
+				"--volume", "nearby:/data", "--", "sleep", "3600")
+			removeIfFailed(t, c.Cluster, 1, name)
+		}
+		for _, name := range names {
+			var ps []struct{ Node, State string }
+			out := c.mustCtl(1, "service", "ps", name, "-o", "json")
+			if err := json.Unmarshal([]byte(out), &ps); err != nil {
+				t.Fatalf("service ps %s -o json: %v: %s", name, err, out)
+			}
+			if len(ps) != 1 || ps[0].State != "running" || ps[0].Node != c.ids[home-1] && ps[0].Node != fmt.Sprintf("n%d", home) {
+				t.Errorf("%s's tasks %+v, want one running on node %d (%s), which holds the volume's replica", name, ps, home, c.ids[home-1])
+			}
+		}
+		for _, name := range names {
+			c.mustCtl(1, "service", "rm", name)
+		}
+		waitFor(t, 30*time.Second, "nearby removed once its users are gone", func() bool {
+			_, _, code := c.ctl(1, "volume", "rm", "nearby")
+			return code == 0
+		})
+	})
+
 	c.run(t, "StateMachineAPI", func(t *testing.T) { testStateMachines(t, c) })
 
 	c.run(t, "SilentVoldReplaced", func(t *testing.T) {
