@@ -6,6 +6,9 @@ import (
 	"sync"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/shoal-dev/shoal/pkg/sched"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
@@ -50,6 +53,10 @@ func (r *volumeReplicas) of(ctx context.Context, vold volv1.VolumesClient, svc *
 		r.seen = map[string]replicaSet{}
 	}
 	out := map[string][]string{}
+	// Once vold does not answer, the other volumes are not asked about
+	// either until replicasMaxAge has passed: a vold that is down costs
+	// the owner's round one second, not one per volume.
+	answering := true
 	for _, v := range mounts {
 		m, err := sched.ParseVolume(v)
 		if err != nil {
@@ -57,7 +64,10 @@ func (r *volumeReplicas) of(ctx context.Context, vold volv1.VolumesClient, svc *
 		}
 		s, ok := r.seen[m.Name]
 		if !ok || now.Sub(s.at) >= replicasMaxAge {
-			s = replicaSet{nodes: askReplicas(ctx, vold, m.Name), at: now}
+			s = replicaSet{at: now}
+			if answering {
+				s.nodes, answering = askReplicas(ctx, vold, m.Name)
+			}
 			r.seen[m.Name] = s
 		}
 		if s.nodes != nil {
@@ -72,18 +82,19 @@ func (r *volumeReplicas) of(ctx context.Context, vold volv1.VolumesClient, svc *
 	return out
 }
 
-// askReplicas returns the nodes of volume's members, or nil if vold does
-// not answer within a second.
-func askReplicas(ctx context.Context, vold volv1.VolumesClient, volume string) []string {
+// askReplicas returns the nodes of volume's members, nil if vold does not
+// know the volume or does not answer within a second; answered is false
+// in the latter case.
+func askReplicas(ctx context.Context, vold volv1.VolumesClient, volume string) (nodes []string, answered bool) {
 	cctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
 	v, err := vold.InspectVolume(cctx, &volv1.InspectVolumeRequest{Name: volume})
 	if err != nil {
-		return nil
+		return nil, status.Code(err) == codes.NotFound
 	}
-	nodes := []string{}
+	nodes = []string{}
 	for _, m := range v.GetMembers() {
 		nodes = append(nodes, m.GetNode())
 	}
-	return nodes
+	return nodes, true
 }

@@ -2,31 +2,37 @@ package schedd
 
 import (
 	"context"
-	"errors"
 	"maps"
 	"slices"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/shoal-dev/shoal/pkg/sched"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
 // inspectOnly is a vold that answers InspectVolume from members and
-// counts the calls; volumes it does not know fail.
+// counts the calls; volumes it does not know are NOT_FOUND, and while
+// down every call fails as a vold that does not answer.
 type inspectOnly struct {
 	volv1.VolumesClient
 	members map[string][]string
 	calls   map[string]int
+	down    bool
 }
 
 func (f *inspectOnly) InspectVolume(_ context.Context, req *volv1.InspectVolumeRequest, _ ...grpc.CallOption) (*volv1.Volume, error) {
 	f.calls[req.GetName()]++
+	if f.down {
+		return nil, status.Error(codes.Unavailable, "connection refused")
+	}
 	nodes, ok := f.members[req.GetName()]
 	if !ok {
-		return nil, errors.New("no such volume")
+		return nil, status.Error(codes.NotFound, "no such volume")
 	}
 	v := &volv1.Volume{Name: req.GetName()}
 	for _, n := range nodes {
@@ -62,5 +68,15 @@ func TestVolumeReplicas(t *testing.T) {
 	}
 	if got := r.of(context.Background(), nil, svc, t0); got != nil {
 		t.Fatalf("without a vold client: %v, want nil", got)
+	}
+	// A vold that does not answer is asked once per round, not once per
+	// volume, and its volumes count for no node.
+	vold.down = true
+	before := vold.calls["data"] + vold.calls["gone"] + vold.calls["old"]
+	if got := r.of(context.Background(), vold, svc, t0.Add(2*replicasMaxAge)); len(got) != 0 {
+		t.Fatalf("with vold down: %v, want nothing", got)
+	}
+	if asked := vold.calls["data"] + vold.calls["gone"] + vold.calls["old"] - before; asked != 1 {
+		t.Fatalf("with vold down it was asked %d times in one round, want 1", asked)
 	}
 }

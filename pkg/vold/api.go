@@ -84,6 +84,16 @@ func (n *node) existingVolume(ctx context.Context, name string) (*volumeDoc, err
 	return d, err
 }
 
+// knownVolume returns name's document from this node's mirror, or from
+// statd when the mirror has none yet (a volume just created through
+// another node): NOT_FOUND when neither has it.
+func (n *node) knownVolume(ctx context.Context, name string) (*volumeDoc, error) {
+	if d := n.volumeDoc(name); d != nil {
+		return d, nil
+	}
+	return n.existingVolume(ctx, name)
+}
+
 // createVolume places a new volume, writes its document and waits until
 // its group has a leader and has applied the volume's size limit (the
 // system group: until a linearizable read succeeds).
@@ -184,12 +194,9 @@ func (a *volumesAPI) InspectVolume(ctx context.Context, req *volv1.InspectVolume
 	if _, err := n.raftHost(); err != nil {
 		return nil, err
 	}
-	d := n.volumeDoc(req.GetName())
-	if d == nil {
-		var err error
-		if d, err = n.existingVolume(ctx, req.GetName()); err != nil {
-			return nil, err
-		}
+	d, err := n.knownVolume(ctx, req.GetName())
+	if err != nil {
+		return nil, err
 	}
 	// What each member's vold lets the volume reach, asked beside the
 	// members' status: an operator upgrading vold sees which member holds
@@ -204,15 +211,21 @@ func (a *volumesAPI) InspectVolume(ctx context.Context, req *volv1.InspectVolume
 	return v, nil
 }
 
-func (a *volumesAPI) UpdateVolume(ctx context.Context, req *volv1.UpdateVolumeRequest) (*volv1.Volume, error) {
-	n := a.n
-	if _, err := n.raftHost(); err != nil {
+// namedVolume returns the document of the volume a request names, once
+// the Raft host runs and the name is valid: NOT_FOUND when there is none.
+func (a *volumesAPI) namedVolume(ctx context.Context, name string) (*volumeDoc, error) {
+	if _, err := a.n.raftHost(); err != nil {
 		return nil, err
 	}
-	name := req.GetName()
 	if err := validateName(name); err != nil {
 		return nil, err
 	}
+	return a.n.existingVolume(ctx, name)
+}
+
+func (a *volumesAPI) UpdateVolume(ctx context.Context, req *volv1.UpdateVolumeRequest) (*volv1.Volume, error) {
+	n := a.n
+	name := req.GetName()
 	if req.GetReplicas() == 0 && req.GetSizeBytes() == 0 {
 		return nil, fmt.Errorf("nothing to update: give a replica count or a size: %w", errdefs.ErrInvalidArgument)
 	}
@@ -231,7 +244,7 @@ func (a *volumesAPI) UpdateVolume(ctx context.Context, req *volv1.UpdateVolumeRe
 			return nil, err
 		}
 	}
-	d, err := n.existingVolume(ctx, name)
+	d, err := a.namedVolume(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -267,14 +280,8 @@ func (a *volumesAPI) UpdateVolume(ctx context.Context, req *volv1.UpdateVolumeRe
 
 func (a *volumesAPI) RemoveVolume(ctx context.Context, req *volv1.RemoveVolumeRequest) (*volv1.RemoveVolumeResponse, error) {
 	n := a.n
-	if _, err := n.raftHost(); err != nil {
-		return nil, err
-	}
 	name := req.GetName()
-	if err := validateName(name); err != nil {
-		return nil, err
-	}
-	d, err := n.existingVolume(ctx, name)
+	d, err := a.namedVolume(ctx, name)
 	if err != nil {
 		return nil, err
 	}

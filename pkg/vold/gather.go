@@ -75,6 +75,30 @@ func newGatheredTLS(raw net.Conn, cfg *tls.Config) *gatheredTLS {
 	return &gatheredTLS{Conn: tls.Client(g, cfg), raw: g}
 }
 
+// handshakeGathered starts TLS as a client on raw, gathered (see
+// gatherConn), offering protocol proto alone, and fails unless the server
+// agrees to it: a server that speaks another would not understand what
+// follows. Frames are written whole, so small records at the start of a
+// connection would only cost more of them. On an error raw is closed.
+func handshakeGathered(ctx context.Context, raw net.Conn, cfg *tls.Config, proto string) (*gatheredTLS, error) {
+	cfg = cfg.Clone()
+	cfg.NextProtos = []string{proto}
+	cfg.DynamicRecordSizingDisabled = true
+	c := newGatheredTLS(raw, cfg)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	if got := c.ConnectionState().NegotiatedProtocol; got != proto {
+		raw.Close()
+		return nil, fmt.Errorf("negotiated %q, not %s: %w", got, proto, errOtherProtocol)
+	}
+	return c, nil
+}
+
+// errOtherProtocol: the peer did not agree to the protocol offered.
+var errOtherProtocol = errors.New("the peer speaks another protocol")
+
 // Write encrypts p into records and writes them at once. On an error,
 // the count is of what was encrypted, not of what reached the peer: the
 // connection is broken either way.
@@ -98,26 +122,18 @@ type gatheredCreds struct {
 }
 
 func (c gatheredCreds) ClientHandshake(ctx context.Context, authority string, raw net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	cfg := c.cfg.Clone()
-	cfg.NextProtos = []string{"h2"}
-	cfg.DynamicRecordSizingDisabled = true
+	cfg := c.cfg
 	if cfg.ServerName == "" {
 		host, _, err := net.SplitHostPort(authority)
 		if err != nil {
 			host = authority
 		}
+		cfg = cfg.Clone()
 		cfg.ServerName = host
 	}
-	conn := newGatheredTLS(raw, cfg)
-	if err := conn.HandshakeContext(ctx); err != nil {
-		raw.Close()
-		return nil, nil, err
-	}
-	// As credentials.NewTLS does: a server that did not agree to h2
-	// would not understand what follows.
-	if got := conn.ConnectionState().NegotiatedProtocol; got != "h2" {
-		raw.Close()
-		return nil, nil, fmt.Errorf("peer at %s negotiated %q, not h2", authority, got)
+	conn, err := handshakeGathered(ctx, raw, cfg, "h2")
+	if err != nil {
+		return nil, nil, fmt.Errorf("peer at %s: %w", authority, err)
 	}
 	return conn, credentials.TLSInfo{
 		State:          conn.ConnectionState(),

@@ -43,12 +43,9 @@ func (n *node) mount(ctx context.Context, name, user string) (string, error) {
 	if err := n.awaitRestore(ctx); err != nil {
 		return "", err
 	}
-	d := n.volumeDoc(name)
-	if d == nil {
-		var err error
-		if d, err = n.existingVolume(ctx, name); err != nil {
-			return "", err
-		}
+	d, err := n.knownVolume(ctx, name)
+	if err != nil {
+		return "", err
 	}
 	n.mountMu.Lock()
 	defer n.mountMu.Unlock()

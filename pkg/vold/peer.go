@@ -237,19 +237,11 @@ func (p *peerPool) raftDialer(names *nodeNames) raftDialer {
 		if err != nil {
 			return nil, err
 		}
-		cfg := pki.ClientConfig(p.id, p.ca, node)
-		cfg.NextProtos = []string{raftProto}
-		// Frames are written whole; small records at the start of a
-		// connection only cost more of them.
-		cfg.DynamicRecordSizingDisabled = true
-		c := newGatheredTLS(raw, cfg)
-		if err := c.HandshakeContext(ctx); err != nil {
-			raw.Close()
+		c, err := handshakeGathered(ctx, raw, pki.ClientConfig(p.id, p.ca, node), raftProto)
+		if errors.Is(err, errOtherProtocol) {
+			return nil, fmt.Errorf("node %s at %s: %w: it runs another vold version", node, addr, err)
+		} else if err != nil {
 			return nil, fmt.Errorf("raft handshake with node %s at %s: %w", node, addr, err)
-		}
-		if got := c.ConnectionState().NegotiatedProtocol; got != raftProto {
-			raw.Close()
-			return nil, fmt.Errorf("node %s at %s negotiated %q, not %s: it runs another vold version", node, addr, got, raftProto)
 		}
 		return c, nil
 	}
