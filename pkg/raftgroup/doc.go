@@ -140,11 +140,15 @@
 // about half the time of a synced Pebble commit, which appends to a
 // growing WAL and so commits the filesystem's journal too.
 //
-// The data of entries and snapshots of 16 KiB or more (Config.LargeEntry)
+// The data of entries and snapshots of 2 KiB or more (Config.LargeEntry)
 // stays in the journal as blob records that Pebble values reference: a
 // volume's file data lives in its log until a snapshot covers it, and in
 // Pebble each such entry was copied into the WAL, the memtable and then a
-// blob file, half of a replica's CPU for sequential writes. A segment is
+// blob file, half of a replica's CPU for sequential writes; 4 KiB writes
+// filled the memtable, whose flushes then slowed the journal's syncs on
+// the shared disk. Smaller entries (metadata operations, state machine
+// commands) stay in Pebble, where a blob's record and bookkeeping would
+// cost more than they save. A segment is
 // dropped, or kept to be written over, once nothing references its
 // blobs, the truncation that released them is durable and Pebble has
 // flushed its batches. Past 16 segments holding log entries, the idle
