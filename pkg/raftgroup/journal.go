@@ -151,6 +151,10 @@ type segment struct {
 	grown bool
 	// syncedSize is the size at its last sync.
 	syncedSize int64
+	// pend gathers small records and blobs not yet written to the file
+	// (counted in size): a round's blobs and its batch record reach the
+	// file in one write (see segment.write).
+	pend []byte
 }
 
 // segmentRef locates a blob: the payload of a blob record.
@@ -683,7 +687,9 @@ func (j *journal) batch(b *pebble.Batch, ks keyspace, sync bool) error {
 	if sync || j.blobsUnsynced {
 		return j.sync()
 	}
-	return nil
+	// Unsynced, the record still reaches the file now, as it did before
+	// records were gathered: Pebble gets the batch next.
+	return j.flushUnsynced()
 }
 
 // room returns the segment the next record of n payload bytes goes to,
@@ -702,12 +708,60 @@ func (j *journal) room(n int) (*segment, error) {
 	return s, nil
 }
 
+// gatherPart is the largest piece a segment gathers in pend, and
+// gatherMax the most pend holds: a 4 KiB write's blob (its header and
+// data) and the round's batch record were three system calls, each a
+// few microseconds on a journal sync's way; a larger piece goes to the
+// file directly, where copying it would cost more than its call.
+const (
+	gatherPart = 32 << 10
+	gatherMax  = 256 << 10
+)
+
+// write appends parts to the segment: small ones to pend, written by
+// flush (which batch, sync and read call), large ones to the file at
+// once, after what pend holds.
 func (s *segment) write(parts ...[]byte) error {
 	for _, p := range parts {
-		if _, err := s.w.Write(p); err != nil {
-			return fmt.Errorf("raftgroup: write journal segment %d: %w", s.id, err)
+		if len(p) <= gatherPart {
+			if len(s.pend)+len(p) > gatherMax {
+				if err := s.flush(); err != nil {
+					return err
+				}
+			}
+			s.pend = append(s.pend, p...)
+		} else {
+			if err := s.flush(); err != nil {
+				return err
+			}
+			if _, err := s.w.Write(p); err != nil {
+				return fmt.Errorf("raftgroup: write journal segment %d: %w", s.id, err)
+			}
 		}
 		s.size += int64(len(p))
+	}
+	return nil
+}
+
+// flush writes what pend holds to the file.
+func (s *segment) flush() error {
+	if len(s.pend) == 0 {
+		return nil
+	}
+	_, err := s.w.Write(s.pend)
+	s.pend = s.pend[:0]
+	if err != nil {
+		return fmt.Errorf("raftgroup: write journal segment %d: %w", s.id, err)
+	}
+	return nil
+}
+
+// flushUnsynced writes every segment's gathered bytes to its file.
+func (j *journal) flushUnsynced() error {
+	for _, s := range j.unsynced {
+		if err := s.flush(); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -862,6 +916,9 @@ func syncDir(fs vfs.FS, dir string) error {
 // sync makes every record written durable.
 func (j *journal) sync() error {
 	for _, s := range j.unsynced {
+		if err := s.flush(); err != nil {
+			return err
+		}
 		if err := s.w.SyncData(); err != nil {
 			return fmt.Errorf("raftgroup: sync journal segment %d: %w", s.id, err)
 		}
@@ -871,7 +928,7 @@ func (j *journal) sync() error {
 		s.syncedSize = s.size
 		if s != j.active {
 			err := s.w.Close()
-			s.w = nil
+			s.w, s.pend = nil, nil
 			if err != nil {
 				return fmt.Errorf("raftgroup: close segment %d: %w", s.id, err)
 			}
@@ -889,6 +946,12 @@ func (j *journal) read(ref segmentRef) ([]byte, error) {
 	s := j.segs[ref.seg]
 	if s == nil {
 		return nil, fmt.Errorf("raftgroup: segment %d is missing", ref.seg)
+	}
+	if len(s.pend) > 0 && int64(ref.off+ref.n) > s.size-int64(len(s.pend)) {
+		// A blob of this round, read back before the round wrote it.
+		if err := s.flush(); err != nil {
+			return nil, err
+		}
 	}
 	buf := make([]byte, ref.n)
 	if _, err := s.r.ReadAt(buf, int64(ref.off)); err != nil {
@@ -1000,6 +1063,7 @@ func (j *journal) close() {
 	}
 	for _, s := range j.segs {
 		if s.w != nil {
+			_ = s.flush() // unsynced: kept as the page cache would have it
 			s.w.Close()
 		}
 		s.r.Close()
