@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cockroachdb/pebble/v2/vfs"
-
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	rgt "github.com/shoal-dev/shoal/pkg/raftgroup/raftgrouptest"
 )
@@ -435,49 +433,11 @@ func TestTransferLeadership(t *testing.T) {
 	converge(t, c, 1, 1, 2, 3)
 }
 
-// syncHookFS calls onSync before every sync of a journal segment's records.
-type syncHookFS struct {
-	vfs.FS
-	onSync func()
-}
-
-type syncHookFile struct {
-	vfs.File
-	fs *syncHookFS
-}
-
-func (fs *syncHookFS) wrap(name string, f vfs.File, err error) (vfs.File, error) {
-	if err != nil || !strings.Contains(name, "/entries/") {
-		return f, err
-	}
-	return syncHookFile{File: f, fs: fs}, nil
-}
-
-func (fs *syncHookFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := fs.FS.Create(name, c)
-	return fs.wrap(name, f, err)
-}
-
-func (fs *syncHookFS) ReuseForWrite(oldname, newname string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := fs.FS.ReuseForWrite(oldname, newname, c)
-	return fs.wrap(newname, f, err)
-}
-
-func (f syncHookFile) hook() {
-	if f.fs.onSync != nil {
-		f.fs.onSync()
-	}
-}
-
-// SyncData is how the journal syncs its records; Sync, which the journal
-// calls on preallocated segments from another goroutine, is not hooked.
-func (f syncHookFile) SyncData() error { f.hook(); return f.File.SyncData() }
-
 // syncHookedCluster is a cluster of three whose journal syncs are hooked.
-func syncHookedCluster(t *testing.T, seed uint64) (*rgt.Cluster, map[raftgroup.NodeID]*syncHookFS) {
-	hooks := map[raftgroup.NodeID]*syncHookFS{}
+func syncHookedCluster(t *testing.T, seed uint64) (*rgt.Cluster, map[raftgroup.NodeID]*raftgroup.SegmentHookFS) {
+	hooks := map[raftgroup.NodeID]*raftgroup.SegmentHookFS{}
 	c := rgt.New(t, rgt.Options{Nodes: 3, Seed: seed, Configure: func(cfg *raftgroup.Config) {
-		h := &syncHookFS{FS: cfg.FS}
+		h := &raftgroup.SegmentHookFS{FS: cfg.FS}
 		hooks[cfg.NodeID] = h
 		cfg.FS = h
 	}})
@@ -511,14 +471,14 @@ func TestCommittedAnsweredBeforeNextSync(t *testing.T) {
 	// and the second is appended and synced.
 	f2 := c.Host(leader).Submit(1, raftgroup.Proposal{Data: put("b", "2")})
 	syncs, answeredAtSync := 0, false
-	hooks[leader].onSync = func() {
+	hooks[leader].OnSync = func(string) {
 		if syncs == 0 {
 			answeredAtSync = rgt.Resolved(f1)
 		}
 		syncs++
 	}
 	c.Host(leader).Round()
-	hooks[leader].onSync = nil
+	hooks[leader].OnSync = nil
 	if syncs == 0 {
 		t.Fatalf("the leader's round synced nothing\n%s", c.String(1))
 	}
@@ -590,7 +550,7 @@ func TestSnapshotsWeighTheLogAgainstTheState(t *testing.T) {
 // journal; while the sync does not finish (a stuck disk) it does not
 // return, and a closed host fails it.
 func TestCheckSyncsTheJournal(t *testing.T) {
-	hook := &syncHookFS{}
+	hook := &raftgroup.SegmentHookFS{}
 	c := rgt.New(t, rgt.Options{Nodes: 1, Seed: 5, Configure: func(cfg *raftgroup.Config) {
 		hook.FS = cfg.FS
 		cfg.FS = hook
@@ -598,13 +558,13 @@ func TestCheckSyncsTheJournal(t *testing.T) {
 	h := c.Host(1)
 
 	syncs := 0
-	hook.onSync = func() { syncs++ }
+	hook.OnSync = func(string) { syncs++ }
 	f := h.CheckAsync()
 	if rgt.Resolved(f) {
 		t.Fatal("Check answered before a round")
 	}
 	h.Round()
-	hook.onSync = nil
+	hook.OnSync = nil
 	if !rgt.Resolved(f) {
 		t.Fatal("Check not answered after a round")
 	}
@@ -617,7 +577,7 @@ func TestCheckSyncsTheJournal(t *testing.T) {
 
 	// A sync that does not finish holds Check until it does.
 	stuck, entered := make(chan struct{}), make(chan struct{}, 1)
-	hook.onSync = func() {
+	hook.OnSync = func(string) {
 		entered <- struct{}{}
 		<-stuck
 	}
@@ -635,7 +595,7 @@ func TestCheckSyncsTheJournal(t *testing.T) {
 	}
 	close(stuck)
 	<-round
-	hook.onSync = nil
+	hook.OnSync = nil
 	if _, err := f.Result(); err != nil {
 		t.Fatal(err)
 	}

@@ -10,39 +10,6 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
-// writeCountingFS counts the writes to the journal's segment files.
-type writeCountingFS struct {
-	vfs.FS
-	writes *int
-}
-
-func (fs writeCountingFS) Create(name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := fs.FS.Create(name, c)
-	return fs.wrap(name, f), err
-}
-
-func (fs writeCountingFS) ReuseForWrite(old, name string, c vfs.DiskWriteCategory) (vfs.File, error) {
-	f, err := fs.FS.ReuseForWrite(old, name, c)
-	return fs.wrap(name, f), err
-}
-
-func (fs writeCountingFS) wrap(name string, f vfs.File) vfs.File {
-	if f == nil || !strings.HasSuffix(name, ".log") {
-		return f
-	}
-	return writeCountingFile{File: f, writes: fs.writes}
-}
-
-type writeCountingFile struct {
-	vfs.File
-	writes *int
-}
-
-func (f writeCountingFile) Write(p []byte) (int, error) {
-	*f.writes++
-	return f.File.Write(p)
-}
-
 // TestRoundWritesItsSegmentOnce: a round whose batch references a 4 KiB
 // blob (a synchronous 4 KiB write's entry) writes the blob's header, its
 // data and the batch record to the segment file in one write, not three;
@@ -51,7 +18,11 @@ func (f writeCountingFile) Write(p []byte) (int, error) {
 func TestRoundWritesItsSegmentOnce(t *testing.T) {
 	mem := vfs.NewMem()
 	var writes int
-	fs := writeCountingFS{FS: mem, writes: &writes}
+	fs := &SegmentHookFS{FS: mem, OnWrite: func(name string) {
+		if strings.HasSuffix(name, ".log") {
+			writes++
+		}
+	}}
 	j, err := openJournal(fs, "/entries")
 	if err != nil {
 		t.Fatal(err)

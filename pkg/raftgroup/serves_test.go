@@ -114,7 +114,7 @@ func TestServesAndMachineDoNotWaitForTheLoop(t *testing.T) {
 	var got *answers
 	statusHeld := false
 	synced := false
-	hooks[leader].onSync = func() {
+	hooks[leader].OnSync = func(string) {
 		if synced {
 			return
 		}
@@ -139,7 +139,7 @@ func TestServesAndMachineDoNotWaitForTheLoop(t *testing.T) {
 	}
 	f := h.Submit(1, raftgroup.Proposal{Data: put("k", "v")})
 	h.Round()
-	hooks[leader].onSync = nil
+	hooks[leader].OnSync = nil
 	if !synced {
 		t.Fatalf("the leader's round synced nothing\n%s", c.String(1))
 	}
