@@ -111,10 +111,10 @@
 // With Config.FollowProposers a leader counts each 300 ms window's
 // proposals by the replica they came from and hands leadership to a voter
 // that made most of them (at least 8, and twice as many as all others
-// together), no sooner than two windows into its term (follow.go): a
-// volume written through one node's mount is then led from that node, and
-// its writes no longer go to another node and back before they are
-// replicated.
+// together), no sooner than two windows into its term — a bulk writer
+// sooner, within the window (follow.go): a volume written through one
+// node's mount is then led from that node, and its writes no longer go
+// to another node and back before they are replicated.
 //
 // A host about to stop hands the groups it leads to their most up-to-date
 // voters on other live nodes (Host.HandOff, handoff.go): their writes

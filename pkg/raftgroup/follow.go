@@ -25,6 +25,10 @@ import (
 // follower must have made at least followMinProposals in the window and
 // at least twice as many as every other replica together, and a leader
 // considers moving only after followWindows whole windows as leader.
+// A bulk writer (followEarly) takes it sooner, after followEarlyTicks of
+// the term, with followEarlyBytes in the window or in a run of its own
+// proposals that no other replica's interrupted: those bytes bound how
+// often leadership can move.
 
 const (
 	// followWindowTicks is the window proposals are counted over (300
@@ -48,7 +52,24 @@ const (
 	// in a window for followEarly to move leadership before the window
 	// ends: eight 512 KiB writes.
 	followEarlyBytes = 4 << 20
+	// followEarlyTicks is how long a leader serves before followEarly
+	// may hand leadership on: a bulk writer's followEarlyBytes bound how
+	// often leadership moves. A node that writes right after another
+	// (bench/vold's follower's mount runs after the leader's, whose
+	// mount took the leadership back before its run) found the term
+	// under two windows old and forwarded up to 0.6 s of a 64 MiB
+	// write through the leader (2.14–2.44 Raft MiB sent per MiB in
+	// full runs, where 2.00 is none). One tick lets the new term
+	// commit its first entry first.
+	followEarlyTicks = 1
 )
+
+// proposalRun is a run of proposals from one replica that no other
+// replica's proposal interrupted: its count and entry data.
+type proposalRun struct {
+	from     ReplicaID
+	n, bytes int
+}
 
 // countProposals records n proposals of the given entry data bytes from
 // replica from if g leads (a follower forwards its own to the leader,
@@ -62,7 +83,20 @@ func (g *group) countProposals(from ReplicaID, n, bytes int) {
 	}
 	g.proposed[from] += n
 	g.proposedBytes[from] += bytes
+	if g.run.from != from {
+		g.run = proposalRun{from: from}
+	}
+	g.run.n += n
+	g.run.bytes += bytes
 	g.h.counted[g.id] = g
+}
+
+// forgetProposals drops the counts of the window and the run: a new
+// leader, or one that just moved leadership, starts afresh.
+func (g *group) forgetProposals() {
+	clear(g.proposed)
+	clear(g.proposedBytes)
+	g.run = proposalRun{}
 }
 
 // followProposers runs at every tick: at the end of each window it moves
@@ -75,29 +109,42 @@ func (h *Host) followProposers() {
 	}
 	for _, id := range h.sortedGroups(h.counted) {
 		g := h.counted[id]
-		h.endWindow(g, g.proposerToFollow())
+		h.endWindow(g, g.proposerToFollow(followWindows*followWindowTicks))
 	}
 }
 
 // followEarly moves g's leadership to from at once, within the window,
 // once from alone proposed enough of the window's entries (the same test
-// as at a window's end) carrying followEarlyBytes of data. Judged only at
-// the window's end, a bulk writer that starts a burst waited up to a
-// window and a half for the leadership: a 64 MiB sequential write through
-// a follower's mount (about half a second) sent most of its data through
-// the leader first (bench/vold's "Raft MiB sent per MiB", 2.61–2.95 where
-// the leader's own mount sends 2.00). Small writes keep to the window's
-// end: for them a forward costs a round trip, not megabytes, and a
-// writer that makes a few dozen of them moves leadership no sooner than
-// before. The caller has stepped the proposal that counted, so the
-// transfer waits for it to reach from like any other entry. (It runs for
-// every forwarded proposal: the counts are checked before the full test.)
+// as at a window's end) carrying followEarlyBytes of data, or made a run
+// of that many proposals and bytes that no other replica's interrupted.
+//
+// Judged only at the window's end, a bulk writer that starts a burst
+// waited up to a window and a half for the leadership: a 64 MiB
+// sequential write through a follower's mount (about half a second) sent
+// most of its data through the leader first (bench/vold's "Raft MiB sent
+// per MiB", 2.61–2.95 where the leader's own mount sends 2.00). The run
+// catches a writer that starts just after another stopped, whose burst
+// the window still counts and the newcomer had to double (bench/vold's
+// follower's mount, run right after the leader's: 2.19–2.45); two writers
+// at once interrupt each other's runs, and one whose proposals come ten
+// times as often as the other's leads from the window's end anyway.
+// Small writes keep to the window's end: for them a forward costs a
+// round trip, not megabytes, and a writer that makes a few dozen of them
+// moves leadership no sooner than before. The caller has stepped the
+// proposal that counted, so the transfer waits for it to reach from like
+// any other entry. (It runs for every forwarded proposal: the counts are
+// checked before the full test.)
 func (h *Host) followEarly(g *group, from ReplicaID) {
-	if !h.cfg.FollowProposers || from == g.replica || g.proposed[from] < followMinProposals ||
-		g.proposedBytes[from] < followEarlyBytes || g.proposerToFollow() != from {
+	if !h.cfg.FollowProposers || from == g.replica {
 		return
 	}
-	h.endWindow(g, from)
+	window := g.proposed[from] >= followMinProposals && g.proposedBytes[from] >= followEarlyBytes &&
+		g.proposerToFollow(followEarlyTicks) == from
+	run := g.run.from == from && g.run.n >= followMinProposals && g.run.bytes >= followEarlyBytes &&
+		g.mayLead(from, followEarlyTicks)
+	if window || run {
+		h.endWindow(g, from)
+	}
 }
 
 // endWindow ends g's window: it moves g's leadership to to, unless to is
@@ -109,6 +156,7 @@ func (h *Host) endWindow(g *group, to ReplicaID) {
 	if to == 0 {
 		return
 	}
+	g.run = proposalRun{}
 	h.log.Debug("leadership follows the proposer", "group", uint64(g.id), "to", uint64(to))
 	g.rn.TransferLeader(uint64(to))
 	h.stats.LeaderTransfers++
@@ -117,18 +165,8 @@ func (h *Host) endWindow(g *group, to ReplicaID) {
 }
 
 // proposerToFollow returns the replica g's leadership should move to, or
-// 0 to stay.
-func (g *group) proposerToFollow() ReplicaID {
-	if g.removed || g.retiring != nil || g.broken != nil || g.leader != g.replica || g.h.tick-g.leaderTick < followWindows*followWindowTicks {
-		return 0
-	}
-	cs := g.confState
-	if cs == nil || isJoint(cs) {
-		return 0
-	}
-	if st := g.rn.BasicStatus(); st.RaftState != raft.StateLeader || st.LeadTransferee != 0 {
-		return 0
-	}
+// 0 to stay; g's leader must have led for minTerm ticks.
+func (g *group) proposerToFollow(minTerm uint64) ReplicaID {
 	var top ReplicaID
 	topN, total := 0, 0
 	for r, n := range g.proposed {
@@ -137,16 +175,29 @@ func (g *group) proposerToFollow() ReplicaID {
 			top, topN = r, n
 		}
 	}
-	if top == g.replica || topN < followMinProposals || topN < 2*(total-topN) {
-		return 0
-	}
-	if !slices.Contains(cs.GetVoters(), uint64(top)) {
-		return 0 // a learner cannot lead
-	}
-	if g.h.isLeaving(g, top) {
-		// Its node is stopping: the transfer would hold this group's
-		// proposals until raft gave it up, an election timeout later.
+	if topN < followMinProposals || topN < 2*(total-topN) || !g.mayLead(top, minTerm) {
 		return 0
 	}
 	return top
+}
+
+// mayLead reports whether g, which must have led for minTerm ticks, may
+// hand its leadership to replica to now.
+func (g *group) mayLead(to ReplicaID, minTerm uint64) bool {
+	if to == g.replica || g.removed || g.retiring != nil || g.broken != nil || g.leader != g.replica || g.h.tick-g.leaderTick < minTerm {
+		return false
+	}
+	cs := g.confState
+	if cs == nil || isJoint(cs) {
+		return false
+	}
+	if st := g.rn.BasicStatus(); st.RaftState != raft.StateLeader || st.LeadTransferee != 0 {
+		return false
+	}
+	if !slices.Contains(cs.GetVoters(), uint64(to)) {
+		return false // a learner cannot lead
+	}
+	// Its node stopping, the transfer would hold this group's proposals
+	// until raft gave it up, an election timeout later.
+	return !g.h.isLeaving(g, to)
 }

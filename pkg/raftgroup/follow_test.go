@@ -95,27 +95,62 @@ func TestFollowProposersHysteresis(t *testing.T) {
 
 // TestFollowProposersWithinWindow: a follower's burst of large proposals
 // moves the leadership as soon as it is enough, before the window ends
-// (no tick runs here: a window only ends at a tick); small ones wait for
-// the window's end.
+// (no tick runs here: a window only ends at a tick), even from a leader
+// whose term is a tick or two old — the node that wrote just before the
+// burst took it back (young) — and even when the leader wrote more in the
+// window before the burst began; not when the leader's proposals come
+// between the follower's. Small ones wait for the window's end.
 func TestFollowProposersWithinWindow(t *testing.T) {
 	large := raftgroup.FollowEarlyBytes / raftgroup.FollowMinProposals
 	for _, tc := range []struct {
 		n, size int
-		move    bool
+		young   bool
+		// leaderFirst large proposals of the leader come before the
+		// follower's; with interleaved, one of the leader's comes after
+		// each of the follower's.
+		leaderFirst int
+		interleaved bool
+		move        bool
 	}{
-		{raftgroup.FollowMinProposals - 1, large, false},
-		{raftgroup.FollowMinProposals, large, true},
-		{4 * raftgroup.FollowMinProposals, 64, false},
+		{n: raftgroup.FollowMinProposals - 1, size: large},
+		{n: raftgroup.FollowMinProposals, size: large, move: true},
+		{n: 4 * raftgroup.FollowMinProposals, size: 64},
+		{n: raftgroup.FollowMinProposals, size: large, young: true, move: true},
+		{n: raftgroup.FollowMinProposals, size: large, young: true, leaderFirst: 3 * raftgroup.FollowMinProposals, move: true},
+		{n: 2 * raftgroup.FollowMinProposals, size: large, young: true, interleaved: true},
+		{n: 4 * raftgroup.FollowMinProposals, size: 64, young: true},
 	} {
-		t.Run(fmt.Sprintf("%d of %d bytes", tc.n, tc.size), func(t *testing.T) {
+		name := fmt.Sprintf("%d of %d bytes, young %v, leader first %d, interleaved %v", tc.n, tc.size, tc.young, tc.leaderFirst, tc.interleaved)
+		t.Run(name, func(t *testing.T) {
 			c := followCluster(t, 24, true)
 			leader, followers := settledGroup(t, c)
 			writer := followers[0]
-			c.RunTicks(7) // the leader's term is two windows old
+			if tc.young {
+				// followers[0] takes the leadership; the old leader
+				// then writes.
+				c.Host(leader).TransferLeadership(1, raftgroup.ReplicaID(followers[0]))
+				if !c.RunUntilStep(50, func() bool { n, _, ok := c.Leader(1); return ok && n == followers[0] }) {
+					t.Fatalf("leadership not transferred to %d\n%s", followers[0], c.String(1))
+				}
+				leader, writer = followers[0], leader
+				c.RunTicks(2) // the new term is two ticks old, under two windows
+			} else {
+				c.RunTicks(7) // the leader's term is two windows old
+			}
 			var futs []*raftgroup.Future[raftgroup.Result]
+			submit := func(n raftgroup.NodeID, i, size int) {
+				v := strings.Repeat("v", size)
+				futs = append(futs, c.Host(n).Submit(1, raftgroup.Proposal{Data: put(fmt.Sprint("k", n, ".", i), v)}))
+				c.Step()
+			}
+			for i := range tc.leaderFirst {
+				submit(leader, i, large)
+			}
 			for i := range tc.n {
-				v := strings.Repeat("v", tc.size)
-				futs = append(futs, c.Host(writer).Submit(1, raftgroup.Proposal{Data: put(fmt.Sprint("k", i), v)}))
+				submit(writer, i, tc.size)
+				if tc.interleaved {
+					submit(leader, tc.leaderFirst+i, large)
+				}
 			}
 			for range 30 {
 				c.Step()
@@ -123,9 +158,9 @@ func TestFollowProposersWithinWindow(t *testing.T) {
 			l, _, _ := c.Leader(1)
 			switch {
 			case !tc.move && l != leader:
-				t.Fatalf("leadership moved to %d within the window after %d proposals of %d bytes", l, tc.n, tc.size)
+				t.Fatalf("leadership moved to %d within the window", l)
 			case tc.move && l != writer:
-				t.Fatalf("leadership still on %d after %d proposals of %d bytes from %d within a window\n%s", l, tc.n, tc.size, writer, c.String(1))
+				t.Fatalf("leadership still on %d after %d's burst within a window\n%s", l, writer, c.String(1))
 			}
 			for i, f := range futs {
 				if _, err := rgt.Await(c, f, 200); err != nil {

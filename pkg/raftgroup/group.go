@@ -49,10 +49,12 @@ type group struct {
 	leader  ReplicaID
 	// leaderTick is the host tick at which leader last changed; proposed
 	// counts the window's proposals by replica while this one leads, and
-	// proposedBytes their entry data (follow.go).
+	// proposedBytes their entry data; run is the latest run of proposals
+	// from one replica (follow.go).
 	leaderTick    uint64
 	proposed      map[ReplicaID]int
 	proposedBytes map[ReplicaID]int
+	run           proposalRun
 	removed       bool
 	// retiring is set while the replica knows it was removed but may
 	// still be needed for a vote (retiring.go); removed replaces it.
@@ -399,7 +401,7 @@ func (g *group) apply(rd *raft.Ready) {
 		if lead := ReplicaID(rd.SoftState.Lead); lead != g.leader {
 			g.leader = lead
 			g.leaderTick = h.tick
-			clear(g.proposed)
+			g.forgetProposals()
 			if lead != 0 && g.hasPending() {
 				// A new leader: re-propose now rather than at the next retry.
 				g.retryNow = true
