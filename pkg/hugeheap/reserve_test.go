@@ -44,8 +44,11 @@ func reserveChild(mode string) int {
 		return smallPagesChild()
 	case "huge":
 		// vold's size: smaller spans tend to start on a boundary.
+		// The process's page faults tell a reserve that really was in
+		// small pages from one the probe misjudged.
+		before := processFaults()
 		_, err := Reserve(hugeTestReserve, true)
-		fmt.Printf("%v %d\n", errors.Is(err, ErrSmallPages), Reserved())
+		fmt.Printf("%v %d %d\n", errors.Is(err, ErrSmallPages), Reserved(), processFaults()-before)
 		return 0
 	case "stall":
 		return stallChild()
@@ -280,24 +283,48 @@ func TestReserveKeepsHugePages(t *testing.T) {
 	if b, err := os.ReadFile("/sys/kernel/mm/transparent_hugepage/enabled"); err != nil || strings.Contains(string(b), "[never]") {
 		t.Skipf("no transparent huge pages here (%q, %v)", b, err)
 	}
-	givenUp := 0
+	givenUp, reallySmall := 0, 0
 	const children = 6
 	for range children {
 		out := childOutput(t, "huge")
 		var small bool
-		var reserved int
-		if _, err := fmt.Sscan(out, &small, &reserved); err != nil {
+		var reserved, faults int
+		if _, err := fmt.Sscan(out, &small, &reserved, &faults); err != nil {
 			t.Fatalf("child printed %q: %v", out, err)
 		}
-		if small || reserved != hugeTestReserve {
+		switch {
+		case small && faults >= probeSize/pageSize/2:
+			reallySmall++
+		case small || reserved != hugeTestReserve:
 			givenUp++
 		}
 	}
-	// One may meet a kernel out of free huge pages; more is the probe.
-	t.Logf("%d of %d reserves in huge pages given up", givenUp, children)
+	// A reserve whose probe, or whole, took a fault per small page was
+	// in small pages, and right to be given up: on this project's VMs
+	// 1 of 20 to 2 of 6 fresh processes met that for a while after a CI
+	// run, with memory free and no THP fallback counted: their pages
+	// were mapped small before a huge one was tried, why is not known
+	// (the runtime zeroing the span before the advice, as fill's comment
+	// allows, is one way). The
+	// probe's mistake, which this test is for, gives up a reserve in huge
+	// pages after a few hundred faults over its bound: one may be a race
+	// with the kernel, more is the probe.
+	t.Logf("%d of %d reserves in huge pages given up; %d more were in small pages", givenUp, children, reallySmall)
+	if reallySmall == children {
+		t.Fatalf("every child's reserve was populated in small pages: nothing checked")
+	}
 	if givenUp > 1 {
 		t.Fatalf("%d of %d reserves asked for in huge pages were given up for small pages", givenUp, children)
 	}
+}
+
+// processFaults is the process's minor page faults so far.
+func processFaults() int {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return int(ru.Minflt)
 }
 
 // TestGivenUpReserveLeavesNoChurn: a process whose reserve was given up
