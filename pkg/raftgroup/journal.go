@@ -915,10 +915,10 @@ func syncDir(fs vfs.FS, dir string) error {
 
 // sync makes every record written durable.
 func (j *journal) sync() error {
+	if err := j.flushUnsynced(); err != nil {
+		return err
+	}
 	for _, s := range j.unsynced {
-		if err := s.flush(); err != nil {
-			return err
-		}
 		if err := s.w.SyncData(); err != nil {
 			return fmt.Errorf("raftgroup: sync journal segment %d: %w", s.id, err)
 		}
