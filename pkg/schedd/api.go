@@ -53,11 +53,6 @@ func decodeSpec(data []byte) (sched.ServiceSpec, error) {
 // node offers, a host port another service already publishes.
 func (s *api) checkPlaceable(ctx context.Context, spec sched.ServiceSpec) error {
 	n := s.n
-	// An image that names its registry is pulled by the first node that
-	// needs it; any other must already be in the cluster.
-	if _, perr := shoalrt.PullableRef(spec.Image); perr != nil && !n.imageKnown(ctx, spec.Image) {
-		return fmt.Errorf("image %q is not on any node: load it with `shoalctl image load FILE`, or name its registry (host[:port]/path:tag) to pull it: %w", spec.Image, errdefs.ErrInvalidArgument)
-	}
 	var most sched.Resources
 	for _, nd := range n.nodes() {
 		most.CPUMillis = max(most.CPUMillis, nd.Capacity.CPUMillis)
@@ -83,6 +78,12 @@ func (s *api) checkPlaceable(ctx context.Context, spec sched.ServiceSpec) error 
 				}
 			}
 		}
+	}
+	// An image that names its registry is pulled by the first node that
+	// needs it; any other must already be in the cluster. Checked last:
+	// an image no node holds waits imageArrival before it is refused.
+	if _, perr := shoalrt.PullableRef(spec.Image); perr != nil && !n.awaitImage(ctx, spec.Image, imageArrival) {
+		return fmt.Errorf("image %q is not on any node (none reported it within %v): load it with `shoalctl image load FILE`, or name its registry (host[:port]/path:tag) to pull it: %w", spec.Image, imageArrival, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

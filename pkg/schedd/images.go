@@ -112,6 +112,33 @@ func (n *node) imageKnown(ctx context.Context, ref string) bool {
 	return len(holders) > 0
 }
 
+// imageArrival bounds how long a service create or update waits for an
+// image this node does not know of yet. The node that loaded it a moment
+// ago may not have told this one: gossip pushes every 200 ms and
+// anti-entropy runs every second, so a few seconds cover a cluster of a
+// few hundred nodes, and only a reference no node holds waits them out.
+const imageArrival = 3 * time.Second
+
+// awaitImage reports whether the cluster has ref, waiting up to within
+// for a record of it to arrive.
+func (n *node) awaitImage(ctx context.Context, ref string, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if n.imageKnown(ctx, ref) {
+			return true
+		}
+		wait := min(100*time.Millisecond, time.Until(deadline))
+		if wait <= 0 {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
+}
+
 // ensureImage makes ref available locally, fetching it from a node that
 // holds it when this node does not.
 func (n *node) ensureImage(ctx context.Context, ref string) error {

@@ -127,6 +127,23 @@ func removeIfFailed(t *testing.T, c *devcluster.Cluster, i int, name string) {
 	})
 }
 
+// partitionFor cuts c into groups until the returned heal is called or
+// the test ends, so that a failed test leaves no partition behind.
+func partitionFor(t *testing.T, c *devcluster.Cluster, groups [][]int) (heal func() error) {
+	t.Helper()
+	if err := c.Partition(context.Background(), groups); err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	var err error
+	heal = func() error {
+		once.Do(func() { err = c.Heal(context.Background()) })
+		return err
+	}
+	t.Cleanup(func() { heal() })
+	return heal
+}
+
 func (c *schedCluster) schedd(i int) *client.Schedd {
 	c.t.Helper()
 	// A schedd that was just restarted answers UNAVAILABLE until it has
@@ -362,6 +379,42 @@ func TestScheduler(t *testing.T) {
 			}
 		}
 		c.mustCtl(1, "service", "rm", "dup", "nowhere")
+	})
+
+	t.Run("CreateRightAfterLoadElsewhere", func(t *testing.T) {
+		// Node 3 learns by gossip, a moment later, of an image node 1 has
+		// just loaded: a create on node 3 right away waits for that record
+		// rather than refusing the image as on no node.
+		tarball := filepath.Join(t.TempDir(), "fresh.tar")
+		if _, err := testimage.WriteFile(tarball, "oci", testimage.Spec{Name: "local/fresh:1"}); err != nil {
+			t.Fatal(err)
+		}
+		// Node 3 cut off while node 1 loads it, so that the record is
+		// surely late: node 3's create starts before the heal.
+		heal := partitionFor(t, c.Cluster, [][]int{{1, 2}, {3}})
+		c.mustCtl(1, "image", "load", tarball)
+		removeIfFailed(t, c.Cluster, 3, "fresh")
+		created := make(chan error, 1)
+		start := time.Now()
+		go func() {
+			_, errOut, code := c.ctl(3, "service", "create", "fresh", "--image", "local/fresh:1", "--replicas", "1", "--stop-grace", "1s", "--constraint", "node.name==n3", "--detach", "--", "sleep", "1000000")
+			if code != 0 {
+				created <- fmt.Errorf("exit %d: %s", code, errOut)
+			}
+			close(created)
+		}()
+		time.Sleep(300 * time.Millisecond)
+		if err := heal(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-created; err != nil {
+			t.Fatalf("service create on node 3 right after the load on node 1: %v", err)
+		}
+		t.Logf("the create took %v, 300 ms of them cut off", time.Since(start).Round(time.Millisecond))
+		waitFor(t, 30*time.Second, "fresh running on node 3 with the image fetched from node 1", func() bool {
+			return c.perNode("fresh", 1) == [3]int{0, 0, 1}
+		})
+		c.mustCtl(3, "service", "rm", "fresh")
 	})
 
 	t.Run("ScheddKill9KeepsContainers", func(t *testing.T) {
@@ -677,15 +730,7 @@ func TestScheduler(t *testing.T) {
 			t.Fatalf("containers %v, want one per node", before)
 		}
 		stale := firstKey(before[3])
-		if err := c.Partition(ctx, [][]int{{1, 2}, {3}}); err != nil {
-			t.Fatal(err)
-		}
-		healed := false
-		defer func() {
-			if !healed {
-				c.Heal(ctx)
-			}
-		}()
+		heal := partitionFor(t, c.Cluster, [][]int{{1, 2}, {3}})
 		waitFor(t, 40*time.Second, "node 3's replica replaced on nodes 1 and 2", func() bool {
 			cs := c.containers("split")
 			return len(cs[1])+len(cs[2]) == 3
@@ -704,10 +749,9 @@ func TestScheduler(t *testing.T) {
 		if m := c.containers("split"); m[3][stale] == 0 {
 			t.Fatalf("node 3's container %s stopped during the partition: %v", stale, m)
 		}
-		if err := c.Heal(ctx); err != nil {
+		if err := heal(); err != nil {
 			t.Fatal(err)
 		}
-		healed = true
 		// One running container per slot, and exactly the current tasks.
 		converged := func() bool {
 			cs := c.containers("split")
