@@ -182,7 +182,8 @@ func (n *node) volumeProto(name string, d *volumeDoc) *volv1.Volume {
 // holds everything the leader committed (applied, or in its log: a
 // leader tells followers of a commit that only its own node waits for
 // with its next append or tick, so a follower of a busy volume often
-// holds its last entry unapplied); degraded when a quorum of the voters
+// holds its last entry unapplied), a member without it asked once more
+// after lagRecheck; degraded when a quorum of the voters
 // (as the leader counts them: not the replicas still joining or learning)
 // answers and there is a leader; unavailable otherwise. Lag is of the
 // applied index. Members' digests are there only with digests.
@@ -239,6 +240,7 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 	}
 	v.Commit = leaderCommit
 	voters, answering, current := 0, 0, 0
+	var behind []int // members that answered without the leader's commit
 	for _, m := range d.Members {
 		if voter(m) {
 			voters++
@@ -275,8 +277,13 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 			}
 			if holdsCommitted(a.st, leaderCommit, leaderTerm) {
 				current++
+			} else {
+				behind = append(behind, i)
 			}
 		}
+	}
+	if len(behind) > 0 && current+len(behind) == len(d.Members) && v.Leader != "" {
+		current += n.caughtUp(ctx, d, behind, leaderCommit, leaderTerm)
 	}
 	switch {
 	case current == len(d.Members) && v.Leader != "":
@@ -287,4 +294,33 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 		v.Health = "unavailable"
 	}
 	return v
+}
+
+// lagRecheck is how long inspect waits before asking a member that lacked
+// the leader's commit once more. A leader sends a spare follower its
+// small appends up to raftgroup's Config.DeferAppends (10 ms) late, and
+// the members answer at slightly different moments, so a volume being
+// written (or just updated) would read as degraded for a lag of
+// milliseconds.
+const lagRecheck = 50 * time.Millisecond
+
+// caughtUp asks the members at idx of d.Members again, after lagRecheck,
+// and returns how many of them now hold commit (in term): a member that
+// still does not is behind for real (restarting, cut off, catching up
+// from a snapshot).
+func (n *node) caughtUp(ctx context.Context, d *volumeDoc, idx []int, commit, term uint64) int {
+	select {
+	case <-ctx.Done():
+		return 0
+	case <-time.After(lagRecheck):
+	}
+	nodes := make([]string, len(idx))
+	for k, i := range idx {
+		nodes[k] = d.Members[i].Node
+	}
+	held := askEach(nodes, func(node string) (struct{}, bool) {
+		st, err := n.memberStatus(ctx, node, d.group(), false)
+		return struct{}{}, err == nil && st.Initialized && holdsCommitted(st, commit, term)
+	})
+	return len(held)
 }

@@ -632,7 +632,11 @@ func TestVolumeUpdate(t *testing.T) {
 	if n := members(); n != 3 {
 		t.Fatalf("a refused update with --replicas 2 left %d members, want 3", n)
 	}
-	c.mustCtl(2, "volume", "update", "grow", "--size", "12Mi")
+	// The answer shows the volume as its members hold it: healthy, though
+	// a spare follower receives the new limit up to 10 ms late.
+	if out := c.mustCtl(2, "volume", "update", "grow", "--size", "12Mi", "-o", "json"); !strings.Contains(out, `"health": "healthy"`) {
+		t.Errorf("volume update grow --size 12Mi answered a volume that is not healthy:\n%s", out)
+	}
 	// Node 1 reads the document from its statd, which hears of node 2's
 	// write a moment later.
 	waitFor(t, 10*time.Second, "node 1 shows the size of 12 MiB", func() bool { return size() == 12<<20 })
@@ -807,6 +811,11 @@ func TestVolumes(t *testing.T) {
 		if out := c.mustCtl(3, "volume", "ls", "-o", "json"); strings.Contains(out, "huge") {
 			t.Errorf("a refused volume is listed: %s", out)
 		}
+		// More replicas than nodes: capped at one a node, and said so.
+		if _, errOut, code := c.ctl(2, "volume", "create", "capped", "--replicas", "5", "--size", "1Mi"); code != 0 || !strings.Contains(errOut, "has 3 replicas, not the 5 asked for") {
+			t.Errorf("volume create --replicas 5 on three nodes: exit %d: %s", code, errOut)
+		}
+		c.mustCtl(1, "volume", "rm", "capped")
 		// Writes beyond the size limit fail with ENOSPC and corrupt nothing.
 		c.mustCtl(1, "volume", "create", "tiny", "--size", "1Mi")
 		if _, errOut, code := c.ctl(2, "volume", "create", "tiny"); code == 0 || !strings.Contains(errOut, "already exists") {
