@@ -2,12 +2,14 @@ package ctl
 
 import (
 	"fmt"
+	"math"
 	"sort"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/shoal-dev/shoal/pkg/sched"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 )
 
@@ -231,12 +233,11 @@ func short(h string) string {
 	return h
 }
 
+// bytesText shows a byte count in the largest binary unit under 1024 of
+// it (64MiB, 1.5GiB), as the service commands show memory.
 func bytesText(n uint64) string {
-	switch {
-	case n >= 1<<20:
-		return fmt.Sprintf("%.1fMiB", float64(n)/(1<<20))
-	case n >= 1<<10:
-		return fmt.Sprintf("%.1fKiB", float64(n)/(1<<10))
+	if n > math.MaxInt64 {
+		n = math.MaxInt64
 	}
-	return fmt.Sprintf("%dB", n)
+	return sched.FormatBytes(int64(n))
 }

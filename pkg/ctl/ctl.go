@@ -91,7 +91,46 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on a call after this long")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.serviceCommand(), a.taskCommand(), a.imageCommand(), a.networkCommand(), a.volumeCommand(), a.lockCommand(), a.kvCommand(), a.devCommand())
+	usageErrors(root)
 	return root
+}
+
+// usageErrors makes cobra's own checks of c and its subcommands exit with
+// the usage status (2), as flag errors do: a wrong number of arguments, a
+// missing required flag, an unknown subcommand. Cobra returns them as
+// plain errors (status 1), and prints a group command's help with status
+// 0 whatever words follow it, so a typo in a script passed unnoticed.
+func usageErrors(c *cobra.Command) {
+	for _, sub := range c.Commands() {
+		usageErrors(sub)
+	}
+	if !c.Runnable() {
+		c.Args = cobra.NoArgs
+		c.RunE = func(cmd *cobra.Command, _ []string) error { return cmd.Help() }
+	}
+	if args := c.Args; args != nil {
+		c.Args = func(cmd *cobra.Command, a []string) error {
+			if err := args(cmd, a); err != nil {
+				return usageError{err}
+			}
+			return nil
+		}
+	}
+	// PreRunE runs just before cobra's own flag checks: the same checks,
+	// made first, return the usage error.
+	pre := c.PreRunE
+	c.PreRunE = func(cmd *cobra.Command, a []string) error {
+		if err := cmd.ValidateRequiredFlags(); err != nil {
+			return usageError{err}
+		}
+		if err := cmd.ValidateFlagGroups(); err != nil {
+			return usageError{err}
+		}
+		if pre != nil {
+			return pre(cmd, a)
+		}
+		return nil
+	}
 }
 
 // ctx returns a context bounded by --timeout.

@@ -116,6 +116,12 @@ replicas survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 			if err != nil {
 				return err
 			}
+			if got := int32(v.GetReplicas()); replicas > got {
+				// Capped by vold (one replica per node): say so, or the
+				// user believes in a redundancy the volume lacks.
+				fmt.Fprintf(a.errOut, "warning: volume %s has %d replicas, not the %d asked for: only %d live nodes could take one (at most one replica per node)\n",
+					v.GetName(), got, replicas, got)
+			}
 			for _, w := range unreachableReplicas(v) {
 				fmt.Fprintf(a.errOut, "warning: %s\n", w)
 			}

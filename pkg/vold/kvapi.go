@@ -113,7 +113,7 @@ func checkTTL(d *durationpb.Duration) error {
 		return nil
 	}
 	if t := d.AsDuration(); t < 0 || t > maxLockTTL {
-		return fmt.Errorf("lock TTL %s: want up to %s: %w", t, maxLockTTL, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("lock TTL %s is out of range: want at most %s (0 or none for the default): %w", t, maxLockTTL, errdefs.ErrInvalidArgument)
 	}
 	return nil
 }

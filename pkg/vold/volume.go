@@ -263,7 +263,7 @@ func checkSize(size int64) (int64, error) {
 	case size == 0:
 		return DefaultSizeBytes, nil
 	case size < minSizeBytes || size > maxSizeBytes:
-		return 0, fmt.Errorf("volume size %d bytes is out of range: want 1 MiB to 1 TiB: %w", size, errdefs.ErrInvalidArgument)
+		return 0, fmt.Errorf("volume size %s (%d bytes) is out of range: want 1 MiB to 1 TiB: %w", humanBytes(size), size, errdefs.ErrInvalidArgument)
 	}
 	return size, nil
 }
