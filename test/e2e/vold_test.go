@@ -812,8 +812,8 @@ func TestVolumes(t *testing.T) {
 			t.Errorf("a refused volume is listed: %s", out)
 		}
 		// More replicas than nodes: capped at one a node, and said so.
-		if _, errOut, code := c.ctl(2, "volume", "create", "capped", "--replicas", "5", "--size", "1Mi"); code != 0 || !strings.Contains(errOut, "has 3 replicas, not the 5 asked for") {
-			t.Errorf("volume create --replicas 5 on three nodes: exit %d: %s", code, errOut)
+		if _, errOut, code := c.ctl(2, "volume", "create", "capped", "--replicas", "6", "--size", "1Mi"); code != 0 || !strings.Contains(errOut, "has 4 replicas, not the 6 asked for") {
+			t.Errorf("volume create --replicas 6 on four nodes: exit %d: %s", code, errOut)
 		}
 		c.mustCtl(1, "volume", "rm", "capped")
 		// Writes beyond the size limit fail with ENOSPC and corrupt nothing.
