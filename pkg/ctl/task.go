@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
@@ -171,11 +173,39 @@ that replace them (restarts elsewhere, updates, scaling), until interrupted.`,
 // serviceLogsPoll is how often `service logs -f` looks for new tasks.
 const serviceLogsPoll = time.Second
 
+// serviceArrival bounds how long `service logs` waits for a service this
+// node does not know yet: one created on another node a moment ago
+// reaches this node's statd by gossip.
+const serviceArrival = 3 * time.Second
+
+// awaitService returns nil once this node knows service, or its last
+// error: NotFound for a service no node has told it of within
+// serviceArrival.
+func awaitService(ctx context.Context, c *client.Schedd, service string) error {
+	deadline := time.Now().Add(serviceArrival)
+	for {
+		_, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: service})
+		if err == nil || status.Code(err) != codes.NotFound || time.Now().After(deadline) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
 // followService streams the logs of a service's current tasks to a.out.
 // With follow it keeps looking for tasks that start later and streams
 // theirs as well, until ctx ends; each task's stream ends by itself once
 // the task has finished.
 func (a *app) followService(ctx context.Context, c *client.Schedd, service string, follow bool, tail uint32) error {
+	// An empty listing would not tell a typo from a service without
+	// tasks.
+	if err := awaitService(ctx, c, service); err != nil {
+		return err
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	var errs []error

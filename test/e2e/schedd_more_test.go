@@ -643,6 +643,9 @@ func TestSchedulerMore(t *testing.T) {
 		if _, errOut, code := c.ctl(2, "task", "logs", "lx.nope"); code != 3 {
 			t.Errorf("task logs of a missing task: exit %d %q, want 3", code, errOut)
 		}
+		if out, errOut, code := c.ctl(2, "service", "logs", "nope"); code != 3 || !strings.Contains(errOut, "not found") {
+			t.Errorf("service logs of a missing service: exit %d, stdout %q, stderr %q; want 3 and not found", code, out, errOut)
+		}
 		c.mustCtl(1, "service", "rm", "lx")
 	})
 
