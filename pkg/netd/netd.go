@@ -140,6 +140,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	}
 	n := &node{cfg: cfg, log: rt.Log, statd: st, ready: make(chan struct{})}
 	netv1.RegisterNetworkServer(rt.GRPC, &api{n: n})
+	rt.Details = n.details
 	runCtx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -164,6 +165,22 @@ func (n *node) isReady() bool {
 	default:
 		return false
 	}
+}
+
+// details is netd's part of `shoalctl daemon status`: the overlay as this
+// node runs it. The fields read are set before ready is closed.
+func (n *node) details() map[string]string {
+	if !n.isReady() {
+		return map[string]string{"state": "waiting for the node to be in a cluster, or bringing the overlay up"}
+	}
+	out := map[string]string{"node_id": n.id, "interface": n.iface, "wireguard": n.mode, "mtu": fmt.Sprint(n.mtu)}
+	if sub := n.subnet.Load(); sub != nil {
+		out["subnet"] = sub.String()
+	}
+	n.pubMu.Lock()
+	out["published_ports"] = fmt.Sprint(len(n.pubs))
+	n.pubMu.Unlock()
+	return out
 }
 
 var errNotReady = fmt.Errorf("this node's network is not ready: is it in a cluster (`shoalctl cluster status`)? %w", errUnavailable)

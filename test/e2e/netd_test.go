@@ -649,6 +649,28 @@ func TestNetwork(t *testing.T) {
 	t.Logf("4-node cluster with netd up in %v", time.Since(began).Round(time.Millisecond))
 	ctx := context.Background()
 
+	// `daemon status` shows netd's overlay as netd's own status does.
+	c.run(t, "DaemonStatusShowsOverlay", func(t *testing.T) {
+		st := c.status(2)
+		out := c.mustCtl(2, "daemon", "status", "-o", "json")
+		type row struct {
+			Name    string            `json:"name"`
+			Details map[string]string `json:"details"`
+		}
+		var rows []row
+		if err := json.Unmarshal([]byte(out), &rows); err != nil {
+			t.Fatalf("daemon status -o json: %v\n%s", err, out)
+		}
+		i := slices.IndexFunc(rows, func(r row) bool { return r.Name == "netd" })
+		if i < 0 {
+			t.Fatalf("daemon status -o json has no netd:\n%s", out)
+		}
+		d := rows[i].Details
+		if d["subnet"] != st.GetSubnet() || d["interface"] != st.GetInterface() || d["wireguard"] != st.GetMode() || d["node_id"] != c.ids[1] {
+			t.Errorf("netd's details %v, want subnet %s, interface %s, wireguard %s, node %s", d, st.GetSubnet(), st.GetInterface(), st.GetMode(), c.ids[1])
+		}
+	})
+
 	// 1. A task on node 1 reaches a task on node 3 by name, through the
 	// WireGuard tunnel, and the underlay carries only ciphertext.
 	c.run(t, "EncryptedTunnelByName", func(t *testing.T) {
