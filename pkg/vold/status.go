@@ -182,10 +182,10 @@ func (n *node) volumeProto(name string, d *volumeDoc) *volv1.Volume {
 // holds everything the leader committed (applied, or in its log: a
 // leader tells followers of a commit that only its own node waits for
 // with its next append or tick, so a follower of a busy volume often
-// holds its last entry unapplied), a member without it asked once more
-// after lagRecheck; degraded when a quorum of the voters
-// (as the leader counts them: not the replicas still joining or learning)
-// answers and there is a leader; unavailable otherwise. Lag is of the
+// holds its last entry unapplied), a member without it asked again
+// every lagRecheck, up to lagRechecks times; degraded when a quorum of
+// the voters (as the leader counts them: not the replicas still joining
+// or learning) answers and there is a leader; unavailable otherwise. Lag is of the
 // applied index. Members' digests are there only with digests.
 func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests bool) *volv1.Volume {
 	v := n.volumeProto(name, d)
@@ -297,30 +297,44 @@ func (n *node) inspect(ctx context.Context, name string, d *volumeDoc, digests b
 }
 
 // lagRecheck is how long inspect waits before asking a member that lacked
-// the leader's commit once more. A leader sends a spare follower its
-// small appends up to raftgroup's Config.DeferAppends (10 ms) late, and
-// the members answer at slightly different moments, so a volume being
-// written (or just updated) would read as degraded for a lag of
-// milliseconds.
-const lagRecheck = 50 * time.Millisecond
+// the leader's commit once more, up to lagRechecks times. A leader sends a
+// spare follower its small appends up to raftgroup's Config.DeferAppends
+// (10 ms) late, and the members answer at slightly different moments, so
+// a volume being written (or just updated) would read as degraded for a
+// lag of milliseconds; a busy disk may add some more.
+const (
+	lagRecheck  = 50 * time.Millisecond
+	lagRechecks = 4
+)
 
-// caughtUp asks the members at idx of d.Members again, after lagRecheck,
-// and returns how many of them now hold commit (in term): a member that
-// still does not is behind for real (restarting, cut off, catching up
-// from a snapshot).
+// caughtUp asks the members at idx of d.Members again, every lagRecheck
+// up to lagRechecks times, and returns how many of them held commit (in
+// term) at some asking: one that never does is behind for real
+// (restarting, cut off, catching up from a snapshot).
 func (n *node) caughtUp(ctx context.Context, d *volumeDoc, idx []int, commit, term uint64) int {
-	select {
-	case <-ctx.Done():
-		return 0
-	case <-time.After(lagRecheck):
+	var nodes []string
+	for _, i := range idx {
+		nodes = append(nodes, d.Members[i].Node)
 	}
-	nodes := make([]string, len(idx))
-	for k, i := range idx {
-		nodes[k] = d.Members[i].Node
+	held := 0
+	for range lagRechecks {
+		select {
+		case <-ctx.Done():
+			return held
+		case <-time.After(lagRecheck):
+		}
+		now := askEach(nodes, func(node string) (struct{}, bool) {
+			st, err := n.memberStatus(ctx, node, d.group(), false)
+			return struct{}{}, err == nil && st.Initialized && holdsCommitted(st, commit, term)
+		})
+		held += len(now)
+		nodes = slices.DeleteFunc(nodes, func(node string) bool {
+			_, ok := now[node]
+			return ok
+		})
+		if len(nodes) == 0 {
+			break
+		}
 	}
-	held := askEach(nodes, func(node string) (struct{}, bool) {
-		st, err := n.memberStatus(ctx, node, d.group(), false)
-		return struct{}{}, err == nil && st.Initialized && holdsCommitted(st, commit, term)
-	})
-	return len(held)
+	return held
 }
