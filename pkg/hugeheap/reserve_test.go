@@ -46,9 +46,9 @@ func reserveChild(mode string) int {
 		// vold's size: smaller spans tend to start on a boundary.
 		// The process's page faults tell a reserve that really was in
 		// small pages from one the probe misjudged.
-		before := processFaults()
+		before := minorFaults()
 		_, err := Reserve(hugeTestReserve, true)
-		fmt.Printf("%v %d %d\n", errors.Is(err, ErrSmallPages), Reserved(), processFaults()-before)
+		fmt.Printf("%v %d %d\n", errors.Is(err, ErrSmallPages), Reserved(), minorFaults()-before)
 		return 0
 	case "stall":
 		return stallChild()
@@ -288,12 +288,13 @@ func TestReserveKeepsHugePages(t *testing.T) {
 	for range children {
 		out := childOutput(t, "huge")
 		var small bool
-		var reserved, faults int
+		var reserved int
+		var faults int64
 		if _, err := fmt.Sscan(out, &small, &reserved, &faults); err != nil {
 			t.Fatalf("child printed %q: %v", out, err)
 		}
 		switch {
-		case small && faults >= probeSize/pageSize/2:
+		case small && faults >= int64(probeSize/pageSize/2):
 			reallySmall++
 		case small || reserved != hugeTestReserve:
 			givenUp++
@@ -316,15 +317,6 @@ func TestReserveKeepsHugePages(t *testing.T) {
 	if givenUp > 1 {
 		t.Fatalf("%d of %d reserves asked for in huge pages were given up for small pages", givenUp, children)
 	}
-}
-
-// processFaults is the process's minor page faults so far.
-func processFaults() int {
-	var ru unix.Rusage
-	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return int(ru.Minflt)
 }
 
 // TestGivenUpReserveLeavesNoChurn: a process whose reserve was given up

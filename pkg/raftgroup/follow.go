@@ -152,12 +152,15 @@ func (h *Host) followEarly(g *group, from ReplicaID) {
 // 0, and starts counting afresh.
 func (h *Host) endWindow(g *group, to ReplicaID) {
 	delete(h.counted, g.id)
-	clear(g.proposed)
-	clear(g.proposedBytes)
 	if to == 0 {
+		// The run outlives a window that moved nothing: a lone bulk
+		// writer slower than followMinProposals a window still takes
+		// the leadership once its run is long enough.
+		clear(g.proposed)
+		clear(g.proposedBytes)
 		return
 	}
-	g.run = proposalRun{}
+	g.forgetProposals()
 	h.log.Debug("leadership follows the proposer", "group", uint64(g.id), "to", uint64(to))
 	g.rn.TransferLeader(uint64(to))
 	h.stats.LeaderTransfers++
