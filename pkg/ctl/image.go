@@ -7,15 +7,17 @@ import (
 	"sort"
 	"strings"
 	"text/tabwriter"
+	"time"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 )
 
 func (a *app) imageCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "image", Short: "Load and list images (no registry needed)"}
-	cmd.AddCommand(a.imageLoad(), a.imageLs())
+	cmd := &cobra.Command{Use: "image", Short: "Load, list and remove images (no registry needed)"}
+	cmd.AddCommand(a.imageLoad(), a.imageLs(), a.imageRm())
 	return cmd
 }
 
@@ -113,4 +115,73 @@ func (a *app) imageLs() *cobra.Command {
 	}
 	outputFlag(cmd, &format)
 	return cmd
+}
+
+type removedImageView struct {
+	Name        string   `json:"name"`
+	Digest      string   `json:"digest"`
+	RemovedFrom []string `json:"removed_from"`
+	Pending     []string `json:"pending,omitempty"`
+}
+
+func (a *app) imageRm() *cobra.Command {
+	var format string
+	cmd := &cobra.Command{
+		Use:   "rm IMAGE...",
+		Short: "Remove images from every node",
+		Long: `Removes images, by name or digest, from every node that holds them; their
+blobs are freed. An image goes with all its names (one digest). Refused
+while a service's spec, or the previous spec a rollback returns to, names
+the image. A node that is down drops its copy when it runs again.`,
+		Args: cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			// Leave the answer time to come back before --timeout ends.
+			wait := max(a.timeout-2*time.Second, a.timeout/2)
+			views := []removedImageView{}
+			var firstErr error
+			for _, ref := range args {
+				resp, err := c.RemoveImage(ctx, &schedv1.RemoveImageRequest{Ref: ref, Wait: durationpb.New(wait)})
+				if err != nil {
+					if len(args) == 1 {
+						return err
+					}
+					fmt.Fprintf(a.errOut, "%s: %v\n", ref, describe(err))
+					if firstErr == nil {
+						firstErr = err
+					}
+					continue
+				}
+				views = append(views, removedImageView{Name: resp.GetName(), Digest: resp.GetDigest(), RemovedFrom: nonNil(resp.GetRemovedFrom()), Pending: resp.GetPending()})
+			}
+			if err := render(a.out, format, views, func(tw *tabwriter.Writer) {
+				for _, v := range views {
+					fmt.Fprintf(tw, "removed %s (%s) from %s\n", v.Name, short(v.Digest), nodesText(v.RemovedFrom))
+					if len(v.Pending) > 0 {
+						fmt.Fprintf(tw, "  still on %s: dropped when it runs again\n", strings.Join(v.Pending, ", "))
+					}
+				}
+			}); err != nil {
+				return err
+			}
+			return firstErr
+		},
+	}
+	outputFlag(cmd, &format)
+	return cmd
+}
+
+// nodesText lists nodes for a sentence.
+func nodesText(ids []string) string {
+	if len(ids) == 0 {
+		return "no node"
+	}
+	return strings.Join(ids, ", ")
 }

@@ -137,7 +137,10 @@ func (r *Containerd) RemoveImage(ctx context.Context, ref string) error {
 	if err != nil {
 		return err
 	}
-	if err := r.client.ImageService().Delete(ctx, rec.Name); err != nil && !errdefs.IsNotFound(classify(err)) {
+	// Synchronous, so that the blobs and snapshots no other image or
+	// container uses are gone when this returns: containerd's own
+	// collector may not run for a long while after a deletion.
+	if err := r.client.ImageService().Delete(ctx, rec.Name, images.SynchronousDelete()); err != nil && !errdefs.IsNotFound(classify(err)) {
 		return wrapf(err, "remove image %s", ref)
 	}
 	return nil

@@ -24,9 +24,9 @@ type Runtime interface {
 	// "docker.io/local/busybox:latest") or whose target digest ref is
 	// ("sha256:..."); NotFound if there is none.
 	Image(ctx context.Context, ref string) (Image, error)
-	// RemoveImage removes an image name; its blobs go once nothing else
-	// uses them. Removing a missing image is not an error. Tasks made from
-	// the image keep running.
+	// RemoveImage removes an image name; its blobs go, before it returns,
+	// when nothing else uses them. Removing a missing image is not an
+	// error. Tasks made from the image keep running.
 	RemoveImage(ctx context.Context, ref string) error
 
 	// ImageBlobs lists the blobs this platform needs of image ref, parents

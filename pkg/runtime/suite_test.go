@@ -151,6 +151,19 @@ func testImportOCI(t *testing.T, h harness) {
 	if err := rt.RemoveImage(ctx, "local/busybox:v2"); err != nil {
 		t.Errorf("RemoveImage of a missing image: %v", err)
 	}
+	// Removing the last name frees the blobs at once (the fake collects
+	// no garbage).
+	if h.real {
+		if err := rt.RemoveImage(ctx, "local/busybox:latest"); err != nil {
+			t.Fatal(err)
+		}
+		if r, _, err := rt.ReadBlob(ctx, built[0].Manifest.Digest); !errdefs.IsNotFound(err) {
+			if err == nil {
+				r.Close()
+			}
+			t.Errorf("manifest blob after its image was removed: %v, want NotFound", err)
+		}
+	}
 }
 
 func testImportDocker(t *testing.T, h harness) {

@@ -760,7 +760,7 @@ func (s *api) ListImages(ctx context.Context, _ *schedv1.ListImagesRequest) (*sc
 	if s.n.isReady() {
 		for _, d := range s.n.mirror.List(imagesPrefix) {
 			dg := strings.TrimPrefix(d.GetKey(), imagesPrefix)
-			if seen[dg] {
+			if seen[dg] || imageRemoved(d) {
 				continue
 			}
 			_, holders := s.n.imageHolders(dg)
@@ -769,6 +769,13 @@ func (s *api) ListImages(ctx context.Context, _ *schedv1.ListImagesRequest) (*sc
 		}
 	}
 	return resp, nil
+}
+
+func (s *api) RemoveImage(ctx context.Context, req *schedv1.RemoveImageRequest) (*schedv1.RemoveImageResponse, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	return s.n.removeImage(ctx, req.GetRef(), removeWait(req.GetWait()))
 }
 
 func (s *api) SetNodeAvailability(ctx context.Context, req *schedv1.SetNodeAvailabilityRequest) (*schedv1.SetNodeAvailabilityResponse, error) {

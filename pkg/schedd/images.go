@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -17,6 +18,7 @@ import (
 
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
 // imagesPrefix holds one document per image digest, with a field per node
@@ -53,7 +55,43 @@ func (n *node) publishImage(ctx context.Context, img shoalrt.Image) error {
 		"node." + n.id: stringValue(time.Now().UTC().Format(time.RFC3339)),
 	}
 	fields[refField(name)] = stringValue(name)
+	// Loading or fetching an image that was removed brings it back.
+	fields[removedField] = stringValue("")
 	return n.put(ctx, imageKey(img.Digest), fields)
+}
+
+// removedField marks the document of an image removed with `shoalctl
+// image rm`: it holds when, and is "" while the image is live. The
+// document stays, so that a node that was down at the time still learns
+// to drop its copy (dropRemovedImages).
+const removedField = "removed"
+
+func imageRemoved(d *statev1.Document) bool {
+	return d.GetFields()[removedField].GetStringValue() != ""
+}
+
+// imageNames lists the names an image document records.
+func imageNames(d *statev1.Document) []string {
+	names := []string{d.GetFields()["name"].GetStringValue()}
+	for f, v := range d.GetFields() {
+		if strings.HasPrefix(f, "ref.") && !slices.Contains(names, v.GetStringValue()) {
+			names = append(names, v.GetStringValue())
+		}
+	}
+	slices.Sort(names)
+	return names
+}
+
+// docHolders lists the nodes an image document says hold the image.
+func docHolders(d *statev1.Document) []string {
+	var holders []string
+	for f := range d.GetFields() {
+		if id, ok := strings.CutPrefix(f, "node."); ok {
+			holders = append(holders, id)
+		}
+	}
+	slices.Sort(holders)
+	return holders
 }
 
 // refField is the field of an image document that records one of its
@@ -84,23 +122,26 @@ func (n *node) publishImages(ctx context.Context) {
 // imageHolders returns the digest of an image known to the cluster by
 // reference (name or digest) and the nodes that hold it.
 func (n *node) imageHolders(ref string) (digest.Digest, []string) {
+	d := n.imageDoc(ref)
+	if d == nil {
+		return "", nil
+	}
+	return digest.Digest(strings.TrimPrefix(d.GetKey(), imagesPrefix)), docHolders(d)
+}
+
+// imageDoc returns the document of a live image ref names, nil if none.
+func (n *node) imageDoc(ref string) *statev1.Document {
 	want := familiar(ref)
 	for _, d := range n.mirror.List(imagesPrefix) {
-		dg := digest.Digest(strings.TrimPrefix(d.GetKey(), imagesPrefix))
+		dg := strings.TrimPrefix(d.GetKey(), imagesPrefix)
 		name := d.GetFields()["name"].GetStringValue()
 		_, named := d.GetFields()[refField(want)]
-		if name != want && !named && dg.String() != ref && !strings.HasSuffix(ref, "@"+dg.String()) {
+		if imageRemoved(d) || name != want && !named && dg != ref && !strings.HasSuffix(ref, "@"+dg) {
 			continue
 		}
-		var holders []string
-		for f := range d.GetFields() {
-			if id, ok := strings.CutPrefix(f, "node."); ok {
-				holders = append(holders, id)
-			}
-		}
-		return dg, holders
+		return d
 	}
-	return "", nil
+	return nil
 }
 
 // imageKnown reports whether the cluster (or this node) has an image.

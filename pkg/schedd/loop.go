@@ -72,6 +72,7 @@ func (n *node) run(ctx context.Context) error {
 		now := time.Now()
 		n.agentRounds(ctx, now)
 		n.ownerRound(ctx, now)
+		n.dropRemovedImages(ctx, now)
 		// The other nodes leave this one out while its document says it
 		// shut down: a failed publishNode must not leave it so.
 		if n.shutDown(n.id) && now.Sub(republished) > time.Second {

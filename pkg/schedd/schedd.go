@@ -139,6 +139,9 @@ type node struct {
 	capacity sched.Resources
 
 	kick chan struct{}
+	// dropFailed is when the loop last failed to drop a removed image,
+	// by document key (image_remove.go; the loop's alone).
+	dropFailed map[string]time.Time
 
 	// Reserve counters, for `daemon status` and metrics: what this node
 	// asked as an owner, and what it answered as a target (the two
@@ -198,7 +201,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	}
 	n := &node{
 		cfg: cfg, log: rt.Log, rt: cr, statd: st, netd: nd, vold: volv1.NewVolumesClient(vc),
-		ready: make(chan struct{}), kick: make(chan struct{}, 1),
+		ready: make(chan struct{}), kick: make(chan struct{}, 1), dropFailed: map[string]time.Time{},
 		inflight: map[string]map[string]sched.InFlight{},
 		accepted: map[string]string{},
 		observed: map[string]sched.Observation{},

@@ -528,6 +528,96 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "saved")
 	})
 
+	t.Run("ImageRemove", func(t *testing.T) {
+		// An image held by nodes 1 and 3: refused while a service names
+		// it; then removed from every node, node 3 (its schedd down at
+		// the time) dropping its copy when it runs again; then loaded
+		// again and usable.
+		ctx := context.Background()
+		const ref = "local/gone:1"
+		tarball := filepath.Join(t.TempDir(), "gone.tar")
+		built, err := testimage.WriteFile(tarball, "oci", testimage.Spec{Name: ref, Extra: map[string]string{"etc/gone": "gone\n"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		manifest := built[0].Manifest.Digest
+		c.mustCtl(1, "image", "load", tarball)
+		c.mustCtl(2, "service", "create", "gone", "--image", ref, "--constraint", "node.name==n3", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 2, "gone")
+		if got := c.perNode("gone", 1); got != [3]int{0, 0, 1} {
+			t.Fatalf("gone runs %v per node, want one on n3", got)
+		}
+		if _, errOut, code := c.ctl(2, "image", "rm", ref); code != 1 || !strings.Contains(errOut, "named by service gone") {
+			t.Fatalf("image rm of an image a service names: exit %d, %q; want 1 and the service named", code, errOut)
+		}
+		for _, i := range []int{1, 3} {
+			if _, err := c.rts[i-1].Image(ctx, ref); err != nil {
+				t.Fatalf("node %d lost the image a refused rm named: %v", i, err)
+			}
+		}
+		c.mustCtl(1, "service", "rm", "gone")
+
+		held := func(i int) bool {
+			_, err := c.rts[i-1].Image(ctx, ref)
+			r, _, berr := c.rts[i-1].ReadBlob(ctx, manifest)
+			if berr == nil {
+				r.Close()
+			}
+			return err == nil || berr == nil
+		}
+		if err := c.Kill(ctx, 3, "schedd"); err != nil {
+			t.Fatal(err)
+		}
+		out, errOut, code := c.ctl(2, "image", "rm", ref, "-o", "json", "--timeout", "6s")
+		if code != 0 {
+			t.Fatalf("image rm: exit %d: %s", code, errOut)
+		}
+		var removed []struct {
+			Name, Digest string
+			RemovedFrom  []string `json:"removed_from"`
+			Pending      []string
+		}
+		decode(t, out, &removed)
+		if len(removed) != 1 || removed[0].Name != ref || removed[0].Digest != manifest.String() ||
+			!slices.Equal(removed[0].RemovedFrom, []string{c.ids[0]}) || !slices.Equal(removed[0].Pending, []string{c.ids[2]}) {
+			t.Fatalf("image rm -o json: %s; want removed from %s, pending on %s (its schedd down)", out, c.ids[0], c.ids[2])
+		}
+		if held(1) {
+			t.Error("node 1 still holds the image or its manifest blob after image rm answered")
+		}
+		if !held(3) {
+			t.Error("node 3 dropped the image with its schedd down")
+		}
+		if err := c.Start(ctx, 3, "schedd"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 30*time.Second, "node 3's schedd, back, drops its copy", func() bool { return !held(3) })
+		type imageJSON struct{ Name string }
+		for i := 1; i <= 3; i++ {
+			waitFor(t, 10*time.Second, fmt.Sprintf("node %d lists no %s", i, ref), func() bool {
+				var imgs []imageJSON
+				out, _, code := c.ctl(i, "image", "ls", "-o", "json")
+				return code == 0 && json.Unmarshal([]byte(out), &imgs) == nil && !slices.ContainsFunc(imgs, func(x imageJSON) bool { return x.Name == ref })
+			})
+		}
+		if _, _, code := c.ctl(1, "image", "rm", ref); code != 3 {
+			t.Errorf("image rm of a removed image: exit %d, want 3 (not found)", code)
+		}
+
+		// Loaded again on node 2: live again, and a task on node 1 gets it.
+		c.mustCtl(2, "image", "load", tarball)
+		c.mustCtl(1, "service", "create", "back", "--image", ref, "--constraint", "node.name==n1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "back")
+		cur := c.currentTasks("back")
+		if len(cur) != 1 || cur[0].GetNode() != c.ids[0] {
+			t.Fatalf("current tasks of back: %v, want one on n1", cur)
+		}
+		if out := c.mustCtl(2, "task", "exec", cur[0].GetId(), "--", "cat", "/etc/gone"); out != "gone\n" {
+			t.Errorf("the loaded-again image's file in the task on n1: %q", out)
+		}
+		c.mustCtl(1, "service", "rm", "back")
+	})
+
 	t.Run("DrainReplicated", func(t *testing.T) {
 		c.mustCtl(1, append([]string{"service", "create", "dr", "--image", img, "--replicas", "3", "--stop-grace", "1s", "--"}, termSleep...)...)
 		removeIfFailed(t, c.Cluster, 1, "dr")

@@ -14,6 +14,7 @@ package schedv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -1260,6 +1261,132 @@ func (x *ListImagesResponse) GetImages() []*Image {
 	return nil
 }
 
+type RemoveImageRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// ref: a name ("local/busybox:v2") or a digest ("sha256:…").
+	Ref string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
+	// wait bounds how long the call waits for the nodes holding the image
+	// to drop it (default 30 s; the removal goes on after it).
+	Wait          *durationpb.Duration `protobuf:"bytes,2,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveImageRequest) Reset() {
+	*x = RemoveImageRequest{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveImageRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveImageRequest) ProtoMessage() {}
+
+func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
+func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *RemoveImageRequest) GetRef() string {
+	if x != nil {
+		return x.Ref
+	}
+	return ""
+}
+
+func (x *RemoveImageRequest) GetWait() *durationpb.Duration {
+	if x != nil {
+		return x.Wait
+	}
+	return nil
+}
+
+type RemoveImageResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Digest string                 `protobuf:"bytes,2,opt,name=digest,proto3" json:"digest,omitempty"`
+	// removed_from: nodes that held the image and dropped it.
+	RemovedFrom []string `protobuf:"bytes,3,rep,name=removed_from,json=removedFrom,proto3" json:"removed_from,omitempty"`
+	// pending: nodes that still hold it (down, or slower than wait); each
+	// drops it when it next runs.
+	Pending       []string `protobuf:"bytes,4,rep,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveImageResponse) Reset() {
+	*x = RemoveImageResponse{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveImageResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveImageResponse) ProtoMessage() {}
+
+func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
+func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *RemoveImageResponse) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *RemoveImageResponse) GetDigest() string {
+	if x != nil {
+		return x.Digest
+	}
+	return ""
+}
+
+func (x *RemoveImageResponse) GetRemovedFrom() []string {
+	if x != nil {
+		return x.RemovedFrom
+	}
+	return nil
+}
+
+func (x *RemoveImageResponse) GetPending() []string {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
 type SetNodeAvailabilityRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -1273,7 +1400,7 @@ type SetNodeAvailabilityRequest struct {
 
 func (x *SetNodeAvailabilityRequest) Reset() {
 	*x = SetNodeAvailabilityRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1285,7 +1412,7 @@ func (x *SetNodeAvailabilityRequest) String() string {
 func (*SetNodeAvailabilityRequest) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1298,7 +1425,7 @@ func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{21}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *SetNodeAvailabilityRequest) GetNode() string {
@@ -1331,7 +1458,7 @@ type SetNodeAvailabilityResponse struct {
 
 func (x *SetNodeAvailabilityResponse) Reset() {
 	*x = SetNodeAvailabilityResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1343,7 +1470,7 @@ func (x *SetNodeAvailabilityResponse) String() string {
 func (*SetNodeAvailabilityResponse) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1356,7 +1483,7 @@ func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{22}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *SetNodeAvailabilityResponse) GetMoved() uint32 {
@@ -1370,7 +1497,7 @@ var File_shoal_sched_v1_sched_proto protoreflect.FileDescriptor
 
 const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\n" +
-	"\x1ashoal/sched/v1/sched.proto\x12\x0eshoal.sched.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x02\n" +
+	"\x1ashoal/sched/v1/sched.proto\x12\x0eshoal.sched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x02\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12\x18\n" +
@@ -1453,13 +1580,22 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x06images\x18\x01 \x03(\v2\x15.shoal.sched.v1.ImageR\x06images\"\x13\n" +
 	"\x11ListImagesRequest\"C\n" +
 	"\x12ListImagesResponse\x12-\n" +
-	"\x06images\x18\x01 \x03(\v2\x15.shoal.sched.v1.ImageR\x06images\"h\n" +
+	"\x06images\x18\x01 \x03(\v2\x15.shoal.sched.v1.ImageR\x06images\"U\n" +
+	"\x12RemoveImageRequest\x12\x10\n" +
+	"\x03ref\x18\x01 \x01(\tR\x03ref\x12-\n" +
+	"\x04wait\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"~\n" +
+	"\x13RemoveImageResponse\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06digest\x18\x02 \x01(\tR\x06digest\x12!\n" +
+	"\fremoved_from\x18\x03 \x03(\tR\vremovedFrom\x12\x18\n" +
+	"\apending\x18\x04 \x03(\tR\apending\"h\n" +
 	"\x1aSetNodeAvailabilityRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\"\n" +
 	"\favailability\x18\x02 \x01(\tR\favailability\x12\x12\n" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\"3\n" +
 	"\x1bSetNodeAvailabilityResponse\x12\x14\n" +
-	"\x05moved\x18\x01 \x01(\rR\x05moved2\xce\t\n" +
+	"\x05moved\x18\x01 \x01(\rR\x05moved2\xa6\n" +
+	"\n" +
 	"\tScheduler\x12N\n" +
 	"\rCreateService\x12$.shoal.sched.v1.CreateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
 	"\rUpdateService\x12$.shoal.sched.v1.UpdateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
@@ -1476,7 +1612,8 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\bTaskExec\x12\x19.shoal.sched.v1.ExecInput\x1a\x1a.shoal.sched.v1.ExecOutput(\x010\x01\x12L\n" +
 	"\tLoadImage\x12\x1a.shoal.sched.v1.ImageChunk\x1a!.shoal.sched.v1.LoadImageResponse(\x01\x12S\n" +
 	"\n" +
-	"ListImages\x12!.shoal.sched.v1.ListImagesRequest\x1a\".shoal.sched.v1.ListImagesResponse\x12n\n" +
+	"ListImages\x12!.shoal.sched.v1.ListImagesRequest\x1a\".shoal.sched.v1.ListImagesResponse\x12V\n" +
+	"\vRemoveImage\x12\".shoal.sched.v1.RemoveImageRequest\x1a#.shoal.sched.v1.RemoveImageResponse\x12n\n" +
 	"\x13SetNodeAvailability\x12*.shoal.sched.v1.SetNodeAvailabilityRequest\x1a+.shoal.sched.v1.SetNodeAvailabilityResponseB9Z7github.com/shoal-dev/shoal/proto/shoal/sched/v1;schedv1b\x06proto3"
 
 var (
@@ -1491,7 +1628,7 @@ func file_shoal_sched_v1_sched_proto_rawDescGZIP() []byte {
 	return file_shoal_sched_v1_sched_proto_rawDescData
 }
 
-var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
+var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*Service)(nil),                     // 0: shoal.sched.v1.Service
 	(*CreateServiceRequest)(nil),        // 1: shoal.sched.v1.CreateServiceRequest
@@ -1514,54 +1651,60 @@ var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*LoadImageResponse)(nil),           // 18: shoal.sched.v1.LoadImageResponse
 	(*ListImagesRequest)(nil),           // 19: shoal.sched.v1.ListImagesRequest
 	(*ListImagesResponse)(nil),          // 20: shoal.sched.v1.ListImagesResponse
-	(*SetNodeAvailabilityRequest)(nil),  // 21: shoal.sched.v1.SetNodeAvailabilityRequest
-	(*SetNodeAvailabilityResponse)(nil), // 22: shoal.sched.v1.SetNodeAvailabilityResponse
-	(*timestamppb.Timestamp)(nil),       // 23: google.protobuf.Timestamp
+	(*RemoveImageRequest)(nil),          // 21: shoal.sched.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),         // 22: shoal.sched.v1.RemoveImageResponse
+	(*SetNodeAvailabilityRequest)(nil),  // 23: shoal.sched.v1.SetNodeAvailabilityRequest
+	(*SetNodeAvailabilityResponse)(nil), // 24: shoal.sched.v1.SetNodeAvailabilityResponse
+	(*timestamppb.Timestamp)(nil),       // 25: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 26: google.protobuf.Duration
 }
 var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
-	23, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
+	25, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
 	0,  // 1: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
-	23, // 2: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
-	23, // 3: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
-	23, // 4: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
+	25, // 2: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
+	25, // 3: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
+	25, // 4: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
 	8,  // 5: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
 	17, // 6: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
 	17, // 7: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	1,  // 8: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
-	2,  // 9: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	2,  // 10: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	3,  // 11: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
-	4,  // 12: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
-	6,  // 13: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
-	3,  // 14: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
-	3,  // 15: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
-	9,  // 16: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
-	11, // 17: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
-	12, // 18: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
-	14, // 19: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
-	16, // 20: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
-	19, // 21: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
-	21, // 22: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	0,  // 23: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 24: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 25: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 26: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	5,  // 27: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 28: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 29: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	7,  // 30: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	10, // 31: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	8,  // 32: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	13, // 33: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	15, // 34: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	18, // 35: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	20, // 36: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	22, // 37: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	23, // [23:38] is the sub-list for method output_type
-	8,  // [8:23] is the sub-list for method input_type
-	8,  // [8:8] is the sub-list for extension type_name
-	8,  // [8:8] is the sub-list for extension extendee
-	0,  // [0:8] is the sub-list for field type_name
+	26, // 8: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 9: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
+	2,  // 10: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	2,  // 11: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	3,  // 12: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
+	4,  // 13: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
+	6,  // 14: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
+	3,  // 15: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
+	3,  // 16: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
+	9,  // 17: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
+	11, // 18: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
+	12, // 19: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
+	14, // 20: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
+	16, // 21: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
+	19, // 22: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
+	21, // 23: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
+	23, // 24: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	0,  // 25: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 26: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 27: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 28: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	5,  // 29: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 30: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 31: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	7,  // 32: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	10, // 33: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	8,  // 34: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	13, // 35: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	15, // 36: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	18, // 37: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	20, // 38: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	22, // 39: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
+	24, // 40: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	25, // [25:41] is the sub-list for method output_type
+	9,  // [9:25] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_shoal_sched_v1_sched_proto_init() }
@@ -1575,7 +1718,7 @@ func file_shoal_sched_v1_sched_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_sched_v1_sched_proto_rawDesc), len(file_shoal_sched_v1_sched_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   23,
+			NumMessages:   25,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

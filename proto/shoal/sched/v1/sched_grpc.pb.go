@@ -38,6 +38,7 @@ const (
 	Scheduler_TaskExec_FullMethodName            = "/shoal.sched.v1.Scheduler/TaskExec"
 	Scheduler_LoadImage_FullMethodName           = "/shoal.sched.v1.Scheduler/LoadImage"
 	Scheduler_ListImages_FullMethodName          = "/shoal.sched.v1.Scheduler/ListImages"
+	Scheduler_RemoveImage_FullMethodName         = "/shoal.sched.v1.Scheduler/RemoveImage"
 	Scheduler_SetNodeAvailability_FullMethodName = "/shoal.sched.v1.Scheduler/SetNodeAvailability"
 )
 
@@ -68,6 +69,9 @@ type SchedulerClient interface {
 	// LoadImage imports an image archive streamed in chunks.
 	LoadImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImageChunk, LoadImageResponse], error)
 	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
+	// RemoveImage removes an image (every name of its digest) from every
+	// node; refused while a service's spec names it.
+	RemoveImage(ctx context.Context, in *RemoveImageRequest, opts ...grpc.CallOption) (*RemoveImageResponse, error)
 	// SetNodeAvailability drains or activates a node.
 	SetNodeAvailability(ctx context.Context, in *SetNodeAvailabilityRequest, opts ...grpc.CallOption) (*SetNodeAvailabilityResponse, error)
 }
@@ -235,6 +239,16 @@ func (c *schedulerClient) ListImages(ctx context.Context, in *ListImagesRequest,
 	return out, nil
 }
 
+func (c *schedulerClient) RemoveImage(ctx context.Context, in *RemoveImageRequest, opts ...grpc.CallOption) (*RemoveImageResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveImageResponse)
+	err := c.cc.Invoke(ctx, Scheduler_RemoveImage_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *schedulerClient) SetNodeAvailability(ctx context.Context, in *SetNodeAvailabilityRequest, opts ...grpc.CallOption) (*SetNodeAvailabilityResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetNodeAvailabilityResponse)
@@ -272,6 +286,9 @@ type SchedulerServer interface {
 	// LoadImage imports an image archive streamed in chunks.
 	LoadImage(grpc.ClientStreamingServer[ImageChunk, LoadImageResponse]) error
 	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
+	// RemoveImage removes an image (every name of its digest) from every
+	// node; refused while a service's spec names it.
+	RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error)
 	// SetNodeAvailability drains or activates a node.
 	SetNodeAvailability(context.Context, *SetNodeAvailabilityRequest) (*SetNodeAvailabilityResponse, error)
 	mustEmbedUnimplementedSchedulerServer()
@@ -325,6 +342,9 @@ func (UnimplementedSchedulerServer) LoadImage(grpc.ClientStreamingServer[ImageCh
 }
 func (UnimplementedSchedulerServer) ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListImages not implemented")
+}
+func (UnimplementedSchedulerServer) RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveImage not implemented")
 }
 func (UnimplementedSchedulerServer) SetNodeAvailability(context.Context, *SetNodeAvailabilityRequest) (*SetNodeAvailabilityResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetNodeAvailability not implemented")
@@ -573,6 +593,24 @@ func _Scheduler_ListImages_Handler(srv interface{}, ctx context.Context, dec fun
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduler_RemoveImage_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveImageRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).RemoveImage(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_RemoveImage_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).RemoveImage(ctx, req.(*RemoveImageRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Scheduler_SetNodeAvailability_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetNodeAvailabilityRequest)
 	if err := dec(in); err != nil {
@@ -641,6 +679,10 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListImages",
 			Handler:    _Scheduler_ListImages_Handler,
+		},
+		{
+			MethodName: "RemoveImage",
+			Handler:    _Scheduler_RemoveImage_Handler,
 		},
 		{
 			MethodName: "SetNodeAvailability",
