@@ -209,11 +209,6 @@ func newReconciler(s Snapshot, now time.Time, newID func() string) *reconciler {
 		t := &s.Tasks[i]
 		r.tasks[t.ID] = t
 		r.bySlot[t.Slot] = append(r.bySlot[t.Slot], t)
-		if !t.State.Terminal() {
-			if n := r.nodes[t.Node]; n != nil && n.Alive {
-				r.counts[t.Node]++
-			}
-		}
 	}
 	for _, ts := range r.bySlot {
 		slices.SortFunc(ts, func(a, b *Task) int {
@@ -274,6 +269,7 @@ func (r *reconciler) run() {
 			r.emit(DeleteSlot{Service: r.svc.Name, Slot: sl.Slot})
 		}
 	}
+	r.countStaying(want)
 	infos := make([]*slotInfo, len(desired))
 	for i, d := range desired {
 		infos[i] = r.classify(d.name, d.pin)
@@ -311,6 +307,28 @@ func (r *reconciler) run() {
 	if rolling && converged && r.svc.State != ServicePaused {
 		r.emit(SetServiceState{Service: r.svc.Name, State: ServiceActive, Converged: r.svc.Version,
 			Reason: fmt.Sprintf("every slot runs version %d", r.svc.Version)})
+	}
+}
+
+// countStaying counts, per node, the service's tasks that will go on
+// running (spread). A task its node is stopping does not count: one in a
+// slot the spec no longer has, one its slot's document superseded, one
+// no document named within the TTL (AgentDecide's rule, less the claims
+// of contested tasks, which still count). Otherwise a scale-up right
+// after a scale-down, or a replacement while a superseded task stops,
+// would crowd the new tasks onto the nodes the stopping ones leave.
+func (r *reconciler) countStaying(want map[string]bool) {
+	for _, t := range r.tasks {
+		if n := r.nodes[t.Node]; t.State.Terminal() || n == nil || !n.Alive || !want[t.Slot] {
+			continue
+		}
+		if d := r.docs[t.Slot]; d == nil || !d.Names(t.ID) {
+			superseded := d != nil && d.Stamp.Compare(t.Created) > 0 && t.Claim == ""
+			if superseded || !r.now.Before(t.CreatedAt().Add(r.ttl)) {
+				continue
+			}
+		}
+		r.counts[t.Node]++
 	}
 }
 

@@ -536,7 +536,34 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2 fresh
 				w.svc.Converged = 0
 				w.task("stale", "0", "n2", sched.TaskRunning, t0.Add(-time.Minute))
 			},
-			want: "reserve web/0 task=new1 v1 as=task on=n3,n1,n2\n", // n2 still runs it
+			// n2 stops it (no slot named it within the TTL), so it does
+			// not count against n2.
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1\n",
+		},
+		{
+			name: "scale up right after a scale down: the stopping tasks do not count",
+			spec: webSpec(2),
+			build: func(w *world) {
+				// Scaled 4 -> 0 -> 2: the slots were deleted, and the four
+				// old tasks on n1 and n2 are still stopping.
+				for i, n := range []string{"n1", "n2", "n1", "n2"} {
+					w.task(fmt.Sprint("old", i), fmt.Sprint(i), n, sched.TaskRunning, t0.Add(-time.Hour))
+				}
+			},
+			want: `reserve web/0 task=new1 v1 as=task on=n2,n3,n1
+reserve web/1 task=new2 v1 as=task on=n3,n1,n2
+`,
+		},
+		{
+			name: "a superseded task still stopping does not count",
+			build: func(w *world) {
+				w.running("0", "n3")
+				w.running("1", "n2")
+				// n1's task of slot 0, which the slot's write of t0 on n3
+				// superseded, has not stopped yet.
+				w.task("old0", "0", "n1", sched.TaskRunning, t0.Add(-2*time.Hour))
+			},
+			want: "reserve web/2 task=new1 v1 as=task on=n1,n3,n2 fresh\n",
 		},
 		{
 			name: "nothing fits: say why",
@@ -670,8 +697,9 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 				nt.Finished = t0.Add(-time.Minute)
 				w.slot("0", "new0", "n1", 2, t0.Add(-time.Hour))
 			},
-			// Slot 0 is repaired (not throttled) and the rollout goes on.
-			want: "reserve web/0 task=new1 v2 as=task on=n2,n3,n1 restarts=1\nassign web/1 task=-\n",
+			// Slot 0 is repaired (not throttled) and the rollout goes on;
+			// n1's old task t0 is superseded, so n1 runs none that stays.
+			want: "reserve web/0 task=new1 v2 as=task on=n1,n2,n3 restarts=1\nassign web/1 task=-\n",
 		},
 		{
 			name: "paused: no update steps, repairs keep the old spec",
