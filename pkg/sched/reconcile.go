@@ -314,7 +314,8 @@ func (r *reconciler) run() {
 // running (spread). A task its node is stopping does not count: one in a
 // slot the spec no longer has, one its slot's document superseded, one
 // no document named within the TTL (AgentDecide's rule, less the claims
-// of contested tasks, which still count). Otherwise a scale-up right
+// of contested tasks, which still count), or an unnamed one of another
+// spec, which no owner adopts. Otherwise a scale-up right
 // after a scale-down, or a replacement while a superseded task stops,
 // would crowd the new tasks onto the nodes the stopping ones leave.
 func (r *reconciler) countStaying(want map[string]bool) {
@@ -322,9 +323,11 @@ func (r *reconciler) countStaying(want map[string]bool) {
 		if n := r.nodes[t.Node]; t.State.Terminal() || n == nil || !n.Alive || !want[t.Slot] {
 			continue
 		}
-		if d := r.docs[t.Slot]; d == nil || !d.Names(t.ID) {
-			superseded := d != nil && d.Stamp.Compare(t.Created) > 0 && t.Claim == ""
-			if superseded || !r.now.Before(t.CreatedAt().Add(r.ttl)) {
+		if d := r.docs[t.Slot]; t.Claim == "" && (d == nil || !d.Names(t.ID)) {
+			superseded := d != nil && d.Stamp.Compare(t.Created) > 0
+			// An unnamed task of another spec is never adopted (vacant),
+			// so its node stops it once the TTL passes, if not sooner.
+			if superseded || !r.current(t) || !r.now.Before(t.CreatedAt().Add(r.ttl)) {
 				continue
 			}
 		}

@@ -555,6 +555,21 @@ reserve web/1 task=new2 v1 as=task on=n3,n1,n2
 `,
 		},
 		{
+			name: "scale down, update, scale up within the TTL: the old spec's stopping tasks do not count",
+			spec: webSpec(2),
+			build: func(w *world) {
+				old := w.svc.Spec
+				for i, n := range []string{"n1", "n2", "n1", "n2"} {
+					w.taskOf(old, 1, fmt.Sprint("old", i), fmt.Sprint(i), n, sched.TaskRunning, t0.Add(-2*time.Second))
+				}
+				w.update(func(s *sched.ServiceSpec) { s.Constraints = []string{"node.name!=nowhere"} })
+				w.svc.Converged = 0
+			},
+			want: `reserve web/0 task=new1 v2 as=task on=n2,n3,n1
+reserve web/1 task=new2 v2 as=task on=n3,n1,n2
+`,
+		},
+		{
 			name: "a superseded task still stopping does not count",
 			build: func(w *world) {
 				w.running("0", "n3")
