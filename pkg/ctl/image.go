@@ -143,8 +143,9 @@ the image. A node that is down drops its copy when it runs again.`,
 				return err
 			}
 			defer done()
-			// Leave the answer time to come back before --timeout ends.
-			wait := max(a.timeout-2*time.Second, a.timeout/2)
+			// The server's default wait, less if --timeout is short: leave
+			// the answer time to come back before it ends.
+			wait := min(10*time.Second, max(a.timeout-2*time.Second, a.timeout/2))
 			views := []removedImageView{}
 			var firstErr error
 			for _, ref := range args {

@@ -1266,7 +1266,7 @@ type RemoveImageRequest struct {
 	// ref: a name ("local/busybox:v2") or a digest ("sha256:…").
 	Ref string `protobuf:"bytes,1,opt,name=ref,proto3" json:"ref,omitempty"`
 	// wait bounds how long the call waits for the nodes holding the image
-	// to drop it (default 30 s; the removal goes on after it).
+	// to drop it (default 10 s; the removal goes on after it).
 	Wait          *durationpb.Duration `protobuf:"bytes,2,opt,name=wait,proto3" json:"wait,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
