@@ -513,13 +513,7 @@ func TestSchedulerMore(t *testing.T) {
 				return x.Name == "local/saved:1" && slices.Equal(x.Nodes, []string{c.ids[0]})
 			})
 		})
-		c.mustCtl(2, "service", "create", "saved", "--image", "local/saved:1", "--constraint", "node.name==n3", "--stop-grace", "1s", "--", "sleep", "1000000")
-		removeIfFailed(t, c.Cluster, 2, "saved")
-		cur := c.currentTasks("saved")
-		if len(cur) != 1 || cur[0].GetNode() != c.ids[2] {
-			t.Fatalf("current tasks of saved: %v, want one on n3", cur)
-		}
-		if out := c.mustCtl(1, "task", "exec", cur[0].GetId(), "--", "cat", "/etc/saved"); out != "from docker save\n" {
+		if out := c.catInPinned(t, "saved", "local/saved:1", 3, "/etc/saved"); out != "from docker save\n" {
 			t.Errorf("the docker save image's own file in the task on n3: %q", out)
 		}
 		if _, err := c.rts[2].Image(context.Background(), "local/saved:1"); err != nil {
@@ -606,13 +600,7 @@ func TestSchedulerMore(t *testing.T) {
 
 		// Loaded again on node 2: live again, and a task on node 1 gets it.
 		c.mustCtl(2, "image", "load", tarball)
-		c.mustCtl(1, "service", "create", "back", "--image", ref, "--constraint", "node.name==n1", "--stop-grace", "1s", "--", "sleep", "1000000")
-		removeIfFailed(t, c.Cluster, 1, "back")
-		cur := c.currentTasks("back")
-		if len(cur) != 1 || cur[0].GetNode() != c.ids[0] {
-			t.Fatalf("current tasks of back: %v, want one on n1", cur)
-		}
-		if out := c.mustCtl(2, "task", "exec", cur[0].GetId(), "--", "cat", "/etc/gone"); out != "gone\n" {
+		if out := c.catInPinned(t, "back", ref, 1, "/etc/gone"); out != "gone\n" {
 			t.Errorf("the loaded-again image's file in the task on n1: %q", out)
 		}
 		c.mustCtl(1, "service", "rm", "back")
@@ -1005,6 +993,20 @@ type bgCtl struct {
 	out, errOut *syncBuffer
 	done        chan struct{}
 	err         error // valid once done is closed
+}
+
+// catInPinned runs service name from image on node i alone (created
+// from the next node), and returns file as its task reads it.
+func (c *moreCluster) catInPinned(t *testing.T, name, image string, i int, file string) string {
+	t.Helper()
+	other := i%3 + 1
+	c.mustCtl(other, "service", "create", name, "--image", image, "--constraint", fmt.Sprintf("node.name==n%d", i), "--stop-grace", "1s", "--", "sleep", "1000000")
+	removeIfFailed(t, c.Cluster, other, name)
+	cur := c.currentTasks(name)
+	if len(cur) != 1 || cur[0].GetNode() != c.ids[i-1] {
+		t.Fatalf("current tasks of %s: %v, want one on n%d", name, cur, i)
+	}
+	return c.mustCtl(other, "task", "exec", cur[0].GetId(), "--", "cat", file)
 }
 
 // startCtl starts shoalctl args on node i; the test's end kills it.
