@@ -14,11 +14,12 @@ import (
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
 func (a *app) nodeCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "node", Short: "List, inspect and label cluster nodes"}
-	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel(), a.nodeAvailability("drain"), a.nodeAvailability("activate"))
+	cmd := &cobra.Command{Use: "node", Short: "List, inspect, label, drain and remove cluster nodes"}
+	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel(), a.nodeAvailability("drain"), a.nodeAvailability("activate"), a.nodeRm())
 	return cmd
 }
 
@@ -305,4 +306,84 @@ func (a *app) nodeAvailability(verb string) *cobra.Command {
 		cmd.Flags().BoolVar(&noWait, "detach", false, "return without waiting for the tasks to move")
 	}
 	return cmd
+}
+
+func (a *app) nodeRm() *cobra.Command {
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "rm NODE...",
+		Short: "Remove nodes that are gone for good (dead or left)",
+		Long: `Removes nodes that are dead or have left: their document goes (labels,
+capacity, overlay address) and no member probes them any more. Refused
+for a live node (stop it, or run 'shoalctl cluster leave' on it, first)
+and while a volume still has a replica on the node: vold moves a dead
+node's replicas to other nodes --replace-after its death (30 s by
+default). --force skips the volume check when vold cannot be asked.
+
+A removed node that comes back is no member: leave and join again.`,
+		Example: "  shoalctl node rm n4",
+		Args:    cobra.MinimumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			st, err := a.statd()
+			if err != nil {
+				return err
+			}
+			defer st.Close()
+			nodes, err := a.loadNodes(cmd, st)
+			if err != nil {
+				return err
+			}
+			for _, ref := range args {
+				n, err := findNode(nodes, ref)
+				if err != nil {
+					return err
+				}
+				if n.State == "alive" || n.State == "suspect" {
+					return fmt.Errorf("node %s (%s) is %s: stop it, or run `shoalctl cluster leave` on it, first", n.Name, n.ID, n.State)
+				}
+				if err := a.checkNoReplicas(cmd, n, force); err != nil {
+					return err
+				}
+				ctx, cancel := a.ctx(cmd)
+				_, err = st.Cluster.RemoveNode(ctx, &clusterv1.RemoveNodeRequest{NodeId: n.ID})
+				cancel()
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "node %s (%s) removed\n", n.Name, n.ID)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().BoolVar(&force, "force", false, "remove even if vold cannot say whether the node holds volume replicas")
+	return cmd
+}
+
+// checkNoReplicas refuses to remove a node that still holds volume
+// replicas: vold replaces those of a dead node, and the group needs the
+// member's record until then.
+func (a *app) checkNoReplicas(cmd *cobra.Command, n nodeView, force bool) error {
+	c, ctx, done, err := a.voldCall(cmd)
+	if err == nil {
+		defer done()
+		var resp *volv1.ListVolumesResponse
+		if resp, err = c.Volumes.ListVolumes(ctx, &volv1.ListVolumesRequest{}); err == nil {
+			var held []string
+			for _, v := range resp.GetVolumes() {
+				if slices.ContainsFunc(v.GetMembers(), func(m *volv1.Member) bool { return m.GetNode() == n.ID }) {
+					held = append(held, v.GetName())
+				}
+			}
+			if len(held) > 0 {
+				return fmt.Errorf("node %s (%s) still holds a replica of volume %s: vold moves them --replace-after the node's death; try again then",
+					n.Name, n.ID, strings.Join(held, ", "))
+			}
+			return nil
+		}
+	}
+	if force {
+		fmt.Fprintf(a.errOut, "warning: volumes not checked (vold: %s)\n", describe(err))
+		return nil
+	}
+	return fmt.Errorf("cannot check the volumes of node %s (vold: %s): --force removes it anyway", n.ID, describe(err))
 }

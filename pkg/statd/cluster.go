@@ -199,6 +199,15 @@ func (c *cluster) seedMembers() {
 
 func (c *cluster) addNodeDoc(key string, d crdt.Doc) {
 	id := key[len(prefixNodes):]
+	if !d.Exists() {
+		// Removed (`shoalctl node rm`), which is refused for live nodes.
+		if id == c.nodeID {
+			c.log.Warn("this node was removed from the cluster while it was away: run `shoalctl cluster leave`, then join again")
+		} else if c.members.Forget(id) {
+			c.log.Info("removed node forgotten", "node", id)
+		}
+		return
+	}
 	if id == c.nodeID {
 		return
 	}

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/member"
 	"github.com/shoal-dev/shoal/pkg/meminfo"
 	"github.com/shoal-dev/shoal/pkg/overlay"
 	"github.com/shoal-dev/shoal/pkg/pki"
@@ -293,6 +294,34 @@ func (s *clusterServer) Leave(ctx context.Context, _ *clusterv1.LeaveRequest) (*
 	c.forget()
 	c.log.Info("left the cluster", "cluster", c.info.Name)
 	return &clusterv1.LeaveResponse{}, nil
+}
+
+func (s *clusterServer) RemoveNode(ctx context.Context, req *clusterv1.RemoveNodeRequest) (*clusterv1.RemoveNodeResponse, error) {
+	c := s.c
+	c.life.Lock()
+	defer c.life.Unlock()
+	if !c.active.Load() {
+		return nil, errNotMember
+	}
+	id := req.GetNodeId()
+	switch {
+	case id == "":
+		return nil, fmt.Errorf("no node given: %w", errdefs.ErrInvalidArgument)
+	case id == c.nodeID:
+		return nil, fmt.Errorf("node %s is this node: run `shoalctl cluster leave` here to leave the cluster: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	if _, _, err := c.st.Get(prefixNodes + id); err != nil {
+		return nil, fmt.Errorf("node %s: %w", id, err)
+	}
+	if m, ok := c.members.Member(id); ok && (m.State == member.Alive || m.State == member.Suspect) {
+		return nil, fmt.Errorf("node %s is %s: stop it, or run `shoalctl cluster leave` on it, first: %w", id, m.State, errdefs.ErrFailedPrecondition)
+	}
+	if _, err := c.st.Delete(ctx, prefixNodes+id, nil); err != nil {
+		return nil, err
+	}
+	c.members.Forget(id) // the other members forget it as the deletion reaches them (watchNodes)
+	c.log.Info("node removed", "node", id)
+	return &clusterv1.RemoveNodeResponse{}, nil
 }
 
 func (s *clusterServer) Status(context.Context, *clusterv1.StatusRequest) (*clusterv1.StatusResponse, error) {

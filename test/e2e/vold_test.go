@@ -1479,6 +1479,26 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 			v, err := c.inspect(ask, "data")
 			return err == nil && v.GetHealth() == "degraded" && slices.Contains(c.memberNodes(v), victim)
 		})
+		// A dead node that still holds a replica cannot be removed.
+		victimName := fmt.Sprintf("n%d", victim)
+		type nodeJSON struct{ ID, Name, State string }
+		nodeState := func() string {
+			var nodes []nodeJSON
+			decode(t, c.mustCtl(ask, "node", "ls", "-o", "json"), &nodes)
+			for _, n := range nodes {
+				if n.Name == victimName {
+					return n.State
+				}
+			}
+			return "not listed"
+		}
+		waitFor(t, 15*time.Second, fmt.Sprintf("node %d dead", victim), func() bool { return nodeState() == "dead" })
+		if _, errOut, code := c.ctl(ask, "node", "rm", victimName); code != 1 || !strings.Contains(errOut, "still holds a replica of volume") || !strings.Contains(errOut, "data") {
+			t.Errorf("node rm of a dead node holding a replica of data: exit %d: %s", code, errOut)
+		}
+		if _, errOut, code := c.ctl(ask, "node", "rm", fmt.Sprintf("n%d", ask)); code != 1 || !strings.Contains(errOut, "is alive") {
+			t.Errorf("node rm of a live node: exit %d: %s", code, errOut)
+		}
 		waitFor(t, 90*time.Second, fmt.Sprintf("node %d's replica replaced on spare node %d", victim, spare), func() bool {
 			v, err := c.inspect(ask, "data")
 			if err != nil {
@@ -1509,6 +1529,25 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 			_, _, code := c.ctl(ask, "volume", "rm", "data")
 			return code == 0
 		})
+		// Its replicas moved, the dead node can go: no node lists it, no
+		// member probes it.
+		waitFor(t, 60*time.Second, fmt.Sprintf("node rm %s once no volume has a replica there", victimName), func() bool {
+			_, _, code := c.ctl(ask, "node", "rm", victimName)
+			return code == 0
+		})
+		for i := 1; i <= 4; i++ {
+			if i == victim {
+				continue
+			}
+			waitFor(t, 15*time.Second, fmt.Sprintf("node %d forgets node %d", i, victim), func() bool {
+				var nodes []nodeJSON
+				var st struct{ Members []nodeJSON }
+				decode(t, c.mustCtl(i, "node", "ls", "-o", "json"), &nodes)
+				decode(t, c.mustCtl(i, "cluster", "status", "-o", "json"), &st)
+				listed := func(n nodeJSON) bool { return n.Name == victimName || n.ID == victimName }
+				return len(nodes) == 3 && !slices.ContainsFunc(nodes, listed) && len(st.Members) == 3
+			})
+		}
 	})
 }
 

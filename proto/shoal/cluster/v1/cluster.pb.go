@@ -577,6 +577,86 @@ func (*LeaveResponse) Descriptor() ([]byte, []int) {
 	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{9}
 }
 
+type RemoveNodeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeRequest) Reset() {
+	*x = RemoveNodeRequest{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeRequest) ProtoMessage() {}
+
+func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
+func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *RemoveNodeRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type RemoveNodeResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveNodeResponse) Reset() {
+	*x = RemoveNodeResponse{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveNodeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveNodeResponse) ProtoMessage() {}
+
+func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
+func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
+}
+
 type StatusRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -585,7 +665,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -597,7 +677,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -610,7 +690,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{12}
 }
 
 type PeerSync struct {
@@ -629,7 +709,7 @@ type PeerSync struct {
 
 func (x *PeerSync) Reset() {
 	*x = PeerSync{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +721,7 @@ func (x *PeerSync) String() string {
 func (*PeerSync) ProtoMessage() {}
 
 func (x *PeerSync) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +734,7 @@ func (x *PeerSync) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerSync.ProtoReflect.Descriptor instead.
 func (*PeerSync) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *PeerSync) GetBytesSent() uint64 {
@@ -729,7 +809,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -741,7 +821,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -754,7 +834,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{12}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *MemberStatus) GetId() string {
@@ -824,7 +904,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -836,7 +916,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -849,7 +929,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{13}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *StatusResponse) GetClusterName() string {
@@ -953,7 +1033,10 @@ const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\rTokenResponse\x12\x14\n" +
 	"\x05token\x18\x01 \x01(\tR\x05token\"\x0e\n" +
 	"\fLeaveRequest\"\x0f\n" +
-	"\rLeaveResponse\"\x0f\n" +
+	"\rLeaveResponse\",\n" +
+	"\x11RemoveNodeRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"\x14\n" +
+	"\x12RemoveNodeResponse\"\x0f\n" +
 	"\rStatusRequest\"\xaa\x02\n" +
 	"\bPeerSync\x12\x1d\n" +
 	"\n" +
@@ -986,12 +1069,14 @@ const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0ecert_not_after\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fcertNotAfter\x1a;\n" +
 	"\rCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xcb\x03\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xa4\x04\n" +
 	"\aCluster\x12E\n" +
 	"\x04Init\x12\x1d.shoal.cluster.v1.InitRequest\x1a\x1e.shoal.cluster.v1.InitResponse\x12E\n" +
 	"\x04Join\x12\x1d.shoal.cluster.v1.JoinRequest\x1a\x1e.shoal.cluster.v1.JoinResponse\x12H\n" +
 	"\x05Token\x12\x1e.shoal.cluster.v1.TokenRequest\x1a\x1f.shoal.cluster.v1.TokenResponse\x12H\n" +
-	"\x05Leave\x12\x1e.shoal.cluster.v1.LeaveRequest\x1a\x1f.shoal.cluster.v1.LeaveResponse\x12K\n" +
+	"\x05Leave\x12\x1e.shoal.cluster.v1.LeaveRequest\x1a\x1f.shoal.cluster.v1.LeaveResponse\x12W\n" +
+	"\n" +
+	"RemoveNode\x12#.shoal.cluster.v1.RemoveNodeRequest\x1a$.shoal.cluster.v1.RemoveNodeResponse\x12K\n" +
 	"\x06Status\x12\x1f.shoal.cluster.v1.StatusRequest\x1a .shoal.cluster.v1.StatusResponse\x12Q\n" +
 	"\bIdentity\x12!.shoal.cluster.v1.IdentityRequest\x1a\".shoal.cluster.v1.IdentityResponseB=Z;github.com/shoal-dev/shoal/proto/shoal/cluster/v1;clusterv1b\x06proto3"
 
@@ -1007,7 +1092,7 @@ func file_shoal_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_shoal_cluster_v1_cluster_proto_rawDescData
 }
 
-var file_shoal_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 15)
+var file_shoal_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
 var file_shoal_cluster_v1_cluster_proto_goTypes = []any{
 	(*IdentityRequest)(nil),       // 0: shoal.cluster.v1.IdentityRequest
 	(*IdentityResponse)(nil),      // 1: shoal.cluster.v1.IdentityResponse
@@ -1019,35 +1104,39 @@ var file_shoal_cluster_v1_cluster_proto_goTypes = []any{
 	(*TokenResponse)(nil),         // 7: shoal.cluster.v1.TokenResponse
 	(*LeaveRequest)(nil),          // 8: shoal.cluster.v1.LeaveRequest
 	(*LeaveResponse)(nil),         // 9: shoal.cluster.v1.LeaveResponse
-	(*StatusRequest)(nil),         // 10: shoal.cluster.v1.StatusRequest
-	(*PeerSync)(nil),              // 11: shoal.cluster.v1.PeerSync
-	(*MemberStatus)(nil),          // 12: shoal.cluster.v1.MemberStatus
-	(*StatusResponse)(nil),        // 13: shoal.cluster.v1.StatusResponse
-	nil,                           // 14: shoal.cluster.v1.StatusResponse.CountersEntry
-	(*timestamppb.Timestamp)(nil), // 15: google.protobuf.Timestamp
+	(*RemoveNodeRequest)(nil),     // 10: shoal.cluster.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 11: shoal.cluster.v1.RemoveNodeResponse
+	(*StatusRequest)(nil),         // 12: shoal.cluster.v1.StatusRequest
+	(*PeerSync)(nil),              // 13: shoal.cluster.v1.PeerSync
+	(*MemberStatus)(nil),          // 14: shoal.cluster.v1.MemberStatus
+	(*StatusResponse)(nil),        // 15: shoal.cluster.v1.StatusResponse
+	nil,                           // 16: shoal.cluster.v1.StatusResponse.CountersEntry
+	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
 }
 var file_shoal_cluster_v1_cluster_proto_depIdxs = []int32{
-	15, // 0: shoal.cluster.v1.IdentityResponse.not_after:type_name -> google.protobuf.Timestamp
-	15, // 1: shoal.cluster.v1.PeerSync.last_sync:type_name -> google.protobuf.Timestamp
-	15, // 2: shoal.cluster.v1.MemberStatus.since:type_name -> google.protobuf.Timestamp
-	11, // 3: shoal.cluster.v1.MemberStatus.sync:type_name -> shoal.cluster.v1.PeerSync
-	12, // 4: shoal.cluster.v1.StatusResponse.members:type_name -> shoal.cluster.v1.MemberStatus
-	14, // 5: shoal.cluster.v1.StatusResponse.counters:type_name -> shoal.cluster.v1.StatusResponse.CountersEntry
-	15, // 6: shoal.cluster.v1.StatusResponse.cert_not_after:type_name -> google.protobuf.Timestamp
+	17, // 0: shoal.cluster.v1.IdentityResponse.not_after:type_name -> google.protobuf.Timestamp
+	17, // 1: shoal.cluster.v1.PeerSync.last_sync:type_name -> google.protobuf.Timestamp
+	17, // 2: shoal.cluster.v1.MemberStatus.since:type_name -> google.protobuf.Timestamp
+	13, // 3: shoal.cluster.v1.MemberStatus.sync:type_name -> shoal.cluster.v1.PeerSync
+	14, // 4: shoal.cluster.v1.StatusResponse.members:type_name -> shoal.cluster.v1.MemberStatus
+	16, // 5: shoal.cluster.v1.StatusResponse.counters:type_name -> shoal.cluster.v1.StatusResponse.CountersEntry
+	17, // 6: shoal.cluster.v1.StatusResponse.cert_not_after:type_name -> google.protobuf.Timestamp
 	2,  // 7: shoal.cluster.v1.Cluster.Init:input_type -> shoal.cluster.v1.InitRequest
 	4,  // 8: shoal.cluster.v1.Cluster.Join:input_type -> shoal.cluster.v1.JoinRequest
 	6,  // 9: shoal.cluster.v1.Cluster.Token:input_type -> shoal.cluster.v1.TokenRequest
 	8,  // 10: shoal.cluster.v1.Cluster.Leave:input_type -> shoal.cluster.v1.LeaveRequest
-	10, // 11: shoal.cluster.v1.Cluster.Status:input_type -> shoal.cluster.v1.StatusRequest
-	0,  // 12: shoal.cluster.v1.Cluster.Identity:input_type -> shoal.cluster.v1.IdentityRequest
-	3,  // 13: shoal.cluster.v1.Cluster.Init:output_type -> shoal.cluster.v1.InitResponse
-	5,  // 14: shoal.cluster.v1.Cluster.Join:output_type -> shoal.cluster.v1.JoinResponse
-	7,  // 15: shoal.cluster.v1.Cluster.Token:output_type -> shoal.cluster.v1.TokenResponse
-	9,  // 16: shoal.cluster.v1.Cluster.Leave:output_type -> shoal.cluster.v1.LeaveResponse
-	13, // 17: shoal.cluster.v1.Cluster.Status:output_type -> shoal.cluster.v1.StatusResponse
-	1,  // 18: shoal.cluster.v1.Cluster.Identity:output_type -> shoal.cluster.v1.IdentityResponse
-	13, // [13:19] is the sub-list for method output_type
-	7,  // [7:13] is the sub-list for method input_type
+	10, // 11: shoal.cluster.v1.Cluster.RemoveNode:input_type -> shoal.cluster.v1.RemoveNodeRequest
+	12, // 12: shoal.cluster.v1.Cluster.Status:input_type -> shoal.cluster.v1.StatusRequest
+	0,  // 13: shoal.cluster.v1.Cluster.Identity:input_type -> shoal.cluster.v1.IdentityRequest
+	3,  // 14: shoal.cluster.v1.Cluster.Init:output_type -> shoal.cluster.v1.InitResponse
+	5,  // 15: shoal.cluster.v1.Cluster.Join:output_type -> shoal.cluster.v1.JoinResponse
+	7,  // 16: shoal.cluster.v1.Cluster.Token:output_type -> shoal.cluster.v1.TokenResponse
+	9,  // 17: shoal.cluster.v1.Cluster.Leave:output_type -> shoal.cluster.v1.LeaveResponse
+	11, // 18: shoal.cluster.v1.Cluster.RemoveNode:output_type -> shoal.cluster.v1.RemoveNodeResponse
+	15, // 19: shoal.cluster.v1.Cluster.Status:output_type -> shoal.cluster.v1.StatusResponse
+	1,  // 20: shoal.cluster.v1.Cluster.Identity:output_type -> shoal.cluster.v1.IdentityResponse
+	14, // [14:21] is the sub-list for method output_type
+	7,  // [7:14] is the sub-list for method input_type
 	7,  // [7:7] is the sub-list for extension type_name
 	7,  // [7:7] is the sub-list for extension extendee
 	0,  // [0:7] is the sub-list for field type_name
@@ -1064,7 +1153,7 @@ func file_shoal_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_cluster_v1_cluster_proto_rawDesc), len(file_shoal_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   15,
+			NumMessages:   17,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -23,12 +23,13 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Cluster_Init_FullMethodName     = "/shoal.cluster.v1.Cluster/Init"
-	Cluster_Join_FullMethodName     = "/shoal.cluster.v1.Cluster/Join"
-	Cluster_Token_FullMethodName    = "/shoal.cluster.v1.Cluster/Token"
-	Cluster_Leave_FullMethodName    = "/shoal.cluster.v1.Cluster/Leave"
-	Cluster_Status_FullMethodName   = "/shoal.cluster.v1.Cluster/Status"
-	Cluster_Identity_FullMethodName = "/shoal.cluster.v1.Cluster/Identity"
+	Cluster_Init_FullMethodName       = "/shoal.cluster.v1.Cluster/Init"
+	Cluster_Join_FullMethodName       = "/shoal.cluster.v1.Cluster/Join"
+	Cluster_Token_FullMethodName      = "/shoal.cluster.v1.Cluster/Token"
+	Cluster_Leave_FullMethodName      = "/shoal.cluster.v1.Cluster/Leave"
+	Cluster_RemoveNode_FullMethodName = "/shoal.cluster.v1.Cluster/RemoveNode"
+	Cluster_Status_FullMethodName     = "/shoal.cluster.v1.Cluster/Status"
+	Cluster_Identity_FullMethodName   = "/shoal.cluster.v1.Cluster/Identity"
 )
 
 // ClusterClient is the client API for Cluster service.
@@ -43,6 +44,11 @@ type ClusterClient interface {
 	Token(ctx context.Context, in *TokenRequest, opts ...grpc.CallOption) (*TokenResponse, error)
 	// Leave leaves the cluster gracefully.
 	Leave(ctx context.Context, in *LeaveRequest, opts ...grpc.CallOption) (*LeaveResponse, error)
+	// RemoveNode removes a node that is gone for good (dead or left): its
+	// document goes, with everything the daemons recorded in it, and every
+	// member stops probing it. Refused for a node this one counts alive or
+	// suspect, and for this node itself (Leave is for that).
+	RemoveNode(ctx context.Context, in *RemoveNodeRequest, opts ...grpc.CallOption) (*RemoveNodeResponse, error)
 	// Status is this node's view of the cluster.
 	Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error)
 	// Identity hands this node's cluster identity to its sibling daemons
@@ -99,6 +105,16 @@ func (c *clusterClient) Leave(ctx context.Context, in *LeaveRequest, opts ...grp
 	return out, nil
 }
 
+func (c *clusterClient) RemoveNode(ctx context.Context, in *RemoveNodeRequest, opts ...grpc.CallOption) (*RemoveNodeResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveNodeResponse)
+	err := c.cc.Invoke(ctx, Cluster_RemoveNode_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *clusterClient) Status(ctx context.Context, in *StatusRequest, opts ...grpc.CallOption) (*StatusResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatusResponse)
@@ -131,6 +147,11 @@ type ClusterServer interface {
 	Token(context.Context, *TokenRequest) (*TokenResponse, error)
 	// Leave leaves the cluster gracefully.
 	Leave(context.Context, *LeaveRequest) (*LeaveResponse, error)
+	// RemoveNode removes a node that is gone for good (dead or left): its
+	// document goes, with everything the daemons recorded in it, and every
+	// member stops probing it. Refused for a node this one counts alive or
+	// suspect, and for this node itself (Leave is for that).
+	RemoveNode(context.Context, *RemoveNodeRequest) (*RemoveNodeResponse, error)
 	// Status is this node's view of the cluster.
 	Status(context.Context, *StatusRequest) (*StatusResponse, error)
 	// Identity hands this node's cluster identity to its sibling daemons
@@ -158,6 +179,9 @@ func (UnimplementedClusterServer) Token(context.Context, *TokenRequest) (*TokenR
 }
 func (UnimplementedClusterServer) Leave(context.Context, *LeaveRequest) (*LeaveResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Leave not implemented")
+}
+func (UnimplementedClusterServer) RemoveNode(context.Context, *RemoveNodeRequest) (*RemoveNodeResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveNode not implemented")
 }
 func (UnimplementedClusterServer) Status(context.Context, *StatusRequest) (*StatusResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Status not implemented")
@@ -258,6 +282,24 @@ func _Cluster_Leave_Handler(srv interface{}, ctx context.Context, dec func(inter
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Cluster_RemoveNode_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveNodeRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(ClusterServer).RemoveNode(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Cluster_RemoveNode_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(ClusterServer).RemoveNode(ctx, req.(*RemoveNodeRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Cluster_Status_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(StatusRequest)
 	if err := dec(in); err != nil {
@@ -316,6 +358,10 @@ var Cluster_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Leave",
 			Handler:    _Cluster_Leave_Handler,
+		},
+		{
+			MethodName: "RemoveNode",
+			Handler:    _Cluster_RemoveNode_Handler,
 		},
 		{
 			MethodName: "Status",
