@@ -49,6 +49,21 @@ func (v nodeView) stateText() string {
 	return v.State
 }
 
+// statdNodes connects to statd and loads the nodes; the caller closes the
+// client.
+func (a *app) statdNodes(cmd *cobra.Command) (*client.Statd, []nodeView, error) {
+	c, err := a.statd()
+	if err != nil {
+		return nil, nil, err
+	}
+	nodes, err := a.loadNodes(cmd, c)
+	if err != nil {
+		c.Close()
+		return nil, nil, err
+	}
+	return c, nodes, nil
+}
+
 func (a *app) loadNodes(cmd *cobra.Command, c *client.Statd) ([]nodeView, error) {
 	ctx, cancel := a.ctx(cmd)
 	defer cancel()
@@ -139,15 +154,11 @@ func (a *app) nodeLs() *cobra.Command {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
-			c, err := a.statd()
+			c, nodes, err := a.statdNodes(cmd)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			nodes, err := a.loadNodes(cmd, c)
-			if err != nil {
-				return err
-			}
 			if nodes == nil {
 				nodes = []nodeView{}
 			}
@@ -181,15 +192,11 @@ func (a *app) nodeInspect() *cobra.Command {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
-			c, err := a.statd()
+			c, nodes, err := a.statdNodes(cmd)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			nodes, err := a.loadNodes(cmd, c)
-			if err != nil {
-				return err
-			}
 			n, err := findNode(nodes, args[0])
 			if err != nil {
 				return err
@@ -223,15 +230,11 @@ func (a *app) nodeLabel() *cobra.Command {
 			if len(set) == 0 && len(rm) == 0 {
 				return usageError{fmt.Errorf("nothing to do: give KEY=VALUE labels or --rm KEY")}
 			}
-			c, err := a.statd()
+			c, nodes, err := a.statdNodes(cmd)
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			nodes, err := a.loadNodes(cmd, c)
-			if err != nil {
-				return err
-			}
 			n, err := findNode(nodes, args[0])
 			if err != nil {
 				return err
@@ -272,15 +275,11 @@ func (a *app) nodeAvailability(verb string) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := a.statd()
+			st, nodes, err := a.statdNodes(cmd)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			nodes, err := a.loadNodes(cmd, st)
-			if err != nil {
-				return err
-			}
 			n, err := findNode(nodes, args[0])
 			if err != nil {
 				return err
@@ -324,15 +323,11 @@ A removed node that comes back is no member: leave and join again.`,
 		Example: "  shoalctl node rm n4",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, err := a.statd()
+			st, nodes, err := a.statdNodes(cmd)
 			if err != nil {
 				return err
 			}
 			defer st.Close()
-			nodes, err := a.loadNodes(cmd, st)
-			if err != nil {
-				return err
-			}
 			for _, ref := range args {
 				n, err := findNode(nodes, ref)
 				if err != nil {
