@@ -346,12 +346,30 @@ A removed node that comes back is no member: leave and join again.`,
 					return err
 				}
 				fmt.Fprintf(a.out, "node %s (%s) removed\n", n.Name, n.ID)
+				a.forgetNodeTasks(cmd, n)
 			}
 			return nil
 		},
 	}
 	cmd.Flags().BoolVar(&force, "force", false, "remove even if vold cannot say whether the node holds volume replicas")
 	return cmd
+}
+
+// forgetNodeTasks has schedd delete the removed node's task records,
+// which its own agent would have deleted; the node is removed either way.
+func (a *app) forgetNodeTasks(cmd *cobra.Command, n nodeView) {
+	c, ctx, done, err := a.scheddCall(cmd)
+	if err == nil {
+		defer done()
+		var resp *schedv1.ForgetNodeTasksResponse
+		if resp, err = c.ForgetNodeTasks(ctx, &schedv1.ForgetNodeTasksRequest{NodeId: n.ID}); err == nil {
+			if resp.GetForgotten() > 0 {
+				fmt.Fprintf(a.out, "  %d task records of it dropped\n", resp.GetForgotten())
+			}
+			return
+		}
+	}
+	fmt.Fprintf(a.errOut, "warning: the task records of node %s stay, shown as on a down node (schedd: %s)\n", n.ID, describe(err))
 }
 
 // checkNoReplicas refuses to remove a node that still holds volume

@@ -747,13 +747,22 @@ func (a *app) waitGone(cmd *cobra.Command, c *client.Schedd, names []string, w w
 				}
 				return err
 			}
-			left := 0
+			left, down := 0, 0
 			for _, t := range resp.GetTasks() {
-				if !sched.TaskState(t.GetState()).Terminal() {
+				switch {
+				case sched.TaskState(t.GetState()).Terminal():
+				case t.GetNodeDown():
+					// Its node's agent stops it when the node is back;
+					// waiting for that could take for ever.
+					down++
+				default:
 					left++
 				}
 			}
 			if left == 0 {
+				if down > 0 {
+					fmt.Fprintf(a.errOut, "%s: %d tasks on down nodes stop when their nodes are back\n", name, down)
+				}
 				break
 			}
 			select {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
@@ -403,8 +405,11 @@ func (s *api) ListTasks(ctx context.Context, req *schedv1.ListTasksRequest) (*sc
 				continue
 			}
 			tp := taskProto(t, current[t.ID])
-			if !up[t.Node] && tp.Error == "" {
-				tp.Error = "node is down: state as last reported"
+			if !up[t.Node] {
+				tp.NodeDown = true
+				if tp.Error == "" {
+					tp.Error = "node is down: state as last reported"
+				}
 			}
 			resp.Tasks = append(resp.Tasks, tp)
 		}
@@ -776,6 +781,41 @@ func (s *api) RemoveImage(ctx context.Context, req *schedv1.RemoveImageRequest) 
 		return nil, err
 	}
 	return s.n.removeImage(ctx, req.GetRef(), removeWait(req.GetWait()))
+}
+
+func (s *api) ForgetNodeTasks(ctx context.Context, req *schedv1.ForgetNodeTasksRequest) (*schedv1.ForgetNodeTasksResponse, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	id := req.GetNodeId()
+	switch {
+	case id == "":
+		return nil, fmt.Errorf("no node given: %w", errdefs.ErrInvalidArgument)
+	case id == s.n.id:
+		return nil, fmt.Errorf("node %s is this node: %w", id, errdefs.ErrFailedPrecondition)
+	}
+	// The node's document must be gone here, so that this node's view
+	// agrees the node was removed (statd's RemoveNode deletes it locally).
+	if d, err := s.n.getMeta(ctx, sched.NodeKey(id)); err == nil && d != nil {
+		return nil, fmt.Errorf("node %s is still a member (remove it first: `shoalctl node rm`): %w", id, errdefs.ErrFailedPrecondition)
+	} else if err != nil && !errdefs.IsNotFound(err) && status.Code(err) != codes.NotFound {
+		return nil, err
+	}
+	resp := &schedv1.ForgetNodeTasksResponse{}
+	for _, t := range s.n.readWorld().allTasks {
+		if t.Node != id {
+			continue
+		}
+		if _, err := s.n.statd.Delete(ctx, &statev1.DeleteRequest{Key: sched.TaskKey(t.ID)}); err != nil {
+			return resp, fmt.Errorf("task %s: %w", t.ID, err)
+		}
+		resp.Forgotten++
+	}
+	if resp.Forgotten > 0 {
+		s.n.log.Info("task records of a removed node deleted", "node", id, "tasks", resp.Forgotten)
+		s.n.wake()
+	}
+	return resp, nil
 }
 
 func (s *api) SetNodeAvailability(ctx context.Context, req *schedv1.SetNodeAvailabilityRequest) (*schedv1.SetNodeAvailabilityResponse, error) {

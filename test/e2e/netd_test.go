@@ -253,13 +253,7 @@ func (c *netCluster) noteIface(name string) {
 
 func (c *netCluster) ctlWithin(d time.Duration, i int, args ...string) (string, string, int) {
 	c.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	out, errOut, code, err := c.Ctl(ctx, i, args...)
-	if err != nil {
-		c.t.Fatalf("node %d: shoalctl %s: %v\n%s%s", i, strings.Join(args, " "), err, out, errOut)
-	}
-	return out, errOut, code
+	return ctlBounded(c.t, c.Cluster, d, i, args...)
 }
 
 func (c *netCluster) ctl(i int, args ...string) (string, string, int) {

@@ -79,11 +79,18 @@ func newMoreCluster(t *testing.T) *moreCluster {
 // that never finishes fails the test instead of hanging it).
 func (c *moreCluster) ctlWithin(d time.Duration, i int, args ...string) (string, string, int) {
 	c.t.Helper()
+	return ctlBounded(c.t, c.Cluster, d, i, args...)
+}
+
+// ctlBounded runs shoalctl args on node i of dc, failing t if it has not
+// exited within d.
+func ctlBounded(t *testing.T, dc *devcluster.Cluster, d time.Duration, i int, args ...string) (string, string, int) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
-	out, errOut, code, err := c.Ctl(ctx, i, args...)
+	out, errOut, code, err := dc.Ctl(ctx, i, args...)
 	if err != nil {
-		c.t.Fatalf("node %d: shoalctl %s: %v\n%s%s", i, strings.Join(args, " "), err, out, errOut)
+		t.Fatalf("node %d: shoalctl %s: %v\n%s%s", i, strings.Join(args, " "), err, out, errOut)
 	}
 	return out, errOut, code
 }

@@ -1469,6 +1469,10 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 			v, err := c.inspect(ask, "data")
 			return err == nil && v.GetHeldFiles() == 1
 		})
+		// A global service has a task on every node, the victim's too:
+		// removing the dead node drops that task's record.
+		c.mustCtl(1, "service", "create", "everywhere", "--image", "local/busybox:latest", "--global", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "everywhere")
 		if err := c.Kill(context.Background(), victim, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -1531,10 +1535,46 @@ args: ["sh", "-c", "echo from-spec > /data/deployed; cmp /data/proxied/blob /dat
 		})
 		// Its replicas moved, the dead node can go: no node lists it, no
 		// member probes it.
+		var victimID string
+		var nodes []nodeJSON
+		decode(t, c.mustCtl(ask, "node", "ls", "-o", "json"), &nodes)
+		for _, n := range nodes {
+			if n.Name == victimName {
+				victimID = n.ID
+			}
+		}
+		onVictim := func() int {
+			var tasks []struct{ Service, Node string }
+			decode(t, c.mustCtl(ask, "task", "ls", "-a", "-o", "json"), &tasks)
+			k := 0
+			for _, tk := range tasks {
+				if tk.Service == "everywhere" && tk.Node == victimID {
+					k++
+				}
+			}
+			return k
+		}
+		if k := onVictim(); victimID == "" || k == 0 {
+			t.Fatalf("the global service's tasks on dead node %s (%q): %d, want its last record", victimName, victimID, k)
+		}
+		// Its task on the dead node cannot stop before the node is back:
+		// service rm does not wait for it.
+		_, errOut, code := ctlBounded(t, c.Cluster, 20*time.Second, 1, "service", "rm", "everywhere")
+		if code != 0 || !strings.Contains(errOut, "1 tasks on down nodes stop when their nodes are back") {
+			t.Errorf("service rm of a service with a task on a dead node: exit %d: %s", code, errOut)
+		}
+		var rmOut string
 		waitFor(t, 60*time.Second, fmt.Sprintf("node rm %s once no volume has a replica there", victimName), func() bool {
-			_, _, code := c.ctl(ask, "node", "rm", victimName)
+			out, _, code := c.ctl(ask, "node", "rm", victimName)
+			rmOut = out
 			return code == 0
 		})
+		if !strings.Contains(rmOut, "task records of it dropped") {
+			t.Errorf("node rm output %q: want its task records dropped", rmOut)
+		}
+		if k := onVictim(); k != 0 {
+			t.Errorf("task ls -a still lists %d tasks of everywhere on removed node %s", k, victimName)
+		}
 		for i := 1; i <= 4; i++ {
 			if i == victim {
 				continue

@@ -476,7 +476,10 @@ type Task struct {
 	Image   string `protobuf:"bytes,14,opt,name=image,proto3" json:"image,omitempty"`
 	// finished is when the task's container last exited (or was marked
 	// unhealthy); unset while it has not.
-	Finished      *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=finished,proto3" json:"finished,omitempty"`
+	Finished *timestamppb.Timestamp `protobuf:"bytes,15,opt,name=finished,proto3" json:"finished,omitempty"`
+	// node_down: this node counts the task's node down (or removed), so its
+	// state is the last one reported.
+	NodeDown      bool `protobuf:"varint,16,opt,name=node_down,json=nodeDown,proto3" json:"node_down,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -614,6 +617,13 @@ func (x *Task) GetFinished() *timestamppb.Timestamp {
 		return x.Finished
 	}
 	return nil
+}
+
+func (x *Task) GetNodeDown() bool {
+	if x != nil {
+		return x.NodeDown
+	}
+	return false
 }
 
 type ListTasksRequest struct {
@@ -1387,6 +1397,95 @@ func (x *RemoveImageResponse) GetPending() []string {
 	return nil
 }
 
+type ForgetNodeTasksRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetNodeTasksRequest) Reset() {
+	*x = ForgetNodeTasksRequest{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetNodeTasksRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetNodeTasksRequest) ProtoMessage() {}
+
+func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetNodeTasksRequest.ProtoReflect.Descriptor instead.
+func (*ForgetNodeTasksRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *ForgetNodeTasksRequest) GetNodeId() string {
+	if x != nil {
+		return x.NodeId
+	}
+	return ""
+}
+
+type ForgetNodeTasksResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// forgotten counts the task records deleted.
+	Forgotten     uint32 `protobuf:"varint,1,opt,name=forgotten,proto3" json:"forgotten,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForgetNodeTasksResponse) Reset() {
+	*x = ForgetNodeTasksResponse{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForgetNodeTasksResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForgetNodeTasksResponse) ProtoMessage() {}
+
+func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForgetNodeTasksResponse.ProtoReflect.Descriptor instead.
+func (*ForgetNodeTasksResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *ForgetNodeTasksResponse) GetForgotten() uint32 {
+	if x != nil {
+		return x.Forgotten
+	}
+	return 0
+}
+
 type SetNodeAvailabilityRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
@@ -1400,7 +1499,7 @@ type SetNodeAvailabilityRequest struct {
 
 func (x *SetNodeAvailabilityRequest) Reset() {
 	*x = SetNodeAvailabilityRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1412,7 +1511,7 @@ func (x *SetNodeAvailabilityRequest) String() string {
 func (*SetNodeAvailabilityRequest) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1425,7 +1524,7 @@ func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *SetNodeAvailabilityRequest) GetNode() string {
@@ -1458,7 +1557,7 @@ type SetNodeAvailabilityResponse struct {
 
 func (x *SetNodeAvailabilityResponse) Reset() {
 	*x = SetNodeAvailabilityResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1470,7 +1569,7 @@ func (x *SetNodeAvailabilityResponse) String() string {
 func (*SetNodeAvailabilityResponse) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1483,7 +1582,7 @@ func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetNodeAvailabilityResponse) GetMoved() uint32 {
@@ -1523,7 +1622,7 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x13ScaleServiceRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\"\x17\n" +
-	"\x15RemoveServiceResponse\"\xc3\x03\n" +
+	"\x15RemoveServiceResponse\"\xe0\x03\n" +
 	"\x04Task\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
@@ -1540,7 +1639,8 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\astarted\x18\f \x01(\v2\x1a.google.protobuf.TimestampR\astarted\x12\x18\n" +
 	"\acurrent\x18\r \x01(\bR\acurrent\x12\x14\n" +
 	"\x05image\x18\x0e \x01(\tR\x05image\x126\n" +
-	"\bfinished\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\bfinished\"R\n" +
+	"\bfinished\x18\x0f \x01(\v2\x1a.google.protobuf.TimestampR\bfinished\x12\x1b\n" +
+	"\tnode_down\x18\x10 \x01(\bR\bnodeDown\"R\n" +
 	"\x10ListTasksRequest\x12\x18\n" +
 	"\aservice\x18\x01 \x01(\tR\aservice\x12\x12\n" +
 	"\x04node\x18\x02 \x01(\tR\x04node\x12\x10\n" +
@@ -1588,14 +1688,17 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12!\n" +
 	"\fremoved_from\x18\x03 \x03(\tR\vremovedFrom\x12\x18\n" +
-	"\apending\x18\x04 \x03(\tR\apending\"h\n" +
+	"\apending\x18\x04 \x03(\tR\apending\"1\n" +
+	"\x16ForgetNodeTasksRequest\x12\x17\n" +
+	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"7\n" +
+	"\x17ForgetNodeTasksResponse\x12\x1c\n" +
+	"\tforgotten\x18\x01 \x01(\rR\tforgotten\"h\n" +
 	"\x1aSetNodeAvailabilityRequest\x12\x12\n" +
 	"\x04node\x18\x01 \x01(\tR\x04node\x12\"\n" +
 	"\favailability\x18\x02 \x01(\tR\favailability\x12\x12\n" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\"3\n" +
 	"\x1bSetNodeAvailabilityResponse\x12\x14\n" +
-	"\x05moved\x18\x01 \x01(\rR\x05moved2\xa6\n" +
-	"\n" +
+	"\x05moved\x18\x01 \x01(\rR\x05moved2\x8a\v\n" +
 	"\tScheduler\x12N\n" +
 	"\rCreateService\x12$.shoal.sched.v1.CreateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
 	"\rUpdateService\x12$.shoal.sched.v1.UpdateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
@@ -1614,7 +1717,8 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\n" +
 	"ListImages\x12!.shoal.sched.v1.ListImagesRequest\x1a\".shoal.sched.v1.ListImagesResponse\x12V\n" +
 	"\vRemoveImage\x12\".shoal.sched.v1.RemoveImageRequest\x1a#.shoal.sched.v1.RemoveImageResponse\x12n\n" +
-	"\x13SetNodeAvailability\x12*.shoal.sched.v1.SetNodeAvailabilityRequest\x1a+.shoal.sched.v1.SetNodeAvailabilityResponseB9Z7github.com/shoal-dev/shoal/proto/shoal/sched/v1;schedv1b\x06proto3"
+	"\x13SetNodeAvailability\x12*.shoal.sched.v1.SetNodeAvailabilityRequest\x1a+.shoal.sched.v1.SetNodeAvailabilityResponse\x12b\n" +
+	"\x0fForgetNodeTasks\x12&.shoal.sched.v1.ForgetNodeTasksRequest\x1a'.shoal.sched.v1.ForgetNodeTasksResponseB9Z7github.com/shoal-dev/shoal/proto/shoal/sched/v1;schedv1b\x06proto3"
 
 var (
 	file_shoal_sched_v1_sched_proto_rawDescOnce sync.Once
@@ -1628,7 +1732,7 @@ func file_shoal_sched_v1_sched_proto_rawDescGZIP() []byte {
 	return file_shoal_sched_v1_sched_proto_rawDescData
 }
 
-var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
+var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*Service)(nil),                     // 0: shoal.sched.v1.Service
 	(*CreateServiceRequest)(nil),        // 1: shoal.sched.v1.CreateServiceRequest
@@ -1653,21 +1757,23 @@ var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*ListImagesResponse)(nil),          // 20: shoal.sched.v1.ListImagesResponse
 	(*RemoveImageRequest)(nil),          // 21: shoal.sched.v1.RemoveImageRequest
 	(*RemoveImageResponse)(nil),         // 22: shoal.sched.v1.RemoveImageResponse
-	(*SetNodeAvailabilityRequest)(nil),  // 23: shoal.sched.v1.SetNodeAvailabilityRequest
-	(*SetNodeAvailabilityResponse)(nil), // 24: shoal.sched.v1.SetNodeAvailabilityResponse
-	(*timestamppb.Timestamp)(nil),       // 25: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 26: google.protobuf.Duration
+	(*ForgetNodeTasksRequest)(nil),      // 23: shoal.sched.v1.ForgetNodeTasksRequest
+	(*ForgetNodeTasksResponse)(nil),     // 24: shoal.sched.v1.ForgetNodeTasksResponse
+	(*SetNodeAvailabilityRequest)(nil),  // 25: shoal.sched.v1.SetNodeAvailabilityRequest
+	(*SetNodeAvailabilityResponse)(nil), // 26: shoal.sched.v1.SetNodeAvailabilityResponse
+	(*timestamppb.Timestamp)(nil),       // 27: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 28: google.protobuf.Duration
 }
 var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
-	25, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
+	27, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
 	0,  // 1: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
-	25, // 2: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
-	25, // 3: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
-	25, // 4: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
+	27, // 2: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
+	27, // 3: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
+	27, // 4: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
 	8,  // 5: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
 	17, // 6: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
 	17, // 7: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	26, // 8: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
+	28, // 8: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
 	1,  // 9: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
 	2,  // 10: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
 	2,  // 11: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
@@ -1683,25 +1789,27 @@ var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
 	16, // 21: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
 	19, // 22: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
 	21, // 23: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
-	23, // 24: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	0,  // 25: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 26: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 27: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 28: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	5,  // 29: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 30: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 31: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	7,  // 32: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	10, // 33: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	8,  // 34: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	13, // 35: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	15, // 36: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	18, // 37: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	20, // 38: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	22, // 39: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
-	24, // 40: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	25, // [25:41] is the sub-list for method output_type
-	9,  // [9:25] is the sub-list for method input_type
+	25, // 24: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	23, // 25: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
+	0,  // 26: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 27: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 28: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 29: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	5,  // 30: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 31: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 32: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	7,  // 33: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	10, // 34: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	8,  // 35: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	13, // 36: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	15, // 37: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	18, // 38: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	20, // 39: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	22, // 40: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
+	26, // 41: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	24, // 42: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
+	26, // [26:43] is the sub-list for method output_type
+	9,  // [9:26] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -1718,7 +1826,7 @@ func file_shoal_sched_v1_sched_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_sched_v1_sched_proto_rawDesc), len(file_shoal_sched_v1_sched_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   25,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

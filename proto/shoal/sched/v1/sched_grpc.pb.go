@@ -40,6 +40,7 @@ const (
 	Scheduler_ListImages_FullMethodName          = "/shoal.sched.v1.Scheduler/ListImages"
 	Scheduler_RemoveImage_FullMethodName         = "/shoal.sched.v1.Scheduler/RemoveImage"
 	Scheduler_SetNodeAvailability_FullMethodName = "/shoal.sched.v1.Scheduler/SetNodeAvailability"
+	Scheduler_ForgetNodeTasks_FullMethodName     = "/shoal.sched.v1.Scheduler/ForgetNodeTasks"
 )
 
 // SchedulerClient is the client API for Scheduler service.
@@ -74,6 +75,10 @@ type SchedulerClient interface {
 	RemoveImage(ctx context.Context, in *RemoveImageRequest, opts ...grpc.CallOption) (*RemoveImageResponse, error)
 	// SetNodeAvailability drains or activates a node.
 	SetNodeAvailability(ctx context.Context, in *SetNodeAvailabilityRequest, opts ...grpc.CallOption) (*SetNodeAvailabilityResponse, error)
+	// ForgetNodeTasks deletes the task records of a node removed from the
+	// cluster (`shoalctl node rm`): its agent, gone, cannot. Refused while
+	// the node's document exists.
+	ForgetNodeTasks(ctx context.Context, in *ForgetNodeTasksRequest, opts ...grpc.CallOption) (*ForgetNodeTasksResponse, error)
 }
 
 type schedulerClient struct {
@@ -259,6 +264,16 @@ func (c *schedulerClient) SetNodeAvailability(ctx context.Context, in *SetNodeAv
 	return out, nil
 }
 
+func (c *schedulerClient) ForgetNodeTasks(ctx context.Context, in *ForgetNodeTasksRequest, opts ...grpc.CallOption) (*ForgetNodeTasksResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ForgetNodeTasksResponse)
+	err := c.cc.Invoke(ctx, Scheduler_ForgetNodeTasks_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SchedulerServer is the server API for Scheduler service.
 // All implementations must embed UnimplementedSchedulerServer
 // for forward compatibility.
@@ -291,6 +306,10 @@ type SchedulerServer interface {
 	RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error)
 	// SetNodeAvailability drains or activates a node.
 	SetNodeAvailability(context.Context, *SetNodeAvailabilityRequest) (*SetNodeAvailabilityResponse, error)
+	// ForgetNodeTasks deletes the task records of a node removed from the
+	// cluster (`shoalctl node rm`): its agent, gone, cannot. Refused while
+	// the node's document exists.
+	ForgetNodeTasks(context.Context, *ForgetNodeTasksRequest) (*ForgetNodeTasksResponse, error)
 	mustEmbedUnimplementedSchedulerServer()
 }
 
@@ -348,6 +367,9 @@ func (UnimplementedSchedulerServer) RemoveImage(context.Context, *RemoveImageReq
 }
 func (UnimplementedSchedulerServer) SetNodeAvailability(context.Context, *SetNodeAvailabilityRequest) (*SetNodeAvailabilityResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetNodeAvailability not implemented")
+}
+func (UnimplementedSchedulerServer) ForgetNodeTasks(context.Context, *ForgetNodeTasksRequest) (*ForgetNodeTasksResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ForgetNodeTasks not implemented")
 }
 func (UnimplementedSchedulerServer) mustEmbedUnimplementedSchedulerServer() {}
 func (UnimplementedSchedulerServer) testEmbeddedByValue()                   {}
@@ -629,6 +651,24 @@ func _Scheduler_SetNodeAvailability_Handler(srv interface{}, ctx context.Context
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduler_ForgetNodeTasks_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ForgetNodeTasksRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).ForgetNodeTasks(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_ForgetNodeTasks_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).ForgetNodeTasks(ctx, req.(*ForgetNodeTasksRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Scheduler_ServiceDesc is the grpc.ServiceDesc for Scheduler service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -687,6 +727,10 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "SetNodeAvailability",
 			Handler:    _Scheduler_SetNodeAvailability_Handler,
+		},
+		{
+			MethodName: "ForgetNodeTasks",
+			Handler:    _Scheduler_ForgetNodeTasks_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{
