@@ -796,9 +796,10 @@ func (s *api) ForgetNodeTasks(ctx context.Context, req *schedv1.ForgetNodeTasksR
 	}
 	// The node's document must be gone here, so that this node's view
 	// agrees the node was removed (statd's RemoveNode deletes it locally).
-	if d, err := s.n.getMeta(ctx, sched.NodeKey(id)); err == nil && d != nil {
+	switch d, err := s.n.getMeta(ctx, sched.NodeKey(id)); {
+	case err == nil && d != nil:
 		return nil, fmt.Errorf("node %s is still a member (remove it first: `shoalctl node rm`): %w", id, errdefs.ErrFailedPrecondition)
-	} else if err != nil && !errdefs.IsNotFound(err) && status.Code(err) != codes.NotFound {
+	case err != nil && status.Code(err) != codes.NotFound:
 		return nil, err
 	}
 	resp := &schedv1.ForgetNodeTasksResponse{}
