@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
@@ -283,4 +284,16 @@ func parseKey(data []byte) (*ecdsa.PrivateKey, error) {
 		return nil, fmt.Errorf("want an ECDSA P-256 key, got %T", key)
 	}
 	return ec, nil
+}
+
+// DeriveKey returns a size-byte key for purpose (HKDF-SHA256 over the CA
+// private key). Every member holds the CA key, so every member derives
+// the same key: what seals cluster data at rest (package secret) without
+// another key to hand out at join.
+func (ca *CA) DeriveKey(purpose string, size int) ([]byte, error) {
+	priv, err := ca.key.Bytes()
+	if err != nil {
+		return nil, err
+	}
+	return hkdf.Key(sha256.New, priv, []byte(ca.fingerprint), purpose, size)
 }

@@ -305,3 +305,34 @@ func TestRandomSerialRange(t *testing.T) {
 		}
 	}
 }
+
+func TestDeriveKey(t *testing.T) {
+	now := time.Now()
+	a, err := NewCA("one", time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewCA("two", time.Hour, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same CA loaded again (as another member holds it) derives the
+	// same key; another CA or purpose does not.
+	a2, err := LoadCA(a.CertPEM(), a.KeyPEM())
+	if err != nil {
+		t.Fatal(err)
+	}
+	k1, err := a.DeriveKey("p", 32)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k2, _ := a2.DeriveKey("p", 32)
+	k3, _ := a.DeriveKey("q", 32)
+	k4, _ := b.DeriveKey("p", 32)
+	if len(k1) != 32 || !bytes.Equal(k1, k2) {
+		t.Fatalf("a member's key differs: %x %x", k1, k2)
+	}
+	if bytes.Equal(k1, k3) || bytes.Equal(k1, k4) {
+		t.Fatal("another purpose or CA derives the same key")
+	}
+}
