@@ -19,6 +19,8 @@ type Statd struct {
 	statev1.StateClient
 	// Cluster is statd's cluster membership API on the same connection.
 	Cluster clusterv1.ClusterClient
+	// Secrets is statd's secrets API on the same connection.
+	Secrets clusterv1.SecretsClient
 	Conn    *grpc.ClientConn
 	retry   Retry
 }
@@ -29,7 +31,7 @@ func NewStatd(runDir string, retry Retry) (*Statd, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Statd{StateClient: statev1.NewStateClient(conn), Cluster: clusterv1.NewClusterClient(conn), Conn: conn, retry: retry.withDefaults()}, nil
+	return &Statd{StateClient: statev1.NewStateClient(conn), Cluster: clusterv1.NewClusterClient(conn), Secrets: clusterv1.NewSecretsClient(conn), Conn: conn, retry: retry.withDefaults()}, nil
 }
 
 // Close closes the connection.

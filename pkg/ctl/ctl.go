@@ -90,7 +90,7 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
 	root.PersistentFlags().StringVar(&a.runDir, "run-dir", client.RunDirFromEnv(), "directory of the daemons' sockets ($SHOAL_RUN_DIR)")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on a call after this long")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.serviceCommand(), a.taskCommand(), a.imageCommand(), a.networkCommand(), a.volumeCommand(), a.lockCommand(), a.kvCommand(), a.devCommand())
+	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.serviceCommand(), a.taskCommand(), a.imageCommand(), a.secretCommand(), a.networkCommand(), a.volumeCommand(), a.lockCommand(), a.kvCommand(), a.devCommand())
 	usageErrors(root)
 	return root
 }
@@ -151,6 +151,28 @@ func (a *app) statdCall(cmd *cobra.Command) (*client.Statd, context.Context, fun
 	}
 	ctx, cancel := a.ctx(cmd)
 	return c, ctx, func() { cancel(); c.Close() }, nil
+}
+
+// eachName runs fn on every name a command was given. With one name its
+// error is the command's; with several, each failure is printed, the
+// other names are still done, and the status is the first failure's.
+func (a *app) eachName(names []string, fn func(name string) error) error {
+	if len(names) == 1 {
+		return fn(names[0])
+	}
+	var first error
+	for _, name := range names {
+		if err := fn(name); err != nil {
+			fmt.Fprintf(a.errOut, "error: %s\n", describe(err))
+			if first == nil {
+				first = err
+			}
+		}
+	}
+	if first != nil {
+		return exitError{code: exitCode(first)}
+	}
+	return nil
 }
 
 // describe renders an error for humans: a gRPC status shows its message

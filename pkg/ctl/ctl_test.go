@@ -1,6 +1,9 @@
 package ctl
 
 import (
+	"errors"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -33,5 +36,41 @@ func TestUsageMistakesExitWithUsageStatus(t *testing.T) {
 		if code != exitOK || !strings.Contains(out, "Usage:") || errOut != "" {
 			t.Errorf("shoalctl %s: exit %d, stdout %q, stderr %q; want its help", strings.Join(args, " "), code, out, errOut)
 		}
+	}
+}
+
+// A command given several names does them all, prints each failure once,
+// and exits with the first failure's status; with one name, its error is
+// the command's.
+func TestEachName(t *testing.T) {
+	var out, errOut strings.Builder
+	a := &app{out: &out, errOut: &errOut}
+	var done []string
+	fn := func(name string) error {
+		switch name {
+		case "missing":
+			return notFoundError{fmt.Errorf("%s does not exist", name)}
+		case "busy":
+			return fmt.Errorf("%s is in use", name)
+		}
+		done = append(done, name)
+		return nil
+	}
+	err := a.eachName([]string{"a", "missing", "b", "busy"}, fn)
+	var ee exitError
+	if !errors.As(err, &ee) || ee.code != exitNotFound {
+		t.Fatalf("eachName = %v, want the first failure's status %d", err, exitNotFound)
+	}
+	if !slices.Equal(done, []string{"a", "b"}) {
+		t.Errorf("done %v, want a and b", done)
+	}
+	if errOut.String() != "error: missing does not exist\nerror: busy is in use\n" {
+		t.Errorf("stderr %q", errOut.String())
+	}
+	if err := a.eachName([]string{"busy"}, fn); err == nil || errors.As(err, &ee) {
+		t.Errorf("one name: eachName = %#v, want its own error", err)
+	}
+	if err := a.eachName([]string{"a", "b"}, fn); err != nil {
+		t.Errorf("no failure: eachName = %v", err)
 	}
 }

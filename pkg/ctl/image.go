@@ -147,20 +147,16 @@ the image. A node that is down drops its copy when it runs again.`,
 			// the answer time to come back before it ends.
 			wait := min(10*time.Second, max(a.timeout-2*time.Second, a.timeout/2))
 			views := []removedImageView{}
-			var firstErr error
-			for _, ref := range args {
+			failed := a.eachName(args, func(ref string) error {
 				resp, err := c.RemoveImage(ctx, &schedv1.RemoveImageRequest{Ref: ref, Wait: durationpb.New(wait)})
 				if err != nil {
-					if len(args) == 1 {
-						return err
-					}
-					fmt.Fprintf(a.errOut, "%s: %v\n", ref, describe(err))
-					if firstErr == nil {
-						firstErr = err
-					}
-					continue
+					return err
 				}
 				views = append(views, removedImageView{Name: resp.GetName(), Digest: resp.GetDigest(), RemovedFrom: nonNil(resp.GetRemovedFrom()), Pending: resp.GetPending()})
+				return nil
+			})
+			if failed != nil && len(args) == 1 {
+				return failed
 			}
 			if err := render(a.out, format, views, func(tw *tabwriter.Writer) {
 				for _, v := range views {
@@ -172,7 +168,7 @@ the image. A node that is down drops its copy when it runs again.`,
 			}); err != nil {
 				return err
 			}
-			return firstErr
+			return failed
 		},
 	}
 	outputFlag(cmd, &format)

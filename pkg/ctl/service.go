@@ -46,7 +46,7 @@ type specFlags struct {
 	image, cpu, memory, placement, restart, order, failure string
 	replicas                                               int
 	global                                                 bool
-	env, constraints, labels, publish, volumes             []string
+	env, constraints, labels, publish, volumes, secrets    []string
 	healthCmd, network                                     string
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts                int
@@ -81,6 +81,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.labels, "label", nil, "service label KEY=VALUE (repeatable)")
 	fs.StringArrayVarP(&f.publish, "publish", "p", nil, "publish a port HOST:CONTAINER[/tcp|udp] (repeatable)")
 	fs.StringArrayVar(&f.volumes, "volume", nil, "mount replicated volume NAME at /path in the container, NAME:/path[:ro] (repeatable; see shoalctl volume create)")
+	fs.StringArrayVar(&f.secrets, "secret", nil, "hand secret NAME to each task as the file /run/secrets/NAME; NAME:FILE for /run/secrets/FILE, NAME:/path for /path (repeatable; see shoalctl secret create)")
 	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
@@ -195,6 +196,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("volume") {
 		spec.Volumes = f.volumes
+	}
+	if fs.Changed("secret") {
+		spec.Secrets = f.secrets
 	}
 	if fs.Changed("network") {
 		spec.Network = f.network

@@ -214,24 +214,13 @@ removed; the exit status is then that of the first failure.`,
 				return err
 			}
 			defer done()
-			var first error
-			for _, name := range args {
+			return a.eachName(args, func(name string) error {
 				if _, err := c.Volumes.RemoveVolume(ctx, &volv1.RemoveVolumeRequest{Name: name}); err != nil {
-					if len(args) == 1 {
-						return err
-					}
-					fmt.Fprintf(a.errOut, "error: %s\n", describe(err))
-					if first == nil {
-						first = err
-					}
-					continue
+					return err
 				}
 				fmt.Fprintln(a.out, name)
-			}
-			if first != nil {
-				return exitError{code: exitCode(first)}
-			}
-			return nil
+				return nil
+			})
 		},
 	}
 	var user string

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/shoal-dev/shoal/pkg/secret"
 )
 
 // ServiceSpec is what a user asks for: the JSON document stored in field
@@ -53,6 +55,9 @@ type ServiceSpec struct {
 	// ParseVolume): the task's node asks shoal-vold to mount each one and
 	// bind-mounts it into the container.
 	Volumes []string `json:"volumes,omitempty"`
+	// Secrets are cluster secrets to hand to each task as a read-only
+	// file, as "NAME" or "NAME:TARGET" (see ParseSecret).
+	Secrets []string `json:"secrets,omitempty"`
 	// Network is "" (the overlay: a namespace per task from netd) or
 	// "host" (the node's own namespace).
 	Network string `json:"network,omitempty"`
@@ -188,6 +193,44 @@ func ParseVolume(s string) (VolumeMount, error) {
 		}
 	}
 	return m, nil
+}
+
+// SecretsDir is where a secret's file goes in the container unless its
+// entry names a path: Docker Swarm's place.
+const SecretsDir = "/run/secrets"
+
+// SecretMount is a parsed secret entry of a service.
+type SecretMount struct {
+	// Name is the secret (shoalctl secret create).
+	Name string
+	// Target is the absolute path of its file in the container.
+	Target string
+}
+
+// ParseSecret parses "NAME" (the file /run/secrets/NAME), "NAME:FILE"
+// (/run/secrets/FILE) or "NAME:/abs/path".
+func ParseSecret(s string) (SecretMount, error) {
+	name, target, hasTarget := strings.Cut(s, ":")
+	if err := secret.ValidName(name); err != nil {
+		return SecretMount{}, fmt.Errorf("secret %q: %v", s, err)
+	}
+	if !hasTarget {
+		target = name
+	}
+	if target == "" {
+		return SecretMount{}, fmt.Errorf("secret %q: want NAME, NAME:FILE or NAME:/path", s)
+	}
+	if !path.IsAbs(target) {
+		if target == "." || target == ".." || strings.Contains(target, "/") {
+			return SecretMount{}, fmt.Errorf("secret %q: file %q must be a plain file name (it goes in %s), or an absolute path", s, target, SecretsDir)
+		}
+		target = path.Join(SecretsDir, target)
+	}
+	target = path.Clean(target)
+	if target == "/" {
+		return SecretMount{}, fmt.Errorf("secret %q: path %q must name a file", s, target)
+	}
+	return SecretMount{Name: name, Target: target}, nil
 }
 
 var volumeName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -461,6 +504,17 @@ func (s ServiceSpec) Validate() error {
 		}
 		if targets[m.Target] {
 			add("two volumes are mounted at %s", m.Target)
+		}
+		targets[m.Target] = true
+	}
+	for _, v := range d.Secrets {
+		m, err := ParseSecret(v)
+		if err != nil {
+			add("%v", err)
+			continue
+		}
+		if targets[m.Target] {
+			add("two volumes or secrets are mounted at %s", m.Target)
 		}
 		targets[m.Target] = true
 	}

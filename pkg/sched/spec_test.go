@@ -78,6 +78,17 @@ func TestValidate(t *testing.T) {
 		{"volume on root", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:/"} }, "must be absolute and not /"},
 		{"volume bad option", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:/data:rx"} }, `option "rx" is unknown`},
 		{"volumes on one path", func(s *sched.ServiceSpec) { s.Volumes = []string{"a:/data", "b:/data/"} }, "two volumes are mounted at /data"},
+		{"secrets", func(s *sched.ServiceSpec) { s.Secrets = []string{"db-pass", "tls:/etc/tls/key.pem", "x:y.conf"} }, ""},
+		{"secret bad name", func(s *sched.ServiceSpec) { s.Secrets = []string{"a/b"} }, `secret name "a/b" is invalid`},
+		{"secret file with a slash", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:conf/x"} }, "must be a plain file name"},
+		{"secret file dot-dot", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:.."} }, "must be a plain file name"},
+		{"secret empty target", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:"} }, "want NAME, NAME:FILE or NAME:/path"},
+		{"secret on root", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:/"} }, "must name a file"},
+		{"secrets on one path", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:x", "b:/run/secrets/x"} }, "two volumes or secrets are mounted at /run/secrets/x"},
+		{"secret on a volume's path", func(s *sched.ServiceSpec) {
+			s.Volumes = []string{"data:/data"}
+			s.Secrets = []string{"a:/data"}
+		}, "two volumes or secrets are mounted at /data"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := validSpec()
@@ -250,5 +261,28 @@ func TestParseVolume(t *testing.T) {
 		if err != nil || got != want {
 			t.Errorf("ParseVolume(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
+	}
+}
+
+func TestParseSecret(t *testing.T) {
+	for in, want := range map[string]sched.SecretMount{
+		"db-pass":                  {Name: "db-pass", Target: "/run/secrets/db-pass"},
+		"db-pass:pw":               {Name: "db-pass", Target: "/run/secrets/pw"},
+		"tls.key:/etc/tls/key.pem": {Name: "tls.key", Target: "/etc/tls/key.pem"},
+		"k:/etc//app/../k.conf":    {Name: "k", Target: "/etc/k.conf"},
+	} {
+		got, err := sched.ParseSecret(in)
+		if err != nil || got != want {
+			t.Errorf("ParseSecret(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+}
+
+func TestDigestCoversSecrets(t *testing.T) {
+	a := validSpec()
+	b := validSpec()
+	b.Secrets = []string{"db-pass"}
+	if a.Digest() == b.Digest() {
+		t.Fatal("adding a secret leaves the digest: its tasks would not be replaced")
 	}
 }

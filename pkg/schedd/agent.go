@@ -178,6 +178,7 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 		}
 		if a.State.Terminal() {
 			n.unmountVolumes(ctx, a.TaskID, lt.Spec)
+			n.unmountSecrets(a.TaskID)
 		}
 	case sched.ConfirmReservation:
 		n.ledger.Confirm(a.TaskID)
@@ -202,6 +203,7 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 		if lt != nil {
 			n.unmountVolumes(ctx, a.TaskID, lt.Spec)
 		}
+		n.unmountSecrets(a.TaskID)
 		n.statd.Delete(ctx, &statev1.DeleteRequest{Key: sched.TaskKey(a.TaskID)})
 		os.Remove(n.recordPath(a.TaskID))
 		os.Remove(n.logPath(a.TaskID))
@@ -253,6 +255,9 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 			err = n.mountVolumes(ctx, task, spec, &ts)
 		}
 		if err == nil {
+			err = n.mountSecrets(ctx, task, spec, &ts)
+		}
+		if err == nil {
 			err = n.rt.Run(ctx, ts)
 			if errdefs.IsAlreadyExists(err) {
 				// Left over from an attempt that failed half-way.
@@ -269,6 +274,7 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 			if err == nil {
 				n.rt.Remove(context.Background(), id)
 			}
+			n.unmountSecrets(id)
 			return
 		}
 		lt.busy = false
@@ -488,6 +494,7 @@ func (n *node) adopt(ctx context.Context) error {
 				Resources: lt.Resources, Ports: lt.Ports, Created: time.Now(), Confirmed: true})
 		}
 	}
+	n.dropStaleSecrets()
 	// Containers no record explains were started by a schedd that lost
 	// its records: nothing will look after them, so remove them.
 	for id := range containers {

@@ -81,6 +81,9 @@ func (s *api) checkPlaceable(ctx context.Context, spec sched.ServiceSpec) error 
 			}
 		}
 	}
+	if err := n.checkSecrets(ctx, spec); err != nil {
+		return err
+	}
 	// An image that names its registry is pulled by the first node that
 	// needs it; any other must already be in the cluster. Checked last:
 	// an image no node holds waits imageArrival before it is refused.
@@ -781,6 +784,16 @@ func (s *api) RemoveImage(ctx context.Context, req *schedv1.RemoveImageRequest) 
 		return nil, err
 	}
 	return s.n.removeImage(ctx, req.GetRef(), removeWait(req.GetWait()))
+}
+
+func (s *api) RemoveSecret(ctx context.Context, req *schedv1.RemoveSecretRequest) (*schedv1.RemoveSecretResponse, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	if err := s.n.removeSecret(ctx, req.GetName()); err != nil {
+		return nil, err
+	}
+	return &schedv1.RemoveSecretResponse{}, nil
 }
 
 func (s *api) ForgetNodeTasks(ctx context.Context, req *schedv1.ForgetNodeTasksRequest) (*schedv1.ForgetNodeTasksResponse, error) {

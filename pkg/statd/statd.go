@@ -172,6 +172,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	statev1.RegisterStateServer(rt.GRPC, &stateServer{st: st})
 	cl := newCluster(cfg, st, rt.Log)
 	clusterv1.RegisterClusterServer(rt.GRPC, &clusterServer{c: cl})
+	clusterv1.RegisterSecretsServer(rt.GRPC, &secretsServer{c: cl})
 	rt.Metrics.MustRegister(newSyncCollector(cl))
 	if err := cl.resume(ctx); err != nil {
 		st.Close()

@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log"
 	"maps"
 	"net"
@@ -22,6 +24,7 @@ import (
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/moby/sys/mountinfo"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
@@ -611,6 +614,128 @@ func TestSchedulerMore(t *testing.T) {
 			t.Errorf("the loaded-again image's file in the task on n1: %q", out)
 		}
 		c.mustCtl(1, "service", "rm", "back")
+	})
+
+	t.Run("Secrets", func(t *testing.T) {
+		// A secret created on node 1 reaches tasks on nodes 2 and 3 as
+		// read-only files on a tmpfs, is sealed in every node's store,
+		// survives a schedd restart, goes with its task, and cannot be
+		// removed while a service names it.
+		plain := fmt.Sprintf("s3cret-%d", time.Now().UnixNano())
+		dir := t.TempDir()
+		file := filepath.Join(dir, "pw")
+		if err := os.WriteFile(file, []byte(plain), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		empty := filepath.Join(dir, "empty")
+		if err := os.WriteFile(empty, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		for _, bad := range [][]string{{"secret", "create", "a/b", file}, {"secret", "create", "e", empty}} {
+			if _, errOut, code := c.ctl(1, bad...); code != 2 {
+				t.Errorf("shoalctl %v: exit %d (%s), want 2", bad, code, errOut)
+			}
+		}
+		if out := c.mustCtl(1, "secret", "create", "db-pass", file, "--label", "team=a"); !strings.Contains(out, "created secret db-pass (") {
+			t.Fatalf("secret create: %q", out)
+		}
+		type secretJSON struct {
+			Name   string
+			Size   int
+			Labels map[string]string
+		}
+		for i := 2; i <= 3; i++ {
+			waitFor(t, 10*time.Second, fmt.Sprintf("node %d lists the secret", i), func() bool {
+				var ss []secretJSON
+				out, _, code := c.ctl(i, "secret", "ls", "-o", "json")
+				return code == 0 && json.Unmarshal([]byte(out), &ss) == nil && len(ss) == 1 &&
+					ss[0].Name == "db-pass" && ss[0].Size == len(plain) && ss[0].Labels["team"] == "a"
+			})
+		}
+		if _, errOut, code := c.ctl(2, "secret", "create", "db-pass", file); code != 1 || !strings.Contains(errOut, "already exists") {
+			t.Errorf("secret create of a taken name: exit %d, %q; want 1, already exists", code, errOut)
+		}
+		if _, _, code := c.ctl(3, "secret", "inspect", "nope"); code != 3 {
+			t.Errorf("secret inspect of a missing secret: exit %d, want 3", code)
+		}
+		if _, errOut, code := c.ctl(3, "service", "create", "nosecret", "--image", img, "--secret", "nope", "--", "sleep", "1"); code != 2 || !strings.Contains(errOut, "secret nope does not exist") {
+			t.Errorf("service create with a missing secret: exit %d, %q; want 2, does not exist", code, errOut)
+		}
+
+		c.mustCtl(1, "service", "create", "sec", "--image", img, "--replicas", "2", "--constraint", "node.name!=n1",
+			"--secret", "db-pass", "--secret", "db-pass:/etc/app/pw", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "sec")
+		if got := c.perNode("sec", 2); got != [3]int{0, 1, 1} {
+			t.Fatalf("sec runs %v per node, want one on n2 and one on n3", got)
+		}
+		tasks := c.currentTasks("sec")
+		check := func(task *schedv1.Task) {
+			t.Helper()
+			out := c.mustCtl(1, "task", "exec", task.GetId(), "--", "sh", "-c",
+				`cat /run/secrets/db-pass; echo; cat /etc/app/pw; echo; stat -c %a /run/secrets/db-pass; grep " /run/secrets/db-pass " /proc/mounts; (echo x > /run/secrets/db-pass) 2>/dev/null && echo written; true`)
+			lines := strings.Split(strings.TrimSpace(out), "\n")
+			if len(lines) != 4 || lines[0] != plain || lines[1] != plain || lines[2] != "444" ||
+				!strings.HasPrefix(lines[3], "tmpfs /run/secrets/db-pass tmpfs ro,") {
+				t.Errorf("task %s: secrets as the task sees them:\n%s\nwant the secret twice, mode 444, a read-only tmpfs, and no write", task.GetId(), out)
+			}
+		}
+		hostMount := func(i int, task string) bool {
+			mounted, err := mountinfo.Mounted(filepath.Join(c.StateDir(i, "schedd"), "secrets", task))
+			return err == nil && mounted
+		}
+		for _, task := range tasks {
+			check(task)
+			if i := c.nodeIndex(task.GetNode()); !hostMount(i, task.GetId()) {
+				t.Errorf("task %s: its secrets are not on a tmpfs of their own on n%d", task.GetId(), i)
+			}
+		}
+		// Sealed at rest: no node's statd files hold the plain text.
+		for i := 1; i <= 3; i++ {
+			filepath.WalkDir(c.StateDir(i, "statd"), func(path string, d fs.DirEntry, err error) error {
+				if err != nil || d.IsDir() {
+					return nil
+				}
+				if b, err := os.ReadFile(path); err == nil && bytes.Contains(b, []byte(plain)) {
+					t.Errorf("node %d: %s holds the secret in plain text", i, path)
+				}
+				return nil
+			})
+		}
+
+		// A schedd restart keeps a running task's secrets.
+		on3 := tasks[slices.IndexFunc(tasks, func(x *schedv1.Task) bool { return x.GetNode() == c.ids[2] })]
+		ctx := context.Background()
+		if err := c.Kill(ctx, 3, "schedd"); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Start(ctx, 3, "schedd"); err != nil {
+			t.Fatal(err)
+		}
+		waitFor(t, 20*time.Second, "node 3's schedd serves again", func() bool {
+			_, _, code := c.ctl(3, "service", "ls")
+			return code == 0
+		})
+		check(on3)
+
+		if _, errOut, code := c.ctl(2, "secret", "rm", "db-pass"); code != 1 || !strings.Contains(errOut, "used by service sec") {
+			t.Fatalf("secret rm of a secret in use: exit %d, %q; want 1 and the service named", code, errOut)
+		}
+		c.mustCtl(1, "service", "rm", "sec")
+		for _, task := range tasks {
+			i := c.nodeIndex(task.GetNode())
+			waitFor(t, 10*time.Second, fmt.Sprintf("the secrets of task %s gone from n%d", task.GetId(), i), func() bool {
+				_, err := os.Stat(filepath.Join(c.StateDir(i, "schedd"), "secrets", task.GetId()))
+				return !hostMount(i, task.GetId()) && errors.Is(err, fs.ErrNotExist)
+			})
+		}
+		c.mustCtl(2, "secret", "rm", "db-pass")
+		waitFor(t, 10*time.Second, "node 3 lists no secret", func() bool {
+			out, _, code := c.ctl(3, "secret", "ls", "-o", "json")
+			return code == 0 && strings.TrimSpace(out) == "[]"
+		})
+		if _, _, code := c.ctl(3, "secret", "rm", "db-pass"); code != 3 {
+			t.Errorf("secret rm of a removed secret: exit %d, want 3", code)
+		}
 	})
 
 	t.Run("ScaleUpRightAfterScaleDown", func(t *testing.T) {

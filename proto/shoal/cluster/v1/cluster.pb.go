@@ -26,6 +26,319 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+type CreateSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Labels        map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSecretRequest) Reset() {
+	*x = CreateSecretRequest{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSecretRequest) ProtoMessage() {}
+
+func (x *CreateSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSecretRequest.ProtoReflect.Descriptor instead.
+func (*CreateSecretRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *CreateSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *CreateSecretRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *CreateSecretRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type SecretInfo struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Name    string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Size    int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	Created *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=created,proto3" json:"created,omitempty"`
+	// created_on is the node the secret was created on.
+	CreatedOn     string            `protobuf:"bytes,4,opt,name=created_on,json=createdOn,proto3" json:"created_on,omitempty"`
+	Labels        map[string]string `protobuf:"bytes,5,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SecretInfo) Reset() {
+	*x = SecretInfo{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SecretInfo) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SecretInfo) ProtoMessage() {}
+
+func (x *SecretInfo) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SecretInfo.ProtoReflect.Descriptor instead.
+func (*SecretInfo) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *SecretInfo) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *SecretInfo) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *SecretInfo) GetCreated() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Created
+	}
+	return nil
+}
+
+func (x *SecretInfo) GetCreatedOn() string {
+	if x != nil {
+		return x.CreatedOn
+	}
+	return ""
+}
+
+func (x *SecretInfo) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+type ListSecretsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretsRequest) Reset() {
+	*x = ListSecretsRequest{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretsRequest) ProtoMessage() {}
+
+func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
+func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+type ListSecretsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Secrets       []*SecretInfo          `protobuf:"bytes,1,rep,name=secrets,proto3" json:"secrets,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSecretsResponse) Reset() {
+	*x = ListSecretsResponse{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSecretsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSecretsResponse) ProtoMessage() {}
+
+func (x *ListSecretsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSecretsResponse.ProtoReflect.Descriptor instead.
+func (*ListSecretsResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *ListSecretsResponse) GetSecrets() []*SecretInfo {
+	if x != nil {
+		return x.Secrets
+	}
+	return nil
+}
+
+type ReadSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadSecretRequest) Reset() {
+	*x = ReadSecretRequest{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadSecretRequest) ProtoMessage() {}
+
+func (x *ReadSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadSecretRequest.ProtoReflect.Descriptor instead.
+func (*ReadSecretRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *ReadSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type ReadSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Info          *SecretInfo            `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadSecretResponse) Reset() {
+	*x = ReadSecretResponse{}
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadSecretResponse) ProtoMessage() {}
+
+func (x *ReadSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadSecretResponse.ProtoReflect.Descriptor instead.
+func (*ReadSecretResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReadSecretResponse) GetInfo() *SecretInfo {
+	if x != nil {
+		return x.Info
+	}
+	return nil
+}
+
+func (x *ReadSecretResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
 type IdentityRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	unknownFields protoimpl.UnknownFields
@@ -34,7 +347,7 @@ type IdentityRequest struct {
 
 func (x *IdentityRequest) Reset() {
 	*x = IdentityRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[0]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +359,7 @@ func (x *IdentityRequest) String() string {
 func (*IdentityRequest) ProtoMessage() {}
 
 func (x *IdentityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[0]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +372,7 @@ func (x *IdentityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityRequest.ProtoReflect.Descriptor instead.
 func (*IdentityRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{0}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{6}
 }
 
 type IdentityResponse struct {
@@ -79,7 +392,7 @@ type IdentityResponse struct {
 
 func (x *IdentityResponse) Reset() {
 	*x = IdentityResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[1]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -91,7 +404,7 @@ func (x *IdentityResponse) String() string {
 func (*IdentityResponse) ProtoMessage() {}
 
 func (x *IdentityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[1]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -104,7 +417,7 @@ func (x *IdentityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use IdentityResponse.ProtoReflect.Descriptor instead.
 func (*IdentityResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{1}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *IdentityResponse) GetClusterName() string {
@@ -171,7 +484,7 @@ type InitRequest struct {
 
 func (x *InitRequest) Reset() {
 	*x = InitRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[2]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -183,7 +496,7 @@ func (x *InitRequest) String() string {
 func (*InitRequest) ProtoMessage() {}
 
 func (x *InitRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[2]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -196,7 +509,7 @@ func (x *InitRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitRequest.ProtoReflect.Descriptor instead.
 func (*InitRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{2}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *InitRequest) GetClusterName() string {
@@ -232,7 +545,7 @@ type InitResponse struct {
 
 func (x *InitResponse) Reset() {
 	*x = InitResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[3]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -244,7 +557,7 @@ func (x *InitResponse) String() string {
 func (*InitResponse) ProtoMessage() {}
 
 func (x *InitResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[3]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -257,7 +570,7 @@ func (x *InitResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InitResponse.ProtoReflect.Descriptor instead.
 func (*InitResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{3}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *InitResponse) GetClusterName() string {
@@ -300,7 +613,7 @@ type JoinRequest struct {
 
 func (x *JoinRequest) Reset() {
 	*x = JoinRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[4]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -312,7 +625,7 @@ func (x *JoinRequest) String() string {
 func (*JoinRequest) ProtoMessage() {}
 
 func (x *JoinRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[4]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -325,7 +638,7 @@ func (x *JoinRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinRequest.ProtoReflect.Descriptor instead.
 func (*JoinRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{4}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *JoinRequest) GetToken() string {
@@ -361,7 +674,7 @@ type JoinResponse struct {
 
 func (x *JoinResponse) Reset() {
 	*x = JoinResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[5]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -373,7 +686,7 @@ func (x *JoinResponse) String() string {
 func (*JoinResponse) ProtoMessage() {}
 
 func (x *JoinResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[5]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -386,7 +699,7 @@ func (x *JoinResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use JoinResponse.ProtoReflect.Descriptor instead.
 func (*JoinResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{5}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *JoinResponse) GetClusterName() string {
@@ -426,7 +739,7 @@ type TokenRequest struct {
 
 func (x *TokenRequest) Reset() {
 	*x = TokenRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[6]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -438,7 +751,7 @@ func (x *TokenRequest) String() string {
 func (*TokenRequest) ProtoMessage() {}
 
 func (x *TokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[6]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -451,7 +764,7 @@ func (x *TokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenRequest.ProtoReflect.Descriptor instead.
 func (*TokenRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{6}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *TokenRequest) GetRotate() bool {
@@ -470,7 +783,7 @@ type TokenResponse struct {
 
 func (x *TokenResponse) Reset() {
 	*x = TokenResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[7]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -482,7 +795,7 @@ func (x *TokenResponse) String() string {
 func (*TokenResponse) ProtoMessage() {}
 
 func (x *TokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[7]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -495,7 +808,7 @@ func (x *TokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TokenResponse.ProtoReflect.Descriptor instead.
 func (*TokenResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{7}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TokenResponse) GetToken() string {
@@ -513,7 +826,7 @@ type LeaveRequest struct {
 
 func (x *LeaveRequest) Reset() {
 	*x = LeaveRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[8]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -525,7 +838,7 @@ func (x *LeaveRequest) String() string {
 func (*LeaveRequest) ProtoMessage() {}
 
 func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[8]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -538,7 +851,7 @@ func (x *LeaveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveRequest.ProtoReflect.Descriptor instead.
 func (*LeaveRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{8}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{14}
 }
 
 type LeaveResponse struct {
@@ -549,7 +862,7 @@ type LeaveResponse struct {
 
 func (x *LeaveResponse) Reset() {
 	*x = LeaveResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[9]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -561,7 +874,7 @@ func (x *LeaveResponse) String() string {
 func (*LeaveResponse) ProtoMessage() {}
 
 func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[9]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -574,7 +887,7 @@ func (x *LeaveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LeaveResponse.ProtoReflect.Descriptor instead.
 func (*LeaveResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{9}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{15}
 }
 
 type RemoveNodeRequest struct {
@@ -586,7 +899,7 @@ type RemoveNodeRequest struct {
 
 func (x *RemoveNodeRequest) Reset() {
 	*x = RemoveNodeRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -598,7 +911,7 @@ func (x *RemoveNodeRequest) String() string {
 func (*RemoveNodeRequest) ProtoMessage() {}
 
 func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[10]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -611,7 +924,7 @@ func (x *RemoveNodeRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeRequest.ProtoReflect.Descriptor instead.
 func (*RemoveNodeRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{10}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RemoveNodeRequest) GetNodeId() string {
@@ -629,7 +942,7 @@ type RemoveNodeResponse struct {
 
 func (x *RemoveNodeResponse) Reset() {
 	*x = RemoveNodeResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -641,7 +954,7 @@ func (x *RemoveNodeResponse) String() string {
 func (*RemoveNodeResponse) ProtoMessage() {}
 
 func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[11]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -654,7 +967,7 @@ func (x *RemoveNodeResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveNodeResponse.ProtoReflect.Descriptor instead.
 func (*RemoveNodeResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{11}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{17}
 }
 
 type StatusRequest struct {
@@ -665,7 +978,7 @@ type StatusRequest struct {
 
 func (x *StatusRequest) Reset() {
 	*x = StatusRequest{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -677,7 +990,7 @@ func (x *StatusRequest) String() string {
 func (*StatusRequest) ProtoMessage() {}
 
 func (x *StatusRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[12]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -690,7 +1003,7 @@ func (x *StatusRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusRequest.ProtoReflect.Descriptor instead.
 func (*StatusRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{12}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{18}
 }
 
 type PeerSync struct {
@@ -709,7 +1022,7 @@ type PeerSync struct {
 
 func (x *PeerSync) Reset() {
 	*x = PeerSync{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -721,7 +1034,7 @@ func (x *PeerSync) String() string {
 func (*PeerSync) ProtoMessage() {}
 
 func (x *PeerSync) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[13]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -734,7 +1047,7 @@ func (x *PeerSync) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PeerSync.ProtoReflect.Descriptor instead.
 func (*PeerSync) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{13}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PeerSync) GetBytesSent() uint64 {
@@ -809,7 +1122,7 @@ type MemberStatus struct {
 
 func (x *MemberStatus) Reset() {
 	*x = MemberStatus{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[14]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -821,7 +1134,7 @@ func (x *MemberStatus) String() string {
 func (*MemberStatus) ProtoMessage() {}
 
 func (x *MemberStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[14]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -834,7 +1147,7 @@ func (x *MemberStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MemberStatus.ProtoReflect.Descriptor instead.
 func (*MemberStatus) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{14}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *MemberStatus) GetId() string {
@@ -904,7 +1217,7 @@ type StatusResponse struct {
 
 func (x *StatusResponse) Reset() {
 	*x = StatusResponse{}
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[15]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +1229,7 @@ func (x *StatusResponse) String() string {
 func (*StatusResponse) ProtoMessage() {}
 
 func (x *StatusResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[15]
+	mi := &file_shoal_cluster_v1_cluster_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1242,7 @@ func (x *StatusResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatusResponse.ProtoReflect.Descriptor instead.
 func (*StatusResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{15}
+	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *StatusResponse) GetClusterName() string {
@@ -999,7 +1312,33 @@ var File_shoal_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x1eshoal/cluster/v1/cluster.proto\x12\x10shoal.cluster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x11\n" +
+	"\x1eshoal/cluster/v1/cluster.proto\x12\x10shoal.cluster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x01\n" +
+	"\x13CreateSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\x12I\n" +
+	"\x06labels\x18\x03 \x03(\v21.shoal.cluster.v1.CreateSecretRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x02\n" +
+	"\n" +
+	"SecretInfo\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x124\n" +
+	"\acreated\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\acreated\x12\x1d\n" +
+	"\n" +
+	"created_on\x18\x04 \x01(\tR\tcreatedOn\x12@\n" +
+	"\x06labels\x18\x05 \x03(\v2(.shoal.cluster.v1.SecretInfo.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
+	"\x12ListSecretsRequest\"M\n" +
+	"\x13ListSecretsResponse\x126\n" +
+	"\asecrets\x18\x01 \x03(\v2\x1c.shoal.cluster.v1.SecretInfoR\asecrets\"'\n" +
+	"\x11ReadSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"Z\n" +
+	"\x12ReadSecretResponse\x120\n" +
+	"\x04info\x18\x01 \x01(\v2\x1c.shoal.cluster.v1.SecretInfoR\x04info\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x11\n" +
 	"\x0fIdentityRequest\"\x90\x02\n" +
 	"\x10IdentityResponse\x12!\n" +
 	"\fcluster_name\x18\x01 \x01(\tR\vclusterName\x12\x17\n" +
@@ -1069,7 +1408,12 @@ const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x0ecert_not_after\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\fcertNotAfter\x1a;\n" +
 	"\rCountersEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\xa4\x04\n" +
+	"\x05value\x18\x02 \x01(\x04R\x05value:\x028\x012\x93\x02\n" +
+	"\aSecrets\x12S\n" +
+	"\fCreateSecret\x12%.shoal.cluster.v1.CreateSecretRequest\x1a\x1c.shoal.cluster.v1.SecretInfo\x12Z\n" +
+	"\vListSecrets\x12$.shoal.cluster.v1.ListSecretsRequest\x1a%.shoal.cluster.v1.ListSecretsResponse\x12W\n" +
+	"\n" +
+	"ReadSecret\x12#.shoal.cluster.v1.ReadSecretRequest\x1a$.shoal.cluster.v1.ReadSecretResponse2\xa4\x04\n" +
 	"\aCluster\x12E\n" +
 	"\x04Init\x12\x1d.shoal.cluster.v1.InitRequest\x1a\x1e.shoal.cluster.v1.InitResponse\x12E\n" +
 	"\x04Join\x12\x1d.shoal.cluster.v1.JoinRequest\x1a\x1e.shoal.cluster.v1.JoinResponse\x12H\n" +
@@ -1092,54 +1436,73 @@ func file_shoal_cluster_v1_cluster_proto_rawDescGZIP() []byte {
 	return file_shoal_cluster_v1_cluster_proto_rawDescData
 }
 
-var file_shoal_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_shoal_cluster_v1_cluster_proto_msgTypes = make([]protoimpl.MessageInfo, 25)
 var file_shoal_cluster_v1_cluster_proto_goTypes = []any{
-	(*IdentityRequest)(nil),       // 0: shoal.cluster.v1.IdentityRequest
-	(*IdentityResponse)(nil),      // 1: shoal.cluster.v1.IdentityResponse
-	(*InitRequest)(nil),           // 2: shoal.cluster.v1.InitRequest
-	(*InitResponse)(nil),          // 3: shoal.cluster.v1.InitResponse
-	(*JoinRequest)(nil),           // 4: shoal.cluster.v1.JoinRequest
-	(*JoinResponse)(nil),          // 5: shoal.cluster.v1.JoinResponse
-	(*TokenRequest)(nil),          // 6: shoal.cluster.v1.TokenRequest
-	(*TokenResponse)(nil),         // 7: shoal.cluster.v1.TokenResponse
-	(*LeaveRequest)(nil),          // 8: shoal.cluster.v1.LeaveRequest
-	(*LeaveResponse)(nil),         // 9: shoal.cluster.v1.LeaveResponse
-	(*RemoveNodeRequest)(nil),     // 10: shoal.cluster.v1.RemoveNodeRequest
-	(*RemoveNodeResponse)(nil),    // 11: shoal.cluster.v1.RemoveNodeResponse
-	(*StatusRequest)(nil),         // 12: shoal.cluster.v1.StatusRequest
-	(*PeerSync)(nil),              // 13: shoal.cluster.v1.PeerSync
-	(*MemberStatus)(nil),          // 14: shoal.cluster.v1.MemberStatus
-	(*StatusResponse)(nil),        // 15: shoal.cluster.v1.StatusResponse
-	nil,                           // 16: shoal.cluster.v1.StatusResponse.CountersEntry
-	(*timestamppb.Timestamp)(nil), // 17: google.protobuf.Timestamp
+	(*CreateSecretRequest)(nil),   // 0: shoal.cluster.v1.CreateSecretRequest
+	(*SecretInfo)(nil),            // 1: shoal.cluster.v1.SecretInfo
+	(*ListSecretsRequest)(nil),    // 2: shoal.cluster.v1.ListSecretsRequest
+	(*ListSecretsResponse)(nil),   // 3: shoal.cluster.v1.ListSecretsResponse
+	(*ReadSecretRequest)(nil),     // 4: shoal.cluster.v1.ReadSecretRequest
+	(*ReadSecretResponse)(nil),    // 5: shoal.cluster.v1.ReadSecretResponse
+	(*IdentityRequest)(nil),       // 6: shoal.cluster.v1.IdentityRequest
+	(*IdentityResponse)(nil),      // 7: shoal.cluster.v1.IdentityResponse
+	(*InitRequest)(nil),           // 8: shoal.cluster.v1.InitRequest
+	(*InitResponse)(nil),          // 9: shoal.cluster.v1.InitResponse
+	(*JoinRequest)(nil),           // 10: shoal.cluster.v1.JoinRequest
+	(*JoinResponse)(nil),          // 11: shoal.cluster.v1.JoinResponse
+	(*TokenRequest)(nil),          // 12: shoal.cluster.v1.TokenRequest
+	(*TokenResponse)(nil),         // 13: shoal.cluster.v1.TokenResponse
+	(*LeaveRequest)(nil),          // 14: shoal.cluster.v1.LeaveRequest
+	(*LeaveResponse)(nil),         // 15: shoal.cluster.v1.LeaveResponse
+	(*RemoveNodeRequest)(nil),     // 16: shoal.cluster.v1.RemoveNodeRequest
+	(*RemoveNodeResponse)(nil),    // 17: shoal.cluster.v1.RemoveNodeResponse
+	(*StatusRequest)(nil),         // 18: shoal.cluster.v1.StatusRequest
+	(*PeerSync)(nil),              // 19: shoal.cluster.v1.PeerSync
+	(*MemberStatus)(nil),          // 20: shoal.cluster.v1.MemberStatus
+	(*StatusResponse)(nil),        // 21: shoal.cluster.v1.StatusResponse
+	nil,                           // 22: shoal.cluster.v1.CreateSecretRequest.LabelsEntry
+	nil,                           // 23: shoal.cluster.v1.SecretInfo.LabelsEntry
+	nil,                           // 24: shoal.cluster.v1.StatusResponse.CountersEntry
+	(*timestamppb.Timestamp)(nil), // 25: google.protobuf.Timestamp
 }
 var file_shoal_cluster_v1_cluster_proto_depIdxs = []int32{
-	17, // 0: shoal.cluster.v1.IdentityResponse.not_after:type_name -> google.protobuf.Timestamp
-	17, // 1: shoal.cluster.v1.PeerSync.last_sync:type_name -> google.protobuf.Timestamp
-	17, // 2: shoal.cluster.v1.MemberStatus.since:type_name -> google.protobuf.Timestamp
-	13, // 3: shoal.cluster.v1.MemberStatus.sync:type_name -> shoal.cluster.v1.PeerSync
-	14, // 4: shoal.cluster.v1.StatusResponse.members:type_name -> shoal.cluster.v1.MemberStatus
-	16, // 5: shoal.cluster.v1.StatusResponse.counters:type_name -> shoal.cluster.v1.StatusResponse.CountersEntry
-	17, // 6: shoal.cluster.v1.StatusResponse.cert_not_after:type_name -> google.protobuf.Timestamp
-	2,  // 7: shoal.cluster.v1.Cluster.Init:input_type -> shoal.cluster.v1.InitRequest
-	4,  // 8: shoal.cluster.v1.Cluster.Join:input_type -> shoal.cluster.v1.JoinRequest
-	6,  // 9: shoal.cluster.v1.Cluster.Token:input_type -> shoal.cluster.v1.TokenRequest
-	8,  // 10: shoal.cluster.v1.Cluster.Leave:input_type -> shoal.cluster.v1.LeaveRequest
-	10, // 11: shoal.cluster.v1.Cluster.RemoveNode:input_type -> shoal.cluster.v1.RemoveNodeRequest
-	12, // 12: shoal.cluster.v1.Cluster.Status:input_type -> shoal.cluster.v1.StatusRequest
-	0,  // 13: shoal.cluster.v1.Cluster.Identity:input_type -> shoal.cluster.v1.IdentityRequest
-	3,  // 14: shoal.cluster.v1.Cluster.Init:output_type -> shoal.cluster.v1.InitResponse
-	5,  // 15: shoal.cluster.v1.Cluster.Join:output_type -> shoal.cluster.v1.JoinResponse
-	7,  // 16: shoal.cluster.v1.Cluster.Token:output_type -> shoal.cluster.v1.TokenResponse
-	9,  // 17: shoal.cluster.v1.Cluster.Leave:output_type -> shoal.cluster.v1.LeaveResponse
-	11, // 18: shoal.cluster.v1.Cluster.RemoveNode:output_type -> shoal.cluster.v1.RemoveNodeResponse
-	15, // 19: shoal.cluster.v1.Cluster.Status:output_type -> shoal.cluster.v1.StatusResponse
-	1,  // 20: shoal.cluster.v1.Cluster.Identity:output_type -> shoal.cluster.v1.IdentityResponse
-	14, // [14:21] is the sub-list for method output_type
-	7,  // [7:14] is the sub-list for method input_type
-	7,  // [7:7] is the sub-list for extension type_name
-	7,  // [7:7] is the sub-list for extension extendee
-	0,  // [0:7] is the sub-list for field type_name
+	22, // 0: shoal.cluster.v1.CreateSecretRequest.labels:type_name -> shoal.cluster.v1.CreateSecretRequest.LabelsEntry
+	25, // 1: shoal.cluster.v1.SecretInfo.created:type_name -> google.protobuf.Timestamp
+	23, // 2: shoal.cluster.v1.SecretInfo.labels:type_name -> shoal.cluster.v1.SecretInfo.LabelsEntry
+	1,  // 3: shoal.cluster.v1.ListSecretsResponse.secrets:type_name -> shoal.cluster.v1.SecretInfo
+	1,  // 4: shoal.cluster.v1.ReadSecretResponse.info:type_name -> shoal.cluster.v1.SecretInfo
+	25, // 5: shoal.cluster.v1.IdentityResponse.not_after:type_name -> google.protobuf.Timestamp
+	25, // 6: shoal.cluster.v1.PeerSync.last_sync:type_name -> google.protobuf.Timestamp
+	25, // 7: shoal.cluster.v1.MemberStatus.since:type_name -> google.protobuf.Timestamp
+	19, // 8: shoal.cluster.v1.MemberStatus.sync:type_name -> shoal.cluster.v1.PeerSync
+	20, // 9: shoal.cluster.v1.StatusResponse.members:type_name -> shoal.cluster.v1.MemberStatus
+	24, // 10: shoal.cluster.v1.StatusResponse.counters:type_name -> shoal.cluster.v1.StatusResponse.CountersEntry
+	25, // 11: shoal.cluster.v1.StatusResponse.cert_not_after:type_name -> google.protobuf.Timestamp
+	0,  // 12: shoal.cluster.v1.Secrets.CreateSecret:input_type -> shoal.cluster.v1.CreateSecretRequest
+	2,  // 13: shoal.cluster.v1.Secrets.ListSecrets:input_type -> shoal.cluster.v1.ListSecretsRequest
+	4,  // 14: shoal.cluster.v1.Secrets.ReadSecret:input_type -> shoal.cluster.v1.ReadSecretRequest
+	8,  // 15: shoal.cluster.v1.Cluster.Init:input_type -> shoal.cluster.v1.InitRequest
+	10, // 16: shoal.cluster.v1.Cluster.Join:input_type -> shoal.cluster.v1.JoinRequest
+	12, // 17: shoal.cluster.v1.Cluster.Token:input_type -> shoal.cluster.v1.TokenRequest
+	14, // 18: shoal.cluster.v1.Cluster.Leave:input_type -> shoal.cluster.v1.LeaveRequest
+	16, // 19: shoal.cluster.v1.Cluster.RemoveNode:input_type -> shoal.cluster.v1.RemoveNodeRequest
+	18, // 20: shoal.cluster.v1.Cluster.Status:input_type -> shoal.cluster.v1.StatusRequest
+	6,  // 21: shoal.cluster.v1.Cluster.Identity:input_type -> shoal.cluster.v1.IdentityRequest
+	1,  // 22: shoal.cluster.v1.Secrets.CreateSecret:output_type -> shoal.cluster.v1.SecretInfo
+	3,  // 23: shoal.cluster.v1.Secrets.ListSecrets:output_type -> shoal.cluster.v1.ListSecretsResponse
+	5,  // 24: shoal.cluster.v1.Secrets.ReadSecret:output_type -> shoal.cluster.v1.ReadSecretResponse
+	9,  // 25: shoal.cluster.v1.Cluster.Init:output_type -> shoal.cluster.v1.InitResponse
+	11, // 26: shoal.cluster.v1.Cluster.Join:output_type -> shoal.cluster.v1.JoinResponse
+	13, // 27: shoal.cluster.v1.Cluster.Token:output_type -> shoal.cluster.v1.TokenResponse
+	15, // 28: shoal.cluster.v1.Cluster.Leave:output_type -> shoal.cluster.v1.LeaveResponse
+	17, // 29: shoal.cluster.v1.Cluster.RemoveNode:output_type -> shoal.cluster.v1.RemoveNodeResponse
+	21, // 30: shoal.cluster.v1.Cluster.Status:output_type -> shoal.cluster.v1.StatusResponse
+	7,  // 31: shoal.cluster.v1.Cluster.Identity:output_type -> shoal.cluster.v1.IdentityResponse
+	22, // [22:32] is the sub-list for method output_type
+	12, // [12:22] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_shoal_cluster_v1_cluster_proto_init() }
@@ -1153,9 +1516,9 @@ func file_shoal_cluster_v1_cluster_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_cluster_v1_cluster_proto_rawDesc), len(file_shoal_cluster_v1_cluster_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   17,
+			NumMessages:   25,
 			NumExtensions: 0,
-			NumServices:   1,
+			NumServices:   2,
 		},
 		GoTypes:           file_shoal_cluster_v1_cluster_proto_goTypes,
 		DependencyIndexes: file_shoal_cluster_v1_cluster_proto_depIdxs,

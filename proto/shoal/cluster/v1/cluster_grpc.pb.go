@@ -23,6 +23,204 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
+	Secrets_CreateSecret_FullMethodName = "/shoal.cluster.v1.Secrets/CreateSecret"
+	Secrets_ListSecrets_FullMethodName  = "/shoal.cluster.v1.Secrets/ListSecrets"
+	Secrets_ReadSecret_FullMethodName   = "/shoal.cluster.v1.Secrets/ReadSecret"
+)
+
+// SecretsClient is the client API for Secrets service.
+//
+// For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
+//
+// Secrets holds the cluster's secrets (shoalctl secret): sealed with a key
+// every member derives from the cluster CA, and kept in /secrets/<name>
+// documents. A secret is immutable: to change one, create another and
+// point the service at it. Removing one is schedd's (RemoveSecret), which
+// knows the services that use it.
+type SecretsClient interface {
+	// CreateSecret stores a new secret; ALREADY_EXISTS if the name is taken.
+	CreateSecret(ctx context.Context, in *CreateSecretRequest, opts ...grpc.CallOption) (*SecretInfo, error)
+	// ListSecrets lists the secrets, without their data.
+	ListSecrets(ctx context.Context, in *ListSecretsRequest, opts ...grpc.CallOption) (*ListSecretsResponse, error)
+	// ReadSecret returns a secret with its data, for schedd to hand to the
+	// tasks that use it. NOT_FOUND for a secret that does not exist.
+	ReadSecret(ctx context.Context, in *ReadSecretRequest, opts ...grpc.CallOption) (*ReadSecretResponse, error)
+}
+
+type secretsClient struct {
+	cc grpc.ClientConnInterface
+}
+
+func NewSecretsClient(cc grpc.ClientConnInterface) SecretsClient {
+	return &secretsClient{cc}
+}
+
+func (c *secretsClient) CreateSecret(ctx context.Context, in *CreateSecretRequest, opts ...grpc.CallOption) (*SecretInfo, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(SecretInfo)
+	err := c.cc.Invoke(ctx, Secrets_CreateSecret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *secretsClient) ListSecrets(ctx context.Context, in *ListSecretsRequest, opts ...grpc.CallOption) (*ListSecretsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListSecretsResponse)
+	err := c.cc.Invoke(ctx, Secrets_ListSecrets_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *secretsClient) ReadSecret(ctx context.Context, in *ReadSecretRequest, opts ...grpc.CallOption) (*ReadSecretResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReadSecretResponse)
+	err := c.cc.Invoke(ctx, Secrets_ReadSecret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// SecretsServer is the server API for Secrets service.
+// All implementations must embed UnimplementedSecretsServer
+// for forward compatibility.
+//
+// Secrets holds the cluster's secrets (shoalctl secret): sealed with a key
+// every member derives from the cluster CA, and kept in /secrets/<name>
+// documents. A secret is immutable: to change one, create another and
+// point the service at it. Removing one is schedd's (RemoveSecret), which
+// knows the services that use it.
+type SecretsServer interface {
+	// CreateSecret stores a new secret; ALREADY_EXISTS if the name is taken.
+	CreateSecret(context.Context, *CreateSecretRequest) (*SecretInfo, error)
+	// ListSecrets lists the secrets, without their data.
+	ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error)
+	// ReadSecret returns a secret with its data, for schedd to hand to the
+	// tasks that use it. NOT_FOUND for a secret that does not exist.
+	ReadSecret(context.Context, *ReadSecretRequest) (*ReadSecretResponse, error)
+	mustEmbedUnimplementedSecretsServer()
+}
+
+// UnimplementedSecretsServer must be embedded to have
+// forward compatible implementations.
+//
+// NOTE: this should be embedded by value instead of pointer to avoid a nil
+// pointer dereference when methods are called.
+type UnimplementedSecretsServer struct{}
+
+func (UnimplementedSecretsServer) CreateSecret(context.Context, *CreateSecretRequest) (*SecretInfo, error) {
+	return nil, status.Error(codes.Unimplemented, "method CreateSecret not implemented")
+}
+func (UnimplementedSecretsServer) ListSecrets(context.Context, *ListSecretsRequest) (*ListSecretsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListSecrets not implemented")
+}
+func (UnimplementedSecretsServer) ReadSecret(context.Context, *ReadSecretRequest) (*ReadSecretResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ReadSecret not implemented")
+}
+func (UnimplementedSecretsServer) mustEmbedUnimplementedSecretsServer() {}
+func (UnimplementedSecretsServer) testEmbeddedByValue()                 {}
+
+// UnsafeSecretsServer may be embedded to opt out of forward compatibility for this service.
+// Use of this interface is not recommended, as added methods to SecretsServer will
+// result in compilation errors.
+type UnsafeSecretsServer interface {
+	mustEmbedUnimplementedSecretsServer()
+}
+
+func RegisterSecretsServer(s grpc.ServiceRegistrar, srv SecretsServer) {
+	// If the following call panics, it indicates UnimplementedSecretsServer was
+	// embedded by pointer and is nil.  This will cause panics if an
+	// unimplemented method is ever invoked, so we test this at initialization
+	// time to prevent it from happening at runtime later due to I/O.
+	if t, ok := srv.(interface{ testEmbeddedByValue() }); ok {
+		t.testEmbeddedByValue()
+	}
+	s.RegisterService(&Secrets_ServiceDesc, srv)
+}
+
+func _Secrets_CreateSecret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CreateSecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SecretsServer).CreateSecret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Secrets_CreateSecret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SecretsServer).CreateSecret(ctx, req.(*CreateSecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Secrets_ListSecrets_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListSecretsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SecretsServer).ListSecrets(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Secrets_ListSecrets_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SecretsServer).ListSecrets(ctx, req.(*ListSecretsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Secrets_ReadSecret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReadSecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SecretsServer).ReadSecret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Secrets_ReadSecret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SecretsServer).ReadSecret(ctx, req.(*ReadSecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+// Secrets_ServiceDesc is the grpc.ServiceDesc for Secrets service.
+// It's only intended for direct use with grpc.RegisterService,
+// and not to be introspected or modified (even as a copy)
+var Secrets_ServiceDesc = grpc.ServiceDesc{
+	ServiceName: "shoal.cluster.v1.Secrets",
+	HandlerType: (*SecretsServer)(nil),
+	Methods: []grpc.MethodDesc{
+		{
+			MethodName: "CreateSecret",
+			Handler:    _Secrets_CreateSecret_Handler,
+		},
+		{
+			MethodName: "ListSecrets",
+			Handler:    _Secrets_ListSecrets_Handler,
+		},
+		{
+			MethodName: "ReadSecret",
+			Handler:    _Secrets_ReadSecret_Handler,
+		},
+	},
+	Streams:  []grpc.StreamDesc{},
+	Metadata: "shoal/cluster/v1/cluster.proto",
+}
+
+const (
 	Cluster_Init_FullMethodName       = "/shoal.cluster.v1.Cluster/Init"
 	Cluster_Join_FullMethodName       = "/shoal.cluster.v1.Cluster/Join"
 	Cluster_Token_FullMethodName      = "/shoal.cluster.v1.Cluster/Token"

@@ -1397,6 +1397,86 @@ func (x *RemoveImageResponse) GetPending() []string {
 	return nil
 }
 
+type RemoveSecretRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSecretRequest) Reset() {
+	*x = RemoveSecretRequest{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSecretRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSecretRequest) ProtoMessage() {}
+
+func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSecretRequest.ProtoReflect.Descriptor instead.
+func (*RemoveSecretRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *RemoveSecretRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type RemoveSecretResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveSecretResponse) Reset() {
+	*x = RemoveSecretResponse{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveSecretResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveSecretResponse) ProtoMessage() {}
+
+func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveSecretResponse.ProtoReflect.Descriptor instead.
+func (*RemoveSecretResponse) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
+}
+
 type ForgetNodeTasksRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	NodeId        string                 `protobuf:"bytes,1,opt,name=node_id,json=nodeId,proto3" json:"node_id,omitempty"`
@@ -1406,7 +1486,7 @@ type ForgetNodeTasksRequest struct {
 
 func (x *ForgetNodeTasksRequest) Reset() {
 	*x = ForgetNodeTasksRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1418,7 +1498,7 @@ func (x *ForgetNodeTasksRequest) String() string {
 func (*ForgetNodeTasksRequest) ProtoMessage() {}
 
 func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1431,7 +1511,7 @@ func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetNodeTasksRequest.ProtoReflect.Descriptor instead.
 func (*ForgetNodeTasksRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ForgetNodeTasksRequest) GetNodeId() string {
@@ -1451,7 +1531,7 @@ type ForgetNodeTasksResponse struct {
 
 func (x *ForgetNodeTasksResponse) Reset() {
 	*x = ForgetNodeTasksResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1463,7 +1543,7 @@ func (x *ForgetNodeTasksResponse) String() string {
 func (*ForgetNodeTasksResponse) ProtoMessage() {}
 
 func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1476,7 +1556,7 @@ func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetNodeTasksResponse.ProtoReflect.Descriptor instead.
 func (*ForgetNodeTasksResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ForgetNodeTasksResponse) GetForgotten() uint32 {
@@ -1499,7 +1579,7 @@ type SetNodeAvailabilityRequest struct {
 
 func (x *SetNodeAvailabilityRequest) Reset() {
 	*x = SetNodeAvailabilityRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1511,7 +1591,7 @@ func (x *SetNodeAvailabilityRequest) String() string {
 func (*SetNodeAvailabilityRequest) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1524,7 +1604,7 @@ func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetNodeAvailabilityRequest) GetNode() string {
@@ -1557,7 +1637,7 @@ type SetNodeAvailabilityResponse struct {
 
 func (x *SetNodeAvailabilityResponse) Reset() {
 	*x = SetNodeAvailabilityResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1569,7 +1649,7 @@ func (x *SetNodeAvailabilityResponse) String() string {
 func (*SetNodeAvailabilityResponse) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1582,7 +1662,7 @@ func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetNodeAvailabilityResponse) GetMoved() uint32 {
@@ -1688,7 +1768,10 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12!\n" +
 	"\fremoved_from\x18\x03 \x03(\tR\vremovedFrom\x12\x18\n" +
-	"\apending\x18\x04 \x03(\tR\apending\"1\n" +
+	"\apending\x18\x04 \x03(\tR\apending\")\n" +
+	"\x13RemoveSecretRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
+	"\x14RemoveSecretResponse\"1\n" +
 	"\x16ForgetNodeTasksRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"7\n" +
 	"\x17ForgetNodeTasksResponse\x12\x1c\n" +
@@ -1698,7 +1781,7 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\favailability\x18\x02 \x01(\tR\favailability\x12\x12\n" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\"3\n" +
 	"\x1bSetNodeAvailabilityResponse\x12\x14\n" +
-	"\x05moved\x18\x01 \x01(\rR\x05moved2\x8a\v\n" +
+	"\x05moved\x18\x01 \x01(\rR\x05moved2\xe5\v\n" +
 	"\tScheduler\x12N\n" +
 	"\rCreateService\x12$.shoal.sched.v1.CreateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
 	"\rUpdateService\x12$.shoal.sched.v1.UpdateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
@@ -1716,7 +1799,8 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\tLoadImage\x12\x1a.shoal.sched.v1.ImageChunk\x1a!.shoal.sched.v1.LoadImageResponse(\x01\x12S\n" +
 	"\n" +
 	"ListImages\x12!.shoal.sched.v1.ListImagesRequest\x1a\".shoal.sched.v1.ListImagesResponse\x12V\n" +
-	"\vRemoveImage\x12\".shoal.sched.v1.RemoveImageRequest\x1a#.shoal.sched.v1.RemoveImageResponse\x12n\n" +
+	"\vRemoveImage\x12\".shoal.sched.v1.RemoveImageRequest\x1a#.shoal.sched.v1.RemoveImageResponse\x12Y\n" +
+	"\fRemoveSecret\x12#.shoal.sched.v1.RemoveSecretRequest\x1a$.shoal.sched.v1.RemoveSecretResponse\x12n\n" +
 	"\x13SetNodeAvailability\x12*.shoal.sched.v1.SetNodeAvailabilityRequest\x1a+.shoal.sched.v1.SetNodeAvailabilityResponse\x12b\n" +
 	"\x0fForgetNodeTasks\x12&.shoal.sched.v1.ForgetNodeTasksRequest\x1a'.shoal.sched.v1.ForgetNodeTasksResponseB9Z7github.com/shoal-dev/shoal/proto/shoal/sched/v1;schedv1b\x06proto3"
 
@@ -1732,7 +1816,7 @@ func file_shoal_sched_v1_sched_proto_rawDescGZIP() []byte {
 	return file_shoal_sched_v1_sched_proto_rawDescData
 }
 
-var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*Service)(nil),                     // 0: shoal.sched.v1.Service
 	(*CreateServiceRequest)(nil),        // 1: shoal.sched.v1.CreateServiceRequest
@@ -1757,23 +1841,25 @@ var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*ListImagesResponse)(nil),          // 20: shoal.sched.v1.ListImagesResponse
 	(*RemoveImageRequest)(nil),          // 21: shoal.sched.v1.RemoveImageRequest
 	(*RemoveImageResponse)(nil),         // 22: shoal.sched.v1.RemoveImageResponse
-	(*ForgetNodeTasksRequest)(nil),      // 23: shoal.sched.v1.ForgetNodeTasksRequest
-	(*ForgetNodeTasksResponse)(nil),     // 24: shoal.sched.v1.ForgetNodeTasksResponse
-	(*SetNodeAvailabilityRequest)(nil),  // 25: shoal.sched.v1.SetNodeAvailabilityRequest
-	(*SetNodeAvailabilityResponse)(nil), // 26: shoal.sched.v1.SetNodeAvailabilityResponse
-	(*timestamppb.Timestamp)(nil),       // 27: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 28: google.protobuf.Duration
+	(*RemoveSecretRequest)(nil),         // 23: shoal.sched.v1.RemoveSecretRequest
+	(*RemoveSecretResponse)(nil),        // 24: shoal.sched.v1.RemoveSecretResponse
+	(*ForgetNodeTasksRequest)(nil),      // 25: shoal.sched.v1.ForgetNodeTasksRequest
+	(*ForgetNodeTasksResponse)(nil),     // 26: shoal.sched.v1.ForgetNodeTasksResponse
+	(*SetNodeAvailabilityRequest)(nil),  // 27: shoal.sched.v1.SetNodeAvailabilityRequest
+	(*SetNodeAvailabilityResponse)(nil), // 28: shoal.sched.v1.SetNodeAvailabilityResponse
+	(*timestamppb.Timestamp)(nil),       // 29: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 30: google.protobuf.Duration
 }
 var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
-	27, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
+	29, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
 	0,  // 1: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
-	27, // 2: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
-	27, // 3: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
-	27, // 4: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
+	29, // 2: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
+	29, // 3: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
+	29, // 4: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
 	8,  // 5: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
 	17, // 6: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
 	17, // 7: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	28, // 8: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
+	30, // 8: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
 	1,  // 9: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
 	2,  // 10: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
 	2,  // 11: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
@@ -1789,27 +1875,29 @@ var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
 	16, // 21: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
 	19, // 22: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
 	21, // 23: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
-	25, // 24: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	23, // 25: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
-	0,  // 26: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 27: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 28: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 29: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	5,  // 30: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 31: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 32: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	7,  // 33: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	10, // 34: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	8,  // 35: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	13, // 36: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	15, // 37: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	18, // 38: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	20, // 39: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	22, // 40: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
-	26, // 41: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	24, // 42: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
-	26, // [26:43] is the sub-list for method output_type
-	9,  // [9:26] is the sub-list for method input_type
+	23, // 24: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
+	27, // 25: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	25, // 26: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
+	0,  // 27: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 28: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 29: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 30: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	5,  // 31: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 32: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 33: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	7,  // 34: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	10, // 35: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	8,  // 36: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	13, // 37: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	15, // 38: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	18, // 39: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	20, // 40: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	22, // 41: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
+	24, // 42: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
+	28, // 43: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	26, // 44: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
+	27, // [27:45] is the sub-list for method output_type
+	9,  // [9:27] is the sub-list for method input_type
 	9,  // [9:9] is the sub-list for extension type_name
 	9,  // [9:9] is the sub-list for extension extendee
 	0,  // [0:9] is the sub-list for field type_name
@@ -1826,7 +1914,7 @@ func file_shoal_sched_v1_sched_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_sched_v1_sched_proto_rawDesc), len(file_shoal_sched_v1_sched_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   27,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

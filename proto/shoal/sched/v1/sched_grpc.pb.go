@@ -39,6 +39,7 @@ const (
 	Scheduler_LoadImage_FullMethodName           = "/shoal.sched.v1.Scheduler/LoadImage"
 	Scheduler_ListImages_FullMethodName          = "/shoal.sched.v1.Scheduler/ListImages"
 	Scheduler_RemoveImage_FullMethodName         = "/shoal.sched.v1.Scheduler/RemoveImage"
+	Scheduler_RemoveSecret_FullMethodName        = "/shoal.sched.v1.Scheduler/RemoveSecret"
 	Scheduler_SetNodeAvailability_FullMethodName = "/shoal.sched.v1.Scheduler/SetNodeAvailability"
 	Scheduler_ForgetNodeTasks_FullMethodName     = "/shoal.sched.v1.Scheduler/ForgetNodeTasks"
 )
@@ -73,6 +74,10 @@ type SchedulerClient interface {
 	// RemoveImage removes an image (every name of its digest) from every
 	// node; refused while a service's spec names it.
 	RemoveImage(ctx context.Context, in *RemoveImageRequest, opts ...grpc.CallOption) (*RemoveImageResponse, error)
+	// RemoveSecret deletes a secret (statd's Secrets API creates them).
+	// Refused while a service's spec, or the previous spec a rollback
+	// returns to, names it. Tasks already running keep their copy.
+	RemoveSecret(ctx context.Context, in *RemoveSecretRequest, opts ...grpc.CallOption) (*RemoveSecretResponse, error)
 	// SetNodeAvailability drains or activates a node.
 	SetNodeAvailability(ctx context.Context, in *SetNodeAvailabilityRequest, opts ...grpc.CallOption) (*SetNodeAvailabilityResponse, error)
 	// ForgetNodeTasks deletes the task records of a node removed from the
@@ -254,6 +259,16 @@ func (c *schedulerClient) RemoveImage(ctx context.Context, in *RemoveImageReques
 	return out, nil
 }
 
+func (c *schedulerClient) RemoveSecret(ctx context.Context, in *RemoveSecretRequest, opts ...grpc.CallOption) (*RemoveSecretResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RemoveSecretResponse)
+	err := c.cc.Invoke(ctx, Scheduler_RemoveSecret_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *schedulerClient) SetNodeAvailability(ctx context.Context, in *SetNodeAvailabilityRequest, opts ...grpc.CallOption) (*SetNodeAvailabilityResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(SetNodeAvailabilityResponse)
@@ -304,6 +319,10 @@ type SchedulerServer interface {
 	// RemoveImage removes an image (every name of its digest) from every
 	// node; refused while a service's spec names it.
 	RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error)
+	// RemoveSecret deletes a secret (statd's Secrets API creates them).
+	// Refused while a service's spec, or the previous spec a rollback
+	// returns to, names it. Tasks already running keep their copy.
+	RemoveSecret(context.Context, *RemoveSecretRequest) (*RemoveSecretResponse, error)
 	// SetNodeAvailability drains or activates a node.
 	SetNodeAvailability(context.Context, *SetNodeAvailabilityRequest) (*SetNodeAvailabilityResponse, error)
 	// ForgetNodeTasks deletes the task records of a node removed from the
@@ -364,6 +383,9 @@ func (UnimplementedSchedulerServer) ListImages(context.Context, *ListImagesReque
 }
 func (UnimplementedSchedulerServer) RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RemoveImage not implemented")
+}
+func (UnimplementedSchedulerServer) RemoveSecret(context.Context, *RemoveSecretRequest) (*RemoveSecretResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RemoveSecret not implemented")
 }
 func (UnimplementedSchedulerServer) SetNodeAvailability(context.Context, *SetNodeAvailabilityRequest) (*SetNodeAvailabilityResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method SetNodeAvailability not implemented")
@@ -633,6 +655,24 @@ func _Scheduler_RemoveImage_Handler(srv interface{}, ctx context.Context, dec fu
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Scheduler_RemoveSecret_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RemoveSecretRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).RemoveSecret(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_RemoveSecret_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).RemoveSecret(ctx, req.(*RemoveSecretRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _Scheduler_SetNodeAvailability_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(SetNodeAvailabilityRequest)
 	if err := dec(in); err != nil {
@@ -723,6 +763,10 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RemoveImage",
 			Handler:    _Scheduler_RemoveImage_Handler,
+		},
+		{
+			MethodName: "RemoveSecret",
+			Handler:    _Scheduler_RemoveSecret_Handler,
 		},
 		{
 			MethodName: "SetNodeAvailability",
