@@ -328,7 +328,7 @@ func TestReserveKeepsHugePages(t *testing.T) {
 // a reserve wrote 105–130).
 //
 // Each kind of child runs three times, alternated, and the fewest faults
-// of each kind are compared: on a loaded machine (the unit tests'
+// of each kind are compared (a measurement, taken up to three times): on a loaded machine (the unit tests'
 // packages run at once) single children of either kind fault 8–25 pages
 // per MiB now and then, where the churn this test is about faulted every
 // time.
@@ -341,16 +341,23 @@ func TestGivenUpReserveLeavesNoChurn(t *testing.T) {
 		}
 		return f
 	}
-	var nones, givenUps []float64
-	for range 3 {
-		nones = append(nones, per("churn-none"))
-		givenUps = append(givenUps, per("churn-given-up"))
+	// The churn showed in every measurement; load can spoil one (`go
+	// test ./pkg/...` once saw 20.1 against 4.5), so a failing one is taken
+	// again, up to three times, and only a failure in every one counts.
+	var none, givenUp float64
+	for attempt := 1; attempt <= 3; attempt++ {
+		var nones, givenUps []float64
+		for range 3 {
+			nones = append(nones, per("churn-none"))
+			givenUps = append(givenUps, per("churn-given-up"))
+		}
+		none, givenUp = slices.Min(nones), slices.Min(givenUps)
+		t.Logf("measurement %d: page faults per MiB written: %.1f with no reserve, %.1f after one given up (fewest of %v and %v)", attempt, none, givenUp, nones, givenUps)
+		if givenUp <= none+10 {
+			return
+		}
 	}
-	none, givenUp := slices.Min(nones), slices.Min(givenUps)
-	t.Logf("page faults per MiB written: %.1f with no reserve, %.1f after one given up (fewest of %v and %v)", none, givenUp, nones, givenUps)
-	if givenUp > none+10 {
-		t.Fatalf("after a reserve was given up the writes faulted %.1f pages per MiB, with none %.1f", givenUp, none)
-	}
+	t.Fatalf("after a reserve was given up the writes faulted %.1f pages per MiB, with none %.1f, in three measurements", givenUp, none)
 }
 
 func TestReserveTwiceAndZero(t *testing.T) {
