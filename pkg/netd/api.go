@@ -77,7 +77,7 @@ func (s *api) Attach(ctx context.Context, req *netv1.AttachRequest) (*netv1.Atta
 		return nil, fmt.Errorf("configure task %s: %w", req.GetTask(), err)
 	}
 	resolv := filepath.Join(n.cfg.StateDir, "resolv", req.GetTask()+".conf")
-	conf := fmt.Sprintf("nameserver %s\nsearch shoal\noptions ndots:1\n", gw)
+	conf := fmt.Sprintf("nameserver %s\nsearch %s\noptions ndots:1\n", gw, stackSearch(n.mirror.Get, req.GetService()))
 	if err := os.WriteFile(resolv, []byte(conf), 0o644); err != nil {
 		return nil, err
 	}

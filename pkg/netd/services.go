@@ -98,19 +98,48 @@ func endpoints(slots, tasks, nodes []*statev1.Document, now time.Time) []endpoin
 // replacement starts). Every service in services has its name, with no
 // addresses while none of its tasks can take traffic: NODATA, not
 // NXDOMAIN, which resolvers would cache as "no such service".
+//
+// A stack's service also answers as <alias>.<stack>.shoal. (and its slots
+// under that): the name its Compose file gives it, which the stack's
+// tasks resolve alone through their search list (stackSearch).
 func records(services []*statev1.Document, eps []endpoint) map[string][]netip.Addr {
 	out := map[string][]netip.Addr{}
+	names := map[string][]string{} // service -> its DNS names
 	for _, d := range services {
-		if statepb.FromDocument(d).Exists() {
-			out[strings.TrimPrefix(d.GetKey(), prefixServices)+".shoal."] = nil
+		doc := statepb.FromDocument(d)
+		if !doc.Exists() {
+			continue
+		}
+		name := strings.TrimPrefix(d.GetKey(), prefixServices)
+		names[name] = []string{name + ".shoal."}
+		if svc, err := sched.ServiceFromDoc(name, doc); err == nil && svc != nil {
+			if alias := svc.Spec.StackAlias(); alias != "" {
+				names[name] = append(names[name], alias+"."+svc.Spec.Stack+".shoal.")
+			}
+		}
+		for _, n := range names[name] {
+			out[n] = nil
 		}
 	}
 	for _, e := range eps {
-		svc := e.service + ".shoal."
-		out[svc] = append(out[svc], e.ip)
-		out[e.slot+"."+svc] = append(out[e.slot+"."+svc], e.ip)
+		for _, svc := range names[e.service] {
+			out[svc] = append(out[svc], e.ip)
+			out[e.slot+"."+svc] = append(out[e.slot+"."+svc], e.ip)
+		}
 	}
 	return out
+}
+
+// stackSearch is the DNS search list of a task of service: a stack's
+// tasks look names up in their stack first, so that "db" is the stack's
+// db, then among all services.
+func stackSearch(services func(key string) *statev1.Document, service string) string {
+	if d := services(prefixServices + service); d != nil {
+		if svc, err := sched.ServiceFromDoc(service, statepb.FromDocument(d)); err == nil && svc != nil && svc.Spec.StackAlias() != "" {
+			return svc.Spec.Stack + ".shoal shoal"
+		}
+	}
+	return "shoal"
 }
 
 type portKey struct {

@@ -133,6 +133,45 @@ func TestRecords(t *testing.T) {
 	}
 }
 
+// A stack's service answers under its stack's domain too, and its tasks
+// search that domain first; a service outside a stack does neither.
+func TestStackNames(t *testing.T) {
+	slots := []*statev1.Document{slotDoc("app-db", "0", "app-db.a", ""), slotDoc("db", "0", "db.a", "")}
+	tasks := []*statev1.Document{
+		taskDoc("app-db.a", "app-db", "0", sched.TaskRunning, "", "10.42.1.2"),
+		taskDoc("db.a", "db", "0", sched.TaskRunning, "", "10.42.2.2"),
+	}
+	services := []*statev1.Document{
+		serviceDoc(sched.ServiceSpec{Name: "app-db", Stack: "app", Image: "x"}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x"}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "app-web", Stack: "app", Image: "x"}, stamp(1, "n1")),
+	}
+	got := recordsText(records(services, endpoints(slots, tasks, nil, time.Unix(1, 0))))
+	want := recordsText(map[string][]netip.Addr{
+		"app-db.shoal.":   addrs("10.42.1.2"),
+		"0.app-db.shoal.": addrs("10.42.1.2"),
+		"db.app.shoal.":   addrs("10.42.1.2"),
+		"0.db.app.shoal.": addrs("10.42.1.2"),
+		"db.shoal.":       addrs("10.42.2.2"),
+		"0.db.shoal.":     addrs("10.42.2.2"),
+		"app-web.shoal.":  nil,
+		"web.app.shoal.":  nil,
+	})
+	if got != want {
+		t.Fatalf("records\n got:\n%s\nwant:\n%s", got, want)
+	}
+	byKey := map[string]*statev1.Document{}
+	for _, d := range services {
+		byKey[d.GetKey()] = d
+	}
+	get := func(key string) *statev1.Document { return byKey[key] }
+	for service, want := range map[string]string{"app-web": "app.shoal shoal", "db": "shoal", "unknown": "shoal"} {
+		if got := stackSearch(get, service); got != want {
+			t.Errorf("stackSearch(%s) = %q, want %q", service, got, want)
+		}
+	}
+}
+
 // TestEndpointsHandedOverAtShutdown checks that a task its slot replaced
 // as lost keeps taking traffic while it runs if its node shut down (it is
 // being handed over, not gone), for handOverWindow after the slot write;

@@ -58,6 +58,11 @@ type ServiceSpec struct {
 	// Secrets are cluster secrets to hand to each task as a read-only
 	// file, as "NAME" or "NAME:TARGET" (see ParseSecret).
 	Secrets []string `json:"secrets,omitempty"`
+	// Stack is the stack (shoalctl stack deploy) the service belongs to,
+	// "" for none. A stack's service is named <stack>-<name> and also
+	// answers DNS as <name>.<stack>.shoal, which its stack's tasks reach
+	// by <name> alone, as in a Compose file (see StackAlias).
+	Stack string `json:"stack,omitempty"`
 	// Network is "" (the overlay: a namespace per task from netd) or
 	// "host" (the node's own namespace).
 	Network string `json:"network,omitempty"`
@@ -378,6 +383,19 @@ func ValidName(name string) error {
 	return nil
 }
 
+// StackAlias is the service's name within its stack (the name before the
+// stack's prefix was added), "" for a service outside any stack.
+func (s ServiceSpec) StackAlias() string {
+	if s.Stack == "" {
+		return ""
+	}
+	alias, ok := strings.CutPrefix(s.Name, s.Stack+"-")
+	if !ok {
+		return ""
+	}
+	return alias
+}
+
 // Validate reports every problem with s (after defaults are applied), one
 // per line, joined with errors.Join; nil means s can be stored.
 func (s ServiceSpec) Validate() error {
@@ -389,6 +407,13 @@ func (s ServiceSpec) Validate() error {
 	}
 	if strings.TrimSpace(d.Image) == "" {
 		add("image is empty")
+	}
+	if d.Stack != "" {
+		if !nameRE.MatchString(d.Stack) || len(d.Stack) > 63 {
+			add("stack %q is invalid: use lowercase letters, digits and '-', starting and ending with a letter or digit", d.Stack)
+		} else if d.StackAlias() == "" {
+			add("service %s of stack %s must be named %s-NAME", d.Name, d.Stack, d.Stack)
+		}
 	}
 	if d.Network != "" && d.Network != NetworkHost {
 		add("network %q: want empty (the overlay) or host", d.Network)
