@@ -112,9 +112,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		spec.CPUMillis = v
 	}
 	if fs.Changed("memory") {
-		v, err := parseBytes(f.memory)
+		v, err := sched.ParseBytes(f.memory)
 		if err != nil {
-			return usageError{err}
+			return usageError{fmt.Errorf("memory %w", err)}
 		}
 		spec.MemoryBytes = v
 	}
@@ -523,16 +523,21 @@ func (a *app) serviceLs() *cobra.Command {
 				views = append(views, serviceViewOf(s))
 			}
 			sort.Slice(views, func(i, j int) bool { return views[i].Name < views[j].Name })
-			return render(a.out, format, views, func(tw *tabwriter.Writer) {
-				fmt.Fprintln(tw, "NAME\tMODE\tREPLICAS\tIMAGE\tVERSION\tSTATE\tOWNER")
-				for _, v := range views {
-					fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%d\t%s\t%s\n", v.Name, mode(v.Spec), v.Running, v.Desired, v.Spec.Image, v.Version, v.State, v.Owner)
-				}
-			})
+			return renderServices(a, format, views)
 		},
 	}
 	outputFlag(cmd, &format)
 	return cmd
+}
+
+// renderServices writes services as `service ls` shows them.
+func renderServices(a *app, format string, views []serviceView) error {
+	return render(a.out, format, views, func(tw *tabwriter.Writer) {
+		fmt.Fprintln(tw, "NAME\tMODE\tREPLICAS\tIMAGE\tVERSION\tSTATE\tOWNER")
+		for _, v := range views {
+			fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%d\t%s\t%s\n", v.Name, mode(v.Spec), v.Running, v.Desired, v.Spec.Image, v.Version, v.State, v.Owner)
+		}
+	})
 }
 
 func (a *app) serviceInspect() *cobra.Command {

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/sched"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
@@ -98,7 +99,7 @@ replicas survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 			}
 			var sizeBytes int64
 			if size != "" {
-				b, err := parseBytes(size)
+				b, err := sched.ParseBytes(size)
 				if err != nil {
 					return usageError{fmt.Errorf("--size: %w", err)}
 				}

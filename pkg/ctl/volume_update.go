@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shoal-dev/shoal/pkg/sched"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
 
@@ -49,7 +50,7 @@ replica votes and holds what the leader committed, showing progress
 			}
 			var sizeBytes int64
 			if size != "" {
-				b, err := parseBytes(size)
+				b, err := sched.ParseBytes(size)
 				if err != nil || b <= 0 {
 					return usageError{fmt.Errorf("--size %q: want a size such as 512Mi or 2G", size)}
 				}

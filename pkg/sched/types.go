@@ -43,6 +43,40 @@ func FormatCPU(m int64) string {
 	return strconv.FormatInt(m, 10) + "m"
 }
 
+// ParseBytes parses a size: a plain number of bytes, or a number
+// with a unit: k/ki/kib, m/mi/mib, g/gi/gib (all binary, as Docker and
+// Nomad read them), e.g. 512m, 1.5GiB.
+func ParseBytes(s string) (int64, error) {
+	t := strings.ToLower(strings.TrimSpace(s))
+	mult := int64(1)
+	for _, u := range []struct {
+		suffixes []string
+		mult     int64
+	}{
+		{[]string{"kib", "ki", "kb", "k"}, 1 << 10},
+		{[]string{"mib", "mi", "mb", "m"}, 1 << 20},
+		{[]string{"gib", "gi", "gb", "g"}, 1 << 30},
+		{[]string{"tib", "ti", "tb", "t"}, 1 << 40},
+		{[]string{"b"}, 1},
+	} {
+		found := false
+		for _, suf := range u.suffixes {
+			if strings.HasSuffix(t, suf) {
+				t, mult, found = strings.TrimSuffix(t, suf), u.mult, true
+				break
+			}
+		}
+		if found {
+			break
+		}
+	}
+	f, err := strconv.ParseFloat(strings.TrimSpace(t), 64)
+	if err != nil || f < 0 {
+		return 0, fmt.Errorf("%q: want a size like 256m, 1.5GiB or 1048576", s)
+	}
+	return int64(f * float64(mult)), nil
+}
+
 // FormatBytes renders a byte count with a binary unit: "512MiB", "1.5GiB".
 func FormatBytes(b int64) string {
 	const unit = 1024

@@ -8,8 +8,10 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -214,4 +216,118 @@ func TestDemo(t *testing.T) {
 		return err == nil && v.GetHealth() == "healthy" && converged(v, 3)
 	})
 	t.Logf("volume notes: %v", last)
+
+	testStack(t, name)
+}
+
+// testStack deploys a Compose file on the demo's cluster (every daemon,
+// netd's DNS included): its services reach each other by their names in
+// the file, its secret and volume are created with it, a second deploy
+// changes nothing, and `stack rm` takes the services and the secret.
+func testStack(t *testing.T, name string) {
+	dir := t.TempDir()
+	pass := fmt.Sprintf("pw-%d", rand.Int64())
+	write := func(name, data string) string {
+		path := filepath.Join(dir, name)
+		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	write("db_pass.txt", pass)
+	compose := write("compose.yml", `
+services:
+  web:
+    image: local/busybox:latest
+    command: ["sh", "-c", "mkdir -p /www && echo stack-web > /www/index.html && exec httpd -f -p 80 -h /www"]
+    deploy: {replicas: 2}
+    stop_grace_period: 1s
+    depends_on: [client]
+  client:
+    image: local/busybox:latest
+    command: ["sleep", "1000000"]
+    stop_grace_period: 1s
+    secrets: [db_pass]
+    volumes: ["data:/data"]
+volumes:
+  data:
+    driver_opts: {size: 16M}
+secrets:
+  db_pass: {file: ./db_pass.txt}
+`)
+	ctl := func(i int, args ...string) (string, int) {
+		t.Helper()
+		cmd := exec.Command(bin("shoalctl"), append([]string{"dev", "--name", name, "exec", strconv.Itoa(i), "--", "shoalctl"}, args...)...)
+		out, err := cmd.CombinedOutput()
+		code, err := devcluster.ExitCode(err)
+		if err != nil {
+			t.Fatalf("shoalctl %v: %v", args, err)
+		}
+		return string(out), code
+	}
+	out, code := ctl(1, "stack", "deploy", "app", "-c", compose)
+	if code != 0 {
+		t.Fatalf("stack deploy: exit %d\n%s", code, out)
+	}
+	for _, want := range []string{"warning: service web: depends_on is ignored", "secret app_db_pass created", "volume app-data created",
+		"service app-client created", "service app-web created", "app-client converged: 1/1", "app-web converged: 2/2"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("stack deploy's output lacks %q:\n%s", want, out)
+		}
+	}
+	var tasks []struct{ ID, Service, Node string }
+	out, code = ctl(2, "stack", "ps", "app", "-o", "json")
+	if code != 0 || json.Unmarshal([]byte(out), &tasks) != nil || len(tasks) != 3 {
+		t.Fatalf("stack ps: exit %d, %s; want 3 tasks", code, out)
+	}
+	client := tasks[slices.IndexFunc(tasks, func(x struct{ ID, Service, Node string }) bool { return x.Service == "app-client" })].ID
+	var got string
+	defer func() {
+		if t.Failed() {
+			t.Logf("the client's last answer: %q", got)
+		}
+	}()
+	waitFor(t, 30*time.Second, "the client reaches web by its name in the file", func() bool {
+		got, _ = ctl(3, "task", "exec", client, "--", "sh", "-c", "timeout 5 wget -qO- http://web/ && cat /run/secrets/db_pass && echo && df -k /data | tail -1")
+		return strings.HasPrefix(got, "stack-web\n"+pass+"\n")
+	})
+	if !strings.Contains(got, "shoal:app-data") {
+		t.Errorf("the client's /data is not volume app-data: %q", got)
+	}
+
+	// The same file again changes nothing; a changed secret is refused.
+	out, code = ctl(3, "stack", "deploy", "app", "-c", compose)
+	if code != 0 || strings.Count(out, " unchanged") != 2 || strings.Contains(out, "created") {
+		t.Errorf("second stack deploy: exit %d, want both services unchanged:\n%s", code, out)
+	}
+	write("db_pass.txt", pass+"-new")
+	if out, code = ctl(1, "stack", "deploy", "app", "-c", compose); code != 1 || !strings.Contains(out, "secret app_db_pass changed") {
+		t.Errorf("deploy with a changed secret: exit %d, want 1:\n%s", code, out)
+	}
+	bad := write("bad.yml", "services:\n  x:\n    image: local/busybox:latest\n    volumes: [\"/srv:/srv\"]\n")
+	if out, code = ctl(1, "stack", "deploy", "other", "-c", bad); code != 2 || !strings.Contains(out, "bind mounts of host paths are not supported") {
+		t.Errorf("deploy of a bind mount: exit %d, want 2:\n%s", code, out)
+	}
+	var stacks []struct {
+		Name     string
+		Services int
+	}
+	out, _ = ctl(2, "stack", "ls", "-o", "json")
+	if json.Unmarshal([]byte(out), &stacks) != nil || len(stacks) != 1 || stacks[0].Name != "app" || stacks[0].Services != 2 {
+		t.Errorf("stack ls: %s; want app with 2 services (and no stack other)", out)
+	}
+
+	out, code = ctl(2, "stack", "rm", "app")
+	if code != 0 || !strings.Contains(out, "secret app_db_pass removed") {
+		t.Fatalf("stack rm: exit %d\n%s", code, out)
+	}
+	if out, _ := ctl(1, "secret", "ls", "-o", "json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("secrets after stack rm: %s", out)
+	}
+	if _, code := ctl(1, "stack", "rm", "app"); code != 3 {
+		t.Errorf("stack rm of a removed stack: exit %d, want 3", code)
+	}
+	if out, code := ctl(1, "volume", "rm", "app-data"); code != 0 {
+		t.Errorf("volume rm app-data (kept by stack rm): exit %d\n%s", code, out)
+	}
 }

@@ -1,0 +1,499 @@
+// Package stack turns a Compose project, as compose-go loads it, into what
+// `shoalctl stack deploy` creates: the specs of the stack's services, the
+// secrets and the replicated volumes they use. It does no I/O: reading
+// the files, creating secrets and volumes and deploying the services are
+// shoalctl's.
+//
+// The rules are Docker Swarm's (`docker stack deploy`) where Shoal has the
+// feature, so that a file written for Swarm deploys here unchanged:
+//
+//   - service web of stack app is the Shoal service app-web (a DNS label;
+//     Swarm's app_web is not one), which the stack's tasks also reach as
+//     web (sched.ServiceSpec.Stack);
+//   - a secret or volume the file defines is the stack's: app_KEY for a
+//     secret (Swarm's name), app-KEY for a volume (volume names are DNS
+//     labels too); an external one keeps its name;
+//   - deploy: mode, replicas, resources, placement constraints,
+//     restart_policy, update_config and labels map to the spec's fields.
+//
+// What Shoal lacks is refused, naming the option, unless Swarm also
+// ignores it (build, depends_on, container_name, links, ...), which is a
+// warning. A file is checked whole: every problem is reported at once.
+package stack
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/compose-spec/compose-go/v2/types"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/secret"
+)
+
+// LabelStack marks what a stack created beside its services (secrets), so
+// that `stack rm` removes it too.
+const LabelStack = "shoal.stack"
+
+// Plan is what a Compose project becomes.
+type Plan struct {
+	Stack string
+	// Services are sorted by name.
+	Services []sched.ServiceSpec
+	// Secrets and Volumes are those the services use, sorted by name.
+	Secrets []Secret
+	Volumes []Volume
+	// Warnings name what was ignored, as Swarm ignores it.
+	Warnings []string
+}
+
+// Secret is a secret the stack's services use.
+type Secret struct {
+	// Key is its name in the file; Name is the cluster secret's.
+	Key, Name string
+	// External secrets must exist; the stack neither creates nor removes
+	// them.
+	External bool
+	// The source of a secret the stack creates: a file (absolute, as
+	// compose-go resolves it), an environment variable, or inline content.
+	File, Env, Content string
+}
+
+// Volume is a replicated volume the stack's services mount.
+type Volume struct {
+	Key, Name string
+	// External volumes must exist.
+	External bool
+	// SizeBytes and Replicas are from driver_opts size and replicas (0:
+	// vold's defaults).
+	SizeBytes int64
+	Replicas  int32
+}
+
+// ValidName checks a stack name: a DNS label, since it prefixes service
+// names and is a DNS domain (<service>.<stack>.shoal).
+func ValidName(name string) error {
+	if err := sched.ValidName(name); err != nil {
+		return fmt.Errorf("stack name %q is invalid: use lowercase letters, digits and '-', starting and ending with a letter or digit", name)
+	}
+	return nil
+}
+
+// serviceKeys are the service options Shoal maps; ignoredKeys those it
+// ignores with a warning, as Swarm does. Any other option is refused.
+var (
+	serviceKeys = []string{"image", "command", "environment", "deploy", "ports", "volumes", "secrets",
+		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks"}
+	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
+		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
+)
+
+// Convert maps project p to stack stack.
+func Convert(p *types.Project, stack string) (Plan, error) {
+	plan := Plan{Stack: stack}
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	if err := ValidName(stack); err != nil {
+		return plan, err
+	}
+	if len(p.Services) == 0 {
+		return plan, errors.New("the file defines no services")
+	}
+	secrets := map[string]Secret{}
+	volumes := map[string]Volume{}
+	for _, key := range slices.Sorted(maps.Keys(p.Services)) {
+		svc := p.Services[key]
+		spec, warnings, err := convertService(p, stack, svc, secrets, volumes)
+		plan.Warnings = append(plan.Warnings, warnings...)
+		if err == nil {
+			err = spec.Validate()
+		}
+		if err != nil {
+			// One line per problem, each naming its service.
+			for _, e := range strings.Split(err.Error(), "\n") {
+				fail("service %s: %s", key, e)
+			}
+			continue
+		}
+		plan.Services = append(plan.Services, spec)
+	}
+	for _, k := range slices.Sorted(maps.Keys(secrets)) {
+		plan.Secrets = append(plan.Secrets, secrets[k])
+	}
+	for _, k := range slices.Sorted(maps.Keys(volumes)) {
+		plan.Volumes = append(plan.Volumes, volumes[k])
+	}
+	if len(errs) > 0 {
+		return plan, errors.Join(errs...)
+	}
+	return plan, nil
+}
+
+func convertService(p *types.Project, stack string, svc types.ServiceConfig, secrets map[string]Secret, volumes map[string]Volume) (sched.ServiceSpec, []string, error) {
+	var errs []error
+	var warnings []string
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	warn := func(format string, args ...any) {
+		warnings = append(warnings, fmt.Sprintf("service %s: ", svc.Name)+fmt.Sprintf(format, args...))
+	}
+	spec := sched.ServiceSpec{Name: stack + "-" + svc.Name, Stack: stack, Image: svc.Image, Replicas: 1}
+	if err := sched.ValidName(spec.Name); err != nil {
+		return spec, nil, fmt.Errorf("its Shoal name %s is not a DNS label: use lowercase letters, digits and '-' in service names, and keep stack and service names under 63 characters together", spec.Name)
+	}
+	keys, err := setKeys(svc)
+	if err != nil {
+		return spec, nil, err
+	}
+	for _, k := range keys {
+		switch {
+		case slices.Contains(serviceKeys, k):
+		case slices.Contains(ignoredKeys, k):
+			warn("%s is ignored", k)
+		default:
+			fail("%s is not supported by Shoal", k)
+		}
+	}
+	if svc.Image == "" {
+		fail("no image: Shoal does not build images (load one with `shoalctl image load`)")
+	}
+	spec.Args = []string(svc.Command)
+	for _, k := range slices.Sorted(maps.Keys(svc.Environment)) {
+		if v := svc.Environment[k]; v != nil {
+			spec.Env = append(spec.Env, k+"="+*v)
+		}
+	}
+	for name := range svc.Networks {
+		if name != "default" {
+			warn("network %s is ignored: every service is on Shoal's one overlay", name)
+		}
+	}
+	switch svc.NetworkMode {
+	case "":
+	case "host":
+		spec.Network = sched.NetworkHost
+	default:
+		fail("network_mode %q is not supported (only host)", svc.NetworkMode)
+	}
+	if svc.StopGracePeriod != nil {
+		spec.StopGrace = sched.Duration(*svc.StopGracePeriod)
+	}
+	if r, err := restartOf(svc.Restart); err != nil {
+		fail("%v", err)
+	} else {
+		spec.Restart.Policy = r.Policy
+		spec.Restart.MaxAttempts = r.MaxAttempts
+	}
+	if svc.Scale != nil {
+		spec.Replicas = *svc.Scale
+	}
+	if d := svc.Deploy; d != nil {
+		errs = append(errs, deploy(d, &spec, warn)...)
+	}
+	if h := svc.HealthCheck; h != nil && !h.Disable {
+		errs = append(errs, health(h, &spec)...)
+	}
+	for _, port := range svc.Ports {
+		pt, err := portOf(port)
+		if err != nil {
+			fail("%v", err)
+			continue
+		}
+		spec.Ports = append(spec.Ports, pt)
+	}
+	for _, v := range svc.Volumes {
+		entry, vol, err := volumeOf(p, stack, v)
+		if err != nil {
+			fail("%v", err)
+			continue
+		}
+		volumes[vol.Key] = vol
+		spec.Volumes = append(spec.Volumes, entry)
+	}
+	for _, s := range svc.Secrets {
+		entry, sec, err := secretOf(p, stack, s)
+		if err != nil {
+			fail("%v", err)
+			continue
+		}
+		if s.UID != "" || s.GID != "" || (s.Mode != nil && *s.Mode != 0o444) {
+			warn("secret %s: uid, gid and mode are ignored (a secret's file is root's, mode 0444)", s.Source)
+		}
+		secrets[sec.Key] = sec
+		spec.Secrets = append(spec.Secrets, entry)
+	}
+	return spec, warnings, errors.Join(errs...)
+}
+
+// setKeys lists the options svc sets, by their names in the file.
+func setKeys(svc types.ServiceConfig) ([]string, error) {
+	b, err := json.Marshal(svc)
+	if err != nil {
+		return nil, err
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return nil, err
+	}
+	var keys []string
+	for k, v := range m {
+		switch string(v) {
+		case "null", "false", "0", `""`, "[]", "{}":
+			continue
+		}
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys, nil
+}
+
+// restartOf maps the service-level restart option (used when deploy has
+// no restart_policy).
+func restartOf(r string) (sched.RestartPolicy, error) {
+	cond, n, _ := strings.Cut(r, ":")
+	switch cond {
+	case "":
+		return sched.RestartPolicy{}, nil
+	case types.RestartPolicyNo:
+		return sched.RestartPolicy{Policy: sched.RestartNever}, nil
+	case types.RestartPolicyAlways, types.RestartPolicyUnlessStopped:
+		return sched.RestartPolicy{Policy: sched.RestartAlways}, nil
+	case types.RestartPolicyOnFailure:
+		p := sched.RestartPolicy{Policy: sched.RestartOnFailure}
+		if n != "" {
+			v, err := strconv.Atoi(n)
+			if err != nil || v < 0 {
+				return p, fmt.Errorf("restart %q: want on-failure[:N]", r)
+			}
+			p.MaxAttempts = v
+		}
+		return p, nil
+	}
+	return sched.RestartPolicy{}, fmt.Errorf("restart %q: want no, always, unless-stopped or on-failure[:N]", r)
+}
+
+func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ...any)) []error {
+	var errs []error
+	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf("deploy: "+format, args...)) }
+	switch d.Mode {
+	case "", "replicated":
+		if d.Replicas != nil {
+			spec.Replicas = *d.Replicas
+		}
+	case "global":
+		spec.Global, spec.Replicas = true, 0
+	default:
+		fail("mode %q is not supported (replicated or global)", d.Mode)
+	}
+	if len(d.Labels) > 0 {
+		spec.Labels = maps.Clone(map[string]string(d.Labels))
+	}
+	// Shoal reserves what it limits: the limit if there is one, else the
+	// reservation.
+	for _, r := range []*types.Resource{d.Resources.Reservations, d.Resources.Limits} {
+		if r == nil {
+			continue
+		}
+		if r.NanoCPUs > 0 {
+			spec.CPUMillis = int64(math.Round(float64(r.NanoCPUs) * 1000))
+		}
+		if r.MemoryBytes > 0 {
+			spec.MemoryBytes = int64(r.MemoryBytes)
+		}
+		if r.Pids != 0 || len(r.Devices) > 0 || len(r.GenericResources) > 0 {
+			fail("resources: only cpus and memory are supported")
+		}
+	}
+	spec.Constraints = d.Placement.Constraints
+	if len(d.Placement.Preferences) > 0 {
+		warn("placement preferences are ignored (Shoal spreads by node, or binpacks)")
+	}
+	if d.Placement.MaxReplicas > 0 {
+		fail("placement: max_replicas_per_node is not supported")
+	}
+	if rp := d.RestartPolicy; rp != nil {
+		spec.Restart = sched.RestartPolicy{}
+		switch rp.Condition {
+		case "", "any":
+			spec.Restart.Policy = sched.RestartAlways
+		case "on-failure":
+			spec.Restart.Policy = sched.RestartOnFailure
+		case "none":
+			spec.Restart.Policy = sched.RestartNever
+		default:
+			fail("restart_policy: condition %q: want none, on-failure or any", rp.Condition)
+		}
+		if rp.Delay != nil {
+			spec.Restart.Delay = sched.Duration(*rp.Delay)
+		}
+		if rp.MaxAttempts != nil {
+			spec.Restart.MaxAttempts = int(*rp.MaxAttempts)
+		}
+		if rp.Window != nil {
+			warn("deploy: restart_policy: window is ignored")
+		}
+	}
+	if u := d.UpdateConfig; u != nil {
+		if u.Parallelism != nil {
+			// Swarm's 0 is "all at once".
+			spec.Update.Parallelism = int(min(*u.Parallelism, math.MaxInt32))
+			if *u.Parallelism == 0 {
+				spec.Update.Parallelism = math.MaxInt32
+			}
+		}
+		spec.Update.Delay = sched.Duration(u.Delay)
+		spec.Update.Monitor = sched.Duration(u.Monitor)
+		spec.Update.Order = sched.UpdateOrder(u.Order)
+		switch u.FailureAction {
+		case "", "pause":
+			spec.Update.FailureAction = sched.ActionPause
+		case "rollback":
+			spec.Update.FailureAction = sched.ActionRollback
+		default:
+			fail("update_config: failure_action %q: want pause or rollback", u.FailureAction)
+		}
+		if u.MaxFailureRatio != 0 {
+			warn("deploy: update_config: max_failure_ratio is ignored (any failure fails the update)")
+		}
+	}
+	if d.RollbackConfig != nil {
+		warn("deploy: rollback_config is ignored (a rollback uses update_config)")
+	}
+	switch d.EndpointMode {
+	case "", "vip", "dnsrr":
+	default:
+		fail("endpoint_mode %q: want vip or dnsrr", d.EndpointMode)
+	}
+	return errs
+}
+
+func health(h *types.HealthCheckConfig, spec *sched.ServiceSpec) []error {
+	if len(h.Test) == 0 {
+		return nil
+	}
+	switch h.Test[0] {
+	case "NONE":
+		return nil
+	case "CMD":
+		spec.Health.Cmd = slices.Clone(h.Test[1:])
+	case "CMD-SHELL":
+		spec.Health.Cmd = []string{"sh", "-c", strings.Join(h.Test[1:], " ")}
+	default:
+		return []error{fmt.Errorf("healthcheck: test %q: want [CMD, ...], [CMD-SHELL, command] or a command string", h.Test)}
+	}
+	dur := func(d *types.Duration) sched.Duration {
+		if d == nil {
+			return 0
+		}
+		return sched.Duration(time.Duration(*d))
+	}
+	spec.Health.Interval, spec.Health.Timeout, spec.Health.StartPeriod = dur(h.Interval), dur(h.Timeout), dur(h.StartPeriod)
+	if h.Retries != nil {
+		spec.Health.Retries = int(*h.Retries)
+	}
+	return nil
+}
+
+func portOf(p types.ServicePortConfig) (sched.Port, error) {
+	name := fmt.Sprintf("port %d", p.Target)
+	if p.Published == "" {
+		return sched.Port{}, fmt.Errorf("%s: publish it on a port of its own (HOST:%d): Shoal does not pick one", name, p.Target)
+	}
+	host, err := strconv.Atoi(p.Published)
+	if err != nil {
+		return sched.Port{}, fmt.Errorf("%s: published %q: port ranges are not supported", name, p.Published)
+	}
+	if p.HostIP != "" {
+		return sched.Port{}, fmt.Errorf("%s: host_ip is not supported (a published port answers on every node address)", name)
+	}
+	return sched.Port{Host: host, Container: int(p.Target), Protocol: p.Protocol, Mode: p.Mode}, nil
+}
+
+func volumeOf(p *types.Project, stack string, v types.ServiceVolumeConfig) (string, Volume, error) {
+	switch v.Type {
+	case types.VolumeTypeVolume:
+	case types.VolumeTypeBind:
+		return "", Volume{}, fmt.Errorf("volume %s: bind mounts of host paths are not supported: use a named volume (a replicated Shoal volume)", v.Target)
+	default:
+		return "", Volume{}, fmt.Errorf("volume %s: type %s is not supported (named volumes only)", v.Target, v.Type)
+	}
+	if v.Source == "" {
+		return "", Volume{}, fmt.Errorf("volume %s: anonymous volumes are not supported: name it, and define it under volumes", v.Target)
+	}
+	vc, ok := p.Volumes[v.Source]
+	if !ok {
+		return "", Volume{}, fmt.Errorf("volume %s is not defined under volumes", v.Source)
+	}
+	vol := Volume{Key: v.Source, External: bool(vc.External), Name: vc.Name}
+	if vol.Name == "" || vol.Name == p.Name+"_"+v.Source {
+		// compose-go's default name; a stack's own volume is stack-KEY.
+		vol.Name = stack + "-" + v.Source
+		if vol.External {
+			vol.Name = v.Source
+		}
+	}
+	if vc.Driver != "" && vc.Driver != "local" && vc.Driver != "shoal" {
+		return "", vol, fmt.Errorf("volume %s: driver %q is not supported (Shoal's volumes are replicated by vold)", v.Source, vc.Driver)
+	}
+	for k, val := range vc.DriverOpts {
+		switch k {
+		case "size":
+			b, err := sched.ParseBytes(val)
+			if err != nil || b <= 0 {
+				return "", vol, fmt.Errorf("volume %s: driver_opts size %q: want a size such as 512Mi or 2G", v.Source, val)
+			}
+			vol.SizeBytes = b
+		case "replicas":
+			n, err := strconv.Atoi(val)
+			if err != nil || n < 1 || n > math.MaxInt32 {
+				return "", vol, fmt.Errorf("volume %s: driver_opts replicas %q: want 1 or more", v.Source, val)
+			}
+			vol.Replicas = int32(n)
+		default:
+			return "", vol, fmt.Errorf("volume %s: driver_opts %s is not supported (size, replicas)", v.Source, k)
+		}
+	}
+	entry := vol.Name + ":" + v.Target
+	if v.ReadOnly {
+		entry += ":ro"
+	}
+	if _, err := sched.ParseVolume(entry); err != nil {
+		return "", vol, err
+	}
+	return entry, vol, nil
+}
+
+func secretOf(p *types.Project, stack string, s types.ServiceSecretConfig) (string, Secret, error) {
+	sc, ok := p.Secrets[s.Source]
+	if !ok {
+		return "", Secret{}, fmt.Errorf("secret %s is not defined under secrets", s.Source)
+	}
+	sec := Secret{Key: s.Source, External: bool(sc.External), Name: sc.Name, File: sc.File, Env: sc.Environment, Content: sc.Content}
+	if sec.Name == "" || sec.Name == p.Name+"_"+s.Source {
+		sec.Name = stack + "_" + s.Source
+		if sec.External {
+			sec.Name = s.Source
+		}
+	}
+	if err := secret.ValidName(sec.Name); err != nil {
+		return "", sec, err
+	}
+	if !sec.External && sec.File == "" && sec.Env == "" && sec.Content == "" {
+		return "", sec, fmt.Errorf("secret %s has no file, environment or content (or mark it external)", s.Source)
+	}
+	target := s.Target
+	if target == "" {
+		target = s.Source
+	}
+	entry := sec.Name + ":" + target
+	if _, err := sched.ParseSecret(entry); err != nil {
+		return "", sec, err
+	}
+	return entry, sec, nil
+}

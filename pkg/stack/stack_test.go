@@ -1,0 +1,153 @@
+package stack
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/compose-spec/compose-go/v2/loader"
+	"github.com/compose-spec/compose-go/v2/types"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+)
+
+func load(t *testing.T, stack, yaml string) *types.Project {
+	t.Helper()
+	p, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
+		WorkingDir:  "/work/app",
+		ConfigFiles: []types.ConfigFile{{Filename: "compose.yml", Content: []byte(yaml)}},
+		Environment: types.Mapping{"TAG": "v2"},
+	}, func(o *loader.Options) { o.SetProjectName(stack, true) })
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	return p
+}
+
+func TestConvertSwarmFile(t *testing.T) {
+	p := load(t, "app", `
+services:
+  web:
+    image: local/web:${TAG}
+    command: ["httpd", "-f", "-p", "80"]
+    environment:
+      MODE: prod
+      EMPTY: ""
+    ports: ["8080:80", {target: 53, published: "5353", protocol: udp, mode: host}]
+    volumes: [data:/var/www, "shared:/shared:ro"]
+    secrets: [db_pass, {source: tls, target: /etc/tls/key.pem}]
+    healthcheck: {test: ["CMD-SHELL", "wget -q -O- localhost"], interval: 5s, retries: 2}
+    stop_grace_period: 20s
+    depends_on: [db]
+    deploy:
+      replicas: 3
+      labels: {tier: front}
+      resources: {limits: {cpus: "0.5", memory: 64M}, reservations: {cpus: "0.25"}}
+      placement: {constraints: ["node.labels.zone==eu"]}
+      restart_policy: {condition: on-failure, delay: 2s, max_attempts: 4}
+      update_config: {parallelism: 0, delay: 5s, order: start-first, failure_action: rollback, monitor: 10s}
+  db:
+    image: local/db:1
+    restart: "on-failure:2"
+    deploy: {mode: global}
+    healthcheck: {test: ["CMD", "true"]}
+volumes:
+  data:
+    driver_opts: {size: 2G, replicas: "2"}
+  shared:
+    external: true
+secrets:
+  db_pass: {file: ./db_pass.txt}
+  tls: {external: true, name: site-tls}
+`)
+	plan, err := Convert(p, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Services) != 2 {
+		t.Fatalf("services: %+v", plan.Services)
+	}
+	db, web := plan.Services[0], plan.Services[1]
+	want := sched.ServiceSpec{
+		Name: "app-web", Stack: "app", Image: "local/web:v2", Args: []string{"httpd", "-f", "-p", "80"},
+		Env: []string{"EMPTY=", "MODE=prod"}, Replicas: 3, CPUMillis: 500, MemoryBytes: 64 << 20,
+		Constraints: []string{"node.labels.zone==eu"}, Labels: map[string]string{"tier": "front"},
+		Restart: sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: 4, Delay: sched.Duration(2e9)},
+		Health:  sched.HealthCheck{Cmd: []string{"sh", "-c", "wget -q -O- localhost"}, Interval: sched.Duration(5e9), Retries: 2},
+		Update: sched.UpdateConfig{Parallelism: 1<<31 - 1, Delay: sched.Duration(5e9), Order: sched.StartFirst,
+			FailureAction: sched.ActionRollback, Monitor: sched.Duration(10e9)},
+		StopGrace: sched.Duration(20e9),
+		Ports: []sched.Port{{Host: 8080, Container: 80, Protocol: "tcp", Mode: "ingress"},
+			{Host: 5353, Container: 53, Protocol: "udp", Mode: "host"}},
+		Volumes: []string{"app-data:/var/www", "shared:/shared:ro"},
+		Secrets: []string{"app_db_pass:/run/secrets/db_pass", "site-tls:/etc/tls/key.pem"},
+	}
+	if g, w := jsonOf(t, web), jsonOf(t, want); g != w {
+		t.Errorf("web:\n got %s\nwant %s", g, w)
+	}
+	if !db.Global || db.Replicas != 0 || db.Restart.Policy != sched.RestartOnFailure || db.Restart.MaxAttempts != 2 ||
+		strings.Join(db.Health.Cmd, " ") != "true" || db.StackAlias() != "db" {
+		t.Errorf("db: %+v", db)
+	}
+	if g := jsonOf(t, plan.Volumes); g != `[{"Key":"data","Name":"app-data","External":false,"SizeBytes":2147483648,"Replicas":2},{"Key":"shared","Name":"shared","External":true,"SizeBytes":0,"Replicas":0}]` {
+		t.Errorf("volumes: %s", g)
+	}
+	if g := jsonOf(t, plan.Secrets); g != `[{"Key":"db_pass","Name":"app_db_pass","External":false,"File":"/work/app/db_pass.txt","Env":"","Content":""},{"Key":"tls","Name":"site-tls","External":true,"File":"","Env":"","Content":""}]` {
+		t.Errorf("secrets: %s", g)
+	}
+	if len(plan.Warnings) != 1 || !strings.Contains(plan.Warnings[0], "service web: depends_on is ignored") {
+		t.Errorf("warnings: %q", plan.Warnings)
+	}
+}
+
+func TestConvertRefusesWhatShoalLacks(t *testing.T) {
+	p := load(t, "app", `
+services:
+  a:
+    image: x
+    user: nobody
+    privileged: true
+    volumes: ["/srv:/srv"]
+    ports: ["80"]
+  b:
+    build: .
+    deploy: {mode: replicated-job, placement: {max_replicas_per_node: 1}}
+    secrets: [{source: s, target: "a/b"}]
+  Bad_Name:
+    image: x
+secrets:
+  s: {file: ./s}
+`)
+	_, err := Convert(p, "app")
+	if err == nil {
+		t.Fatal("Convert accepted it")
+	}
+	for _, want := range []string{
+		"service a: user is not supported by Shoal",
+		"service a: privileged is not supported by Shoal",
+		"service a: volume /srv: bind mounts of host paths are not supported",
+		"service a: port 80: publish it on a port of its own",
+		"service b: no image",
+		`service b: deploy: mode "replicated-job" is not supported`,
+		"service b: deploy: placement: max_replicas_per_node is not supported",
+		`service b: secret "app_s:a/b": file "a/b" must be a plain file name`,
+		"service Bad_Name: its Shoal name app-Bad_Name is not a DNS label",
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if _, err := Convert(load(t, "x", "services:\n  a:\n    image: x\n"), "Bad"); err == nil || !strings.Contains(err.Error(), `stack name "Bad" is invalid`) {
+		t.Errorf("bad stack name: %v", err)
+	}
+}
+
+func jsonOf(t *testing.T, v any) string {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
