@@ -16,6 +16,18 @@ import (
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 )
 
+// fileObject is what a command is about: secrets, or configs (Docker
+// Swarm's configs: the same files for services, without the secrecy).
+type fileObject struct {
+	noun   string
+	config bool
+}
+
+var (
+	secretObject = fileObject{noun: "secret"}
+	configObject = fileObject{noun: "config", config: true}
+)
+
 func (a *app) secretCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "secret",
@@ -27,7 +39,21 @@ sealed in cluster state with a key derived from the cluster CA, kept in
 memory (tmpfs) on the nodes that run them, and never shown again by
 shoalctl. A secret cannot change: create another and update the service.`,
 	}
-	cmd.AddCommand(a.secretCreate(), a.secretLs(), a.secretInspect(), a.secretRm())
+	cmd.AddCommand(a.secretCreate(secretObject), a.secretLs(secretObject), a.secretInspect(secretObject), a.secretRm(secretObject))
+	return cmd
+}
+
+func (a *app) configCommand() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "config",
+		Short: "Cluster configs, handed to services as read-only files",
+		Long: `Configs are files services read (an nginx.conf, say) kept in cluster state
+in plain text: service create --config NAME puts one at /NAME in every
+task (NAME:FILE at /FILE, NAME:/path at /path), as Docker Swarm does. A
+config cannot change: create another and update the service. For
+passwords and keys, use secrets.`,
+	}
+	cmd.AddCommand(a.secretCreate(configObject), a.secretLs(configObject), a.secretInspect(configObject), a.secretRm(configObject))
 	return cmd
 }
 
@@ -37,24 +63,30 @@ type secretView struct {
 	Created   time.Time         `json:"created"`
 	CreatedOn string            `json:"created_on"`
 	Labels    map[string]string `json:"labels,omitempty"`
+	// Data is a config's, in `config inspect` only (never a secret's).
+	Data string `json:"data,omitempty"`
 }
 
 func secretViewOf(s *clusterv1.SecretInfo) secretView {
 	return secretView{Name: s.GetName(), Size: s.GetSize(), Created: s.GetCreated().AsTime(), CreatedOn: s.GetCreatedOn(), Labels: s.GetLabels()}
 }
 
-func (a *app) secretCreate() *cobra.Command {
+func (a *app) secretCreate(o fileObject) *cobra.Command {
 	var labels []string
+	example := `  shoalctl secret create db-pass ./db-pass.txt
+  printf %s "$PASSWORD" | shoalctl secret create db-pass -`
+	if o.config {
+		example = `  shoalctl config create nginx.conf ./nginx.conf`
+	}
 	cmd := &cobra.Command{
-		Use:   "create NAME FILE",
-		Short: "Create a secret from a file; - reads stdin",
-		Example: `  shoalctl secret create db-pass ./db-pass.txt
-  printf %s "$PASSWORD" | shoalctl secret create db-pass -`,
-		Args: cobra.ExactArgs(2),
+		Use:     "create NAME FILE",
+		Short:   "Create a " + o.noun + " from a file; - reads stdin",
+		Example: example,
+		Args:    cobra.ExactArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			if err := secret.ValidName(name); err != nil {
-				return usageError{err}
+				return usageError{fmt.Errorf("%s %w", o.noun, err)}
 			}
 			l := map[string]string{}
 			for _, kv := range labels {
@@ -80,35 +112,35 @@ func (a *app) secretCreate() *cobra.Command {
 			}
 			switch {
 			case len(data) == 0:
-				return usageError{fmt.Errorf("secret %s: %s is empty", name, args[1])}
+				return usageError{fmt.Errorf("%s %s: %s is empty", o.noun, name, args[1])}
 			case len(data) > secret.MaxSize:
-				return usageError{fmt.Errorf("secret %s: %s is more than %d bytes (500 KiB), the limit", name, args[1], secret.MaxSize)}
+				return usageError{fmt.Errorf("%s %s: %s is more than %d bytes (500 KiB), the limit", o.noun, name, args[1], secret.MaxSize)}
 			}
 			c, ctx, done, err := a.statdCall(cmd)
 			if err != nil {
 				return err
 			}
 			defer done()
-			info, err := c.Secrets.CreateSecret(ctx, &clusterv1.CreateSecretRequest{Name: name, Data: data, Labels: l})
+			info, err := c.Secrets.CreateSecret(ctx, &clusterv1.CreateSecretRequest{Name: name, Data: data, Labels: l, Config: o.config})
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(a.out, "created secret %s (%s)\n", info.GetName(), bytesText(uint64(info.GetSize())))
+			fmt.Fprintf(a.out, "created %s %s (%s)\n", o.noun, info.GetName(), bytesText(uint64(info.GetSize())))
 			return nil
 		},
 	}
-	cmd.Flags().StringArrayVar(&labels, "label", nil, "secret label KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&labels, "label", nil, o.noun+" label KEY=VALUE (repeatable)")
 	return cmd
 }
 
-// secretViews lists the secrets, sorted by name.
-func (a *app) secretViews(cmd *cobra.Command) ([]secretView, error) {
+// secretViews lists the secrets (or configs), sorted by name.
+func (a *app) secretViews(cmd *cobra.Command, o fileObject) ([]secretView, error) {
 	c, ctx, done, err := a.statdCall(cmd)
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	resp, err := c.Secrets.ListSecrets(ctx, &clusterv1.ListSecretsRequest{})
+	resp, err := c.Secrets.ListSecrets(ctx, &clusterv1.ListSecretsRequest{Configs: o.config})
 	if err != nil {
 		return nil, err
 	}
@@ -120,17 +152,46 @@ func (a *app) secretViews(cmd *cobra.Command) ([]secretView, error) {
 	return views, nil
 }
 
-func (a *app) secretLs() *cobra.Command {
+// secretView is secret (or config) name, with a config's data: a
+// secret's data does not even leave statd.
+func (a *app) secretView(cmd *cobra.Command, o fileObject, name string) (secretView, error) {
+	if o.config {
+		c, ctx, done, err := a.statdCall(cmd)
+		if err != nil {
+			return secretView{}, err
+		}
+		defer done()
+		resp, err := c.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: name, Config: true})
+		if err != nil {
+			return secretView{}, err
+		}
+		v := secretViewOf(resp.GetInfo())
+		v.Data = string(resp.GetData())
+		return v, nil
+	}
+	views, err := a.secretViews(cmd, o)
+	if err != nil {
+		return secretView{}, err
+	}
+	for _, v := range views {
+		if v.Name == name {
+			return v, nil
+		}
+	}
+	return secretView{}, notFoundError{fmt.Errorf("secret %s does not exist (`shoalctl secret ls` lists them)", name)}
+}
+
+func (a *app) secretLs(o fileObject) *cobra.Command {
 	var format string
 	cmd := &cobra.Command{
 		Use:   "ls",
-		Short: "List secrets (never their data)",
+		Short: "List " + o.noun + "s, without their data",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
-			views, err := a.secretViews(cmd)
+			views, err := a.secretViews(cmd, o)
 			if err != nil {
 				return err
 			}
@@ -147,43 +208,44 @@ func (a *app) secretLs() *cobra.Command {
 	return cmd
 }
 
-func (a *app) secretInspect() *cobra.Command {
+func (a *app) secretInspect(o fileObject) *cobra.Command {
 	var format string
+	short := "Show a secret's size, creation and labels (never its data)"
+	if o.config {
+		short = "Show a config: its size, creation, labels and data"
+	}
 	cmd := &cobra.Command{
 		Use:   "inspect NAME",
-		Short: "Show a secret's size, creation and labels (never its data)",
+		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
 			}
-			views, err := a.secretViews(cmd)
+			v, err := a.secretView(cmd, o, args[0])
 			if err != nil {
 				return err
 			}
-			for _, v := range views {
-				if v.Name != args[0] {
-					continue
+			return render(a.out, format, v, func(tw *tabwriter.Writer) {
+				fmt.Fprintf(tw, "NAME\t%s\nSIZE\t%s\nCREATED\t%s\nON\t%s\nLABELS\t%s\n",
+					v.Name, bytesText(uint64(v.Size)), v.Created.Local().Format(time.RFC3339), v.CreatedOn, labelsText(v.Labels))
+				if o.config {
+					fmt.Fprintf(tw, "DATA\n%s", v.Data)
 				}
-				return render(a.out, format, v, func(tw *tabwriter.Writer) {
-					fmt.Fprintf(tw, "NAME\t%s\nSIZE\t%s\nCREATED\t%s\nON\t%s\nLABELS\t%s\n",
-						v.Name, bytesText(uint64(v.Size)), v.Created.Local().Format(time.RFC3339), v.CreatedOn, labelsText(v.Labels))
-				})
-			}
-			return notFoundError{fmt.Errorf("secret %s does not exist (`shoalctl secret ls` lists them)", args[0])}
+			})
 		},
 	}
 	outputFlag(cmd, &format)
 	return cmd
 }
 
-func (a *app) secretRm() *cobra.Command {
+func (a *app) secretRm(o fileObject) *cobra.Command {
 	return &cobra.Command{
 		Use:   "rm NAME...",
-		Short: "Remove secrets no service uses",
-		Long: `Removes secrets. Refused while a service's spec, or the previous spec a
-rollback returns to, names the secret: remove the service, or update it
-without the secret, first.`,
+		Short: "Remove " + o.noun + "s no service uses",
+		Long: fmt.Sprintf(`Removes %[1]ss. Refused while a service's spec, or the previous spec a
+rollback returns to, names the %[1]s: remove the service, or update it
+without the %[1]s, first.`, o.noun),
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, ctx, done, err := a.scheddCall(cmd)
@@ -192,10 +254,10 @@ without the secret, first.`,
 			}
 			defer done()
 			return a.eachName(args, func(name string) error {
-				if _, err := c.RemoveSecret(ctx, &schedv1.RemoveSecretRequest{Name: name}); err != nil {
+				if _, err := c.RemoveSecret(ctx, &schedv1.RemoveSecretRequest{Name: name, Config: o.config}); err != nil {
 					return err
 				}
-				fmt.Fprintf(a.out, "removed secret %s\n", name)
+				fmt.Fprintf(a.out, "removed %s %s\n", o.noun, name)
 				return nil
 			})
 		},

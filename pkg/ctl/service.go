@@ -47,6 +47,7 @@ type specFlags struct {
 	replicas                                               int
 	global                                                 bool
 	env, constraints, labels, publish, volumes, secrets    []string
+	configs                                                []string
 	healthCmd, network                                     string
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts                int
@@ -82,6 +83,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVarP(&f.publish, "publish", "p", nil, "publish a port HOST:CONTAINER[/tcp|udp] (repeatable)")
 	fs.StringArrayVar(&f.volumes, "volume", nil, "mount replicated volume NAME at /path in the container, NAME:/path[:ro] (repeatable; see shoalctl volume create)")
 	fs.StringArrayVar(&f.secrets, "secret", nil, "hand secret NAME to each task as the file /run/secrets/NAME; NAME:FILE for /run/secrets/FILE, NAME:/path for /path (repeatable; see shoalctl secret create)")
+	fs.StringArrayVar(&f.configs, "config", nil, "hand config NAME to each task as the file /NAME; NAME:FILE for /FILE, NAME:/path for /path (repeatable; see shoalctl config create)")
 	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
@@ -199,6 +201,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("secret") {
 		spec.Secrets = f.secrets
+	}
+	if fs.Changed("config") {
+		spec.Configs = f.configs
 	}
 	if fs.Changed("network") {
 		spec.Network = f.network

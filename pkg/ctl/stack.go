@@ -31,9 +31,9 @@ func (a *app) stackCommand() *cobra.Command {
 		Short: "Deploy Compose files as stacks of services",
 		Long: `A stack is the services of a Compose file, deployed together as Docker
 Swarm's docker stack deploy does: service web of stack app is the service
-app-web, which the stack's tasks also reach by the name web. Secrets and
-named volumes the file defines are created with the stack (app_KEY and
-app-KEY); external ones must exist.`,
+app-web, which the stack's tasks also reach by the name web. Secrets,
+configs and named volumes the file defines are created with the stack
+(app_KEY, app_KEY and app-KEY); external ones must exist.`,
 	}
 	cmd.AddCommand(a.stackDeploy(), a.stackLs(), a.stackServices(), a.stackPs(), a.stackRm())
 	return cmd
@@ -77,7 +77,11 @@ files is checked before anything is changed.`,
 			for _, warning := range plan.Warnings {
 				fmt.Fprintf(a.errOut, "warning: %s\n", warning)
 			}
-			data, err := secretData(plan.Secrets)
+			secrets, err := fileData(secretObject, plan.Secrets)
+			if err != nil {
+				return usageError{err}
+			}
+			configs, err := fileData(configObject, plan.Configs)
 			if err != nil {
 				return usageError{err}
 			}
@@ -86,7 +90,10 @@ files is checked before anything is changed.`,
 				return err
 			}
 			defer d.close()
-			if err := d.secrets(data); err != nil {
+			if err := d.files(secretObject, plan.Secrets, secrets); err != nil {
+				return err
+			}
+			if err := d.files(configObject, plan.Configs, configs); err != nil {
 				return err
 			}
 			if err := d.volumes(); err != nil {
@@ -110,11 +117,11 @@ files is checked before anything is changed.`,
 	return cmd
 }
 
-// secretData reads the data of the secrets a stack creates, before
-// anything is changed: a missing file fails the deploy whole.
-func secretData(secrets []stack.Secret) (map[string][]byte, error) {
+// fileData reads the data of the secrets (or configs) a stack creates,
+// before anything is changed: a missing file fails the deploy whole.
+func fileData(o fileObject, files []stack.File) (map[string][]byte, error) {
 	out := map[string][]byte{}
-	for _, s := range secrets {
+	for _, s := range files {
 		if s.External {
 			continue
 		}
@@ -123,20 +130,20 @@ func secretData(secrets []stack.Secret) (map[string][]byte, error) {
 		case s.File != "":
 			b, err := os.ReadFile(s.File)
 			if err != nil {
-				return nil, fmt.Errorf("secret %s: %w", s.Key, err)
+				return nil, fmt.Errorf("%s %s: %w", o.noun, s.Key, err)
 			}
 			data = b
 		case s.Env != "":
 			v, ok := os.LookupEnv(s.Env)
 			if !ok {
-				return nil, fmt.Errorf("secret %s: environment variable %s is not set", s.Key, s.Env)
+				return nil, fmt.Errorf("%s %s: environment variable %s is not set", o.noun, s.Key, s.Env)
 			}
 			data = []byte(v)
 		default:
 			data = []byte(s.Content)
 		}
 		if len(data) == 0 || len(data) > secret.MaxSize {
-			return nil, fmt.Errorf("secret %s: %d bytes; a secret holds 1 byte to 500 KiB", s.Key, len(data))
+			return nil, fmt.Errorf("%s %s: %d bytes; a %s holds 1 byte to 500 KiB", o.noun, s.Key, len(data), o.noun)
 		}
 		out[s.Name] = data
 	}
@@ -170,28 +177,28 @@ func (d *stackDeployer) close() {
 	d.schedd.Close()
 }
 
-// secrets creates the stack's secrets that do not exist yet, and checks
-// that the others hold what the files say: a secret cannot change, so a
-// changed one must get a new name.
-func (d *stackDeployer) secrets(data map[string][]byte) error {
+// files creates the stack's secrets (or configs) that do not exist yet,
+// and checks that the others hold what the files say: neither can
+// change, so a changed one must get a new name.
+func (d *stackDeployer) files(o fileObject, files []stack.File, data map[string][]byte) error {
 	ctx, cancel := d.a.ctx(d.cmd)
 	defer cancel()
-	for _, s := range d.plan.Secrets {
-		cur, err := d.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: s.Name})
+	for _, s := range files {
+		cur, err := d.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: s.Name, Config: o.config})
 		switch {
 		case status.Code(err) == codes.NotFound && s.External:
-			return fmt.Errorf("secret %s is external but does not exist: create it with `shoalctl secret create %s FILE`", s.Name, s.Name)
+			return fmt.Errorf("%s %s is external but does not exist: create it with `shoalctl %s create %s FILE`", o.noun, s.Name, o.noun, s.Name)
 		case status.Code(err) == codes.NotFound:
 			if _, err := d.statd.Secrets.CreateSecret(ctx, &clusterv1.CreateSecretRequest{
-				Name: s.Name, Data: data[s.Name], Labels: map[string]string{stack.LabelStack: d.plan.Stack},
+				Name: s.Name, Data: data[s.Name], Labels: map[string]string{stack.LabelStack: d.plan.Stack}, Config: o.config,
 			}); err != nil {
-				return fmt.Errorf("secret %s: %w", s.Name, err)
+				return fmt.Errorf("%s %s: %w", o.noun, s.Name, err)
 			}
-			fmt.Fprintf(d.a.errOut, "secret %s created\n", s.Name)
+			fmt.Fprintf(d.a.errOut, "%s %s created\n", o.noun, s.Name)
 		case err != nil:
-			return fmt.Errorf("secret %s: %w", s.Name, err)
+			return fmt.Errorf("%s %s: %w", o.noun, s.Name, err)
 		case !s.External && !bytes.Equal(cur.GetData(), data[s.Name]):
-			return fmt.Errorf("secret %s changed, and a secret cannot change: give it a new name in the file (name: %s_v2, say); the services then get the new one by a rolling update", s.Name, s.Name)
+			return fmt.Errorf("%[1]s %[2]s changed, and a %[1]s cannot change: give it a new name in the file (name: %[2]s_v2, say); the services then get the new one by a rolling update", o.noun, s.Name)
 		}
 	}
 	return nil
@@ -433,9 +440,9 @@ func (a *app) stackRm() *cobra.Command {
 	var w waitFlags
 	cmd := &cobra.Command{
 		Use:   "rm NAME...",
-		Short: "Remove stacks: their services, and the secrets they created",
+		Short: "Remove stacks: their services, and the secrets and configs they created",
 		Long: `Removes every service of each stack and, once their tasks have stopped,
-the secrets the stack created. Volumes are kept, with their data (remove
+the secrets and configs the stack created. Volumes are kept, with their data (remove
 them with shoalctl volume rm), as Docker keeps a stack's volumes.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -473,29 +480,31 @@ them with shoalctl volume rm), as Docker keeps a stack's volumes.`,
 		},
 	}
 	w.bind(cmd.Flags())
-	cmd.Flags().Lookup("detach").Usage = "return once the services are removed, without waiting for their tasks or removing the stack's secrets"
+	cmd.Flags().Lookup("detach").Usage = "return once the services are removed, without waiting for their tasks or removing the stack's secrets and configs"
 	return cmd
 }
 
-// removeStackSecrets removes the secrets stack name created.
+// removeStackSecrets removes the secrets and configs stack name created.
 func (a *app) removeStackSecrets(ctx context.Context, st *client.Statd, c *client.Schedd, name string) error {
-	resp, err := st.Secrets.ListSecrets(ctx, &clusterv1.ListSecretsRequest{})
-	if err != nil {
-		return err
-	}
 	var failed []string
-	for _, s := range resp.GetSecrets() {
-		if s.GetLabels()[stack.LabelStack] != name {
-			continue
+	for _, o := range []fileObject{secretObject, configObject} {
+		resp, err := st.Secrets.ListSecrets(ctx, &clusterv1.ListSecretsRequest{Configs: o.config})
+		if err != nil {
+			return err
 		}
-		if _, err := c.RemoveSecret(ctx, &schedv1.RemoveSecretRequest{Name: s.GetName()}); err != nil {
-			failed = append(failed, fmt.Sprintf("%s (%s)", s.GetName(), describe(err)))
-			continue
+		for _, s := range resp.GetSecrets() {
+			if s.GetLabels()[stack.LabelStack] != name {
+				continue
+			}
+			if _, err := c.RemoveSecret(ctx, &schedv1.RemoveSecretRequest{Name: s.GetName(), Config: o.config}); err != nil {
+				failed = append(failed, fmt.Sprintf("%s %s (%s)", o.noun, s.GetName(), describe(err)))
+				continue
+			}
+			fmt.Fprintf(a.errOut, "%s %s removed\n", o.noun, s.GetName())
 		}
-		fmt.Fprintf(a.errOut, "secret %s removed\n", s.GetName())
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("stack %s: secrets kept: %s", name, strings.Join(failed, "; "))
+		return fmt.Errorf("stack %s: kept %s", name, strings.Join(failed, "; "))
 	}
 	return nil
 }

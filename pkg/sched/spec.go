@@ -58,6 +58,9 @@ type ServiceSpec struct {
 	// Secrets are cluster secrets to hand to each task as a read-only
 	// file, as "NAME" or "NAME:TARGET" (see ParseSecret).
 	Secrets []string `json:"secrets,omitempty"`
+	// Configs are cluster configs, handed to each task alike (see
+	// ParseConfig).
+	Configs []string `json:"configs,omitempty"`
 	// Stack is the stack (shoalctl stack deploy) the service belongs to,
 	// "" for none. A stack's service is named <stack>-<name> and also
 	// answers DNS as <name>.<stack>.shoal, which its stack's tasks reach
@@ -204,9 +207,10 @@ func ParseVolume(s string) (VolumeMount, error) {
 // entry names a path: Docker Swarm's place.
 const SecretsDir = "/run/secrets"
 
-// SecretMount is a parsed secret entry of a service.
-type SecretMount struct {
-	// Name is the secret (shoalctl secret create).
+// FileMount is a parsed secret or config entry of a service: a file the
+// task's node writes and bind-mounts read-only into the container.
+type FileMount struct {
+	// Name is the secret or config (shoalctl secret|config create).
 	Name string
 	// Target is the absolute path of its file in the container.
 	Target string
@@ -214,28 +218,34 @@ type SecretMount struct {
 
 // ParseSecret parses "NAME" (the file /run/secrets/NAME), "NAME:FILE"
 // (/run/secrets/FILE) or "NAME:/abs/path".
-func ParseSecret(s string) (SecretMount, error) {
+func ParseSecret(s string) (FileMount, error) { return parseFileMount("secret", SecretsDir, s) }
+
+// ParseConfig parses "NAME" (the file /NAME, Docker Swarm's default),
+// "NAME:FILE" (/FILE) or "NAME:/abs/path".
+func ParseConfig(s string) (FileMount, error) { return parseFileMount("config", "/", s) }
+
+func parseFileMount(noun, dir, s string) (FileMount, error) {
 	name, target, hasTarget := strings.Cut(s, ":")
 	if err := secret.ValidName(name); err != nil {
-		return SecretMount{}, fmt.Errorf("secret %q: %v", s, err)
+		return FileMount{}, fmt.Errorf("%s %q: %s %v", noun, s, noun, err)
 	}
 	if !hasTarget {
 		target = name
 	}
 	if target == "" {
-		return SecretMount{}, fmt.Errorf("secret %q: want NAME, NAME:FILE or NAME:/path", s)
+		return FileMount{}, fmt.Errorf("%s %q: want NAME, NAME:FILE or NAME:/path", noun, s)
 	}
 	if !path.IsAbs(target) {
 		if target == "." || target == ".." || strings.Contains(target, "/") {
-			return SecretMount{}, fmt.Errorf("secret %q: file %q must be a plain file name (it goes in %s), or an absolute path", s, target, SecretsDir)
+			return FileMount{}, fmt.Errorf("%s %q: file %q must be a plain file name (it goes in %s), or an absolute path", noun, s, target, dir)
 		}
-		target = path.Join(SecretsDir, target)
+		target = path.Join(dir, target)
 	}
 	target = path.Clean(target)
 	if target == "/" {
-		return SecretMount{}, fmt.Errorf("secret %q: path %q must name a file", s, target)
+		return FileMount{}, fmt.Errorf("%s %q: path %q must name a file", noun, s, target)
 	}
-	return SecretMount{Name: name, Target: target}, nil
+	return FileMount{Name: name, Target: target}, nil
 }
 
 var volumeName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -532,16 +542,21 @@ func (s ServiceSpec) Validate() error {
 		}
 		targets[m.Target] = true
 	}
-	for _, v := range d.Secrets {
-		m, err := ParseSecret(v)
-		if err != nil {
-			add("%v", err)
-			continue
+	for _, files := range []struct {
+		entries []string
+		parse   func(string) (FileMount, error)
+	}{{d.Secrets, ParseSecret}, {d.Configs, ParseConfig}} {
+		for _, v := range files.entries {
+			m, err := files.parse(v)
+			if err != nil {
+				add("%v", err)
+				continue
+			}
+			if targets[m.Target] {
+				add("two volumes, secrets or configs are mounted at %s", m.Target)
+			}
+			targets[m.Target] = true
 		}
-		if targets[m.Target] {
-			add("two volumes or secrets are mounted at %s", m.Target)
-		}
-		targets[m.Target] = true
 	}
 	return errors.Join(errs...)
 }

@@ -88,11 +88,17 @@ func TestValidate(t *testing.T) {
 		{"secret file dot-dot", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:.."} }, "must be a plain file name"},
 		{"secret empty target", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:"} }, "want NAME, NAME:FILE or NAME:/path"},
 		{"secret on root", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:/"} }, "must name a file"},
-		{"secrets on one path", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:x", "b:/run/secrets/x"} }, "two volumes or secrets are mounted at /run/secrets/x"},
+		{"secrets on one path", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:x", "b:/run/secrets/x"} }, "two volumes, secrets or configs are mounted at /run/secrets/x"},
+		{"configs", func(s *sched.ServiceSpec) { s.Configs = []string{"nginx.conf:/etc/nginx/nginx.conf", "motd"} }, ""},
+		{"config bad name", func(s *sched.ServiceSpec) { s.Configs = []string{"-x"} }, `config "-x": config name "-x" is invalid`},
+		{"config on a secret's path", func(s *sched.ServiceSpec) {
+			s.Secrets = []string{"a:/etc/a"}
+			s.Configs = []string{"b:/etc/a"}
+		}, "two volumes, secrets or configs are mounted at /etc/a"},
 		{"secret on a volume's path", func(s *sched.ServiceSpec) {
 			s.Volumes = []string{"data:/data"}
 			s.Secrets = []string{"a:/data"}
-		}, "two volumes or secrets are mounted at /data"},
+		}, "two volumes, secrets or configs are mounted at /data"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := validSpec()
@@ -269,7 +275,7 @@ func TestParseVolume(t *testing.T) {
 }
 
 func TestParseSecret(t *testing.T) {
-	for in, want := range map[string]sched.SecretMount{
+	for in, want := range map[string]sched.FileMount{
 		"db-pass":                  {Name: "db-pass", Target: "/run/secrets/db-pass"},
 		"db-pass:pw":               {Name: "db-pass", Target: "/run/secrets/pw"},
 		"tls.key:/etc/tls/key.pem": {Name: "tls.key", Target: "/etc/tls/key.pem"},
@@ -278,6 +284,19 @@ func TestParseSecret(t *testing.T) {
 		got, err := sched.ParseSecret(in)
 		if err != nil || got != want {
 			t.Errorf("ParseSecret(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+}
+
+func TestParseConfig(t *testing.T) {
+	for in, want := range map[string]sched.FileMount{
+		"motd":              {Name: "motd", Target: "/motd"},
+		"site:site.conf":    {Name: "site", Target: "/site.conf"},
+		"nginx:/etc/n.conf": {Name: "nginx", Target: "/etc/n.conf"},
+	} {
+		got, err := sched.ParseConfig(in)
+		if err != nil || got != want {
+			t.Errorf("ParseConfig(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
 }

@@ -790,7 +790,7 @@ func (s *api) RemoveSecret(ctx context.Context, req *schedv1.RemoveSecretRequest
 	if err := s.ready(); err != nil {
 		return nil, err
 	}
-	if err := s.n.removeSecret(ctx, req.GetName()); err != nil {
+	if err := s.n.removeSecret(ctx, kindOf(req.GetConfig()), req.GetName()); err != nil {
 		return nil, err
 	}
 	return &schedv1.RemoveSecretResponse{}, nil

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/containerd/errdefs"
 	"github.com/moby/sys/mountinfo"
@@ -23,14 +24,35 @@ import (
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
-// A task's secrets are files in a tmpfs of its own, <state>/secrets/<task>,
-// each bind-mounted read-only into the container: the data statd opened
-// never touches a disk. The tmpfs lives as long as the task can run
+// A task's secrets (and configs) are files in a tmpfs of its own,
+// <state>/secrets/<task>, each bind-mounted read-only into the container:
+// the data statd opened never touches a disk. The tmpfs lives as long as the task can run
 // again; it goes when the task ends for good or is removed, and a schedd
 // that starts drops those whose task is gone.
 
-// secretsPrefix is where statd keeps secrets (statd's secrets.go).
-const secretsPrefix = "/secrets/"
+// fileKind is secrets or configs: where statd keeps them (statd's
+// secrets.go), and how a spec names them.
+type fileKind struct {
+	noun, prefix string
+	config       bool
+	entries      func(sched.ServiceSpec) []string
+	parse        func(string) (sched.FileMount, error)
+}
+
+var (
+	secretKind = fileKind{noun: "secret", prefix: "/secrets/",
+		entries: func(s sched.ServiceSpec) []string { return s.Secrets }, parse: sched.ParseSecret}
+	configKind = fileKind{noun: "config", prefix: "/configs/", config: true,
+		entries: func(s sched.ServiceSpec) []string { return s.Configs }, parse: sched.ParseConfig}
+	fileKinds = []fileKind{secretKind, configKind}
+)
+
+func kindOf(config bool) fileKind {
+	if config {
+		return configKind
+	}
+	return secretKind
+}
 
 // secretDir is the tmpfs of a task's secrets.
 func (n *node) secretDir(taskID string) string {
@@ -41,26 +63,28 @@ func (n *node) secretDir(taskID string) string {
 // bind mounts to ts. A task restarted in place writes them again, from
 // the secret as it is now.
 func (n *node) mountSecrets(ctx context.Context, t sched.Task, spec sched.ServiceSpec, ts *shoalrt.TaskSpec) error {
-	if len(spec.Secrets) == 0 {
-		return nil
-	}
 	type file struct {
 		target string
 		data   []byte
 	}
 	var files []file
 	total := 0
-	for _, s := range spec.Secrets {
-		m, err := sched.ParseSecret(s)
-		if err != nil {
-			return err // validated on create: only a hand-edited document gets here
+	for _, k := range fileKinds {
+		for _, s := range k.entries(spec) {
+			m, err := k.parse(s)
+			if err != nil {
+				return err // validated on create: only a hand-edited document gets here
+			}
+			resp, err := n.readSecret(ctx, k, m.Name)
+			if err != nil {
+				return fmt.Errorf("%s %s from shoal-statd: %w", k.noun, m.Name, err)
+			}
+			files = append(files, file{m.Target, resp.GetData()})
+			total += len(resp.GetData())
 		}
-		resp, err := n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: m.Name})
-		if err != nil {
-			return fmt.Errorf("secret %s from shoal-statd: %w", m.Name, err)
-		}
-		files = append(files, file{m.Target, resp.GetData()})
-		total += len(resp.GetData())
+	}
+	if len(files) == 0 {
+		return nil
 	}
 	dir := n.secretDir(t.ID)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -88,6 +112,29 @@ func (n *node) mountSecrets(ctx context.Context, t sched.Task, spec sched.Servic
 		ts.Mounts = append(ts.Mounts, shoalrt.Mount{Source: src, Target: f.target, ReadOnly: true})
 	}
 	return nil
+}
+
+// secretArrival bounds how long a task's start waits for a secret this
+// node's statd does not have yet: one created on another node a moment
+// before (a stack deploy creates its secrets, then its services) reaches
+// it by gossip within a second or so.
+const secretArrival = 10 * time.Second
+
+// readSecret reads secret (or config) name from this node's statd,
+// waiting up to secretArrival for it to arrive.
+func (n *node) readSecret(ctx context.Context, k fileKind, name string) (*clusterv1.ReadSecretResponse, error) {
+	deadline := time.Now().Add(secretArrival)
+	for {
+		resp, err := n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: name, Config: k.config})
+		if status.Code(err) != codes.NotFound || !time.Now().Before(deadline) {
+			return resp, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
 }
 
 // writeSecretFile replaces path with data, readable by every user of the
@@ -131,30 +178,33 @@ func (n *node) dropStaleSecrets() {
 	}
 }
 
-// checkSecrets refuses a spec that names a secret statd does not have.
+// checkSecrets refuses a spec that names a secret or config statd does
+// not have.
 func (n *node) checkSecrets(ctx context.Context, spec sched.ServiceSpec) error {
-	for _, s := range spec.Secrets {
-		m, err := sched.ParseSecret(s)
-		if err != nil {
-			return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
-		}
-		_, err = n.statd.Get(ctx, &statev1.GetRequest{Key: secretsPrefix + m.Name})
-		if status.Code(err) == codes.NotFound {
-			return fmt.Errorf("secret %s does not exist: create it with `shoalctl secret create %s FILE`: %w", m.Name, m.Name, errdefs.ErrInvalidArgument)
-		}
-		if err != nil {
-			return fmt.Errorf("secret %s: %w", m.Name, err)
+	for _, k := range fileKinds {
+		for _, s := range k.entries(spec) {
+			m, err := k.parse(s)
+			if err != nil {
+				return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+			}
+			_, err = n.statd.Get(ctx, &statev1.GetRequest{Key: k.prefix + m.Name})
+			if status.Code(err) == codes.NotFound {
+				return fmt.Errorf("%s %s does not exist: create it with `shoalctl %s create %s FILE`: %w", k.noun, m.Name, k.noun, m.Name, errdefs.ErrInvalidArgument)
+			}
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", k.noun, m.Name, err)
+			}
 		}
 	}
 	return nil
 }
 
 // secretUsers lists the services whose spec, or previous spec, names
-// secret name.
-func (n *node) secretUsers(name string) []string {
+// secret (or config) name.
+func (n *node) secretUsers(k fileKind, name string) []string {
 	names := func(spec sched.ServiceSpec) bool {
-		for _, s := range spec.Secrets {
-			if m, err := sched.ParseSecret(s); err == nil && m.Name == name {
+		for _, s := range k.entries(spec) {
+			if m, err := k.parse(s); err == nil && m.Name == name {
 				return true
 			}
 		}
@@ -171,26 +221,26 @@ func (n *node) secretUsers(name string) []string {
 	return users
 }
 
-// removeSecret deletes secret name once no service names it.
-func (n *node) removeSecret(ctx context.Context, name string) error {
+// removeSecret deletes secret (or config) name once no service names it.
+func (n *node) removeSecret(ctx context.Context, k fileKind, name string) error {
 	if err := secret.ValidName(name); err != nil {
-		return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("%s %v: %w", k.noun, err, errdefs.ErrInvalidArgument)
 	}
-	key := secretsPrefix + name
+	key := k.prefix + name
 	_, err := n.statd.Get(ctx, &statev1.GetRequest{Key: key})
 	if status.Code(err) == codes.NotFound {
-		return fmt.Errorf("secret %s does not exist (`shoalctl secret ls` lists them): %w", name, errdefs.ErrNotFound)
+		return fmt.Errorf("%s %s does not exist (`shoalctl %s ls` lists them): %w", k.noun, name, k.noun, errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return err
 	}
-	if users := n.secretUsers(name); len(users) > 0 {
-		return fmt.Errorf("secret %s is used by service %s (its spec, or the previous one a rollback returns to): remove them, or update them without it, first: %w",
-			name, strings.Join(users, ", "), errdefs.ErrFailedPrecondition)
+	if users := n.secretUsers(k, name); len(users) > 0 {
+		return fmt.Errorf("%s %s is used by service %s (its spec, or the previous one a rollback returns to): remove them, or update them without it, first: %w",
+			k.noun, name, strings.Join(users, ", "), errdefs.ErrFailedPrecondition)
 	}
 	if _, err := n.statd.Delete(ctx, &statev1.DeleteRequest{Key: key}); err != nil {
-		return fmt.Errorf("delete secret %s: %w", name, err)
+		return fmt.Errorf("delete %s %s: %w", k.noun, name, err)
 	}
-	n.log.Info("secret removed", "secret", name)
+	n.log.Info(k.noun+" removed", k.noun, name)
 	return nil
 }

@@ -42,12 +42,13 @@ const version byte = 1
 
 var nameRE = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9_.-]{0,62}[A-Za-z0-9])?$`)
 
-// ValidName checks a secret name: 1 to 64 letters, digits, '_', '.' or
-// '-', starting and ending with a letter or digit (it is a state key and,
-// by default, a file name in /run/secrets).
+// ValidName checks a secret's (or config's) name: 1 to 64 letters,
+// digits, '_', '.' or '-', starting and ending with a letter or digit (it
+// is a state key and, by default, a file name in the container). Callers
+// put their noun before the error: "secret name … is invalid".
 func ValidName(name string) error {
 	if !nameRE.MatchString(name) {
-		return fmt.Errorf("secret name %q is invalid: use 1-64 letters, digits, '_', '.' or '-', starting and ending with a letter or digit", name)
+		return fmt.Errorf("name %q is invalid: use 1-64 letters, digits, '_', '.' or '-', starting and ending with a letter or digit", name)
 	}
 	return nil
 }

@@ -10,9 +10,9 @@
 //   - service web of stack app is the Shoal service app-web (a DNS label;
 //     Swarm's app_web is not one), which the stack's tasks also reach as
 //     web (sched.ServiceSpec.Stack);
-//   - a secret or volume the file defines is the stack's: app_KEY for a
-//     secret (Swarm's name), app-KEY for a volume (volume names are DNS
-//     labels too); an external one keeps its name;
+//   - a secret, config or volume the file defines is the stack's: app_KEY
+//     for a secret or config (Swarm's name), app-KEY for a volume (volume
+//     names are DNS labels too); an external one keeps its name;
 //   - deploy: mode, replicas, resources, placement constraints,
 //     restart_policy, update_config and labels map to the spec's fields.
 //
@@ -38,8 +38,8 @@ import (
 	"github.com/shoal-dev/shoal/pkg/secret"
 )
 
-// LabelStack marks what a stack created beside its services (secrets), so
-// that `stack rm` removes it too.
+// LabelStack marks what a stack created beside its services (secrets and
+// configs), so that `stack rm` removes it too.
 const LabelStack = "shoal.stack"
 
 // Plan is what a Compose project becomes.
@@ -47,22 +47,25 @@ type Plan struct {
 	Stack string
 	// Services are sorted by name.
 	Services []sched.ServiceSpec
-	// Secrets and Volumes are those the services use, sorted by name.
-	Secrets []Secret
+	// Secrets, Configs and Volumes are those the services use, sorted by
+	// name.
+	Secrets []File
+	Configs []File
 	Volumes []Volume
 	// Warnings name what was ignored, as Swarm ignores it.
 	Warnings []string
 }
 
-// Secret is a secret the stack's services use.
-type Secret struct {
-	// Key is its name in the file; Name is the cluster secret's.
+// File is a secret or config the stack's services use.
+type File struct {
+	// Key is its name in the file; Name is the cluster secret's or
+	// config's.
 	Key, Name string
-	// External secrets must exist; the stack neither creates nor removes
+	// External ones must exist; the stack neither creates nor removes
 	// them.
 	External bool
-	// The source of a secret the stack creates: a file (absolute, as
-	// compose-go resolves it), an environment variable, or inline content.
+	// The source of one the stack creates: a file (absolute, as compose-go
+	// resolves it), an environment variable, or inline content.
 	File, Env, Content string
 }
 
@@ -89,7 +92,7 @@ func ValidName(name string) error {
 // serviceKeys are the service options Shoal maps; ignoredKeys those it
 // ignores with a warning, as Swarm does. Any other option is refused.
 var (
-	serviceKeys = []string{"image", "command", "environment", "deploy", "ports", "volumes", "secrets",
+	serviceKeys = []string{"image", "command", "environment", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
@@ -106,11 +109,11 @@ func Convert(p *types.Project, stack string) (Plan, error) {
 	if len(p.Services) == 0 {
 		return plan, errors.New("the file defines no services")
 	}
-	secrets := map[string]Secret{}
+	secrets, configs := map[string]File{}, map[string]File{}
 	volumes := map[string]Volume{}
 	for _, key := range slices.Sorted(maps.Keys(p.Services)) {
 		svc := p.Services[key]
-		spec, warnings, err := convertService(p, stack, svc, secrets, volumes)
+		spec, warnings, err := convertService(p, stack, svc, secrets, configs, volumes)
 		plan.Warnings = append(plan.Warnings, warnings...)
 		if err == nil {
 			err = spec.Validate()
@@ -127,6 +130,9 @@ func Convert(p *types.Project, stack string) (Plan, error) {
 	for _, k := range slices.Sorted(maps.Keys(secrets)) {
 		plan.Secrets = append(plan.Secrets, secrets[k])
 	}
+	for _, k := range slices.Sorted(maps.Keys(configs)) {
+		plan.Configs = append(plan.Configs, configs[k])
+	}
 	for _, k := range slices.Sorted(maps.Keys(volumes)) {
 		plan.Volumes = append(plan.Volumes, volumes[k])
 	}
@@ -136,7 +142,7 @@ func Convert(p *types.Project, stack string) (Plan, error) {
 	return plan, nil
 }
 
-func convertService(p *types.Project, stack string, svc types.ServiceConfig, secrets map[string]Secret, volumes map[string]Volume) (sched.ServiceSpec, []string, error) {
+func convertService(p *types.Project, stack string, svc types.ServiceConfig, secrets, configs map[string]File, volumes map[string]Volume) (sched.ServiceSpec, []string, error) {
 	var errs []error
 	var warnings []string
 	fail := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
@@ -216,17 +222,44 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 		volumes[vol.Key] = vol
 		spec.Volumes = append(spec.Volumes, entry)
 	}
-	for _, s := range svc.Secrets {
-		entry, sec, err := secretOf(p, stack, s)
-		if err != nil {
-			fail("%v", err)
-			continue
+	// Secrets and configs alike: references to what the file defines.
+	var secretRefs, configRefs []types.FileReferenceConfig
+	definedSecrets, definedConfigs := map[string]types.FileObjectConfig{}, map[string]types.FileObjectConfig{}
+	for _, ref := range svc.Secrets {
+		secretRefs = append(secretRefs, types.FileReferenceConfig(ref))
+	}
+	for _, ref := range svc.Configs {
+		configRefs = append(configRefs, types.FileReferenceConfig(ref))
+	}
+	for k, v := range p.Secrets {
+		definedSecrets[k] = types.FileObjectConfig(v)
+	}
+	for k, v := range p.Configs {
+		definedConfigs[k] = types.FileObjectConfig(v)
+	}
+	for _, kind := range []struct {
+		noun    string
+		refs    []types.FileReferenceConfig
+		defined map[string]types.FileObjectConfig
+		parse   func(string) (sched.FileMount, error)
+		into    map[string]File
+		entries *[]string
+	}{
+		{"secret", secretRefs, definedSecrets, sched.ParseSecret, secrets, &spec.Secrets},
+		{"config", configRefs, definedConfigs, sched.ParseConfig, configs, &spec.Configs},
+	} {
+		for _, ref := range kind.refs {
+			entry, f, err := fileOf(p.Name, stack, kind.noun, ref, kind.defined, kind.parse)
+			if err != nil {
+				fail("%v", err)
+				continue
+			}
+			if ref.UID != "" || ref.GID != "" || (ref.Mode != nil && *ref.Mode != 0o444) {
+				warn("%[1]s %[2]s: uid, gid and mode are ignored (a %[1]s's file is root's, mode 0444)", kind.noun, ref.Source)
+			}
+			kind.into[f.Key] = f
+			*kind.entries = append(*kind.entries, entry)
 		}
-		if s.UID != "" || s.GID != "" || (s.Mode != nil && *s.Mode != 0o444) {
-			warn("secret %s: uid, gid and mode are ignored (a secret's file is root's, mode 0444)", s.Source)
-		}
-		secrets[sec.Key] = sec
-		spec.Secrets = append(spec.Secrets, entry)
 	}
 	return spec, warnings, errors.Join(errs...)
 }
@@ -469,31 +502,33 @@ func volumeOf(p *types.Project, stack string, v types.ServiceVolumeConfig) (stri
 	return entry, vol, nil
 }
 
-func secretOf(p *types.Project, stack string, s types.ServiceSecretConfig) (string, Secret, error) {
-	sc, ok := p.Secrets[s.Source]
+// fileOf maps a service's reference to a secret or config (noun) of
+// those the file defines.
+func fileOf(project, stack, noun string, ref types.FileReferenceConfig, defined map[string]types.FileObjectConfig, parse func(string) (sched.FileMount, error)) (string, File, error) {
+	obj, ok := defined[ref.Source]
 	if !ok {
-		return "", Secret{}, fmt.Errorf("secret %s is not defined under secrets", s.Source)
+		return "", File{}, fmt.Errorf("%s %s is not defined under %ss", noun, ref.Source, noun)
 	}
-	sec := Secret{Key: s.Source, External: bool(sc.External), Name: sc.Name, File: sc.File, Env: sc.Environment, Content: sc.Content}
-	if sec.Name == "" || sec.Name == p.Name+"_"+s.Source {
-		sec.Name = stack + "_" + s.Source
-		if sec.External {
-			sec.Name = s.Source
+	f := File{Key: ref.Source, External: bool(obj.External), Name: obj.Name, File: obj.File, Env: obj.Environment, Content: obj.Content}
+	if f.Name == "" || f.Name == project+"_"+ref.Source {
+		f.Name = stack + "_" + ref.Source
+		if f.External {
+			f.Name = ref.Source
 		}
 	}
-	if err := secret.ValidName(sec.Name); err != nil {
-		return "", sec, err
+	if err := secret.ValidName(f.Name); err != nil {
+		return "", f, fmt.Errorf("%s %w", noun, err)
 	}
-	if !sec.External && sec.File == "" && sec.Env == "" && sec.Content == "" {
-		return "", sec, fmt.Errorf("secret %s has no file, environment or content (or mark it external)", s.Source)
+	if !f.External && f.File == "" && f.Env == "" && f.Content == "" {
+		return "", f, fmt.Errorf("%s %s has no file, environment or content (or mark it external)", noun, ref.Source)
 	}
-	target := s.Target
+	target := ref.Target
 	if target == "" {
-		target = s.Source
+		target = ref.Source
 	}
-	entry := sec.Name + ":" + target
-	if _, err := sched.ParseSecret(entry); err != nil {
-		return "", sec, err
+	entry := f.Name + ":" + target
+	if _, err := parse(entry); err != nil {
+		return "", f, err
 	}
-	return entry, sec, nil
+	return entry, f, nil
 }

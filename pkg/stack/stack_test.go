@@ -37,6 +37,7 @@ services:
     ports: ["8080:80", {target: 53, published: "5353", protocol: udp, mode: host}]
     volumes: [data:/var/www, "shared:/shared:ro"]
     secrets: [db_pass, {source: tls, target: /etc/tls/key.pem}]
+    configs: [{source: site, target: /etc/site.conf}, motd]
     healthcheck: {test: ["CMD-SHELL", "wget -q -O- localhost"], interval: 5s, retries: 2}
     stop_grace_period: 20s
     depends_on: [db]
@@ -60,6 +61,9 @@ volumes:
 secrets:
   db_pass: {file: ./db_pass.txt}
   tls: {external: true, name: site-tls}
+configs:
+  site: {content: "listen 80;"}
+  motd: {external: true}
 `)
 	plan, err := Convert(p, "app")
 	if err != nil {
@@ -82,6 +86,7 @@ secrets:
 			{Host: 5353, Container: 53, Protocol: "udp", Mode: "host"}},
 		Volumes: []string{"app-data:/var/www", "shared:/shared:ro"},
 		Secrets: []string{"app_db_pass:/run/secrets/db_pass", "site-tls:/etc/tls/key.pem"},
+		Configs: []string{"app_site:/etc/site.conf", "motd:motd"}, // /motd, Swarm's default
 	}
 	if g, w := jsonOf(t, web), jsonOf(t, want); g != w {
 		t.Errorf("web:\n got %s\nwant %s", g, w)
@@ -95,6 +100,9 @@ secrets:
 	}
 	if g := jsonOf(t, plan.Secrets); g != `[{"Key":"db_pass","Name":"app_db_pass","External":false,"File":"/work/app/db_pass.txt","Env":"","Content":""},{"Key":"tls","Name":"site-tls","External":true,"File":"","Env":"","Content":""}]` {
 		t.Errorf("secrets: %s", g)
+	}
+	if g := jsonOf(t, plan.Configs); g != `[{"Key":"motd","Name":"motd","External":true,"File":"","Env":"","Content":""},{"Key":"site","Name":"app_site","External":false,"File":"","Env":"","Content":"listen 80;"}]` {
+		t.Errorf("configs: %s", g)
 	}
 	if len(plan.Warnings) != 1 || !strings.Contains(plan.Warnings[0], "service web: depends_on is ignored") {
 		t.Errorf("warnings: %q", plan.Warnings)

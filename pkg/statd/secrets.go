@@ -26,7 +26,26 @@ import (
 //
 // A create writes them all at once, with one stamp, so concurrent creates
 // of one name on two nodes converge on one of them whole.
-const prefixSecrets = "/secrets/"
+//
+// Configs are kept alike under prefixConfigs, their data in plain text.
+const (
+	prefixSecrets = "/secrets/"
+	prefixConfigs = "/configs/"
+)
+
+// kind is what a call is about: secrets, or configs.
+type kind struct {
+	noun   string // for messages
+	prefix string
+	sealed bool
+}
+
+func kindOf(config bool) kind {
+	if config {
+		return kind{noun: "config", prefix: prefixConfigs}
+	}
+	return kind{noun: "secret", prefix: prefixSecrets, sealed: true}
+}
 
 // secretsServer serves shoal.cluster.v1.Secrets on the local socket.
 type secretsServer struct {
@@ -48,41 +67,44 @@ func (c *cluster) sealingKey() ([]byte, error) {
 
 func (s *secretsServer) CreateSecret(ctx context.Context, req *clusterv1.CreateSecretRequest) (*clusterv1.SecretInfo, error) {
 	c := s.c
+	k := kindOf(req.GetConfig())
 	name, data := req.GetName(), req.GetData()
 	if err := secret.ValidName(name); err != nil {
-		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s %v: %w", k.noun, err, errdefs.ErrInvalidArgument)
 	}
 	switch {
 	case len(data) == 0:
-		return nil, fmt.Errorf("secret %s is empty: %w", name, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s %s is empty: %w", k.noun, name, errdefs.ErrInvalidArgument)
 	case len(data) > secret.MaxSize:
-		return nil, fmt.Errorf("secret %s is %d bytes; the limit is %d (500 KiB): %w", name, len(data), secret.MaxSize, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s %s is %d bytes; the limit is %d (500 KiB): %w", k.noun, name, len(data), secret.MaxSize, errdefs.ErrInvalidArgument)
 	}
-	for k := range req.GetLabels() {
-		if k == "" {
-			return nil, fmt.Errorf("secret %s: a label has an empty key: %w", name, errdefs.ErrInvalidArgument)
+	for l := range req.GetLabels() {
+		if l == "" {
+			return nil, fmt.Errorf("%s %s: a label has an empty key: %w", k.noun, name, errdefs.ErrInvalidArgument)
 		}
 	}
 	key, err := c.sealingKey()
 	if err != nil {
 		return nil, err
 	}
-	if _, _, err := c.st.Get(prefixSecrets + name); err == nil {
-		return nil, fmt.Errorf("secret %s already exists (a secret cannot change: create one under another name and update the services that use it): %w", name, errdefs.ErrAlreadyExists)
+	if _, _, err := c.st.Get(k.prefix + name); err == nil {
+		return nil, fmt.Errorf("%s %s already exists (a %s cannot change: create one under another name and update the services that use it): %w", k.noun, name, k.noun, errdefs.ErrAlreadyExists)
 	} else if !errdefs.IsNotFound(err) {
 		return nil, err
 	}
-	sealed, err := secret.Seal(key, name, data)
-	if err != nil {
-		return nil, err
+	stored := data
+	if k.sealed {
+		if stored, err = secret.Seal(key, name, data); err != nil {
+			return nil, err
+		}
 	}
 	labels, err := json.Marshal(req.GetLabels())
 	if err != nil {
 		return nil, err
 	}
 	now := time.Now()
-	if _, err := c.st.Put(ctx, prefixSecrets+name, map[string]crdt.Value{
-		"data":       crdt.Bytes(sealed),
+	if _, err := c.st.Put(ctx, k.prefix+name, map[string]crdt.Value{
+		"data":       crdt.Bytes(stored),
 		"size":       crdt.Int(int64(len(data))),
 		"created":    crdt.Int(now.UnixNano()),
 		"created_on": crdt.String(c.nodeID),
@@ -90,20 +112,21 @@ func (s *secretsServer) CreateSecret(ctx context.Context, req *clusterv1.CreateS
 	}); err != nil {
 		return nil, err
 	}
-	c.log.Info("secret created", "secret", name, "size", len(data))
+	c.log.Info(k.noun+" created", k.noun, name, "size", len(data))
 	return &clusterv1.SecretInfo{Name: name, Size: int64(len(data)), Created: timestamppb.New(now), CreatedOn: c.nodeID, Labels: req.GetLabels()}, nil
 }
 
-func (s *secretsServer) ListSecrets(ctx context.Context, _ *clusterv1.ListSecretsRequest) (*clusterv1.ListSecretsResponse, error) {
+func (s *secretsServer) ListSecrets(ctx context.Context, req *clusterv1.ListSecretsRequest) (*clusterv1.ListSecretsResponse, error) {
+	k := kindOf(req.GetConfigs())
 	resp := &clusterv1.ListSecretsResponse{}
 	after := ""
 	for {
-		recs, _, more, err := s.c.st.List(store.ListOptions{Prefix: prefixSecrets, After: after, Limit: 500})
+		recs, _, more, err := s.c.st.List(store.ListOptions{Prefix: k.prefix, After: after, Limit: 500})
 		if err != nil {
 			return nil, err
 		}
 		for _, r := range recs {
-			resp.Secrets = append(resp.Secrets, secretInfo(r))
+			resp.Secrets = append(resp.Secrets, secretInfo(k, r))
 			after = r.Key
 		}
 		if !more {
@@ -113,33 +136,36 @@ func (s *secretsServer) ListSecrets(ctx context.Context, _ *clusterv1.ListSecret
 }
 
 func (s *secretsServer) ReadSecret(ctx context.Context, req *clusterv1.ReadSecretRequest) (*clusterv1.ReadSecretResponse, error) {
+	k := kindOf(req.GetConfig())
 	name := req.GetName()
 	if err := secret.ValidName(name); err != nil {
-		return nil, fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%s %v: %w", k.noun, err, errdefs.ErrInvalidArgument)
 	}
 	key, err := s.c.sealingKey()
 	if err != nil {
 		return nil, err
 	}
-	r, _, err := s.c.st.Get(prefixSecrets + name)
+	r, _, err := s.c.st.Get(k.prefix + name)
 	if errdefs.IsNotFound(err) {
-		return nil, fmt.Errorf("secret %s does not exist (`shoalctl secret ls` lists them): %w", name, errdefs.ErrNotFound)
+		return nil, fmt.Errorf("%s %s does not exist (`shoalctl %s ls` lists them): %w", k.noun, name, k.noun, errdefs.ErrNotFound)
 	}
 	if err != nil {
 		return nil, err
 	}
-	sealed := r.Doc.Live()["data"]
-	data, err := secret.Open(key, name, sealed.Data)
-	if err != nil {
-		return nil, fmt.Errorf("secret %s: %v: %w", name, err, errdefs.ErrDataLoss)
+	data := r.Doc.Live()["data"].Data
+	if k.sealed {
+		if data, err = secret.Open(key, name, data); err != nil {
+			return nil, fmt.Errorf("%s %s: %v: %w", k.noun, name, err, errdefs.ErrDataLoss)
+		}
 	}
-	return &clusterv1.ReadSecretResponse{Info: secretInfo(r), Data: data}, nil
+	return &clusterv1.ReadSecretResponse{Info: secretInfo(k, r), Data: data}, nil
 }
 
-// secretInfo is what a secret's document says of it, data left out.
-func secretInfo(r store.Record) *clusterv1.SecretInfo {
+// secretInfo is what a secret's (or config's) document says of it, data
+// left out.
+func secretInfo(k kind, r store.Record) *clusterv1.SecretInfo {
 	f := r.Doc.Live()
-	info := &clusterv1.SecretInfo{Name: strings.TrimPrefix(r.Key, prefixSecrets)}
+	info := &clusterv1.SecretInfo{Name: strings.TrimPrefix(r.Key, k.prefix)}
 	info.Size, _ = f["size"].AsInt()
 	if ns, ok := f["created"].AsInt(); ok {
 		info.Created = timestamppb.New(time.Unix(0, ns))

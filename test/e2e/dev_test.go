@@ -248,7 +248,10 @@ services:
     command: ["sleep", "1000000"]
     stop_grace_period: 1s
     secrets: [db_pass]
+    configs: [{source: site, target: /etc/site.conf}]
     volumes: ["data:/data"]
+configs:
+  site: {content: "site-config"}
 volumes:
   data:
     driver_opts: {size: 16M}
@@ -269,18 +272,28 @@ secrets:
 	if code != 0 {
 		t.Fatalf("stack deploy: exit %d\n%s", code, out)
 	}
-	for _, want := range []string{"warning: service web: depends_on is ignored", "secret app_db_pass created", "volume app-data created",
+	for _, want := range []string{"warning: service web: depends_on is ignored", "secret app_db_pass created", "config app_site created", "volume app-data created",
 		"service app-client created", "service app-web created", "app-client converged: 1/1", "app-web converged: 2/2"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("stack deploy's output lacks %q:\n%s", want, out)
 		}
 	}
-	var tasks []struct{ ID, Service, Node string }
+	type taskJSON struct {
+		ID, Service string
+		Restarts    int
+	}
+	var tasks []taskJSON
 	out, code = ctl(2, "stack", "ps", "app", "-o", "json")
 	if code != 0 || json.Unmarshal([]byte(out), &tasks) != nil || len(tasks) != 3 {
 		t.Fatalf("stack ps: exit %d, %s; want 3 tasks", code, out)
 	}
-	client := tasks[slices.IndexFunc(tasks, func(x struct{ ID, Service, Node string }) bool { return x.Service == "app-client" })].ID
+	clientTask := tasks[slices.IndexFunc(tasks, func(x taskJSON) bool { return x.Service == "app-client" })]
+	client := clientTask.ID
+	// Its secret and config were created on node 1 a moment before: a
+	// task elsewhere waits for them rather than failing its first start.
+	if clientTask.Restarts != 0 {
+		t.Errorf("the client's task restarted %d times", clientTask.Restarts)
+	}
 	var got string
 	defer func() {
 		if t.Failed() {
@@ -288,8 +301,8 @@ secrets:
 		}
 	}()
 	waitFor(t, 30*time.Second, "the client reaches web by its name in the file", func() bool {
-		got, _ = ctl(3, "task", "exec", client, "--", "sh", "-c", "timeout 5 wget -qO- http://web/ && cat /run/secrets/db_pass && echo && df -k /data | tail -1")
-		return strings.HasPrefix(got, "stack-web\n"+pass+"\n")
+		got, _ = ctl(3, "task", "exec", client, "--", "sh", "-c", "timeout 5 wget -qO- http://web/ && cat /run/secrets/db_pass && echo && cat /etc/site.conf && echo && df -k /data | tail -1")
+		return strings.HasPrefix(got, "stack-web\n"+pass+"\nsite-config\n")
 	})
 	if !strings.Contains(got, "shoal:app-data") {
 		t.Errorf("the client's /data is not volume app-data: %q", got)
@@ -318,11 +331,13 @@ secrets:
 	}
 
 	out, code = ctl(2, "stack", "rm", "app")
-	if code != 0 || !strings.Contains(out, "secret app_db_pass removed") {
+	if code != 0 || !strings.Contains(out, "secret app_db_pass removed") || !strings.Contains(out, "config app_site removed") {
 		t.Fatalf("stack rm: exit %d\n%s", code, out)
 	}
-	if out, _ := ctl(1, "secret", "ls", "-o", "json"); strings.TrimSpace(out) != "[]" {
-		t.Errorf("secrets after stack rm: %s", out)
+	for _, noun := range []string{"secret", "config"} {
+		if out, _ := ctl(1, noun, "ls", "-o", "json"); strings.TrimSpace(out) != "[]" {
+			t.Errorf("%ss after stack rm: %s", noun, out)
+		}
 	}
 	if _, code := ctl(1, "stack", "rm", "app"); code != 3 {
 		t.Errorf("stack rm of a removed stack: exit %d, want 3", code)

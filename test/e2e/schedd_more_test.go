@@ -639,6 +639,17 @@ func TestSchedulerMore(t *testing.T) {
 		if out := c.mustCtl(1, "secret", "create", "db-pass", file, "--label", "team=a"); !strings.Contains(out, "created secret db-pass (") {
 			t.Fatalf("secret create: %q", out)
 		}
+		// A config: the same files, in plain text, that inspect shows.
+		conf := filepath.Join(dir, "app.conf")
+		if err := os.WriteFile(conf, []byte("listen 80;\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		c.mustCtl(2, "config", "create", "app.conf", conf)
+		waitFor(t, 10*time.Second, "node 3 shows the config's data", func() bool {
+			var v struct{ Name, Data string }
+			out, _, code := c.ctl(3, "config", "inspect", "app.conf", "-o", "json")
+			return code == 0 && json.Unmarshal([]byte(out), &v) == nil && v.Data == "listen 80;\n"
+		})
 		type secretJSON struct {
 			Name   string
 			Size   int
@@ -663,7 +674,7 @@ func TestSchedulerMore(t *testing.T) {
 		}
 
 		c.mustCtl(1, "service", "create", "sec", "--image", img, "--replicas", "2", "--constraint", "node.name!=n1",
-			"--secret", "db-pass", "--secret", "db-pass:/etc/app/pw", "--stop-grace", "1s", "--", "sleep", "1000000")
+			"--secret", "db-pass", "--secret", "db-pass:/etc/app/pw", "--config", "app.conf:/etc/app.conf", "--stop-grace", "1s", "--", "sleep", "1000000")
 		removeIfFailed(t, c.Cluster, 1, "sec")
 		if got := c.perNode("sec", 2); got != [3]int{0, 1, 1} {
 			t.Fatalf("sec runs %v per node, want one on n2 and one on n3", got)
@@ -672,11 +683,11 @@ func TestSchedulerMore(t *testing.T) {
 		check := func(task *schedv1.Task) {
 			t.Helper()
 			out := c.mustCtl(1, "task", "exec", task.GetId(), "--", "sh", "-c",
-				`cat /run/secrets/db-pass; echo; cat /etc/app/pw; echo; stat -c %a /run/secrets/db-pass; grep " /run/secrets/db-pass " /proc/mounts; (echo x > /run/secrets/db-pass) 2>/dev/null && echo written; true`)
+				`cat /run/secrets/db-pass; echo; cat /etc/app/pw; echo; stat -c %a /run/secrets/db-pass; grep " /run/secrets/db-pass " /proc/mounts; (echo x > /run/secrets/db-pass) 2>/dev/null && echo written; cat /etc/app.conf`)
 			lines := strings.Split(strings.TrimSpace(out), "\n")
-			if len(lines) != 4 || lines[0] != plain || lines[1] != plain || lines[2] != "444" ||
-				!strings.HasPrefix(lines[3], "tmpfs /run/secrets/db-pass tmpfs ro,") {
-				t.Errorf("task %s: secrets as the task sees them:\n%s\nwant the secret twice, mode 444, a read-only tmpfs, and no write", task.GetId(), out)
+			if len(lines) != 5 || lines[0] != plain || lines[1] != plain || lines[2] != "444" ||
+				!strings.HasPrefix(lines[3], "tmpfs /run/secrets/db-pass tmpfs ro,") || lines[4] != "listen 80;" {
+				t.Errorf("task %s: secrets as the task sees them:\n%s\nwant the secret twice, mode 444, a read-only tmpfs, no write, and the config", task.GetId(), out)
 			}
 		}
 		hostMount := func(i int, task string) bool {
@@ -720,6 +731,9 @@ func TestSchedulerMore(t *testing.T) {
 		if _, errOut, code := c.ctl(2, "secret", "rm", "db-pass"); code != 1 || !strings.Contains(errOut, "used by service sec") {
 			t.Fatalf("secret rm of a secret in use: exit %d, %q; want 1 and the service named", code, errOut)
 		}
+		if _, errOut, code := c.ctl(1, "config", "rm", "app.conf"); code != 1 || !strings.Contains(errOut, "config app.conf is used by service sec") {
+			t.Fatalf("config rm of a config in use: exit %d, %q; want 1 and the service named", code, errOut)
+		}
 		c.mustCtl(1, "service", "rm", "sec")
 		for _, task := range tasks {
 			i := c.nodeIndex(task.GetNode())
@@ -729,6 +743,7 @@ func TestSchedulerMore(t *testing.T) {
 			})
 		}
 		c.mustCtl(2, "secret", "rm", "db-pass")
+		c.mustCtl(3, "config", "rm", "app.conf")
 		waitFor(t, 10*time.Second, "node 3 lists no secret", func() bool {
 			out, _, code := c.ctl(3, "secret", "ls", "-o", "json")
 			return code == 0 && strings.TrimSpace(out) == "[]"

@@ -27,10 +27,12 @@ const (
 )
 
 type CreateSecretRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
-	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
-	Labels        map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Name   string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Data   []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	Labels map[string]string      `protobuf:"bytes,3,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// config: a config, not a secret.
+	Config        bool `protobuf:"varint,4,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -84,6 +86,13 @@ func (x *CreateSecretRequest) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *CreateSecretRequest) GetConfig() bool {
+	if x != nil {
+		return x.Config
+	}
+	return false
 }
 
 type SecretInfo struct {
@@ -164,7 +173,9 @@ func (x *SecretInfo) GetLabels() map[string]string {
 }
 
 type ListSecretsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// configs lists the configs instead.
+	Configs       bool `protobuf:"varint,1,opt,name=configs,proto3" json:"configs,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -197,6 +208,13 @@ func (x *ListSecretsRequest) ProtoReflect() protoreflect.Message {
 // Deprecated: Use ListSecretsRequest.ProtoReflect.Descriptor instead.
 func (*ListSecretsRequest) Descriptor() ([]byte, []int) {
 	return file_shoal_cluster_v1_cluster_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ListSecretsRequest) GetConfigs() bool {
+	if x != nil {
+		return x.Configs
+	}
+	return false
 }
 
 type ListSecretsResponse struct {
@@ -244,8 +262,10 @@ func (x *ListSecretsResponse) GetSecrets() []*SecretInfo {
 }
 
 type ReadSecretRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// config: read a config, not a secret.
+	Config        bool `protobuf:"varint,2,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -285,6 +305,13 @@ func (x *ReadSecretRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *ReadSecretRequest) GetConfig() bool {
+	if x != nil {
+		return x.Config
+	}
+	return false
 }
 
 type ReadSecretResponse struct {
@@ -1312,11 +1339,12 @@ var File_shoal_cluster_v1_cluster_proto protoreflect.FileDescriptor
 
 const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\n" +
-	"\x1eshoal/cluster/v1/cluster.proto\x12\x10shoal.cluster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc3\x01\n" +
+	"\x1eshoal/cluster/v1/cluster.proto\x12\x10shoal.cluster.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xdb\x01\n" +
 	"\x13CreateSecretRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\x12I\n" +
-	"\x06labels\x18\x03 \x03(\v21.shoal.cluster.v1.CreateSecretRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x03 \x03(\v21.shoal.cluster.v1.CreateSecretRequest.LabelsEntryR\x06labels\x12\x16\n" +
+	"\x06config\x18\x04 \x01(\bR\x06config\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x86\x02\n" +
@@ -1330,12 +1358,14 @@ const file_shoal_cluster_v1_cluster_proto_rawDesc = "" +
 	"\x06labels\x18\x05 \x03(\v2(.shoal.cluster.v1.SecretInfo.LabelsEntryR\x06labels\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x14\n" +
-	"\x12ListSecretsRequest\"M\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\".\n" +
+	"\x12ListSecretsRequest\x12\x18\n" +
+	"\aconfigs\x18\x01 \x01(\bR\aconfigs\"M\n" +
 	"\x13ListSecretsResponse\x126\n" +
-	"\asecrets\x18\x01 \x03(\v2\x1c.shoal.cluster.v1.SecretInfoR\asecrets\"'\n" +
+	"\asecrets\x18\x01 \x03(\v2\x1c.shoal.cluster.v1.SecretInfoR\asecrets\"?\n" +
 	"\x11ReadSecretRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"Z\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06config\x18\x02 \x01(\bR\x06config\"Z\n" +
 	"\x12ReadSecretResponse\x120\n" +
 	"\x04info\x18\x01 \x01(\v2\x1c.shoal.cluster.v1.SecretInfoR\x04info\x12\x12\n" +
 	"\x04data\x18\x02 \x01(\fR\x04data\"\x11\n" +

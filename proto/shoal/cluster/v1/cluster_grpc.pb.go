@@ -37,6 +37,10 @@ const (
 // documents. A secret is immutable: to change one, create another and
 // point the service at it. Removing one is schedd's (RemoveSecret), which
 // knows the services that use it.
+//
+// The same calls hold configs (shoalctl config, Docker Swarm's configs),
+// with config set: files for services that need no secrecy, kept in plain
+// text in /configs/<name> documents, otherwise alike.
 type SecretsClient interface {
 	// CreateSecret stores a new secret; ALREADY_EXISTS if the name is taken.
 	CreateSecret(ctx context.Context, in *CreateSecretRequest, opts ...grpc.CallOption) (*SecretInfo, error)
@@ -94,6 +98,10 @@ func (c *secretsClient) ReadSecret(ctx context.Context, in *ReadSecretRequest, o
 // documents. A secret is immutable: to change one, create another and
 // point the service at it. Removing one is schedd's (RemoveSecret), which
 // knows the services that use it.
+//
+// The same calls hold configs (shoalctl config, Docker Swarm's configs),
+// with config set: files for services that need no secrecy, kept in plain
+// text in /configs/<name> documents, otherwise alike.
 type SecretsServer interface {
 	// CreateSecret stores a new secret; ALREADY_EXISTS if the name is taken.
 	CreateSecret(context.Context, *CreateSecretRequest) (*SecretInfo, error)

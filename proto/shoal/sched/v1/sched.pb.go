@@ -1398,8 +1398,10 @@ func (x *RemoveImageResponse) GetPending() []string {
 }
 
 type RemoveSecretRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// config: remove a config, not a secret.
+	Config        bool `protobuf:"varint,2,opt,name=config,proto3" json:"config,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1439,6 +1441,13 @@ func (x *RemoveSecretRequest) GetName() string {
 		return x.Name
 	}
 	return ""
+}
+
+func (x *RemoveSecretRequest) GetConfig() bool {
+	if x != nil {
+		return x.Config
+	}
+	return false
 }
 
 type RemoveSecretResponse struct {
@@ -1768,9 +1777,10 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
 	"\x06digest\x18\x02 \x01(\tR\x06digest\x12!\n" +
 	"\fremoved_from\x18\x03 \x03(\tR\vremovedFrom\x12\x18\n" +
-	"\apending\x18\x04 \x03(\tR\apending\")\n" +
+	"\apending\x18\x04 \x03(\tR\apending\"A\n" +
 	"\x13RemoveSecretRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x16\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x16\n" +
+	"\x06config\x18\x02 \x01(\bR\x06config\"\x16\n" +
 	"\x14RemoveSecretResponse\"1\n" +
 	"\x16ForgetNodeTasksRequest\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\"7\n" +

@@ -74,9 +74,9 @@ type SchedulerClient interface {
 	// RemoveImage removes an image (every name of its digest) from every
 	// node; refused while a service's spec names it.
 	RemoveImage(ctx context.Context, in *RemoveImageRequest, opts ...grpc.CallOption) (*RemoveImageResponse, error)
-	// RemoveSecret deletes a secret (statd's Secrets API creates them).
-	// Refused while a service's spec, or the previous spec a rollback
-	// returns to, names it. Tasks already running keep their copy.
+	// RemoveSecret deletes a secret, or a config (statd's Secrets API
+	// creates them). Refused while a service's spec, or the previous spec a
+	// rollback returns to, names it. Tasks already running keep their copy.
 	RemoveSecret(ctx context.Context, in *RemoveSecretRequest, opts ...grpc.CallOption) (*RemoveSecretResponse, error)
 	// SetNodeAvailability drains or activates a node.
 	SetNodeAvailability(ctx context.Context, in *SetNodeAvailabilityRequest, opts ...grpc.CallOption) (*SetNodeAvailabilityResponse, error)
@@ -319,9 +319,9 @@ type SchedulerServer interface {
 	// RemoveImage removes an image (every name of its digest) from every
 	// node; refused while a service's spec names it.
 	RemoveImage(context.Context, *RemoveImageRequest) (*RemoveImageResponse, error)
-	// RemoveSecret deletes a secret (statd's Secrets API creates them).
-	// Refused while a service's spec, or the previous spec a rollback
-	// returns to, names it. Tasks already running keep their copy.
+	// RemoveSecret deletes a secret, or a config (statd's Secrets API
+	// creates them). Refused while a service's spec, or the previous spec a
+	// rollback returns to, names it. Tasks already running keep their copy.
 	RemoveSecret(context.Context, *RemoveSecretRequest) (*RemoveSecretResponse, error)
 	// SetNodeAvailability drains or activates a node.
 	SetNodeAvailability(context.Context, *SetNodeAvailabilityRequest) (*SetNodeAvailabilityResponse, error)
