@@ -50,8 +50,10 @@ func (a *app) stackDeploy() *cobra.Command {
 ones; ${VAR} is taken from the environment and a .env file beside the
 first) as stack NAME. A service the files do not change is left alone;
 one they change is updated by a rolling update. Services of the stack the
-files no longer name are kept unless --prune is given. Everything in the
-files is checked before anything is changed.`,
+files no longer name are kept unless --prune is given. The files are
+checked whole, every problem reported at once, before anything is
+changed; what only the cluster can judge (an image no node has, a port
+another service publishes) stops the deploy at that service.`,
 		Example: `  shoalctl stack deploy app -c compose.yml`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {

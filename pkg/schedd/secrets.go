@@ -26,9 +26,9 @@ import (
 
 // A task's secrets (and configs) are files in a tmpfs of its own,
 // <state>/secrets/<task>, each bind-mounted read-only into the container:
-// the data statd opened never touches a disk. The tmpfs lives as long as the task can run
-// again; it goes when the task ends for good or is removed, and a schedd
-// that starts drops those whose task is gone.
+// the data statd opened never touches a disk. The tmpfs lives as long as
+// the task can run again; it goes when the task ends for good or is
+// removed, and a schedd that starts drops those whose task is gone.
 
 // fileKind is secrets or configs: where statd keeps them (statd's
 // secrets.go), and how a spec names them.

@@ -222,8 +222,9 @@ func TestDemo(t *testing.T) {
 
 // testStack deploys a Compose file on the demo's cluster (every daemon,
 // netd's DNS included): its services reach each other by their names in
-// the file, its secret and volume are created with it, a second deploy
-// changes nothing, and `stack rm` takes the services and the secret.
+// the file, its secret, config and volume are created with it, a second
+// deploy changes nothing, --prune removes what the file dropped, and
+// `stack rm` takes the services, the secret and the config.
 func testStack(t *testing.T, name string) {
 	dir := t.TempDir()
 	pass := fmt.Sprintf("pw-%d", rand.Int64())
@@ -330,8 +331,16 @@ secrets:
 		t.Errorf("stack ls: %s; want app with 2 services (and no stack other)", out)
 	}
 
+	// A file without the client: kept, unless --prune.
+	webOnly := write("web.yml", "services:\n  web:\n    image: local/busybox:latest\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo stack-web > /www/index.html && exec httpd -f -p 80 -h /www\"]\n    deploy: {replicas: 2}\n    stop_grace_period: 1s\n")
+	if out, code = ctl(1, "stack", "deploy", "app", "-c", webOnly); code != 0 || !strings.Contains(out, "service app-client is not in the files: kept") || !strings.Contains(out, "service app-web unchanged") {
+		t.Errorf("deploy without the client: exit %d, want it kept and web unchanged:\n%s", code, out)
+	}
+	if out, code = ctl(1, "stack", "deploy", "app", "-c", webOnly, "--prune"); code != 0 || !strings.Contains(out, "service app-client removed") {
+		t.Errorf("deploy --prune without the client: exit %d, want it removed:\n%s", code, out)
+	}
 	out, code = ctl(2, "stack", "rm", "app")
-	if code != 0 || !strings.Contains(out, "secret app_db_pass removed") || !strings.Contains(out, "config app_site removed") {
+	if code != 0 || !strings.Contains(out, "service app-web removed") || !strings.Contains(out, "secret app_db_pass removed") || !strings.Contains(out, "config app_site removed") {
 		t.Fatalf("stack rm: exit %d\n%s", code, out)
 	}
 	for _, noun := range []string{"secret", "config"} {
