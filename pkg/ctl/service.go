@@ -13,6 +13,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/mattn/go-shellwords"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	"sigs.k8s.io/yaml"
@@ -48,7 +49,8 @@ type specFlags struct {
 	global                                                 bool
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs                                                []string
-	healthCmd, network                                     string
+	healthCmd, network, entrypoint, user, workdir          string
+	readOnly                                               bool
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts                int
 	updateDelay, monitor, stopGrace                        time.Duration
@@ -84,6 +86,10 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.volumes, "volume", nil, "mount replicated volume NAME at /path in the container, NAME:/path[:ro] (repeatable; see shoalctl volume create)")
 	fs.StringArrayVar(&f.secrets, "secret", nil, "hand secret NAME to each task as the file /run/secrets/NAME; NAME:FILE for /run/secrets/FILE, NAME:/path for /path (repeatable; see shoalctl secret create)")
 	fs.StringArrayVar(&f.configs, "config", nil, "hand config NAME to each task as the file /NAME; NAME:FILE for /FILE, NAME:/path for /path (repeatable; see shoalctl config create)")
+	fs.StringVar(&f.entrypoint, "entrypoint", "", "replace the image's entrypoint (and its default command), split as a shell would: \"sh -c\"")
+	fs.StringVarP(&f.user, "user", "u", "", "run as user, uid, user:group or uid:gid")
+	fs.StringVarP(&f.workdir, "workdir", "w", "", "working directory inside the container")
+	fs.BoolVar(&f.readOnly, "read-only", false, "mount the container's root file system read-only")
 	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
@@ -204,6 +210,22 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("config") {
 		spec.Configs = f.configs
+	}
+	if fs.Changed("entrypoint") {
+		words, err := shellwords.Parse(f.entrypoint)
+		if err != nil {
+			return usageError{fmt.Errorf("--entrypoint %q: %w", f.entrypoint, err)}
+		}
+		spec.Entrypoint = words
+	}
+	if fs.Changed("user") {
+		spec.User = f.user
+	}
+	if fs.Changed("workdir") {
+		spec.WorkDir = f.workdir
+	}
+	if fs.Changed("read-only") {
+		spec.ReadOnly = f.readOnly
 	}
 	if fs.Changed("network") {
 		spec.Network = f.network

@@ -164,6 +164,18 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 	} else {
 		opts = append(opts, oci.WithImageConfig(img))
 	}
+	if len(spec.Entrypoint) > 0 {
+		opts = append(opts, oci.WithProcessArgs(append(slices.Clone(spec.Entrypoint), spec.Args...)...))
+	}
+	if spec.User != "" {
+		opts = append(opts, oci.WithUser(spec.User))
+	}
+	if spec.WorkDir != "" {
+		opts = append(opts, oci.WithProcessCwd(spec.WorkDir))
+	}
+	if spec.ReadOnly {
+		opts = append(opts, oci.WithRootFSReadonly())
+	}
 	opts = append(opts,
 		oci.WithEnv(spec.Env),
 		oci.WithHostname(hostnameOf(spec)),
@@ -261,6 +273,12 @@ func validateSpec(spec TaskSpec) error {
 	}
 	if spec.NetNSPath != "" && !filepath.IsAbs(spec.NetNSPath) {
 		return bad("netns path %q is not absolute", spec.NetNSPath)
+	}
+	if spec.WorkDir != "" && !filepath.IsAbs(spec.WorkDir) {
+		return bad("working directory %q is not absolute", spec.WorkDir)
+	}
+	if strings.ContainsAny(spec.User, " \t\n") {
+		return bad("user %q", spec.User)
 	}
 	for _, m := range spec.Mounts {
 		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {

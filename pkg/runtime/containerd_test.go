@@ -14,6 +14,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/containerd/errdefs"
+
 	"github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/runtime/runtimetest"
 )
@@ -66,7 +68,49 @@ func TestContainerd(t *testing.T) {
 	}
 	t.Run("Limits", func(t *testing.T) { testLimits(t, h) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, h) })
+	t.Run("Process", func(t *testing.T) { testProcess(t, h) })
 	runSuite(t, h)
+}
+
+// testProcess checks the process settings a Compose file or `service
+// create` may give: the entrypoint (replacing the image's, and its Cmd),
+// the user (by number and by name from the image's /etc/passwd), the
+// working directory, and a read-only root that still takes its mounts.
+func testProcess(t *testing.T, h harness) {
+	ctx := context.Background()
+	rt := h.node(t, "a")
+	importOCI(t, rt)
+	dir := t.TempDir()
+	mounted := filepath.Join(dir, "mounted")
+	if err := os.WriteFile(mounted, []byte("m\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		spec runtime.TaskSpec
+		want string
+	}{
+		{"numbers", runtime.TaskSpec{User: "1000:1001", WorkDir: "/tmp", ReadOnly: true,
+			Entrypoint: []string{"sh", "-c"}, Args: []string{"id -u; id -g; pwd; touch /x 2>/dev/null && echo rw || echo ro; cat /etc/m"},
+			Mounts: []runtime.Mount{{Source: mounted, Target: "/etc/m", ReadOnly: true}}}, "1000\n1001\n/tmp\nro\nm\n"},
+		{"name", runtime.TaskSpec{User: "nobody", Entrypoint: []string{"sh", "-c", "id -u; pwd; touch /x 2>/dev/null && echo rw"}}, "65534\n/\n"},
+		{"defaults", runtime.TaskSpec{Args: []string{"sh", "-c", "id -u; pwd; touch /x && echo rw"}}, "0\n/\nrw\n"},
+	} {
+		id := "process-" + tc.name
+		tc.spec.ID, tc.spec.Image = id, "local/busybox:latest"
+		tc.spec.LogPath = filepath.Join(dir, id+".log")
+		if err := rt.Run(ctx, tc.spec); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		waitExit(t, rt, id)
+		if got := readFile(t, tc.spec.LogPath); got != tc.want {
+			t.Errorf("%s: the process printed %q, want %q", tc.name, got, tc.want)
+		}
+		removeTask(t, rt, id)
+	}
+	if err := rt.Run(ctx, runtime.TaskSpec{ID: "process-bad", Image: "local/busybox:latest", WorkDir: "tmp"}); !errdefs.IsInvalidArgument(err) {
+		t.Errorf("a relative working directory: %v, want invalid argument", err)
+	}
 }
 
 // testLimits checks that CPU and memory limits reach the task's cgroup

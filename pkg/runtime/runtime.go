@@ -120,6 +120,20 @@ type TaskSpec struct {
 	// Args replace the image's Cmd (the image's Entrypoint, if any, stays
 	// in front), as in `docker run IMAGE ARGS...`. Empty: the image's.
 	Args []string `json:"args,omitempty"`
+	// Entrypoint, if set, replaces the image's Entrypoint, and the image's
+	// Cmd with it (as `docker run --entrypoint` does): the process is
+	// Entrypoint followed by Args.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	// User runs the process as "user", "uid", "user:group" or "uid:gid"
+	// (names from the image's /etc/passwd and /etc/group); empty: the
+	// image's.
+	User string `json:"user,omitempty"`
+	// WorkDir, absolute, is the process's working directory; empty: the
+	// image's.
+	WorkDir string `json:"workdir,omitempty"`
+	// ReadOnly mounts the container's root file system read-only (its
+	// mounts keep their own modes).
+	ReadOnly bool `json:"read_only,omitempty"`
 	// Env (KEY=VALUE) is added to the image's environment, replacing
 	// variables of the same name.
 	Env []string `json:"env,omitempty"`

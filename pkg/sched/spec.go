@@ -23,6 +23,15 @@ type ServiceSpec struct {
 	Name  string   `json:"name"`
 	Image string   `json:"image"`
 	Args  []string `json:"args,omitempty"`
+	// Entrypoint replaces the image's entrypoint, and its default
+	// command with it: the task runs Entrypoint then Args.
+	Entrypoint []string `json:"entrypoint,omitempty"`
+	// User is "user", "uid", "user:group" or "uid:gid" (default: the
+	// image's); WorkDir an absolute directory (default: the image's).
+	User    string `json:"user,omitempty"`
+	WorkDir string `json:"workdir,omitempty"`
+	// ReadOnly mounts the task's root file system read-only.
+	ReadOnly bool `json:"read_only,omitempty"`
 	// Env holds KEY=VALUE entries, in order.
 	Env []string `json:"env,omitempty"`
 
@@ -424,6 +433,12 @@ func (s ServiceSpec) Validate() error {
 		} else if d.StackAlias() == "" {
 			add("service %s of stack %s must be named %s-NAME", d.Name, d.Stack, d.Stack)
 		}
+	}
+	if d.User != "" && (strings.ContainsAny(d.User, " \t\n") || strings.HasPrefix(d.User, ":") || strings.HasSuffix(d.User, ":")) {
+		add("user %q: want user, uid, user:group or uid:gid", d.User)
+	}
+	if d.WorkDir != "" && !path.IsAbs(d.WorkDir) {
+		add("working directory %q must be absolute", d.WorkDir)
 	}
 	if d.Network != "" && d.Network != NetworkHost {
 		add("network %q: want empty (the overlay) or host", d.Network)

@@ -79,6 +79,12 @@ func TestValidate(t *testing.T) {
 		{"volume bad option", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:/data:rx"} }, `option "rx" is unknown`},
 		{"volumes on one path", func(s *sched.ServiceSpec) { s.Volumes = []string{"a:/data", "b:/data/"} }, "two volumes are mounted at /data"},
 		{"stack", func(s *sched.ServiceSpec) { s.Name, s.Stack = "app-web", "app" }, ""},
+		{"process", func(s *sched.ServiceSpec) {
+			s.Entrypoint, s.User, s.WorkDir, s.ReadOnly = []string{"sh", "-c"}, "1000:1000", "/srv", true
+		}, ""},
+		{"bad user", func(s *sched.ServiceSpec) { s.User = "a b" }, `user "a b": want user`},
+		{"user without group", func(s *sched.ServiceSpec) { s.User = "app:" }, `user "app:": want user`},
+		{"relative workdir", func(s *sched.ServiceSpec) { s.WorkDir = "srv" }, `working directory "srv" must be absolute`},
 		{"stack without its prefix", func(s *sched.ServiceSpec) { s.Name, s.Stack = "web", "app" }, "must be named app-NAME"},
 		{"stack alone", func(s *sched.ServiceSpec) { s.Name, s.Stack = "app-", "app" }, "service name"},
 		{"bad stack", func(s *sched.ServiceSpec) { s.Name, s.Stack = "app-web", "A_p" }, `stack "A_p" is invalid`},

@@ -92,7 +92,7 @@ func ValidName(name string) error {
 // serviceKeys are the service options Shoal maps; ignoredKeys those it
 // ignores with a warning, as Swarm does. Any other option is refused.
 var (
-	serviceKeys = []string{"image", "command", "environment", "deploy", "ports", "volumes", "secrets", "configs",
+	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "environment", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
@@ -170,6 +170,8 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 		fail("no image: Shoal does not build images (load one with `shoalctl image load`)")
 	}
 	spec.Args = []string(svc.Command)
+	spec.Entrypoint = []string(svc.Entrypoint)
+	spec.User, spec.WorkDir, spec.ReadOnly = svc.User, svc.WorkingDir, svc.ReadOnly
 	for _, k := range slices.Sorted(maps.Keys(svc.Environment)) {
 		if v := svc.Environment[k]; v != nil {
 			spec.Env = append(spec.Env, k+"="+*v)

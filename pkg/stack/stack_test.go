@@ -50,6 +50,11 @@ services:
       update_config: {parallelism: 0, delay: 5s, order: start-first, failure_action: rollback, monitor: 10s}
   db:
     image: local/db:1
+    entrypoint: /docker-entrypoint.sh
+    command: postgres
+    user: "999:999"
+    working_dir: /var/lib/db
+    read_only: true
     restart: "on-failure:2"
     deploy: {mode: global}
     healthcheck: {test: ["CMD", "true"]}
@@ -92,7 +97,9 @@ configs:
 		t.Errorf("web:\n got %s\nwant %s", g, w)
 	}
 	if !db.Global || db.Replicas != 0 || db.Restart.Policy != sched.RestartOnFailure || db.Restart.MaxAttempts != 2 ||
-		strings.Join(db.Health.Cmd, " ") != "true" || db.StackAlias() != "db" {
+		strings.Join(db.Health.Cmd, " ") != "true" || db.StackAlias() != "db" ||
+		strings.Join(db.Entrypoint, " ") != "/docker-entrypoint.sh" || strings.Join(db.Args, " ") != "postgres" ||
+		db.User != "999:999" || db.WorkDir != "/var/lib/db" || !db.ReadOnly {
 		t.Errorf("db: %+v", db)
 	}
 	if g := jsonOf(t, plan.Volumes); g != `[{"Key":"data","Name":"app-data","External":false,"SizeBytes":2147483648,"Replicas":2},{"Key":"shared","Name":"shared","External":true,"SizeBytes":0,"Replicas":0}]` {
@@ -114,7 +121,7 @@ func TestConvertRefusesWhatShoalLacks(t *testing.T) {
 services:
   a:
     image: x
-    user: nobody
+    cap_add: [NET_ADMIN]
     privileged: true
     volumes: ["/srv:/srv"]
     ports: ["80"]
@@ -132,7 +139,7 @@ secrets:
 		t.Fatal("Convert accepted it")
 	}
 	for _, want := range []string{
-		"service a: user is not supported by Shoal",
+		"service a: cap_add is not supported by Shoal",
 		"service a: privileged is not supported by Shoal",
 		"service a: volume /srv: bind mounts of host paths are not supported",
 		"service a: port 80: publish it on a port of its own",

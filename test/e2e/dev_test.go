@@ -246,7 +246,11 @@ services:
     depends_on: [client]
   client:
     image: local/busybox:latest
-    command: ["sleep", "1000000"]
+    entrypoint: ["sh", "-c"]
+    command: ["exec sleep 1000000"]
+    user: "1000:1000"
+    working_dir: /tmp
+    read_only: true
     stop_grace_period: 1s
     secrets: [db_pass]
     configs: [{source: site, target: /etc/site.conf}]
@@ -302,8 +306,8 @@ secrets:
 		}
 	}()
 	waitFor(t, 30*time.Second, "the client reaches web by its name in the file", func() bool {
-		got, _ = ctl(3, "task", "exec", client, "--", "sh", "-c", "timeout 5 wget -qO- http://web/ && cat /run/secrets/db_pass && echo && cat /etc/site.conf && echo && df -k /data | tail -1")
-		return strings.HasPrefix(got, "stack-web\n"+pass+"\nsite-config\n")
+		got, _ = ctl(3, "task", "exec", client, "--", "sh", "-c", "timeout 5 wget -qO- http://web/ && cat /run/secrets/db_pass && echo && cat /etc/site.conf && echo && id -u && pwd && (touch /x 2>/dev/null && echo rw || echo ro) && df -k /data | tail -1")
+		return strings.HasPrefix(got, "stack-web\n"+pass+"\nsite-config\n1000\n/tmp\nro\n")
 	})
 	if !strings.Contains(got, "shoal:app-data") {
 		t.Errorf("the client's /data is not volume app-data: %q", got)
