@@ -50,6 +50,8 @@ type specFlags struct {
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs                                                []string
 	healthCmd, network, entrypoint, user, workdir          string
+	healthHTTP                                             string
+	healthTCP                                              int
 	readOnly                                               bool
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts                int
@@ -71,6 +73,8 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.restart, "restart", "", "restart policy: always, on-failure or never")
 	fs.IntVar(&f.maxAttempts, "restart-max-attempts", 0, "restarts allowed per slot (0: unlimited)")
 	fs.StringVar(&f.healthCmd, "health-cmd", "", "health check command, run with sh -c in the container")
+	fs.StringVar(&f.healthHTTP, "health-http", "", "health check: the node GETs PORT[/PATH] of the task; 200-399 is healthy")
+	fs.IntVar(&f.healthTCP, "health-tcp", 0, "health check: the node connects to PORT of the task")
 	fs.DurationVar(&f.healthInterval, "health-interval", 0, "time between health checks")
 	fs.DurationVar(&f.healthTimeout, "health-timeout", 0, "time a health check may take")
 	fs.IntVar(&f.healthRetries, "health-retries", 0, "consecutive failures that make a task unhealthy")
@@ -146,11 +150,27 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	if fs.Changed("restart-max-attempts") {
 		spec.Restart.MaxAttempts = f.maxAttempts
 	}
+	// One kind of check at a time: the one given replaces the others.
+	kinds := 0
+	for _, name := range []string{"health-cmd", "health-http", "health-tcp"} {
+		if fs.Changed(name) {
+			kinds++
+		}
+	}
+	if kinds > 1 {
+		return usageError{fmt.Errorf("give one of --health-cmd, --health-http and --health-tcp")}
+	}
 	if fs.Changed("health-cmd") {
-		spec.Health.Cmd = nil
+		spec.Health.Cmd, spec.Health.HTTP, spec.Health.TCP = nil, "", 0
 		if f.healthCmd != "" {
 			spec.Health.Cmd = []string{"sh", "-c", f.healthCmd}
 		}
+	}
+	if fs.Changed("health-http") {
+		spec.Health.Cmd, spec.Health.HTTP, spec.Health.TCP = nil, f.healthHTTP, 0
+	}
+	if fs.Changed("health-tcp") {
+		spec.Health.Cmd, spec.Health.HTTP, spec.Health.TCP = nil, "", f.healthTCP
 	}
 	if fs.Changed("health-interval") {
 		spec.Health.Interval = sched.Duration(f.healthInterval)

@@ -102,6 +102,11 @@ func TestServiceCreateFlags(t *testing.T) {
 			return s.Replicas == 3 && strings.Join(s.Args, " ") == "sleep 10"
 		}},
 		{"global", []string{"--global"}, func(s sched.ServiceSpec) bool { return s.Global && s.Replicas == 0 }},
+		{"health http", []string{"--health-http", "8080/healthz"}, func(s sched.ServiceSpec) bool { return s.Health.HTTP == "8080/healthz" && s.Health.Cmd == nil }},
+		{"health tcp", []string{"--health-tcp", "5432"}, func(s sched.ServiceSpec) bool { return s.Health.TCP == 5432 }},
+		{"process", []string{"--entrypoint", "sh -c 'a b'", "-u", "app:app", "-w", "/srv", "--read-only"}, func(s sched.ServiceSpec) bool {
+			return strings.Join(s.Entrypoint, "|") == "sh|-c|a b" && s.User == "app:app" && s.WorkDir == "/srv" && s.ReadOnly
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fake.mu.Lock()
@@ -144,6 +149,10 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--health-cmd", "true", "--health-start-period", "-1s"}, "health check durations must not be negative"},
 		{[]string{"--health-cmd", "true", "--health-start-period", "soon"}, `invalid argument "soon" for "--health-start-period" flag`},
 		{[]string{"--env", "NOEQUALS"}, `--env "NOEQUALS": want KEY=VALUE`},
+		{[]string{"--health-cmd", "true", "--health-tcp", "80"}, "give one of --health-cmd, --health-http and --health-tcp"},
+		{[]string{"--health-http", "web/"}, `health check http "web/": want PORT or PORT/PATH`},
+		{[]string{"--entrypoint", "sh -c 'unclosed"}, `--entrypoint "sh -c 'unclosed"`},
+		{[]string{"--workdir", "srv"}, `working directory "srv" must be absolute`},
 		{[]string{"--publish", "80"}, `--publish "80": want HOST:CONTAINER[/tcp|udp]`},
 	} {
 		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {

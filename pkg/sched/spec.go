@@ -124,11 +124,18 @@ const (
 	RestartNever     RestartCondition = "never"
 )
 
-// HealthCheck is a command run inside the container; exit status 0 is
-// healthy. An empty Cmd means no health check: a task is running as soon
-// as its container is.
+// HealthCheck is a command run inside the container (exit status 0 is
+// healthy), an HTTP GET (a status from 200 to 399 is healthy) or a TCP
+// connection to the task, made by its node. None of the three means no
+// health check: a task is running as soon as its container is.
 type HealthCheck struct {
-	Cmd      []string `json:"cmd,omitempty"`
+	Cmd []string `json:"cmd,omitempty"`
+	// HTTP is "PORT" or "PORT/PATH": the node GETs http://ADDR:PORT/PATH,
+	// ADDR the task's overlay address (127.0.0.1 for a task in its
+	// node's network namespace).
+	HTTP string `json:"http,omitempty"`
+	// TCP is a port the node connects to at the same address.
+	TCP      int      `json:"tcp,omitempty"`
 	Interval Duration `json:"interval,omitempty"` // default 30s
 	Timeout  Duration `json:"timeout,omitempty"`  // default 30s
 	// Retries is how many consecutive failures make a task unhealthy
@@ -140,7 +147,17 @@ type HealthCheck struct {
 }
 
 // Enabled reports whether the spec has a health check.
-func (h HealthCheck) Enabled() bool { return len(h.Cmd) > 0 }
+func (h HealthCheck) Enabled() bool { return len(h.Cmd) > 0 || h.HTTP != "" || h.TCP != 0 }
+
+// HTTPTarget splits HTTP into its port and path ("/" if none).
+func (h HealthCheck) HTTPTarget() (port int, urlPath string, err error) {
+	p, rest, _ := strings.Cut(h.HTTP, "/")
+	port, err = strconv.Atoi(p)
+	if err != nil || port < 1 || port > 65535 {
+		return 0, "", fmt.Errorf("health check http %q: want PORT or PORT/PATH, the port 1-65535", h.HTTP)
+	}
+	return port, "/" + rest, nil
+}
 
 // UpdateConfig drives rolling updates (and rollbacks).
 type UpdateConfig struct {
@@ -485,6 +502,23 @@ func (s ServiceSpec) Validate() error {
 		add("restart max delay %v is shorter than the delay %v", d.Restart.MaxDelay, d.Restart.Delay)
 	}
 	if d.Health.Enabled() {
+		kinds := 0
+		for _, set := range []bool{len(d.Health.Cmd) > 0, d.Health.HTTP != "", d.Health.TCP != 0} {
+			if set {
+				kinds++
+			}
+		}
+		if kinds > 1 {
+			add("health check: give one of a command, http and tcp")
+		}
+		if d.Health.HTTP != "" {
+			if _, _, err := d.Health.HTTPTarget(); err != nil {
+				errs = append(errs, err)
+			}
+		}
+		if d.Health.TCP < 0 || d.Health.TCP > 65535 {
+			add("health check tcp port %d is out of range 1-65535", d.Health.TCP)
+		}
 		if d.Health.Interval < 0 || d.Health.Timeout < 0 || d.Health.StartPeriod < 0 {
 			add("health check durations must not be negative")
 		}

@@ -83,6 +83,11 @@ func TestValidate(t *testing.T) {
 			s.Entrypoint, s.User, s.WorkDir, s.ReadOnly = []string{"sh", "-c"}, "1000:1000", "/srv", true
 		}, ""},
 		{"bad user", func(s *sched.ServiceSpec) { s.User = "a b" }, `user "a b": want user`},
+		{"http health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{HTTP: "8080/healthz"} }, ""},
+		{"tcp health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{TCP: 5432, Retries: 2} }, ""},
+		{"bad http health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{HTTP: "x/y"} }, `health check http "x/y": want PORT`},
+		{"bad tcp health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{TCP: 70000} }, "health check tcp port 70000 is out of range"},
+		{"two health checks", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{TCP: 80, Cmd: []string{"true"}} }, "give one of a command, http and tcp"},
 		{"user without group", func(s *sched.ServiceSpec) { s.User = "app:" }, `user "app:": want user`},
 		{"relative workdir", func(s *sched.ServiceSpec) { s.WorkDir = "srv" }, `working directory "srv" must be absolute`},
 		{"stack without its prefix", func(s *sched.ServiceSpec) { s.Name, s.Stack = "web", "app" }, "must be named app-NAME"},

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -364,7 +363,7 @@ func (n *node) watchTask(ctx context.Context, lt *localTask) {
 		}
 	}()
 	if h := lt.Spec.WithDefaults().Health; h.Enabled() {
-		go n.probe(wctx, id, h)
+		go n.probe(wctx, id, h, n.usesNetd(lt.Spec))
 	}
 	if len(lt.Spec.Volumes) > 0 {
 		go n.watchVolumes(wctx, id, lt.Spec)
@@ -388,7 +387,7 @@ func (n *node) exited(id string, exit shoalrt.Exit) {
 // probe runs a task's health check every interval. Failures within the
 // start period do not count; a success always does
 // (sched.Runtime.RecordHealthCheck).
-func (n *node) probe(ctx context.Context, id string, h sched.HealthCheck) {
+func (n *node) probe(ctx context.Context, id string, h sched.HealthCheck, overlay bool) {
 	for {
 		select {
 		case <-ctx.Done():
@@ -396,12 +395,11 @@ func (n *node) probe(ctx context.Context, id string, h sched.HealthCheck) {
 		case <-time.After(h.Interval.D()):
 		}
 		cctx, cancel := context.WithTimeout(ctx, h.Timeout.D())
-		code, err := n.rt.Exec(cctx, id, h.Cmd, nil, io.Discard, io.Discard, false)
+		pass := n.checkHealth(cctx, id, h, overlay)
 		cancel()
 		if ctx.Err() != nil {
 			return
 		}
-		pass := err == nil && code == 0
 		n.amu.Lock()
 		if lt := n.local[id]; lt != nil && lt.Runtime.State == sched.RuntimeRunning {
 			lt.Runtime.RecordHealthCheck(h, pass, time.Now())

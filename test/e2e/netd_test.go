@@ -789,6 +789,15 @@ func TestNetwork(t *testing.T) {
 		c.rm("hostnet")
 	})
 
+	// An HTTP health check reaches a task on the overlay at its own
+	// address (port 80 of the node itself answers nothing).
+	c.run(t, "HealthCheckOnOverlay", func(t *testing.T) {
+		c.create("hcov", 2, []string{"--health-http", "80/", "--health-interval", "1s", "-d"}, "httpd", "-f", "-p", "80", "-h", "/www")
+		task := c.taskOn("hcov", 2)
+		waitFor(t, 30*time.Second, "hcov's task healthy", func() bool { return c.taskField(2, task, "health") == "healthy" })
+		c.rm("hcov")
+	})
+
 	// shoalctl network ls|inspect, as tables and as JSON.
 	c.run(t, "NetworkCommands", func(t *testing.T) {
 		table := c.mustCtl(1, "network", "ls")

@@ -753,6 +753,36 @@ func TestSchedulerMore(t *testing.T) {
 		}
 	})
 
+	t.Run("HealthHTTPAndTCP", func(t *testing.T) {
+		// The node checks a task by HTTP and by TCP (here on 127.0.0.1:
+		// these tasks share their node's network namespace). A check that
+		// fails makes the task unhealthy and restarts it.
+		c.mustCtl(1, "service", "create", "hchttp", "--image", img, "--health-http", "18471/index.html", "--health-interval", "1s",
+			"--stop-grace", "1s", "-d", "--", "httpd", "-f", "-p", "18471", "-h", "/www")
+		removeIfFailed(t, c.Cluster, 1, "hchttp")
+		c.mustCtl(2, "service", "create", "hctcp", "--image", img, "--health-tcp", "18472", "--health-interval", "1s",
+			"--stop-grace", "1s", "-d", "--", "httpd", "-f", "-p", "18472", "-h", "/www")
+		removeIfFailed(t, c.Cluster, 2, "hctcp")
+		c.mustCtl(3, "service", "create", "hcsick", "--image", img, "--health-tcp", "18473", "--health-interval", "1s",
+			"--health-retries", "2", "--stop-grace", "1s", "-d", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 3, "hcsick")
+		for _, svc := range []string{"hchttp", "hctcp"} {
+			waitFor(t, 30*time.Second, svc+"'s task healthy", func() bool {
+				ts := c.currentTasks(svc)
+				return len(ts) == 1 && ts[0].GetHealth() == "healthy"
+			})
+		}
+		waitFor(t, 30*time.Second, "hcsick's task restarted as unhealthy", func() bool {
+			out, _, code := c.ctl(1, "service", "ps", "hcsick", "-a", "-o", "json")
+			var ts []struct{ Restarts int }
+			return code == 0 && json.Unmarshal([]byte(out), &ts) == nil && slices.ContainsFunc(ts, func(x struct{ Restarts int }) bool { return x.Restarts > 0 })
+		})
+		if ts := c.currentTasks("hcsick"); len(ts) == 1 && ts[0].GetHealth() == "healthy" {
+			t.Errorf("hcsick's task is healthy with nothing on its port")
+		}
+		c.mustCtl(1, "service", "rm", "hchttp", "hctcp", "hcsick")
+	})
+
 	t.Run("ScaleUpRightAfterScaleDown", func(t *testing.T) {
 		// Four tasks on n1 and n2, scaled to 0 and, while they are still
 		// in their stop grace (sleep ignores SIGTERM), back to 2 with n3
