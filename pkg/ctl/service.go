@@ -48,7 +48,7 @@ type specFlags struct {
 	replicas                                               int
 	global                                                 bool
 	env, constraints, labels, publish, volumes, secrets    []string
-	configs                                                []string
+	configs, tmpfs                                         []string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP                                             string
 	healthTCP                                              int
@@ -90,6 +90,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.volumes, "volume", nil, "mount replicated volume NAME at /path in the container, NAME:/path[:ro] (repeatable; see shoalctl volume create)")
 	fs.StringArrayVar(&f.secrets, "secret", nil, "hand secret NAME to each task as the file /run/secrets/NAME; NAME:FILE for /run/secrets/FILE, NAME:/path for /path (repeatable; see shoalctl secret create)")
 	fs.StringArrayVar(&f.configs, "config", nil, "hand config NAME to each task as the file /NAME; NAME:FILE for /FILE, NAME:/path for /path (repeatable; see shoalctl config create)")
+	fs.StringArrayVar(&f.tmpfs, "tmpfs", nil, "mount an empty tmpfs at /path in the container, /path[:SIZE] (repeatable)")
 	fs.StringVar(&f.entrypoint, "entrypoint", "", "replace the image's entrypoint (and its default command), split as a shell would: \"sh -c\"")
 	fs.StringVarP(&f.user, "user", "u", "", "run as user, uid, user:group or uid:gid")
 	fs.StringVarP(&f.workdir, "workdir", "w", "", "working directory inside the container")
@@ -230,6 +231,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("config") {
 		spec.Configs = f.configs
+	}
+	if fs.Changed("tmpfs") {
+		spec.Tmpfs = f.tmpfs
 	}
 	if fs.Changed("entrypoint") {
 		words, err := shellwords.Parse(f.entrypoint)

@@ -104,6 +104,7 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"global", []string{"--global"}, func(s sched.ServiceSpec) bool { return s.Global && s.Replicas == 0 }},
 		{"health http", []string{"--health-http", "8080/healthz"}, func(s sched.ServiceSpec) bool { return s.Health.HTTP == "8080/healthz" && s.Health.Cmd == nil }},
 		{"health tcp", []string{"--health-tcp", "5432"}, func(s sched.ServiceSpec) bool { return s.Health.TCP == 5432 }},
+		{"tmpfs", []string{"--tmpfs", "/tmp", "--tmpfs", "/cache:64m"}, func(s sched.ServiceSpec) bool { return strings.Join(s.Tmpfs, " ") == "/tmp /cache:64m" }},
 		{"process", []string{"--entrypoint", "sh -c 'a b'", "-u", "app:app", "-w", "/srv", "--read-only"}, func(s sched.ServiceSpec) bool {
 			return strings.Join(s.Entrypoint, "|") == "sh|-c|a b" && s.User == "app:app" && s.WorkDir == "/srv" && s.ReadOnly
 		}},

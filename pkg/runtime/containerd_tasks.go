@@ -12,6 +12,7 @@ import (
 	"path"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -249,6 +250,14 @@ func writeTaskFiles(dir string, spec TaskSpec) ([]specs.Mount, error) {
 		if m.ReadOnly {
 			mode = "ro"
 		}
+		if m.Tmpfs {
+			opts := []string{"nosuid", "nodev", "mode=1777", mode}
+			if m.SizeBytes > 0 {
+				opts = append(opts, "size="+strconv.FormatInt(m.SizeBytes, 10))
+			}
+			out = append(out, specs.Mount{Type: "tmpfs", Source: "tmpfs", Destination: m.Target, Options: opts})
+			continue
+		}
 		out = append(out, specs.Mount{Type: "bind", Source: m.Source, Destination: m.Target, Options: []string{"rbind", "rprivate", mode}})
 	}
 	return out, nil
@@ -281,7 +290,10 @@ func validateSpec(spec TaskSpec) error {
 		return bad("user %q", spec.User)
 	}
 	for _, m := range spec.Mounts {
-		if !filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target) {
+		switch {
+		case m.Tmpfs && (m.Source != "" || !filepath.IsAbs(m.Target) || m.SizeBytes < 0):
+			return bad("tmpfs mount %s: want an absolute target, no source and a size of 0 or more", m.Target)
+		case !m.Tmpfs && (!filepath.IsAbs(m.Source) || !filepath.IsAbs(m.Target)):
 			return bad("mount %s:%s: want absolute paths", m.Source, m.Target)
 		}
 	}

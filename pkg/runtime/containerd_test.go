@@ -75,7 +75,8 @@ func TestContainerd(t *testing.T) {
 // testProcess checks the process settings a Compose file or `service
 // create` may give: the entrypoint (replacing the image's, and its Cmd),
 // the user (by number and by name from the image's /etc/passwd), the
-// working directory, and a read-only root that still takes its mounts.
+// working directory, and a read-only root that still takes its mounts (a
+// bind mount, and a tmpfs of a given size the user may write to).
 func testProcess(t *testing.T, h harness) {
 	ctx := context.Background()
 	rt := h.node(t, "a")
@@ -91,8 +92,10 @@ func testProcess(t *testing.T, h harness) {
 		want string
 	}{
 		{"numbers", runtime.TaskSpec{User: "1000:1001", WorkDir: "/tmp", ReadOnly: true,
-			Entrypoint: []string{"sh", "-c"}, Args: []string{"id -u; id -g; pwd; touch /x 2>/dev/null && echo rw || echo ro; cat /etc/m"},
-			Mounts: []runtime.Mount{{Source: mounted, Target: "/etc/m", ReadOnly: true}}}, "1000\n1001\n/tmp\nro\nm\n"},
+			Entrypoint: []string{"sh", "-c"}, Args: []string{"id -u; id -g; pwd; touch /x 2>/dev/null && echo rw || echo ro; cat /etc/m; " +
+				"touch /scratch/x && echo scratch-rw; grep ' /scratch ' /proc/mounts | grep -o 'size=[0-9]*k'"},
+			Mounts: []runtime.Mount{{Source: mounted, Target: "/etc/m", ReadOnly: true}, {Target: "/scratch", Tmpfs: true, SizeBytes: 2 << 20}}},
+			"1000\n1001\n/tmp\nro\nm\nscratch-rw\nsize=2048k\n"},
 		{"name", runtime.TaskSpec{User: "nobody", Entrypoint: []string{"sh", "-c", "id -u; pwd; touch /x 2>/dev/null && echo rw"}}, "65534\n/\n"},
 		{"defaults", runtime.TaskSpec{Args: []string{"sh", "-c", "id -u; pwd; touch /x && echo rw"}}, "0\n/\nrw\n"},
 	} {

@@ -103,11 +103,17 @@ type Image struct {
 	Created time.Time `json:"created"`
 }
 
-// Mount is a bind mount of a host path into a task.
+// Mount is a bind mount of a host path into a task, or a tmpfs of its
+// own.
 type Mount struct {
 	Source   string `json:"source"`
 	Target   string `json:"target"`
 	ReadOnly bool   `json:"read_only,omitempty"`
+	// Tmpfs mounts an empty tmpfs (no Source), world-writable with the
+	// sticky bit (as /tmp is), at most SizeBytes (0: the kernel's
+	// default, half the memory) and charged to the task's memory.
+	Tmpfs     bool  `json:"tmpfs,omitempty"`
+	SizeBytes int64 `json:"size_bytes,omitempty"`
 }
 
 // TaskSpec describes a task for Run.

@@ -70,6 +70,10 @@ type ServiceSpec struct {
 	// Configs are cluster configs, handed to each task alike (see
 	// ParseConfig).
 	Configs []string `json:"configs,omitempty"`
+	// Tmpfs are empty tmpfs mounts of each task, as "/path" or
+	// "/path:SIZE" (see ParseTmpfs): scratch space, which a read-only
+	// root needs.
+	Tmpfs []string `json:"tmpfs,omitempty"`
 	// Stack is the stack (shoalctl stack deploy) the service belongs to,
 	// "" for none. A stack's service is named <stack>-<name> and also
 	// answers DNS as <name>.<stack>.shoal, which its stack's tasks reach
@@ -272,6 +276,30 @@ func parseFileMount(noun, dir, s string) (FileMount, error) {
 		return FileMount{}, fmt.Errorf("%s %q: path %q must name a file", noun, s, target)
 	}
 	return FileMount{Name: name, Target: target}, nil
+}
+
+// TmpfsMount is a parsed tmpfs entry of a service.
+type TmpfsMount struct {
+	Target string
+	// SizeBytes bounds it (0: the kernel's default, half the memory).
+	SizeBytes int64
+}
+
+// ParseTmpfs parses "/path" or "/path:SIZE" (SIZE as 64m or 1GiB).
+func ParseTmpfs(s string) (TmpfsMount, error) {
+	target, size, hasSize := strings.Cut(s, ":")
+	if !path.IsAbs(target) || path.Clean(target) == "/" {
+		return TmpfsMount{}, fmt.Errorf("tmpfs %q: the mount path must be absolute and not /", s)
+	}
+	m := TmpfsMount{Target: path.Clean(target)}
+	if hasSize {
+		b, err := ParseBytes(size)
+		if err != nil || b <= 0 {
+			return TmpfsMount{}, fmt.Errorf("tmpfs %q: want /path or /path:SIZE, SIZE like 64m", s)
+		}
+		m.SizeBytes = b
+	}
+	return m, nil
 }
 
 var volumeName = regexp.MustCompile(`^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -588,6 +616,17 @@ func (s ServiceSpec) Validate() error {
 		}
 		if targets[m.Target] {
 			add("two volumes are mounted at %s", m.Target)
+		}
+		targets[m.Target] = true
+	}
+	for _, t := range d.Tmpfs {
+		m, err := ParseTmpfs(t)
+		if err != nil {
+			add("%v", err)
+			continue
+		}
+		if targets[m.Target] {
+			add("two volumes or tmpfs are mounted at %s", m.Target)
 		}
 		targets[m.Target] = true
 	}

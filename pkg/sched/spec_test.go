@@ -83,6 +83,13 @@ func TestValidate(t *testing.T) {
 			s.Entrypoint, s.User, s.WorkDir, s.ReadOnly = []string{"sh", "-c"}, "1000:1000", "/srv", true
 		}, ""},
 		{"bad user", func(s *sched.ServiceSpec) { s.User = "a b" }, `user "a b": want user`},
+		{"tmpfs", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"/tmp", "/cache:64m"} }, ""},
+		{"tmpfs relative", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"tmp"} }, `tmpfs "tmp": the mount path must be absolute`},
+		{"tmpfs bad size", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"/tmp:lots"} }, `tmpfs "/tmp:lots": want /path or /path:SIZE`},
+		{"tmpfs on a volume", func(s *sched.ServiceSpec) {
+			s.Volumes = []string{"data:/data"}
+			s.Tmpfs = []string{"/data"}
+		}, "two volumes or tmpfs are mounted at /data"},
 		{"http health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{HTTP: "8080/healthz"} }, ""},
 		{"tcp health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{TCP: 5432, Retries: 2} }, ""},
 		{"bad http health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{HTTP: "x/y"} }, `health check http "x/y": want PORT`},

@@ -314,7 +314,7 @@ func (n *node) attach(ctx context.Context, t sched.Task, spec sched.ServiceSpec,
 
 // taskSpec is the container spec of a task.
 func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
-	return shoalrt.TaskSpec{
+	ts := shoalrt.TaskSpec{
 		ID:          t.ID,
 		Image:       spec.Image,
 		Args:        spec.Args,
@@ -329,6 +329,12 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 		LogPath:     n.logPath(t.ID),
 		Hostname:    strings.ReplaceAll(t.Service+"-"+t.Slot, ".", "-"),
 	}
+	for _, e := range spec.Tmpfs {
+		if m, err := sched.ParseTmpfs(e); err == nil { // validated on create
+			ts.Mounts = append(ts.Mounts, shoalrt.Mount{Target: m.Target, Tmpfs: true, SizeBytes: m.SizeBytes})
+		}
+	}
+	return ts
 }
 
 // watchTask follows a running container: its exit, and its health checks.

@@ -92,7 +92,7 @@ func ValidName(name string) error {
 // serviceKeys are the service options Shoal maps; ignoredKeys those it
 // ignores with a warning, as Swarm does. Any other option is refused.
 var (
-	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "environment", "deploy", "ports", "volumes", "secrets", "configs",
+	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
@@ -215,7 +215,23 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 		}
 		spec.Ports = append(spec.Ports, pt)
 	}
+	for _, t := range svc.Tmpfs {
+		entry, err := tmpfsOf(t)
+		if err != nil {
+			fail("%v", err)
+			continue
+		}
+		spec.Tmpfs = append(spec.Tmpfs, entry)
+	}
 	for _, v := range svc.Volumes {
+		if v.Type == types.VolumeTypeTmpfs {
+			entry := v.Target
+			if v.Tmpfs != nil && v.Tmpfs.Size > 0 {
+				entry += ":" + strconv.FormatInt(int64(v.Tmpfs.Size), 10)
+			}
+			spec.Tmpfs = append(spec.Tmpfs, entry)
+			continue
+		}
 		entry, vol, err := volumeOf(p, stack, v)
 		if err != nil {
 			fail("%v", err)
@@ -448,6 +464,27 @@ func portOf(p types.ServicePortConfig) (sched.Port, error) {
 		return sched.Port{}, fmt.Errorf("%s: host_ip is not supported (a published port answers on every node address)", name)
 	}
 	return sched.Port{Host: host, Container: int(p.Target), Protocol: p.Protocol, Mode: p.Mode}, nil
+}
+
+// tmpfsOf maps a tmpfs option, "/path" or Docker's "/path:OPTIONS" with
+// OPTIONS a comma-separated list of which Shoal takes size= (rw, nosuid
+// and nodev it applies anyway).
+func tmpfsOf(t string) (string, error) {
+	target, opts, _ := strings.Cut(t, ":")
+	entry := target
+	for _, o := range strings.Split(opts, ",") {
+		switch k, v, _ := strings.Cut(o, "="); k {
+		case "", "rw", "nosuid", "nodev":
+		case "size":
+			entry = target + ":" + v
+		default:
+			return "", fmt.Errorf("tmpfs %s: option %s is not supported (size only)", target, o)
+		}
+	}
+	if _, err := sched.ParseTmpfs(entry); err != nil {
+		return "", err
+	}
+	return entry, nil
 }
 
 func volumeOf(p *types.Project, stack string, v types.ServiceVolumeConfig) (string, Volume, error) {

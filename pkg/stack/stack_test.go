@@ -55,6 +55,8 @@ services:
     user: "999:999"
     working_dir: /var/lib/db
     read_only: true
+    tmpfs: ["/run", "/tmp:rw,size=64m"]
+    volumes: [{type: tmpfs, target: /cache, tmpfs: {size: 1048576}}]
     restart: "on-failure:2"
     deploy: {mode: global}
     healthcheck: {test: ["CMD", "true"]}
@@ -99,7 +101,8 @@ configs:
 	if !db.Global || db.Replicas != 0 || db.Restart.Policy != sched.RestartOnFailure || db.Restart.MaxAttempts != 2 ||
 		strings.Join(db.Health.Cmd, " ") != "true" || db.StackAlias() != "db" ||
 		strings.Join(db.Entrypoint, " ") != "/docker-entrypoint.sh" || strings.Join(db.Args, " ") != "postgres" ||
-		db.User != "999:999" || db.WorkDir != "/var/lib/db" || !db.ReadOnly {
+		db.User != "999:999" || db.WorkDir != "/var/lib/db" || !db.ReadOnly ||
+		strings.Join(db.Tmpfs, " ") != "/run /tmp:64m /cache:1048576" {
 		t.Errorf("db: %+v", db)
 	}
 	if g := jsonOf(t, plan.Volumes); g != `[{"Key":"data","Name":"app-data","External":false,"SizeBytes":2147483648,"Replicas":2},{"Key":"shared","Name":"shared","External":true,"SizeBytes":0,"Replicas":0}]` {
@@ -123,6 +126,7 @@ services:
     image: x
     cap_add: [NET_ADMIN]
     privileged: true
+    tmpfs: ["/x:noexec"]
     volumes: ["/srv:/srv"]
     ports: ["80"]
   b:
@@ -141,6 +145,7 @@ secrets:
 	for _, want := range []string{
 		"service a: cap_add is not supported by Shoal",
 		"service a: privileged is not supported by Shoal",
+		"service a: tmpfs /x: option noexec is not supported (size only)",
 		"service a: volume /srv: bind mounts of host paths are not supported",
 		"service a: port 80: publish it on a port of its own",
 		"service b: no image",

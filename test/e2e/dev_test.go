@@ -251,6 +251,7 @@ services:
     user: "1000:1000"
     working_dir: /tmp
     read_only: true
+    tmpfs: ["/cache:size=1m"]
     stop_grace_period: 1s
     secrets: [db_pass]
     configs: [{source: site, target: /etc/site.conf}]
@@ -306,8 +307,8 @@ secrets:
 		}
 	}()
 	waitFor(t, 30*time.Second, "the client reaches web by its name in the file", func() bool {
-		got, _ = ctl(3, "task", "exec", client, "--", "sh", "-c", "timeout 5 wget -qO- http://web/ && cat /run/secrets/db_pass && echo && cat /etc/site.conf && echo && id -u && pwd && (touch /x 2>/dev/null && echo rw || echo ro) && df -k /data | tail -1")
-		return strings.HasPrefix(got, "stack-web\n"+pass+"\nsite-config\n1000\n/tmp\nro\n")
+		got, _ = ctl(3, "task", "exec", client, "--", "sh", "-c", "timeout 5 wget -qO- http://web/ && cat /run/secrets/db_pass && echo && cat /etc/site.conf && echo && id -u && pwd && (touch /x 2>/dev/null && echo rw || echo ro) && touch /cache/x && echo cache-rw && df -k /data | tail -1")
+		return strings.HasPrefix(got, "stack-web\n"+pass+"\nsite-config\n1000\n/tmp\nro\ncache-rw\n")
 	})
 	if !strings.Contains(got, "shoal:app-data") {
 		t.Errorf("the client's /data is not volume app-data: %q", got)
