@@ -607,43 +607,27 @@ func (s ServiceSpec) Validate() error {
 			add("port %s: a --network host service cannot publish ports (its tasks have no overlay address to forward to; they listen on their node's own addresses already): drop --publish, or leave the service on the overlay", k)
 		}
 	}
+	// Every mount's target, whatever its kind, must be its own.
 	targets := map[string]bool{}
-	for _, v := range d.Volumes {
-		m, err := ParseVolume(v)
-		if err != nil {
-			add("%v", err)
-			continue
-		}
-		if targets[m.Target] {
-			add("two volumes are mounted at %s", m.Target)
-		}
-		targets[m.Target] = true
-	}
-	for _, t := range d.Tmpfs {
-		m, err := ParseTmpfs(t)
-		if err != nil {
-			add("%v", err)
-			continue
-		}
-		if targets[m.Target] {
-			add("two volumes or tmpfs are mounted at %s", m.Target)
-		}
-		targets[m.Target] = true
-	}
-	for _, files := range []struct {
+	for _, kind := range []struct {
 		entries []string
-		parse   func(string) (FileMount, error)
-	}{{d.Secrets, ParseSecret}, {d.Configs, ParseConfig}} {
-		for _, v := range files.entries {
-			m, err := files.parse(v)
+		target  func(string) (string, error)
+	}{
+		{d.Volumes, func(e string) (string, error) { m, err := ParseVolume(e); return m.Target, err }},
+		{d.Tmpfs, func(e string) (string, error) { m, err := ParseTmpfs(e); return m.Target, err }},
+		{d.Secrets, func(e string) (string, error) { m, err := ParseSecret(e); return m.Target, err }},
+		{d.Configs, func(e string) (string, error) { m, err := ParseConfig(e); return m.Target, err }},
+	} {
+		for _, e := range kind.entries {
+			t, err := kind.target(e)
 			if err != nil {
 				add("%v", err)
 				continue
 			}
-			if targets[m.Target] {
-				add("two volumes, secrets or configs are mounted at %s", m.Target)
+			if targets[t] {
+				add("two volumes, tmpfs, secrets or configs are mounted at %s", t)
 			}
-			targets[m.Target] = true
+			targets[t] = true
 		}
 	}
 	return errors.Join(errs...)
