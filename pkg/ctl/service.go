@@ -54,7 +54,7 @@ type specFlags struct {
 	healthTCP                                              int
 	readOnly                                               bool
 	healthInterval, healthTimeout, healthStart             time.Duration
-	healthRetries, parallelism, maxAttempts                int
+	healthRetries, parallelism, maxAttempts, maxPerNode    int
 	updateDelay, monitor, stopGrace                        time.Duration
 	force                                                  bool
 }
@@ -70,6 +70,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	fs.StringArrayVar(&f.constraints, "constraint", nil, "placement constraint, e.g. node.labels.zone==eu (repeatable)")
 	fs.StringVar(&f.placement, "placement", "", "placement strategy: spread or binpack")
+	fs.IntVar(&f.maxPerNode, "replicas-max-per-node", 0, "at most this many tasks on one node (0: no bound)")
 	fs.StringVar(&f.restart, "restart", "", "restart policy: always, on-failure or never")
 	fs.IntVar(&f.maxAttempts, "restart-max-attempts", 0, "restarts allowed per slot (0: unlimited)")
 	fs.StringVar(&f.healthCmd, "health-cmd", "", "health check command, run with sh -c in the container")
@@ -144,6 +145,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("placement") {
 		spec.Placement = sched.Strategy(f.placement)
+	}
+	if fs.Changed("replicas-max-per-node") {
+		spec.MaxPerNode = f.maxPerNode
 	}
 	if fs.Changed("restart") {
 		spec.Restart.Policy = sched.RestartCondition(f.restart)

@@ -86,6 +86,7 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"memory in GiB", []string{"--memory", "1.5GiB"}, func(s sched.ServiceSpec) bool { return s.MemoryBytes == 3<<29 }},
 		{"memory in bytes", []string{"--memory", "1048576"}, func(s sched.ServiceSpec) bool { return s.MemoryBytes == 1<<20 }},
 		{"placement", []string{"--placement", "binpack"}, func(s sched.ServiceSpec) bool { return s.Placement == sched.Binpack }},
+		{"max per node", []string{"--replicas-max-per-node", "2"}, func(s sched.ServiceSpec) bool { return s.MaxPerNode == 2 }},
 		{"restart", []string{"--restart", "on-failure", "--restart-max-attempts", "3"}, func(s sched.ServiceSpec) bool {
 			return s.Restart.Policy == sched.RestartOnFailure && s.Restart.MaxAttempts == 3
 		}},

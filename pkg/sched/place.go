@@ -5,6 +5,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -20,8 +21,11 @@ type Request struct {
 	Ports       []Port // host-mode ports only
 	Constraints []Constraint
 	Strategy    Strategy
-	// Tasks counts the service's live tasks per node (spread).
+	// Tasks counts the service's live tasks per node (spread, and
+	// MaxPerNode).
 	Tasks map[string]int
+	// MaxPerNode, if above 0, bounds the service's tasks on one node.
+	MaxPerNode int
 	// Near is, per node, the share of the task's volumes that the node
 	// holds a replica of (NearVolumes): a volume mounted there is served
 	// by its own replica, where elsewhere every operation is forwarded to
@@ -68,6 +72,7 @@ func NewRequest(spec ServiceSpec, slot string) (Request, error) {
 		Ports:       spec.WithDefaults().HostPorts(),
 		Constraints: cs,
 		Strategy:    st,
+		MaxPerNode:  spec.MaxPerNode,
 	}, nil
 }
 
@@ -156,6 +161,7 @@ const (
 	RejectDown       RejectClass = "down"
 	RejectDrained    RejectClass = "drained"
 	RejectConstraint RejectClass = "constraint"
+	RejectMaxPerNode RejectClass = "max-per-node"
 	RejectPort       RejectClass = "port"
 	RejectCPU        RejectClass = "cpu"
 	RejectMemory     RejectClass = "memory"
@@ -185,6 +191,8 @@ func (r Reject) String() string {
 		return "node is drained"
 	case RejectConstraint:
 		return "fails constraint " + r.Detail
+	case RejectMaxPerNode:
+		return "runs the service's maximum per node (" + r.Detail + ")"
 	case RejectPort:
 		return "host port " + r.Detail + " is in use"
 	case RejectCPU:
@@ -196,7 +204,8 @@ func (r Reject) String() string {
 }
 
 // Filter checks whether n can take req given its known usage u: alive,
-// active, every constraint holds, host ports free, CPU and memory fit. It
+// active, every constraint holds, fewer than MaxPerNode of the service's
+// tasks there, host ports free, CPU and memory fit. It
 // returns the first failing check, or the zero Reject.
 func Filter(req Request, n Node, u NodeUsage) Reject {
 	switch {
@@ -209,6 +218,9 @@ func Filter(req Request, n Node, u NodeUsage) Reject {
 		if !c.Match(n) {
 			return Reject{Class: RejectConstraint, Detail: c.Expr}
 		}
+	}
+	if req.MaxPerNode > 0 && req.Tasks[n.ID] >= req.MaxPerNode {
+		return Reject{Class: RejectMaxPerNode, Detail: strconv.Itoa(req.MaxPerNode)}
 	}
 	return fits(req.Resources, req.Ports, u.Free(n), u.Ports)
 }
@@ -364,6 +376,8 @@ func SummarizeRejects(total int, rejects []Reject) string {
 			p = verb("is drained", "are drained")
 		case RejectConstraint:
 			p = verb("fails", "fail") + " constraint " + r.Detail
+		case RejectMaxPerNode:
+			p = verb("runs", "run") + " the service's maximum per node (" + r.Detail + ")"
 		case RejectPort:
 			p = verb("has", "have") + " host port " + r.Detail + " in use"
 		case RejectCPU:

@@ -55,6 +55,26 @@ func TestFilter(t *testing.T) {
 	}
 }
 
+// MaxPerNode bounds the service's tasks on a node; below it, a node is
+// only ranked by spread.
+func TestFilterMaxPerNode(t *testing.T) {
+	req := request(t, sched.ServiceSpec{Name: "web", Image: "x", Replicas: 4, MaxPerNode: 2})
+	req.Tasks = map[string]int{"n1": 2, "n2": 1}
+	for id, want := range map[string]string{"n1": "runs the service's maximum per node (2)", "n2": "fits", "n3": "fits"} {
+		if got := sched.Filter(req, node(id, 1000, gib), sched.NodeUsage{}).String(); got != want {
+			t.Errorf("%s: Filter = %q, want %q", id, got, want)
+		}
+	}
+	ranked, why := sched.Place(req, []sched.Node{node("n1", 1000, gib), node("n2", 1000, gib)}, nil)
+	if !slices.Equal(ranked, []string{"n2"}) || why != "" {
+		t.Errorf("Place = %v %q, want n2 alone", ranked, why)
+	}
+	req.Tasks["n2"] = 2
+	if _, why := sched.Place(req, []sched.Node{node("n1", 1000, gib), node("n2", 1000, gib)}, nil); why != "2 nodes: 2 run the service's maximum per node (2)" {
+		t.Errorf("Place's reason = %q", why)
+	}
+}
+
 func TestPlaceSpread(t *testing.T) {
 	nodes := []sched.Node{node("n1", 4000, 8*gib), node("n2", 4000, 8*gib), node("n3", 4000, 8*gib)}
 	req := request(t, sched.ServiceSpec{Name: "web", Image: "x", CPUMillis: 500, MemoryBytes: gib})

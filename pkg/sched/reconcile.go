@@ -333,6 +333,25 @@ func (r *reconciler) countStaying(want map[string]bool) {
 		}
 		r.counts[t.Node]++
 	}
+	// A task its slot's document names whose own document has not
+	// arrived yet (its node writes it, the owner the slot's, and either
+	// may come first) counts on the node the slot names, unless it is
+	// still in flight here (counted as such): else the next round sees
+	// its node without it, and MaxPerNode would not hold.
+	for _, d := range r.docs {
+		if !want[d.Slot] {
+			continue
+		}
+		for _, named := range [][2]string{{d.Task, d.Node}, {d.Next, d.NextNode}} {
+			id, node := named[0], named[1]
+			if id == "" || r.tasks[id] != nil || r.inflight[d.Slot].TaskID == id {
+				continue
+			}
+			if n := r.nodes[node]; n != nil && n.Alive {
+				r.counts[node]++
+			}
+		}
+	}
 }
 
 type desiredSlot struct{ name, pin string }
@@ -872,6 +891,13 @@ func (r *reconciler) place(si *slotInfo, d *Slot, asNext bool, why string, resta
 		r.emit(Unschedulable{Service: r.svc.Name, Slot: si.name, Reason: reason})
 		r.wakeAt(r.now.Add(r.ttl), "retry unschedulable")
 		return
+	}
+	if req.MaxPerNode > 0 && len(ranked) > 1 {
+		// The first choice only: the fallbacks were ranked before this
+		// round's other slots took their nodes, and a fallback taken
+		// after a reject could put one task too many on a node. A
+		// rejected reserve is placed again, with fresh counts, next round.
+		ranked = ranked[:1]
 	}
 	id := r.newID()
 	// An owner that knows nothing of the slot says so (Slot.Fresh).

@@ -128,6 +128,40 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2 fresh
 `,
 		},
 		{
+			name:  "max per node: the slots beyond it stay unschedulable",
+			spec:  func() sched.ServiceSpec { s := webSpec(4); s.MaxPerNode = 1; return s }(),
+			build: func(w *world) { w.svc.Converged = 0 },
+			want: `reserve web/0 task=new1 v1 as=task on=n2 fresh
+reserve web/1 task=new2 v1 as=task on=n3 fresh
+reserve web/2 task=new3 v1 as=task on=n1 fresh
+unschedulable web/3: 3 nodes: 3 run the service's maximum per node (1)
+requeue at 00:00:10.000 (retry unschedulable)
+`,
+		},
+		{
+			// The owner's slot write can reach it before the task's own
+			// document: the task counts on the node the slot names.
+			name: "max per node counts a named task whose document has not arrived",
+			spec: func() sched.ServiceSpec { s := webSpec(3); s.MaxPerNode = 1; return s }(),
+			build: func(w *world) {
+				w.running("0", "n3")
+				w.slot("1", "t1", "n1", 1, t0.Add(-time.Second))
+				// n2 is the smaller node: spread alone would choose n1.
+				w.nodeRef("n2").Capacity.MemoryBytes = gib
+			},
+			want: "reserve web/2 task=new1 v1 as=task on=n2 fresh\nrequeue at 00:00:09.000 (task document not seen yet)\n",
+		},
+		{
+			name: "max per node counts the tasks already there",
+			spec: func() sched.ServiceSpec { s := webSpec(4); s.MaxPerNode = 2; return s }(),
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n1")
+				w.running("2", "n2")
+			},
+			want: "reserve web/3 task=new1 v1 as=task on=n3 fresh\n",
+		},
+		{
 			name:  "settled: nothing to do",
 			build: func(w *world) { w.running("0", "n1"); w.running("1", "n2"); w.running("2", "n3") },
 			want:  ``,

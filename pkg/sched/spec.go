@@ -51,6 +51,10 @@ type ServiceSpec struct {
 	Constraints []string `json:"constraints,omitempty"`
 	// Placement is the scoring strategy: spread (default) or binpack.
 	Placement Strategy `json:"placement,omitempty"`
+	// MaxPerNode, if above 0, bounds a replicated service's tasks on any
+	// one node (Swarm's --replicas-max-per-node): slots beyond what the
+	// eligible nodes can take stay unschedulable.
+	MaxPerNode int `json:"max_per_node,omitempty"`
 
 	Restart RestartPolicy `json:"restart,omitzero"`
 	Health  HealthCheck   `json:"health,omitzero"`
@@ -499,6 +503,12 @@ func (s ServiceSpec) Validate() error {
 	}
 	if d.Global && d.Replicas != 0 {
 		add("a global service runs one task per eligible node: do not also set replicas (%d)", d.Replicas)
+	}
+	if d.MaxPerNode < 0 {
+		add("max per node is %d; it must be 0 (no bound) or more", d.MaxPerNode)
+	}
+	if d.Global && d.MaxPerNode > 0 {
+		add("a global service runs one task per node: do not also set a max per node")
 	}
 	if d.CPUMillis < 0 {
 		add("cpu is %dm; it must be 0 or more", d.CPUMillis)

@@ -365,9 +365,7 @@ func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ..
 	if len(d.Placement.Preferences) > 0 {
 		warn("placement preferences are ignored (Shoal spreads by node, or binpacks)")
 	}
-	if d.Placement.MaxReplicas > 0 {
-		fail("placement: max_replicas_per_node is not supported")
-	}
+	spec.MaxPerNode = int(min(d.Placement.MaxReplicas, math.MaxInt32))
 	if rp := d.RestartPolicy; rp != nil {
 		spec.Restart = sched.RestartPolicy{}
 		switch rp.Condition {

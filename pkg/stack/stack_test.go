@@ -45,7 +45,7 @@ services:
       replicas: 3
       labels: {tier: front}
       resources: {limits: {cpus: "0.5", memory: 64M}, reservations: {cpus: "0.25"}}
-      placement: {constraints: ["node.labels.zone==eu"]}
+      placement: {constraints: ["node.labels.zone==eu"], max_replicas_per_node: 2}
       restart_policy: {condition: on-failure, delay: 2s, max_attempts: 4}
       update_config: {parallelism: 0, delay: 5s, order: start-first, failure_action: rollback, monitor: 10s}
   db:
@@ -83,7 +83,7 @@ configs:
 	want := sched.ServiceSpec{
 		Name: "app-web", Stack: "app", Image: "local/web:v2", Args: []string{"httpd", "-f", "-p", "80"},
 		Env: []string{"EMPTY=", "MODE=prod"}, Replicas: 3, CPUMillis: 500, MemoryBytes: 64 << 20,
-		Constraints: []string{"node.labels.zone==eu"}, Labels: map[string]string{"tier": "front"},
+		Constraints: []string{"node.labels.zone==eu"}, MaxPerNode: 2, Labels: map[string]string{"tier": "front"},
 		Restart: sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: 4, Delay: sched.Duration(2e9)},
 		Health:  sched.HealthCheck{Cmd: []string{"sh", "-c", "wget -q -O- localhost"}, Interval: sched.Duration(5e9), Retries: 2},
 		Update: sched.UpdateConfig{Parallelism: 1<<31 - 1, Delay: sched.Duration(5e9), Order: sched.StartFirst,
@@ -131,7 +131,7 @@ services:
     ports: ["80"]
   b:
     build: .
-    deploy: {mode: replicated-job, placement: {max_replicas_per_node: 1}}
+    deploy: {mode: replicated-job}
     secrets: [{source: s, target: "a/b"}]
   Bad_Name:
     image: x
@@ -150,7 +150,6 @@ secrets:
 		"service a: port 80: publish it on a port of its own",
 		"service b: no image",
 		`service b: deploy: mode "replicated-job" is not supported`,
-		"service b: deploy: placement: max_replicas_per_node is not supported",
 		`service b: secret "app_s:a/b": file "a/b" must be a plain file name`,
 		"service Bad_Name: its Shoal name app-Bad_Name is not a DNS label",
 	} {

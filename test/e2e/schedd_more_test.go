@@ -783,6 +783,23 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "hchttp", "hctcp", "hcsick")
 	})
 
+	t.Run("MaxPerNode", func(t *testing.T) {
+		// Four replicas, at most one per node, on three nodes: three run,
+		// one on each, and the fourth says why it waits.
+		c.mustCtl(1, "service", "create", "mpn", "--image", img, "--replicas", "4", "--replicas-max-per-node", "1",
+			"--stop-grace", "1s", "-d", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "mpn")
+		if got := c.perNode("mpn", 3); got != [3]int{1, 1, 1} {
+			t.Fatalf("mpn runs %v per node, want one on each", got)
+		}
+		waitFor(t, 10*time.Second, "the fourth slot reported unschedulable", func() bool {
+			_, errOut, code := c.ctl(2, "service", "ps", "mpn")
+			return code == 0 && strings.Contains(errOut, "3 run the service's maximum per node (1)")
+		})
+		c.mustCtl(3, "service", "scale", "mpn=3")
+		c.mustCtl(1, "service", "rm", "mpn")
+	})
+
 	t.Run("ScaleUpRightAfterScaleDown", func(t *testing.T) {
 		// Four tasks on n1 and n2, scaled to 0 and, while they are still
 		// in their stop grace (sleep ignores SIGTERM), back to 2 with n3
