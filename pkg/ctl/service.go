@@ -50,7 +50,7 @@ type specFlags struct {
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs                                         []string
 	healthCmd, network, entrypoint, user, workdir          string
-	healthHTTP                                             string
+	healthHTTP, stopSignal                                 string
 	healthTCP                                              int
 	readOnly                                               bool
 	healthInterval, healthTimeout, healthStart             time.Duration
@@ -86,6 +86,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.failure, "update-failure-action", "", "on a failed update: pause or rollback")
 	fs.DurationVar(&f.monitor, "update-monitor", 0, "time after a task starts during which its failure fails the update")
 	fs.DurationVar(&f.stopGrace, "stop-grace", 0, "time between SIGTERM and SIGKILL when stopping a task")
+	fs.StringVar(&f.stopSignal, "stop-signal", "", "signal that stops a task before the grace ends in SIGKILL (default: the image's, else SIGTERM)")
 	fs.StringArrayVar(&f.labels, "label", nil, "service label KEY=VALUE (repeatable)")
 	fs.StringArrayVarP(&f.publish, "publish", "p", nil, "publish a port HOST:CONTAINER[/tcp|udp] (repeatable)")
 	fs.StringArrayVar(&f.volumes, "volume", nil, "mount replicated volume NAME at /path in the container, NAME:/path[:ro] (repeatable; see shoalctl volume create)")
@@ -206,6 +207,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("stop-grace") {
 		spec.StopGrace = sched.Duration(f.stopGrace)
+	}
+	if fs.Changed("stop-signal") {
+		spec.StopSignal = f.stopSignal
 	}
 	if fs.Changed("label") {
 		spec.Labels = map[string]string{}

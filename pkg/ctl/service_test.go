@@ -87,6 +87,7 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"memory in bytes", []string{"--memory", "1048576"}, func(s sched.ServiceSpec) bool { return s.MemoryBytes == 1<<20 }},
 		{"placement", []string{"--placement", "binpack"}, func(s sched.ServiceSpec) bool { return s.Placement == sched.Binpack }},
 		{"max per node", []string{"--replicas-max-per-node", "2"}, func(s sched.ServiceSpec) bool { return s.MaxPerNode == 2 }},
+		{"stop signal", []string{"--stop-signal", "SIGQUIT"}, func(s sched.ServiceSpec) bool { return s.StopSignal == "SIGQUIT" }},
 		{"restart", []string{"--restart", "on-failure", "--restart-max-attempts", "3"}, func(s sched.ServiceSpec) bool {
 			return s.Restart.Policy == sched.RestartOnFailure && s.Restart.MaxAttempts == 3
 		}},

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/moby/sys/signal"
+
 	"github.com/shoal-dev/shoal/pkg/secret"
 )
 
@@ -61,6 +63,9 @@ type ServiceSpec struct {
 	Update  UpdateConfig  `json:"update,omitzero"`
 	// StopGrace is how long a stop waits after SIGTERM before SIGKILL.
 	StopGrace Duration `json:"stop_grace,omitempty"`
+	// StopSignal is sent first instead of the image's stop signal (or
+	// SIGTERM): "SIGQUIT", "QUIT" or "3".
+	StopSignal string `json:"stop_signal,omitempty"`
 
 	Labels map[string]string `json:"labels,omitempty"`
 	Ports  []Port            `json:"ports,omitempty"`
@@ -584,6 +589,11 @@ func (s ServiceSpec) Validate() error {
 	}
 	if d.StopGrace < 0 {
 		add("stop grace period must not be negative")
+	}
+	if d.StopSignal != "" {
+		if _, err := signal.ParseSignal(d.StopSignal); err != nil {
+			add("stop signal %q: want a signal such as SIGQUIT, QUIT or 3", d.StopSignal)
+		}
 	}
 	for k := range d.Labels {
 		if k == "" {

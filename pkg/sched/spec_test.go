@@ -83,6 +83,8 @@ func TestValidate(t *testing.T) {
 			s.Entrypoint, s.User, s.WorkDir, s.ReadOnly = []string{"sh", "-c"}, "1000:1000", "/srv", true
 		}, ""},
 		{"bad user", func(s *sched.ServiceSpec) { s.User = "a b" }, `user "a b": want user`},
+		{"stop signal", func(s *sched.ServiceSpec) { s.StopSignal = "SIGQUIT" }, ""},
+		{"bad stop signal", func(s *sched.ServiceSpec) { s.StopSignal = "SIGNOPE" }, `stop signal "SIGNOPE": want a signal`},
 		{"tmpfs", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"/tmp", "/cache:64m"} }, ""},
 		{"tmpfs relative", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"tmp"} }, `tmpfs "tmp": the mount path must be absolute`},
 		{"tmpfs bad size", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"/tmp:lots"} }, `tmpfs "/tmp:lots": want /path or /path:SIZE`},

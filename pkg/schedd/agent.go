@@ -322,6 +322,7 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 		User:        spec.User,
 		WorkDir:     spec.WorkDir,
 		ReadOnly:    spec.ReadOnly,
+		StopSignal:  spec.StopSignal,
 		Env:         spec.Env,
 		Labels:      map[string]string{labelTask: t.ID, labelService: t.Service, labelSlot: t.Slot},
 		CPUMillis:   spec.CPUMillis,

@@ -92,7 +92,8 @@ func ValidName(name string) error {
 // serviceKeys are the service options Shoal maps; ignoredKeys those it
 // ignores with a warning, as Swarm does. Any other option is refused.
 var (
-	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "deploy", "ports", "volumes", "secrets", "configs",
+	// env_file is compose-go's: it merges the files into environment.
+	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "env_file", "stop_signal", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
@@ -192,6 +193,7 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	if svc.StopGracePeriod != nil {
 		spec.StopGrace = sched.Duration(*svc.StopGracePeriod)
 	}
+	spec.StopSignal = svc.StopSignal
 	if r, err := restartOf(svc.Restart); err != nil {
 		fail("%v", err)
 	} else {

@@ -3,6 +3,8 @@ package stack
 import (
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -40,6 +42,7 @@ services:
     configs: [{source: site, target: /etc/site.conf}, motd]
     healthcheck: {test: ["CMD-SHELL", "wget -q -O- localhost"], interval: 5s, retries: 2}
     stop_grace_period: 20s
+    stop_signal: SIGQUIT
     depends_on: [db]
     deploy:
       replicas: 3
@@ -88,7 +91,7 @@ configs:
 		Health:  sched.HealthCheck{Cmd: []string{"sh", "-c", "wget -q -O- localhost"}, Interval: sched.Duration(5e9), Retries: 2},
 		Update: sched.UpdateConfig{Parallelism: 1<<31 - 1, Delay: sched.Duration(5e9), Order: sched.StartFirst,
 			FailureAction: sched.ActionRollback, Monitor: sched.Duration(10e9)},
-		StopGrace: sched.Duration(20e9),
+		StopGrace: sched.Duration(20e9), StopSignal: "SIGQUIT",
 		Ports: []sched.Port{{Host: 8080, Container: 80, Protocol: "tcp", Mode: "ingress"},
 			{Host: 5353, Container: 53, Protocol: "udp", Mode: "host"}},
 		Volumes: []string{"app-data:/var/www", "shared:/shared:ro"},
@@ -159,6 +162,29 @@ secrets:
 	}
 	if _, err := Convert(load(t, "x", "services:\n  a:\n    image: x\n"), "Bad"); err == nil || !strings.Contains(err.Error(), `stack name "Bad" is invalid`) {
 		t.Errorf("bad stack name: %v", err)
+	}
+}
+
+// An env_file's variables come with the environment (compose-go merges
+// them); the option itself is no reason to refuse the file.
+func TestConvertEnvFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "app.env"), []byte("FROM_FILE=yes\nA=file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p, err := loader.LoadWithContext(context.Background(), types.ConfigDetails{
+		WorkingDir:  dir,
+		ConfigFiles: []types.ConfigFile{{Filename: filepath.Join(dir, "compose.yml"), Content: []byte("services:\n  web:\n    image: x\n    env_file: app.env\n    environment: {A: \"1\"}\n")}},
+	}, func(o *loader.Options) { o.SetProjectName("app", true) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := Convert(p, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(plan.Services[0].Env, " "); got != "A=1 FROM_FILE=yes" {
+		t.Errorf("env %q, want A=1 (environment wins) FROM_FILE=yes", got)
 	}
 }
 

@@ -800,6 +800,34 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "mpn")
 	})
 
+	t.Run("StopSignal", func(t *testing.T) {
+		// --stop-signal reaches the task: its trap for SIGUSR1 ends it with
+		// status 0, where SIGTERM would have killed the shell (143).
+		c.mustCtl(1, "service", "create", "sig", "--image", img, "--stop-signal", "SIGUSR1", "--stop-grace", "30s", "--",
+			"sh", "-c", `trap "echo got-usr1; exit 0" USR1; while true; do sleep 1; done`)
+		removeIfFailed(t, c.Cluster, 1, "sig")
+		cur := c.currentTasks("sig")
+		if len(cur) != 1 {
+			t.Fatalf("sig's tasks: %v", cur)
+		}
+		id := cur[0].GetId()
+		c.mustCtlWithin(40*time.Second, 2, "service", "scale", "sig=0")
+		var last string
+		waitFor(t, 40*time.Second, "sig's task stopped by its trap", func() bool {
+			out, _, code := c.ctl(3, "task", "inspect", id, "-o", "json")
+			last = out
+			var v struct {
+				State    string
+				ExitCode int `json:"exit_code"`
+			}
+			return code == 0 && json.Unmarshal([]byte(out), &v) == nil && v.State == "stopped" && v.ExitCode == 0
+		})
+		if out := c.mustCtl(3, "task", "logs", id); !strings.Contains(out, "got-usr1") {
+			t.Errorf("sig's task logs %q lack its trap's line (inspect: %s)", out, last)
+		}
+		c.mustCtl(1, "service", "rm", "sig")
+	})
+
 	t.Run("ScaleUpRightAfterScaleDown", func(t *testing.T) {
 		// Four tasks on n1 and n2, scaled to 0 and, while they are still
 		// in their stop grace (sleep ignores SIGTERM), back to 2 with n3
