@@ -802,7 +802,8 @@ func TestSchedulerMore(t *testing.T) {
 
 	t.Run("StopSignal", func(t *testing.T) {
 		// --stop-signal reaches the task: its trap for SIGUSR1 ends it with
-		// status 0, where SIGTERM would have killed the shell (143).
+		// status 0, where the default signal would have been ignored (the
+		// shell is the container's init) until SIGKILL ended the grace.
 		c.mustCtl(1, "service", "create", "sig", "--image", img, "--stop-signal", "SIGUSR1", "--stop-grace", "30s", "--",
 			"sh", "-c", `trap "echo got-usr1; exit 0" USR1; while true; do sleep 1; done`)
 		removeIfFailed(t, c.Cluster, 1, "sig")
@@ -811,8 +812,16 @@ func TestSchedulerMore(t *testing.T) {
 			t.Fatalf("sig's tasks: %v", cur)
 		}
 		id := cur[0].GetId()
-		c.mustCtlWithin(40*time.Second, 2, "service", "scale", "sig=0")
+		// Replaced, not scaled away: a replaced task stays in its slot's
+		// history, where a task whose slot is gone is removed once stopped.
+		c.mustCtlWithin(60*time.Second, 2, "service", "update", "sig", "--force")
 		var last string
+		defer func() {
+			if t.Failed() {
+				out, errOut, _ := c.ctl(1, "service", "ps", "sig", "-a")
+				t.Logf("sig's task at the end: %s\nservice ps -a:\n%s%s", last, out, errOut)
+			}
+		}()
 		waitFor(t, 40*time.Second, "sig's task stopped by its trap", func() bool {
 			out, _, code := c.ctl(3, "task", "inspect", id, "-o", "json")
 			last = out
