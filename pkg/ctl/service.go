@@ -543,7 +543,7 @@ type serviceView struct {
 func serviceViewOf(s *schedv1.Service) serviceView {
 	v := serviceView{Name: s.GetName(), Version: s.GetVersion(), State: s.GetState(), Owner: s.GetOwner(),
 		Running: s.GetRunning(), Desired: s.GetDesired(), Unschedulable: s.GetUnschedulable(), HasPrevious: s.GetHasPrevious()}
-	json.Unmarshal(s.GetSpec(), &v.Spec)
+	v.Spec = specOf(s)
 	if s.GetUpdated() != nil {
 		t := s.GetUpdated().AsTime()
 		v.Updated = &t

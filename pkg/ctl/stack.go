@@ -244,7 +244,7 @@ func (d *stackDeployer) volumes() error {
 func (d *stackDeployer) services(prune bool) ([]*schedv1.Service, error) {
 	ctx, cancel := d.a.ctx(d.cmd)
 	defer cancel()
-	before, err := stackServices(ctx, d.schedd, d.plan.Stack)
+	before, err := servicesOfStack(ctx, d.schedd, d.plan.Stack)
 	if err != nil {
 		return nil, err
 	}
@@ -288,8 +288,8 @@ func (d *stackDeployer) services(prune bool) ([]*schedv1.Service, error) {
 	return changed, nil
 }
 
-// stackServices are the services of stack name, by service name.
-func stackServices(ctx context.Context, c *client.Schedd, name string) (map[string]*schedv1.Service, error) {
+// servicesOfStack are the services of stack name, by service name.
+func servicesOfStack(ctx context.Context, c *client.Schedd, name string) (map[string]*schedv1.Service, error) {
 	resp, err := c.ListServices(ctx, &schedv1.ListServicesRequest{})
 	if err != nil {
 		return nil, err
@@ -358,7 +358,7 @@ func (a *app) stackLs() *cobra.Command {
 // stackOf returns the services of stack name, sorted, failing with "not
 // found" for a stack without services.
 func (a *app) stackOf(ctx context.Context, c *client.Schedd, name string) ([]*schedv1.Service, error) {
-	byName, err := stackServices(ctx, c, name)
+	byName, err := servicesOfStack(ctx, c, name)
 	if err != nil {
 		return nil, err
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/shoal-dev/shoal/pkg/sched"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
@@ -109,19 +110,7 @@ func (n *node) removeImage(ctx context.Context, ref string, wait time.Duration) 
 // imageUsers lists the services whose spec, or previous spec, names the
 // image of digest dg (known by names).
 func (n *node) imageUsers(dg digest.Digest, names []string) []string {
-	w := n.readWorld()
-	var users []string
-	for _, name := range sortedKeys(w.services) {
-		svc := w.services[name]
-		uses := namesImage(svc.Spec.Image, dg, names)
-		if svc.PrevSpec != nil {
-			uses = uses || namesImage(svc.PrevSpec.Image, dg, names)
-		}
-		if uses {
-			users = append(users, name)
-		}
-	}
-	return users
+	return n.specUsers(func(spec sched.ServiceSpec) bool { return namesImage(spec.Image, dg, names) })
 }
 
 // namesImage reports whether a spec's image reference ref names the image

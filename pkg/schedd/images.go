@@ -163,21 +163,7 @@ const imageArrival = 3 * time.Second
 // awaitImage reports whether the cluster has ref, waiting up to within
 // for a record of it to arrive.
 func (n *node) awaitImage(ctx context.Context, ref string, within time.Duration) bool {
-	deadline := time.Now().Add(within)
-	for {
-		if n.imageKnown(ctx, ref) {
-			return true
-		}
-		wait := min(100*time.Millisecond, time.Until(deadline))
-		if wait <= 0 {
-			return false
-		}
-		select {
-		case <-ctx.Done():
-			return false
-		case <-time.After(wait):
-		}
-	}
+	return until(ctx, within, 100*time.Millisecond, func() bool { return n.imageKnown(ctx, ref) })
 }
 
 // ensureImage makes ref available locally, fetching it from a node that

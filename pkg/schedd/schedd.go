@@ -314,3 +314,39 @@ func (n *node) ownsAll() bool {
 	_, err := os.Stat(filepath.Join(n.cfg.StateDir, "debug-own-all"))
 	return err == nil
 }
+
+// specUsers lists, sorted, the services whose spec, or the previous spec
+// a rollback returns to, satisfies uses: what removing an image, secret
+// or config would take from them.
+func (n *node) specUsers(uses func(sched.ServiceSpec) bool) []string {
+	w := n.readWorld()
+	var users []string
+	for _, name := range sortedKeys(w.services) {
+		svc := w.services[name]
+		if uses(svc.Spec) || (svc.PrevSpec != nil && uses(*svc.PrevSpec)) {
+			users = append(users, name)
+		}
+	}
+	return users
+}
+
+// until calls done every interval until it returns true (true), ctx ends
+// or within has passed (false): a wait for something another node is
+// sending this one.
+func until(ctx context.Context, within, interval time.Duration, done func() bool) bool {
+	deadline := time.Now().Add(within)
+	for {
+		if done() {
+			return true
+		}
+		wait := min(interval, time.Until(deadline))
+		if wait <= 0 {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(wait):
+		}
+	}
+}

@@ -123,18 +123,13 @@ const secretArrival = 10 * time.Second
 // readSecret reads secret (or config) name from this node's statd,
 // waiting up to secretArrival for it to arrive.
 func (n *node) readSecret(ctx context.Context, k fileKind, name string) (*clusterv1.ReadSecretResponse, error) {
-	deadline := time.Now().Add(secretArrival)
-	for {
-		resp, err := n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: name, Config: k.config})
-		if status.Code(err) != codes.NotFound || !time.Now().Before(deadline) {
-			return resp, err
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+	var resp *clusterv1.ReadSecretResponse
+	var err error
+	until(ctx, secretArrival, 200*time.Millisecond, func() bool {
+		resp, err = n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: name, Config: k.config})
+		return status.Code(err) != codes.NotFound
+	})
+	return resp, err
 }
 
 // writeSecretFile replaces path with data, readable by every user of the
@@ -202,23 +197,14 @@ func (n *node) checkSecrets(ctx context.Context, spec sched.ServiceSpec) error {
 // secretUsers lists the services whose spec, or previous spec, names
 // secret (or config) name.
 func (n *node) secretUsers(k fileKind, name string) []string {
-	names := func(spec sched.ServiceSpec) bool {
+	return n.specUsers(func(spec sched.ServiceSpec) bool {
 		for _, s := range k.entries(spec) {
 			if m, err := k.parse(s); err == nil && m.Name == name {
 				return true
 			}
 		}
 		return false
-	}
-	w := n.readWorld()
-	var users []string
-	for _, svc := range sortedKeys(w.services) {
-		s := w.services[svc]
-		if names(s.Spec) || (s.PrevSpec != nil && names(*s.PrevSpec)) {
-			users = append(users, svc)
-		}
-	}
-	return users
+	})
 }
 
 // removeSecret deletes secret (or config) name once no service names it.
