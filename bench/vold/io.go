@@ -242,8 +242,14 @@ func seqWrite(path string, buf []byte, size int64) (time.Duration, error) {
 
 // random writes 4 KiB blocks at random aligned offsets of a preallocated
 // file with O_DSYNC, one at a time, for c.randDur per target and rep.
-func (b *bench) random(ctx context.Context) randResult {
+//
+// full adds the several-writer rows and the -profile captures; the
+// second pass (haltpoll.go) leaves them out.
+func (b *bench) random(ctx context.Context, full bool) randResult {
 	c := b.c
+	if !full {
+		c.randWriters = 0
+	}
 	targets, leader, follower := b.mountTargets(ctx, "bench-rand")
 	defer func() {
 		b.unmount(ctx, leader, benchVol, "bench-rand")
@@ -303,7 +309,7 @@ func (b *bench) random(ctx context.Context) randResult {
 				m0 = b.raftCounters(ctx)
 			}
 			runProfiled := func() {}
-			if rep == 0 && t.profile != "" {
+			if rep == 0 && t.profile != "" && full {
 				// Of one mount's run, not of the phase: a profile that
 				// mixed the targets would hide which mount costs what.
 				runProfiled = b.startProfiles(ctx, "rand-"+t.profile, c.randDur)

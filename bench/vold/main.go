@@ -91,6 +91,8 @@ type config struct {
 	profileTrace bool
 	readDur      time.Duration
 	replicas     int
+	// haltPollNs: the 4 KiB rows' second pass (haltpoll.go).
+	haltPollNs int
 }
 
 func main() {
@@ -119,6 +121,7 @@ func main() {
 	flag.DurationVar(&c.profileFor, "profile-duration", 10*time.Second, "length of each -profile capture")
 	flag.DurationVar(&c.readDur, "read-duration", 3*time.Second, "length of each run of the random read phase (4 KiB reads through the leader's mount, alone and beside a writer); 0 leaves the phase out")
 	flag.BoolVar(&c.profileTrace, "profile-trace", false, "with -profile, take Go execution traces (<phase>-node<i>.trace) where CPU profiles would be taken")
+	flag.IntVar(&c.haltPollNs, "halt-poll-ns", 200000, "measure the single-writer 4 KiB rows a second time with a KVM guest's halt polling ("+haltPollParam+") at this many ns, the kernel's default, when the machine runs with another value (put back afterwards); 0 leaves the second pass out")
 	seed := flag.Uint64("seed", 1, "random seed (offsets, payloads)")
 	flag.Parse()
 	for _, s := range strings.Split(clients, ",") {
@@ -276,6 +279,7 @@ type results struct {
 	idle0                 idleResult
 	seq                   seqResult
 	rnd                   randResult
+	rndPolled             *polledRand
 	kv                    []kvResult
 	kvLeader              int
 	fo                    []foResult
@@ -346,7 +350,8 @@ func (b *bench) run(ctx context.Context, setCluster func(*devcluster.Cluster)) *
 	progress("sequential writes: %d × %d MiB", c.reps, c.seqMiB)
 	r.seq = b.sequential(ctx)
 	progress("random 4 KiB O_DSYNC writes: %d × %v", c.reps, c.randDur)
-	r.rnd = b.random(ctx)
+	r.rnd = b.random(ctx, true)
+	r.rndPolled = b.randomPolled(ctx)
 
 	if c.readDur > 0 {
 		progress("random 4 KiB reads: %d × %v, alone and beside a writer", c.reps, c.readDur)

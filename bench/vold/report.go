@@ -102,6 +102,17 @@ func (r *results) printRand(c config) {
 	fmt.Printf("### Synchronous random 4 KiB writes\n\n")
 	fmt.Printf("One thread writing 4 KiB blocks (`pwrite`) at random 4 KiB-aligned offsets of a preallocated %d MiB file opened with O_DSYNC, for %v per run, %d runs per target interleaved as above (three writers at once write a file each); the same targets (the volume mounted on node %d, the leader's, and node %d, %s). Latency is per write, over all runs. On the local filesystem each write waits for the disk (this is the disk's synchronous write rate, the context of the KV figures below); in the volume each write is a Raft proposal committed on a quorum (each replica's log write is a record synced in its raft journal) and applied; the mount answers FSYNC with ENOSYS, so O_DSYNC costs no second round trip.\n\n",
 		c.randMiB, c.randDur, c.reps, s.leader, s.follower, secondMount(c))
+	ok := s.printTable()
+	iops, local := s.medianIOPS, s.medianIOPS(rowLocal)
+	fmt.Printf("\n%s IOPS are per writer.\n\n%s\n\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. *Journal syncs / Raft rounds per write*: the medians over the runs of the three volds' synced journal writes and Raft loop rounds together (shoal_vold_raft_syncs_total, shoal_vold_raft_rounds_total) per write; three syncs per write means none was shared. %s %s Leadership: %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
+		threeWritersNote, slowWriteNote, s.snapshotNote(), s.timeNote(), s.led.note(s.follower), s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
+	r.printRandMany(c)
+	r.printPolled(c)
+}
+
+// printTable prints the single-writer rows of the 4 KiB table and reports
+// whether both mounts met the goal.
+func (s randResult) printTable() bool {
 	fmt.Printf("| written to | IOPS per run | median IOPS | p50 | p99 | max | time in writes over %d ms | CPU per write | journal syncs / Raft rounds per write | × local | × each of three local writers |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n", slowWrite.Milliseconds())
 	iops := s.medianIOPS
 	local, local3 := iops(rowLocal), iops(rowLocal3)
@@ -123,9 +134,24 @@ func (r *results) printRand(c config) {
 		}
 		fmt.Printf("| %s | %s | %.0f | %s | %s | %s | %.1f%% | %s | %s | %s | %s |\n", sum.name, sum.perRun, m, dur(pctl(sum.lat, 0.5)), dur(pctl(sum.lat, 0.99)), dur(worst), 100*slowShare(sum.lat, slowWrite), dur(sum.cpu), s.raftPerWrite(row), rat, rat3)
 	}
-	fmt.Printf("\n%s IOPS are per writer.\n\n%s\n\n*CPU per write* is the median over the runs of the CPU time of the writer and the whole cluster during a run, per write. *Journal syncs / Raft rounds per write*: the medians over the runs of the three volds' synced journal writes and Raft loop rounds together (shoal_vold_raft_syncs_total, shoal_vold_raft_rounds_total) per write; three syncs per write means none was shared. %s %s Leadership: %s Meanwhile %s. **Goal ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×).\n\n",
-		threeWritersNote, slowWriteNote, s.snapshotNote(), s.timeNote(), s.led.note(s.follower), s.load, randGoal, metStr(ok), iops(rowLeader)/local, iops(rowFollower)/local)
-	r.printRandMany(c)
+	return ok
+}
+
+// printPolled prints the second pass of the 4 KiB rows (haltpoll.go).
+func (r *results) printPolled(c config) {
+	p := r.rndPolled
+	if p == nil {
+		return
+	}
+	s := p.rnd
+	fmt.Printf("#### The same with the kernel's default guest halt polling\n\n")
+	fmt.Printf("This machine is a KVM guest whose cpuidle driver is haltpoll, booted with its guest halt polling at %d ns (`%s`): an idle vCPU halts into the host at once, and waking it costs more than a wake-up of a vCPU that polls. A write through a volume waits idle several times on its way (a follower for the append and for its sync, the leader for the acknowledgement, the writer for FUSE's answer), a local synchronous write once. The single-writer rows again, the same way, with the setting at the kernel's default, %d ns, for this pass only (put back afterwards): the local baseline and the volume both measured with it. Shoal sets nothing of the kind; the goal is judged on the table above, as the machine runs.\n\n",
+		p.was, haltPollParam, p.ns)
+	ok := s.printTable()
+	local := s.medianIOPS(rowLocal)
+	fmt.Printf("\n%s %s Leadership: %s Meanwhile %s. **With halt polling at %d ns, ≥ %.1f× local (both mounts): %s** (leader's node %.2f×, follower's node %.2f×; as booted %.2f× and %.2f×).\n\n",
+		s.snapshotNote(), s.timeNote(), s.led.note(s.follower), s.load, p.ns, randGoal, metStr(ok), s.medianIOPS(rowLeader)/local, s.medianIOPS(rowFollower)/local,
+		r.rnd.medianIOPS(rowLeader)/r.localIOPS(), r.rnd.medianIOPS(rowFollower)/r.localIOPS())
 }
 
 // medianIOPS is a row's median IOPS over its runs.
