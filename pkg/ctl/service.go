@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -45,8 +46,9 @@ func (a *app) serviceCommand() *cobra.Command {
 // specFlags are the service flags shared by create and update.
 type specFlags struct {
 	image, cpu, memory, placement, restart, order, failure string
-	replicas                                               int
+	replicas, maxConcurrent                                int
 	global                                                 bool
+	mode                                                   string
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs                                         []string
 	healthCmd, network, entrypoint, user, workdir          string
@@ -63,8 +65,10 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.image, "image", "", "image reference, e.g. local/busybox:latest")
 	fs.IntVar(&f.replicas, "replicas", 1, "number of tasks")
 	if create {
-		fs.BoolVar(&f.global, "global", false, "run one task on every eligible node")
+		fs.BoolVar(&f.global, "global", false, "run one task on every eligible node (--mode global)")
+		fs.StringVar(&f.mode, "mode", "", "replicated (default), global, replicated-job (--replicas tasks run to completion) or global-job (one per eligible node)")
 	}
+	fs.IntVar(&f.maxConcurrent, "max-concurrent", 0, "a replicated job's tasks running at once (0: all of --replicas)")
 	fs.StringVar(&f.cpu, "cpu", "", "CPUs reserved and limited per task: 0.5, 2 or 500m")
 	fs.StringVar(&f.memory, "memory", "", "memory reserved and limited per task: 256m, 1GiB")
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
@@ -110,11 +114,24 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	if set("image") {
 		spec.Image = f.image
 	}
+	if create && fs.Changed("global") && fs.Changed("mode") {
+		return usageError{errors.New("--global and --mode: give one (--global is --mode global)")}
+	}
 	if create && fs.Changed("global") {
 		spec.Global = f.global
-		if !fs.Changed("replicas") {
-			f.replicas = 0
+	}
+	if create && fs.Changed("mode") {
+		if err := spec.SetMode(f.mode); err != nil {
+			return usageError{err}
 		}
+		if spec.Job && !fs.Changed("restart") {
+			// Written out, so that a node too old to know jobs
+			// does not run a finished task again.
+			spec.Restart.Policy = sched.RestartOnFailure
+		}
+	}
+	if create && spec.Global && !fs.Changed("replicas") {
+		f.replicas = 0
 	}
 	if set("replicas") {
 		spec.Replicas = f.replicas
@@ -146,6 +163,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("placement") {
 		spec.Placement = sched.Strategy(f.placement)
+	}
+	if fs.Changed("max-concurrent") {
+		spec.MaxConcurrent = f.maxConcurrent
 	}
 	if fs.Changed("replicas-max-per-node") {
 		spec.MaxPerNode = f.maxPerNode
@@ -528,12 +548,14 @@ func (a *app) serviceRm() *cobra.Command {
 
 // serviceView is a service in -o json/yaml output.
 type serviceView struct {
-	Name          string            `json:"name"`
-	Version       uint64            `json:"version"`
-	State         string            `json:"state"`
-	Owner         string            `json:"owner"`
-	Running       uint32            `json:"running"`
-	Desired       uint32            `json:"desired"`
+	Name    string `json:"name"`
+	Version uint64 `json:"version"`
+	State   string `json:"state"`
+	Owner   string `json:"owner"`
+	Running uint32 `json:"running"`
+	Desired uint32 `json:"desired"`
+	// Completed counts a job's tasks that exited 0.
+	Completed     uint32            `json:"completed,omitempty"`
 	Unschedulable []string          `json:"unschedulable,omitempty"`
 	Spec          sched.ServiceSpec `json:"spec"`
 	Updated       *time.Time        `json:"updated,omitempty"`
@@ -542,7 +564,7 @@ type serviceView struct {
 
 func serviceViewOf(s *schedv1.Service) serviceView {
 	v := serviceView{Name: s.GetName(), Version: s.GetVersion(), State: s.GetState(), Owner: s.GetOwner(),
-		Running: s.GetRunning(), Desired: s.GetDesired(), Unschedulable: s.GetUnschedulable(), HasPrevious: s.GetHasPrevious()}
+		Running: s.GetRunning(), Desired: s.GetDesired(), Completed: s.GetCompleted(), Unschedulable: s.GetUnschedulable(), HasPrevious: s.GetHasPrevious()}
 	v.Spec = specOf(s)
 	if s.GetUpdated() != nil {
 		t := s.GetUpdated().AsTime()
@@ -551,11 +573,14 @@ func serviceViewOf(s *schedv1.Service) serviceView {
 	return v
 }
 
-func mode(spec sched.ServiceSpec) string {
-	if spec.Global {
-		return "global"
+// replicasText is `service ls`'s REPLICAS: running/desired, and for a
+// job its completions too, as Swarm shows them.
+func replicasText(v serviceView) string {
+	s := fmt.Sprintf("%d/%d", v.Running, v.Desired)
+	if v.Spec.Job {
+		s += fmt.Sprintf(" (%d/%d completed)", v.Completed, v.Desired)
 	}
-	return "replicated"
+	return s
 }
 
 func (a *app) serviceLs() *cobra.Command {
@@ -594,7 +619,7 @@ func renderServices(a *app, format string, views []serviceView) error {
 	return render(a.out, format, views, func(tw *tabwriter.Writer) {
 		fmt.Fprintln(tw, "NAME\tMODE\tREPLICAS\tIMAGE\tVERSION\tSTATE\tOWNER")
 		for _, v := range views {
-			fmt.Fprintf(tw, "%s\t%s\t%d/%d\t%s\t%d\t%s\t%s\n", v.Name, mode(v.Spec), v.Running, v.Desired, v.Spec.Image, v.Version, v.State, v.Owner)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", v.Name, v.Spec.Mode(), replicasText(v), v.Spec.Image, v.Version, v.State, v.Owner)
 		}
 	})
 }
@@ -775,7 +800,11 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 			}
 			return err
 		}
+		job := specOf(s).Job
 		line := fmt.Sprintf("%s: %d/%d running (version %d, %s)", name, s.GetRunning(), s.GetDesired(), s.GetVersion(), s.GetState())
+		if job {
+			line = fmt.Sprintf("%s: %d/%d completed, %d running (version %d, %s)", name, s.GetCompleted(), s.GetDesired(), s.GetRunning(), s.GetVersion(), s.GetState())
+		}
 		if len(s.GetUnschedulable()) > 0 {
 			line += "; unschedulable: " + strings.Join(s.GetUnschedulable(), "; ")
 		}
@@ -788,6 +817,16 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 		case version > 0 && s.GetVersion() > version && (s.GetState() == "rolling-back" || s.GetConverged() >= s.GetVersion()):
 			done()
 			return fmt.Errorf("update of %s to version %d failed and was rolled back (now version %d, the previous spec)", name, version, s.GetVersion())
+		case job && s.GetState() == "active" && s.GetConverged() >= s.GetVersion():
+			// Every slot finished: completed, or failed under its
+			// restart policy.
+			done()
+			if s.GetCompleted() < s.GetDesired() {
+				return fmt.Errorf("job %s finished with %d of %d tasks completed; the others failed (see `shoalctl service ps -a %s`)", name, s.GetCompleted(), s.GetDesired(), name)
+			}
+			fmt.Fprintf(a.errOut, "job %s complete: %d/%d completed\n", name, s.GetCompleted(), s.GetDesired())
+			return nil
+		case job:
 		case s.GetState() == "active" && (s.GetConverged() >= s.GetVersion() || !rollout) && s.GetRunning() == s.GetDesired():
 			done()
 			fmt.Fprintf(a.errOut, "%s converged: %d/%d running\n", name, s.GetRunning(), s.GetDesired())

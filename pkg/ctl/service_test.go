@@ -104,6 +104,13 @@ func TestServiceCreateFlags(t *testing.T) {
 			return s.Replicas == 3 && strings.Join(s.Args, " ") == "sleep 10"
 		}},
 		{"global", []string{"--global"}, func(s sched.ServiceSpec) bool { return s.Global && s.Replicas == 0 }},
+		{"mode global", []string{"--mode", "global"}, func(s sched.ServiceSpec) bool { return s.Global && !s.Job && s.Replicas == 0 }},
+		{"replicated job", []string{"--mode", "replicated-job", "--replicas", "5", "--max-concurrent", "2"}, func(s sched.ServiceSpec) bool {
+			return s.Job && !s.Global && s.Replicas == 5 && s.MaxConcurrent == 2 && s.Restart.Policy == sched.RestartOnFailure
+		}},
+		{"global job", []string{"--mode", "global-job", "--restart", "never"}, func(s sched.ServiceSpec) bool {
+			return s.Job && s.Global && s.Replicas == 0 && s.Restart.Policy == sched.RestartNever
+		}},
 		{"health http", []string{"--health-http", "8080/healthz"}, func(s sched.ServiceSpec) bool { return s.Health.HTTP == "8080/healthz" && s.Health.Cmd == nil }},
 		{"health tcp", []string{"--health-tcp", "5432"}, func(s sched.ServiceSpec) bool { return s.Health.TCP == 5432 }},
 		{"tmpfs", []string{"--tmpfs", "/tmp", "--tmpfs", "/cache:64m"}, func(s sched.ServiceSpec) bool { return strings.Join(s.Tmpfs, " ") == "/tmp /cache:64m" }},
@@ -157,6 +164,10 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--entrypoint", "sh -c 'unclosed"}, `--entrypoint "sh -c 'unclosed"`},
 		{[]string{"--workdir", "srv"}, `working directory "srv" must be absolute`},
 		{[]string{"--publish", "80"}, `--publish "80": want HOST:CONTAINER[/tcp|udp]`},
+		{[]string{"--mode", "batch"}, `mode "batch" is unknown: use replicated, global, replicated-job or global-job`},
+		{[]string{"--mode", "global", "--global"}, "--global and --mode: give one"},
+		{[]string{"--mode", "replicated-job", "--restart", "always"}, "a job runs to completion: restart policy always"},
+		{[]string{"--max-concurrent", "2"}, "max concurrent bounds a replicated job's tasks"},
 	} {
 		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
 			args := append([]string{"--run-dir", dir, "service", "create", "web", "--image", "local/busybox:latest", "--detach"}, tc.flags...)

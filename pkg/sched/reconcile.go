@@ -164,6 +164,10 @@ type reconciler struct {
 	// which rewrites the whole document anyway, came first.
 	clearNext map[string]AssignSlot
 
+	// jobRoom is how many more slots of a replicated job with
+	// MaxConcurrent may start this round (-1: no bound).
+	jobRoom int
+
 	out  []Action
 	wake time.Time
 	why  string
@@ -274,8 +278,11 @@ func (r *reconciler) run() {
 	for i, d := range desired {
 		infos[i] = r.classify(d.name, d.pin)
 	}
+	r.jobRoom = r.jobStartsAllowed(infos)
 	rolling := r.svc.Converged < r.svc.Version
-	if rolling && r.svc.State != ServicePaused && r.checkUpdateFailure() {
+	// A job's failed task is its restart policy's business, not a
+	// failed update's (Swarm ignores a job's update config).
+	if rolling && r.svc.State != ServicePaused && !r.spec.Job && r.checkUpdateFailure() {
 		return
 	}
 	var outdated []*slotInfo
@@ -562,6 +569,11 @@ func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
 		// A new task counts against the update's parallelism until it
 		// has run through the monitor period.
 		done := r.monitored(t)
+		if r.spec.Job {
+			// A job's slot is done when its task finishes: the
+			// service converges once the job has run.
+			return slotResult{busy: !done}
+		}
 		return slotResult{done: done, busy: !done}
 	case stMisplaced:
 		why := "node " + t.Node + " is drained"
@@ -723,8 +735,51 @@ func (r *reconciler) vacant(si *slotInfo, d *Slot) slotResult {
 		r.place(si, d, false, "node "+lost.Node+" is down", lost.Restarts, lost, lost.ID)
 		return slotResult{busy: true}
 	}
+	if !r.jobStart() {
+		return slotResult{}
+	}
 	r.place(si, d, false, "", restarts, nil, "")
 	return slotResult{busy: true}
+}
+
+// jobStartsAllowed is how many slots of a replicated job with
+// MaxConcurrent may start now: the bound less the slots under way (a
+// task named and not finished under its restart policy, or a Reserve in
+// flight); -1 when nothing bounds them.
+func (r *reconciler) jobStartsAllowed(infos []*slotInfo) int {
+	if !r.spec.Job || r.spec.Global || r.spec.MaxConcurrent <= 0 {
+		return -1
+	}
+	room := r.spec.MaxConcurrent
+	for _, si := range infos {
+		if _, ok := r.inflight[si.name]; ok {
+			room--
+			continue
+		}
+		d := si.doc
+		if d == nil || (d.Task == "" && d.Next == "") {
+			continue
+		}
+		if d.Next == "" && si.curSt == stDown && r.settled(si.cur) {
+			continue // complete, failed for good, or waiting to run again
+		}
+		room--
+	}
+	return max(room, 0)
+}
+
+// jobStart takes one start from a bounded job's room for this round; it
+// reports false when there is none left (the slot waits for a running one
+// to finish).
+func (r *reconciler) jobStart() bool {
+	switch {
+	case r.jobRoom < 0:
+		return true
+	case r.jobRoom == 0:
+		return false
+	}
+	r.jobRoom--
+	return true
 }
 
 // lostUnnamed returns the newest task of a slot without one that runs, as
@@ -770,25 +825,24 @@ func (r *reconciler) replaceDown(si *slotInfo, d *Slot, t *Task) slotResult {
 			return slotResult{}
 		}
 	}
-	spec := r.specFor(t)
-	pol := spec.Restart
-	budget := pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts
-	var ok bool
+	pol := r.specFor(t).Restart
 	restarts := t.Restarts + 1
-	switch t.State {
-	case TaskStopped:
+	if t.State == TaskStopped {
 		// Not the restart policy's doing (the reservation expired
 		// before the slot named it, or it was stopped by hand):
 		// replace at once.
-		ok, restarts = true, t.Restarts
-	case TaskUnhealthy:
-		ok = budget
-	case TaskFailed:
-		ok = budget && pol.Policy != RestartNever
-	case TaskExited:
-		ok = budget && pol.Policy == RestartAlways
+		restarts = t.Restarts
 	}
-	if !ok {
+	if r.settled(t) {
+		if r.spec.Job && !r.current(t) && !r.keepPrev(t) {
+			// An update (or --force) runs a job again: every slot
+			// starts afresh with the new spec.
+			if !r.jobStart() {
+				return slotResult{}
+			}
+			r.place(si, d, false, "", 0, t, "")
+			return slotResult{busy: true}
+		}
 		// Finished under its restart policy: the slot stays as it is.
 		return slotResult{done: r.current(t)}
 	}
@@ -801,6 +855,26 @@ func (r *reconciler) replaceDown(si *slotInfo, d *Slot, t *Task) slotResult {
 	}
 	r.place(si, d, false, "task "+t.ID+" is "+string(t.State), restarts, t, "")
 	return slotResult{}
+}
+
+// settled reports whether the restart policy leaves the slot of the
+// terminal task t as it is: t exited and the policy restarts only
+// failures (a job's task is then complete), or t failed and the policy
+// allows no more restarts.
+func (r *reconciler) settled(t *Task) bool {
+	pol := r.specFor(t).Restart
+	budget := pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts
+	switch t.State {
+	case TaskStopped:
+		return false
+	case TaskUnhealthy:
+		return !budget
+	case TaskFailed:
+		return !budget || pol.Policy == RestartNever
+	case TaskExited:
+		return !budget || pol.Policy != RestartAlways
+	}
+	return false
 }
 
 // specFor is the spec a replacement of t runs: the current one, except

@@ -85,6 +85,24 @@ func (w *world) slot(slot, task, node string, version int64, at time.Time) *sche
 	return &w.slots[len(w.slots)-1]
 }
 
+// finished adds a terminal task of the current version named by its slot,
+// which ended a second before t0 after restarts restarts.
+func (w *world) finished(slot, node string, st sched.TaskState, restarts int) {
+	id := "t" + slot
+	t := w.task(id, slot, node, st, t0.Add(-time.Hour))
+	t.Finished, t.Restarts = t0.Add(-time.Second), restarts
+	if st == sched.TaskFailed {
+		t.ExitCode = 1
+	}
+	w.slot(slot, id, node, w.svc.Version, t0.Add(-time.Hour))
+}
+
+func jobSpec(completions, maxConcurrent int) sched.ServiceSpec {
+	s := webSpec(completions)
+	s.Job, s.MaxConcurrent = true, maxConcurrent
+	return s
+}
+
 // running adds a running task of the current version named by its slot.
 func (w *world) running(slot, node string) {
 	id := "t" + slot
@@ -160,6 +178,63 @@ requeue at 00:00:10.000 (retry unschedulable)
 				w.running("2", "n2")
 			},
 			want: "reserve web/3 task=new1 v1 as=task on=n3 fresh\n",
+		},
+		{
+			name:  "job: at most max concurrent slots start",
+			spec:  jobSpec(3, 1),
+			build: func(w *world) { w.svc.Converged = 0 },
+			want:  "reserve web/0 task=new1 v1 as=task on=n2,n3,n1 fresh\n",
+		},
+		{
+			name: "job: a completed slot makes room for the next",
+			spec: jobSpec(4, 2),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.finished("0", "n1", sched.TaskExited, 0)
+				w.running("1", "n2")
+			},
+			want: "reserve web/2 task=new1 v1 as=task on=n3,n1,n2 fresh\n",
+		},
+		{
+			name: "job: a failed slot's replacement holds its room",
+			spec: jobSpec(3, 1),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.finished("0", "n1", sched.TaskFailed, 0)
+			},
+			want: "reserve web/0 task=new1 v1 as=task on=n2,n3,n1 restarts=1\n",
+		},
+		{
+			name: "job: running tasks do not converge it",
+			spec: jobSpec(2, 0),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.running("0", "n1")
+				w.finished("1", "n2", sched.TaskExited, 0)
+			},
+			want: "",
+		},
+		{
+			name: "job: converged once every slot completed or failed for good",
+			spec: func() sched.ServiceSpec { s := jobSpec(3, 1); s.Restart.MaxAttempts = 1; return s }(),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.finished("0", "n1", sched.TaskExited, 0)
+				w.finished("1", "n2", sched.TaskFailed, 1)
+				w.finished("2", "n3", sched.TaskExited, 0)
+			},
+			want: "service web state=active converged=v1: every slot runs version 1\n",
+		},
+		{
+			name: "job: an update runs it again, max concurrent at a time",
+			spec: jobSpec(3, 2),
+			build: func(w *world) {
+				for i, n := range []string{"n1", "n2", "n3"} {
+					w.finished(fmt.Sprint(i), n, sched.TaskExited, 0)
+				}
+				w.update(func(s *sched.ServiceSpec) { s.ForceUpdate++ })
+			},
+			want: "reserve web/0 task=new1 v2 as=task on=n2,n3,n1\nreserve web/1 task=new2 v2 as=task on=n3,n1,n2\n",
 		},
 		{
 			name:  "settled: nothing to do",

@@ -42,6 +42,16 @@ type ServiceSpec struct {
 	// must leave Replicas at 0.
 	Replicas int  `json:"replicas"`
 	Global   bool `json:"global,omitempty"`
+	// Job makes the service a job (Swarm's replicated-job, or global-job
+	// with Global): each slot runs its task to completion once, and a
+	// task that exits 0 is complete, not replaced. Replicas is then the
+	// number of completions; an update (or --force) runs the job again.
+	// The restart policy defaults to on-failure and may not be always.
+	Job bool `json:"job,omitempty"`
+	// MaxConcurrent, if above 0, bounds how many of a replicated job's
+	// slots run at once (Swarm's --max-concurrent); the others start as
+	// those complete or fail for good.
+	MaxConcurrent int `json:"max_concurrent,omitempty"`
 
 	// CPUMillis and MemoryBytes are both the reservation placement counts
 	// against a node's capacity and the limit the runtime enforces.
@@ -390,6 +400,9 @@ func (s ServiceSpec) WithDefaults() ServiceSpec {
 	}
 	if s.Restart.Policy == "" {
 		s.Restart.Policy = RestartAlways
+		if s.Job {
+			s.Restart.Policy = RestartOnFailure
+		}
 	}
 	if s.Restart.Delay == 0 {
 		s.Restart.Delay = Duration(DefaultRestartDelay)
@@ -508,6 +521,15 @@ func (s ServiceSpec) Validate() error {
 	}
 	if d.Global && d.Replicas != 0 {
 		add("a global service runs one task per eligible node: do not also set replicas (%d)", d.Replicas)
+	}
+	if d.Job && d.Restart.Policy == RestartAlways {
+		add("a job runs to completion: restart policy always would run it forever; use on-failure or never")
+	}
+	if d.MaxConcurrent < 0 {
+		add("max concurrent is %d; it must be 0 (no bound) or more", d.MaxConcurrent)
+	}
+	if d.MaxConcurrent > 0 && (!d.Job || d.Global) {
+		add("max concurrent bounds a replicated job's tasks: the service is not one")
 	}
 	if d.MaxPerNode < 0 {
 		add("max per node is %d; it must be 0 (no bound) or more", d.MaxPerNode)
@@ -658,10 +680,11 @@ func (s ServiceSpec) Validate() error {
 // to a previous spec makes the tasks still running it current again, and
 // an update that changes nothing replaces nothing.
 func (s ServiceSpec) Digest() string {
-	// Replicas and the update config are the owner's business: changing
-	// them must not replace running tasks (a scale is not a rollout).
+	// Replicas, a job's concurrency and the update config are the
+	// owner's business: changing them must not replace running tasks (a
+	// scale is not a rollout).
 	c := s.WithDefaults()
-	c.Replicas, c.Update = 0, UpdateConfig{}
+	c.Replicas, c.MaxConcurrent, c.Update = 0, 0, UpdateConfig{}
 	b, err := json.Marshal(c)
 	if err != nil { // cannot happen: the spec has only plain types
 		panic(err)
@@ -712,5 +735,38 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 		return fmt.Errorf("duration: want a string like \"10s\" or nanoseconds, got %s", b)
 	}
 	*d = Duration(n)
+	return nil
+}
+
+// Service modes, as Swarm names them (`--mode`).
+const (
+	ModeReplicated    = "replicated"
+	ModeGlobal        = "global"
+	ModeReplicatedJob = "replicated-job"
+	ModeGlobalJob     = "global-job"
+)
+
+// Mode names the spec's mode.
+func (s ServiceSpec) Mode() string {
+	switch {
+	case s.Global && s.Job:
+		return ModeGlobalJob
+	case s.Global:
+		return ModeGlobal
+	case s.Job:
+		return ModeReplicatedJob
+	}
+	return ModeReplicated
+}
+
+// SetMode sets Global and Job from a mode's name.
+func (s *ServiceSpec) SetMode(mode string) error {
+	switch mode {
+	case ModeReplicated, ModeGlobal, ModeReplicatedJob, ModeGlobalJob:
+	default:
+		return fmt.Errorf("mode %q is unknown: use %s, %s, %s or %s", mode, ModeReplicated, ModeGlobal, ModeReplicatedJob, ModeGlobalJob)
+	}
+	s.Global = mode == ModeGlobal || mode == ModeGlobalJob
+	s.Job = mode == ModeReplicatedJob || mode == ModeGlobalJob
 	return nil
 }

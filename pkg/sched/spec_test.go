@@ -32,6 +32,14 @@ func TestValidate(t *testing.T) {
 			s.Update = sched.UpdateConfig{Parallelism: 2, Order: sched.StartFirst, FailureAction: sched.ActionRollback}
 			s.Ports = []sched.Port{{Host: 8080, Container: 80}, {Host: 8080, Container: 80, Protocol: "udp"}}
 		}, ""},
+		{"replicated job", func(s *sched.ServiceSpec) { s.Job, s.MaxConcurrent = true, 2 }, ""},
+		{"global job", func(s *sched.ServiceSpec) { s.Replicas, s.Global, s.Job = 0, true, true }, ""},
+		{"job that restarts always", func(s *sched.ServiceSpec) { s.Job, s.Restart.Policy = true, sched.RestartAlways },
+			"a job runs to completion: restart policy always"},
+		{"max concurrent of a service", func(s *sched.ServiceSpec) { s.MaxConcurrent = 1 }, "the service is not one"},
+		{"max concurrent of a global job", func(s *sched.ServiceSpec) { s.Replicas, s.Global, s.Job, s.MaxConcurrent = 0, true, true, 1 },
+			"the service is not one"},
+		{"negative max concurrent", func(s *sched.ServiceSpec) { s.Job, s.MaxConcurrent = true, -1 }, "max concurrent is -1"},
 		{"empty name", func(s *sched.ServiceSpec) { s.Name = "" }, "service name is empty"},
 		{"upper case name", func(s *sched.ServiceSpec) { s.Name = "Web" }, `service name "Web" is invalid`},
 		{"name ends with dash", func(s *sched.ServiceSpec) { s.Name = "web-" }, "is invalid"},
@@ -327,5 +335,30 @@ func TestDigestCoversSecrets(t *testing.T) {
 	b.Secrets = []string{"db-pass"}
 	if a.Digest() == b.Digest() {
 		t.Fatal("adding a secret leaves the digest: its tasks would not be replaced")
+	}
+}
+
+func TestModes(t *testing.T) {
+	for _, mode := range []string{sched.ModeReplicated, sched.ModeGlobal, sched.ModeReplicatedJob, sched.ModeGlobalJob} {
+		var s sched.ServiceSpec
+		if err := s.SetMode(mode); err != nil || s.Mode() != mode {
+			t.Errorf("%s: %v, mode %s", mode, err, s.Mode())
+		}
+	}
+	var s sched.ServiceSpec
+	if err := s.SetMode("batch"); err == nil || !strings.Contains(err.Error(), `mode "batch" is unknown`) {
+		t.Errorf("batch: %v", err)
+	}
+	// A job's restart policy defaults to on-failure, and its concurrency
+	// is not part of the digest (changing it runs nothing again).
+	j := validSpec()
+	j.Job = true
+	if p := j.WithDefaults().Restart.Policy; p != sched.RestartOnFailure {
+		t.Errorf("job's default restart policy %s", p)
+	}
+	k := j
+	k.MaxConcurrent = 1
+	if j.Digest() != k.Digest() {
+		t.Error("max concurrent changes the digest")
 	}
 }

@@ -317,10 +317,19 @@ func (s *api) describe(svc *sched.Service) *schedv1.Service {
 	for _, id := range n.aliveNodes() {
 		up[id] = true
 	}
+	digest := svc.Spec.Digest()
 	for _, t := range w.tasks[svc.Name] {
 		// A dead node's tasks are not running, whatever they last said.
-		if current[t.ID] && up[t.Node] && t.State == sched.TaskRunning && t.SpecDigest == svc.Spec.Digest() {
+		if !current[t.ID] || t.SpecDigest != digest {
+			continue
+		}
+		if up[t.Node] && t.State == sched.TaskRunning {
 			out.Running++
+		}
+		// A job's task that exited 0 is complete, whether or not its
+		// node is up now.
+		if svc.Spec.Job && t.State == sched.TaskExited && t.ExitCode == 0 {
+			out.Completed++
 		}
 	}
 	if d := n.mirror.Get(sched.ServiceKey(svc.Name)); d != nil {

@@ -206,6 +206,10 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	if d := svc.Deploy; d != nil {
 		errs = append(errs, deploy(d, &spec, warn)...)
 	}
+	if spec.Job && spec.Restart.Policy == "" {
+		// A job's default, written out (see ServiceSpec.Job).
+		spec.Restart.Policy = sched.RestartOnFailure
+	}
 	if h := svc.HealthCheck; h != nil && !h.Disable {
 		errs = append(errs, health(h, &spec)...)
 	}
@@ -339,10 +343,16 @@ func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ..
 		if d.Replicas != nil {
 			spec.Replicas = *d.Replicas
 		}
-	case "global":
-		spec.Global, spec.Replicas = true, 0
+	case "global", "global-job":
+		spec.Global, spec.Job, spec.Replicas = true, d.Mode == "global-job", 0
+	case "replicated-job":
+		// Swarm's stack deploy: replicas completions, all at once.
+		spec.Job = true
+		if d.Replicas != nil {
+			spec.Replicas = *d.Replicas
+		}
 	default:
-		fail("mode %q is not supported (replicated or global)", d.Mode)
+		fail("mode %q is not supported (replicated, global, replicated-job or global-job)", d.Mode)
 	}
 	if len(d.Labels) > 0 {
 		spec.Labels = maps.Clone(map[string]string(d.Labels))

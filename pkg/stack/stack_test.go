@@ -134,7 +134,7 @@ services:
     ports: ["80"]
   b:
     build: .
-    deploy: {mode: replicated-job}
+    deploy: {mode: replicated-batch}
     secrets: [{source: s, target: "a/b"}]
   Bad_Name:
     image: x
@@ -152,7 +152,7 @@ secrets:
 		"service a: volume /srv: bind mounts of host paths are not supported",
 		"service a: port 80: publish it on a port of its own",
 		"service b: no image",
-		`service b: deploy: mode "replicated-job" is not supported`,
+		`service b: deploy: mode "replicated-batch" is not supported`,
 		`service b: secret "app_s:a/b": file "a/b" must be a plain file name`,
 		"service Bad_Name: its Shoal name app-Bad_Name is not a DNS label",
 	} {
@@ -195,4 +195,39 @@ func jsonOf(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// TestConvertJobs: Swarm's job modes map to jobs, with on-failure written
+// out where the file sets no restart policy; a job that restarts always,
+// which would never end, is refused.
+func TestConvertJobs(t *testing.T) {
+	const jobs = `
+services:
+  migrate:
+    image: x
+    deploy: {mode: replicated-job, replicas: 4}
+  warm:
+    image: x
+    deploy: {mode: global-job, restart_policy: {condition: none}}
+`
+	plan, err := Convert(load(t, "app", jobs), "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm, migrate := plan.Services[1], plan.Services[0]
+	if migrate.Mode() != sched.ModeReplicatedJob || migrate.Replicas != 4 || migrate.Restart.Policy != sched.RestartOnFailure {
+		t.Errorf("migrate: %+v", migrate)
+	}
+	if warm.Mode() != sched.ModeGlobalJob || warm.Replicas != 0 || warm.Restart.Policy != sched.RestartNever {
+		t.Errorf("warm: %+v", warm)
+	}
+	_, err = Convert(load(t, "app", jobs+`
+  forever:
+    image: x
+    restart: always
+    deploy: {mode: replicated-job}
+`), "app")
+	if err == nil || !strings.Contains(err.Error(), "service forever: a job runs to completion: restart policy always") {
+		t.Errorf("forever: %v", err)
+	}
 }

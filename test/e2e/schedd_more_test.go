@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -798,6 +799,85 @@ func TestSchedulerMore(t *testing.T) {
 		})
 		c.mustCtl(3, "service", "scale", "mpn=3")
 		c.mustCtl(1, "service", "rm", "mpn")
+	})
+
+	t.Run("Jobs", func(t *testing.T) {
+		// A replicated job: three completions, one task at a time. The
+		// create waits for the job to complete.
+		c.mustCtlWithin(2*time.Minute, 1, "service", "create", "job", "--image", img, "--mode", "replicated-job",
+			"--replicas", "3", "--max-concurrent", "1", "--", "sh", "-c", "sleep 1; echo ran")
+		removeIfFailed(t, c.Cluster, 1, "job")
+		ran := func(version uint64) []*schedv1.Task {
+			var done []*schedv1.Task
+			waitFor(t, 15*time.Second, fmt.Sprintf("node 1 sees the job's 3 tasks of version %d exited", version), func() bool {
+				done = done[:0]
+				for _, tk := range c.currentTasks("job") {
+					if tk.GetVersion() == version && tk.GetState() == "exited" && tk.GetExitCode() == 0 {
+						done = append(done, tk)
+					}
+				}
+				return len(done) == 3
+			})
+			slices.SortFunc(done, func(a, b *schedv1.Task) int { return a.GetStarted().AsTime().Compare(b.GetStarted().AsTime()) })
+			slots := map[string]bool{}
+			for i, tk := range done {
+				slots[tk.GetSlot()] = true
+				if i > 0 && tk.GetStarted().AsTime().Before(done[i-1].GetFinished().AsTime()) {
+					t.Errorf("max concurrent 1: task %s (slot %s) started at %v, before %s (slot %s) finished at %v",
+						tk.GetId(), tk.GetSlot(), tk.GetStarted().AsTime(), done[i-1].GetId(), done[i-1].GetSlot(), done[i-1].GetFinished().AsTime())
+				}
+			}
+			if len(slots) != 3 {
+				t.Errorf("the job's tasks ran in slots %v, want 0, 1 and 2", slots)
+			}
+			return done
+		}
+		first := ran(1)
+		ls := c.mustCtl(2, "service", "ls")
+		if !regexp.MustCompile(`job\s+replicated-job\s+0/3 \(3/3 completed\)`).MatchString(ls) {
+			t.Errorf("service ls:\n%s", ls)
+		}
+		// Complete tasks are not run again.
+		time.Sleep(3 * time.Second)
+		if n := len(c.tasks("job")); n != 3 {
+			t.Errorf("the complete job has %d tasks, want 3", n)
+		}
+		// An update runs it again.
+		c.mustCtlWithin(2*time.Minute, 3, "service", "update", "job", "--force")
+		for i, tk := range ran(2) {
+			if tk.GetId() == first[i].GetId() {
+				t.Errorf("the update did not run slot %s again", tk.GetSlot())
+			}
+		}
+		c.mustCtl(1, "service", "rm", "job")
+
+		// A job that fails for good: the create says so; the policy's
+		// one restart happened and no more.
+		_, errOut, code := c.ctlWithin(2*time.Minute, 2, "service", "create", "badjob", "--image", img, "--mode", "replicated-job",
+			"--restart-max-attempts", "1", "--", "sh", "-c", "exit 3")
+		removeIfFailed(t, c.Cluster, 1, "badjob")
+		if code == 0 || !strings.Contains(errOut, "job badjob finished with 0 of 1 tasks completed") {
+			t.Errorf("create of a failing job: exit %d, stderr:\n%s", code, errOut)
+		}
+		waitFor(t, 15*time.Second, "node 1 sees badjob's task failed after one restart", func() bool {
+			cur := c.currentTasks("badjob")
+			return len(cur) == 1 && cur[0].GetState() == "failed" && cur[0].GetExitCode() == 3 && cur[0].GetRestarts() == 1
+		})
+		c.mustCtl(1, "service", "rm", "badjob")
+
+		// A global job: one completion on every node.
+		c.mustCtlWithin(2*time.Minute, 3, "service", "create", "gjob", "--image", img, "--mode", "global-job", "--", "true")
+		removeIfFailed(t, c.Cluster, 1, "gjob")
+		waitFor(t, 15*time.Second, "node 1 sees gjob exited on each node", func() bool {
+			nodes := map[string]bool{}
+			for _, tk := range c.currentTasks("gjob") {
+				if tk.GetState() == "exited" {
+					nodes[tk.GetNode()] = true
+				}
+			}
+			return len(nodes) == 3
+		})
+		c.mustCtl(1, "service", "rm", "gjob")
 	})
 
 	t.Run("StopSignal", func(t *testing.T) {

@@ -45,7 +45,10 @@ type Service struct {
 	Updated       *timestamppb.Timestamp `protobuf:"bytes,9,opt,name=updated,proto3" json:"updated,omitempty"`
 	HasPrevious   bool                   `protobuf:"varint,10,opt,name=has_previous,json=hasPrevious,proto3" json:"has_previous,omitempty"`
 	// converged is the last version whose rollout completed.
-	Converged     uint64 `protobuf:"varint,11,opt,name=converged,proto3" json:"converged,omitempty"`
+	Converged uint64 `protobuf:"varint,11,opt,name=converged,proto3" json:"converged,omitempty"`
+	// completed counts a job's slots whose task of the current spec exited
+	// 0 (desired is the completions it asks for).
+	Completed     uint32 `protobuf:"varint,12,opt,name=completed,proto3" json:"completed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -153,6 +156,13 @@ func (x *Service) GetHasPrevious() bool {
 func (x *Service) GetConverged() uint64 {
 	if x != nil {
 		return x.Converged
+	}
+	return 0
+}
+
+func (x *Service) GetCompleted() uint32 {
+	if x != nil {
+		return x.Completed
 	}
 	return 0
 }
@@ -1685,7 +1695,7 @@ var File_shoal_sched_v1_sched_proto protoreflect.FileDescriptor
 
 const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\n" +
-	"\x1ashoal/sched/v1/sched.proto\x12\x0eshoal.sched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xc8\x02\n" +
+	"\x1ashoal/sched/v1/sched.proto\x12\x0eshoal.sched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe6\x02\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12\x18\n" +
@@ -1698,7 +1708,8 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\aupdated\x18\t \x01(\v2\x1a.google.protobuf.TimestampR\aupdated\x12!\n" +
 	"\fhas_previous\x18\n" +
 	" \x01(\bR\vhasPrevious\x12\x1c\n" +
-	"\tconverged\x18\v \x01(\x04R\tconverged\"*\n" +
+	"\tconverged\x18\v \x01(\x04R\tconverged\x12\x1c\n" +
+	"\tcompleted\x18\f \x01(\rR\tcompleted\"*\n" +
 	"\x14CreateServiceRequest\x12\x12\n" +
 	"\x04spec\x18\x01 \x01(\fR\x04spec\"*\n" +
 	"\x14UpdateServiceRequest\x12\x12\n" +
