@@ -36,8 +36,11 @@ type leadership struct {
 // a replica's whole filesystem: around a run of 64 MiB written, that
 // cost the three volds more CPU than the run's last megabytes, and lead
 // asks every 100 ms).
-func (b *bench) leaderNode(ctx context.Context) int {
-	v, err := b.inspect(ctx, 1, benchVol)
+func (b *bench) leaderNode(ctx context.Context) int { return b.leaderSeenBy(ctx, 1) }
+
+// leaderSeenBy is the bench volume's leader as node i's vold sees it.
+func (b *bench) leaderSeenBy(ctx context.Context, i int) int {
+	v, err := b.inspect(ctx, i, benchVol)
 	if err != nil {
 		return 0
 	}
