@@ -21,6 +21,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require github.com/robfig/cron/v3 v3.0.1
+
 require (
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/docker/go-connections v0.7.0 // indirect

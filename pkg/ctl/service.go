@@ -52,7 +52,7 @@ type specFlags struct {
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs                                         []string
 	healthCmd, network, entrypoint, user, workdir          string
-	healthHTTP, stopSignal                                 string
+	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
 	readOnly                                               bool
 	healthInterval, healthTimeout, healthStart             time.Duration
@@ -69,6 +69,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 		fs.StringVar(&f.mode, "mode", "", "replicated (default), global, replicated-job (--replicas tasks run to completion) or global-job (one per eligible node)")
 	}
 	fs.IntVar(&f.maxConcurrent, "max-concurrent", 0, "a replicated job's tasks running at once (0: all of --replicas)")
+	fs.StringVar(&f.schedule, "schedule", "", "run the job at these times, not now: 5 cron fields (\"0 3 * * *\"), @hourly, @daily or @every 30m (UTC; prefix CRON_TZ=Europe/Paris for another zone)")
 	fs.StringVar(&f.cpu, "cpu", "", "CPUs reserved and limited per task: 0.5, 2 or 500m")
 	fs.StringVar(&f.memory, "memory", "", "memory reserved and limited per task: 256m, 1GiB")
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
@@ -163,6 +164,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("placement") {
 		spec.Placement = sched.Strategy(f.placement)
+	}
+	if fs.Changed("schedule") {
+		spec.Schedule = f.schedule
 	}
 	if fs.Changed("max-concurrent") {
 		spec.MaxConcurrent = f.maxConcurrent
@@ -554,8 +558,11 @@ type serviceView struct {
 	Owner   string `json:"owner"`
 	Running uint32 `json:"running"`
 	Desired uint32 `json:"desired"`
-	// Completed counts a job's tasks that exited 0.
+	// Completed counts a job's tasks that exited 0; LastRun and NextRun
+	// are a scheduled job's.
 	Completed     uint32            `json:"completed,omitempty"`
+	LastRun       *time.Time        `json:"last_run,omitempty"`
+	NextRun       *time.Time        `json:"next_run,omitempty"`
 	Unschedulable []string          `json:"unschedulable,omitempty"`
 	Spec          sched.ServiceSpec `json:"spec"`
 	Updated       *time.Time        `json:"updated,omitempty"`
@@ -569,6 +576,14 @@ func serviceViewOf(s *schedv1.Service) serviceView {
 	if s.GetUpdated() != nil {
 		t := s.GetUpdated().AsTime()
 		v.Updated = &t
+	}
+	if s.GetLastRun() != nil {
+		t := s.GetLastRun().AsTime()
+		v.LastRun = &t
+	}
+	if s.GetNextRun() != nil {
+		t := s.GetNextRun().AsTime()
+		v.NextRun = &t
 	}
 	return v
 }
@@ -800,7 +815,18 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 			}
 			return err
 		}
-		job := specOf(s).Job
+		spec := specOf(s)
+		job := spec.Job
+		if job && spec.Schedule != "" && (version <= 1 || s.GetConverged() >= s.GetVersion()) {
+			// A scheduled job runs at its times, not now; an update
+			// of one applies from the next run.
+			next := "none"
+			if s.GetNextRun() != nil {
+				next = s.GetNextRun().AsTime().UTC().Format(time.RFC3339)
+			}
+			fmt.Fprintf(a.errOut, "job %s scheduled (%s): next run %s\n", name, spec.Schedule, next)
+			return nil
+		}
 		line := fmt.Sprintf("%s: %d/%d running (version %d, %s)", name, s.GetRunning(), s.GetDesired(), s.GetVersion(), s.GetState())
 		if job {
 			line = fmt.Sprintf("%s: %d/%d completed, %d running (version %d, %s)", name, s.GetCompleted(), s.GetDesired(), s.GetRunning(), s.GetVersion(), s.GetState())

@@ -147,8 +147,18 @@ type SetServiceState struct {
 	Converged int64
 	// Rollback, when non-nil, also writes spec, prev_spec and version.
 	Rollback *Rollback
+	// Run, when non-nil, starts a scheduled job's run: it writes run,
+	// run_version and version.
+	Run *ScheduledRun
 	// Reason explains the change (for events and logs).
 	Reason string
+}
+
+// ScheduledRun is a scheduled job's run: its scheduled time, and the new
+// version of the service, which the run's tasks carry.
+type ScheduledRun struct {
+	At      time.Time
+	Version int64
 }
 
 // Rollback is the service update a rollback writes: the previous spec
@@ -166,6 +176,9 @@ func (s SetServiceState) String() string {
 	}
 	if s.Rollback != nil {
 		out += fmt.Sprintf(" rollback to v%d", s.Rollback.Version)
+	}
+	if s.Run != nil {
+		out += fmt.Sprintf(" run %s as v%d", s.Run.At.UTC().Format(time.TimeOnly), s.Run.Version)
 	}
 	if s.Reason != "" {
 		out += ": " + s.Reason

@@ -492,11 +492,30 @@ func (d *agent) finish(t *LocalTask, rt Runtime, spec ServiceSpec, v verdict) {
 		d.emit(RemoveTask{TaskID: t.ID})
 		return
 	}
-	if gone := finished.Add(d.retention); !d.now.Before(gone) {
+	if gone := finished.Add(keepFinished(spec, finished, d.retention)); !d.now.Before(gone) {
 		d.emit(RemoveTask{TaskID: t.ID})
 	} else {
 		d.wakeAt(gone, "remove finished task")
 	}
+}
+
+// keepFinished is how long a superseded task that finished at finished is
+// kept: the retention, or for a scheduled job about three runs, so that a
+// job run every minute keeps its last few runs' tasks, not sixty.
+func keepFinished(spec ServiceSpec, finished time.Time, retention time.Duration) time.Duration {
+	if spec.Schedule == "" {
+		return retention
+	}
+	sch, err := ParseSchedule(spec.Schedule)
+	if err != nil {
+		return retention
+	}
+	next := sch.Next(finished)
+	after := sch.Next(next)
+	if next.IsZero() || after.IsZero() {
+		return retention
+	}
+	return min(retention, 3*after.Sub(next))
 }
 
 func (d *agent) release(id string) {

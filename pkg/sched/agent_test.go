@@ -218,6 +218,18 @@ func TestAgentDecide(t *testing.T) {
 			want: "update a state=stopped error=\"superseded by b\" superseded_at=2024-12-31T23:59:59Z\nrelease a\nrequeue at 00:59:59.000 (remove finished task)\n",
 		},
 		{
+			name: "a scheduled job's task run again: kept for three runs, not the retention",
+			st:   sched.TaskExited, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Spec.Job, a.task.Spec.Schedule = true, "@every 10s"
+				a.v.Slots["web/0"] = sched.Slot{Service: "web", Slot: "0", Task: "b", Node: "n2", Stamp: stampAt(t0.Add(-time.Second), "owner")}
+				a.exited(0, time.Second)
+				a.task.Finished = t0.Add(-time.Second)
+				a.v.Reservations = nil
+			},
+			want: "requeue at 00:00:29.000 (remove finished task)\n",
+		},
+		{
 			name: "superseded, finished long ago: remove",
 			st:   sched.TaskStopped, rt: sched.RuntimeExited,
 			build: func(a *agentView) {

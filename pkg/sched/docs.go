@@ -48,6 +48,10 @@ const (
 	fState     = "state"
 	fUpdated   = "updated"
 	fConverged = "converged"
+	// fRun and fRunVersion are Service.Run and RunVersion: owner fields
+	// like converged, which updates leave alone.
+	fRun        = "run"
+	fRunVersion = "run_version"
 )
 
 // ServiceFromDoc decodes a service document; nil (and no error) when the
@@ -75,6 +79,8 @@ func ServiceFromDoc(name string, d crdt.Doc) (*Service, error) {
 	}
 	s.Version, _ = f[fVersion].AsInt()
 	s.Converged, _ = f[fConverged].AsInt()
+	s.RunVersion, _ = f[fRunVersion].AsInt()
+	s.Run = timeField(f, fRun)
 	if st, ok := f[fState].AsString(); ok && st != "" {
 		s.State = ServiceState(st)
 	}
@@ -86,7 +92,8 @@ func ServiceFromDoc(name string, d crdt.Doc) (*Service, error) {
 // ServiceFields are the fields a create or update writes: the spec, its
 // version, the previous spec, state active and the update time; a create
 // (no previous spec: updates always keep one) also writes created, whose
-// stamp is Service.Created from then on.
+// stamp is Service.Created from then on, and clears the run of a
+// scheduled job a removed service of the same name may have left.
 func ServiceFields(s Service) map[string]crdt.Value {
 	f := map[string]crdt.Value{
 		fSpec:    crdt.String(specJSON(s.Spec)),
@@ -98,6 +105,7 @@ func ServiceFields(s Service) map[string]crdt.Value {
 		f[fPrevSpec] = crdt.String(specJSON(*s.PrevSpec))
 	} else {
 		f[fCreated] = timeValue(s.Updated)
+		f[fRunVersion] = crdt.Int(0)
 	}
 	return f
 }
@@ -122,6 +130,11 @@ func (a SetServiceState) Fields(now time.Time) map[string]crdt.Value {
 	f := map[string]crdt.Value{fState: crdt.String(string(a.State))}
 	if a.Converged != 0 {
 		f[fConverged] = crdt.Int(a.Converged)
+	}
+	if run := a.Run; run != nil {
+		f[fRun] = timeValue(run.At)
+		f[fRunVersion] = crdt.Int(run.Version)
+		f[fVersion] = crdt.Int(run.Version)
 	}
 	if rb := a.Rollback; rb != nil {
 		f[fSpec] = crdt.String(specJSON(rb.Spec))

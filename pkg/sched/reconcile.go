@@ -263,6 +263,9 @@ func (r *reconciler) run() {
 		r.emit(Unschedulable{Service: r.svc.Name, Reason: "invalid spec: " + r.reqErr.Error()})
 		return
 	}
+	if r.spec.Schedule != "" && r.runDue() {
+		return // the next round reconciles the run's version
+	}
 	desired := r.desiredSlots()
 	want := make(map[string]bool, len(desired))
 	for _, d := range desired {
@@ -367,6 +370,9 @@ type desiredSlot struct{ name, pin string }
 // or one per eligible node (active, constraints hold; alive or not, so a
 // node that reboots keeps its slot) in node ID order.
 func (r *reconciler) desiredSlots() []desiredSlot {
+	if r.spec.Schedule != "" && r.svc.RunVersion == 0 {
+		return nil // a scheduled job before its first run
+	}
 	if !r.spec.Global {
 		out := make([]desiredSlot, r.spec.Replicas)
 		for i := range out {
@@ -834,17 +840,19 @@ func (r *reconciler) replaceDown(si *slotInfo, d *Slot, t *Task) slotResult {
 		restarts = t.Restarts
 	}
 	if r.settled(t) {
-		if r.spec.Job && !r.current(t) && !r.keepPrev(t) {
-			// An update (or --force) runs a job again: every slot
-			// starts afresh with the new spec.
+		if r.spec.Job && r.runAgain(t) {
+			// A new run, or an update of an unscheduled job (--force
+			// too): the slot starts afresh with the current spec.
 			if !r.jobStart() {
 				return slotResult{}
 			}
 			r.place(si, d, false, "", 0, t, "")
 			return slotResult{busy: true}
 		}
-		// Finished under its restart policy: the slot stays as it is.
-		return slotResult{done: r.current(t)}
+		// Finished under its restart policy: the slot stays as it is
+		// (a scheduled job's, with the spec it ran: an update applies
+		// from the next run).
+		return slotResult{done: r.current(t) || r.spec.Schedule != ""}
 	}
 	if t.State != TaskStopped {
 		at := t.Finished.Add(Backoff(pol, t.Restarts))
@@ -855,6 +863,49 @@ func (r *reconciler) replaceDown(si *slotInfo, d *Slot, t *Task) slotResult {
 	}
 	r.place(si, d, false, "task "+t.ID+" is "+string(t.State), restarts, t, "")
 	return slotResult{}
+}
+
+// runAgain reports whether a job's slot whose task t finished runs again:
+// a scheduled job's run came after t's version, or another job's spec
+// changed since t (an update runs it again).
+func (r *reconciler) runAgain(t *Task) bool {
+	if r.spec.Schedule != "" {
+		return t.Version < r.svc.RunVersion
+	}
+	return !r.current(t) && !r.keepPrev(t)
+}
+
+// runDue starts a scheduled job's run when its time has come: the latest
+// time the schedule names after the last run (or after the service's
+// creation) and not after now. Runs missed while no owner was there are
+// not made up for, but the latest is. Otherwise it asks to be woken at the
+// next one. Every owner computes the same time, so two owners at once
+// write the same run.
+func (r *reconciler) runDue() bool {
+	sch, err := ParseSchedule(r.spec.Schedule)
+	if err != nil {
+		r.emit(Unschedulable{Service: r.svc.Name, Reason: "invalid spec: " + err.Error()})
+		return true
+	}
+	next := r.svc.nextRun(sch)
+	if next.IsZero() {
+		return false // a schedule that names no time (Feb 30)
+	}
+	if next.After(r.now) {
+		r.wakeAt(next, "next scheduled run")
+		return false
+	}
+	for range 100_000 { // bounded: a second's schedule over a day's absence
+		n := sch.Next(next)
+		if n.IsZero() || n.After(r.now) {
+			break
+		}
+		next = n
+	}
+	v := r.svc.Version + 1
+	r.emit(SetServiceState{Service: r.svc.Name, State: r.svc.State, Run: &ScheduledRun{At: next, Version: v},
+		Reason: fmt.Sprintf("scheduled run of %s (%s) as version %d", next.UTC().Format(time.RFC3339), r.spec.Schedule, v)})
+	return true
 }
 
 // settled reports whether the restart policy leaves the slot of the

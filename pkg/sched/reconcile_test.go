@@ -103,6 +103,11 @@ func jobSpec(completions, maxConcurrent int) sched.ServiceSpec {
 	return s
 }
 
+func scheduled(s sched.ServiceSpec, schedule string) sched.ServiceSpec {
+	s.Schedule = schedule
+	return s
+}
+
 // running adds a running task of the current version named by its slot.
 func (w *world) running(slot, node string) {
 	id := "t" + slot
@@ -235,6 +240,59 @@ requeue at 00:00:10.000 (retry unschedulable)
 				w.update(func(s *sched.ServiceSpec) { s.ForceUpdate++ })
 			},
 			want: "reserve web/0 task=new1 v2 as=task on=n2,n3,n1\nreserve web/1 task=new2 v2 as=task on=n3,n1,n2\n",
+		},
+		{
+			name: "scheduled job: nothing before its first run",
+			spec: scheduled(jobSpec(2, 0), "@every 10s"),
+			build: func(w *world) {
+				w.svc.Created = stampAt(t0.Add(-5*time.Second), "n1")
+			},
+			want: "requeue at 00:00:05.000 (next scheduled run)\n",
+		},
+		{
+			// The latest time due, not every missed one.
+			name: "scheduled job: its time came",
+			spec: scheduled(jobSpec(2, 0), "@every 10s"),
+			build: func(w *world) {
+				w.svc.Created = stampAt(t0.Add(-25*time.Second), "n1")
+			},
+			want: "service web state=active run 23:59:55 as v2: scheduled run of 2024-12-31T23:59:55Z (@every 10s) as version 2\n",
+		},
+		{
+			name: "scheduled job: a run starts its slots again",
+			spec: func() sched.ServiceSpec {
+				s := scheduled(jobSpec(2, 1), "@every 10s")
+				s.Restart.MaxAttempts = 1
+				return s
+			}(),
+			build: func(w *world) {
+				w.finished("0", "n1", sched.TaskExited, 0)
+				w.finished("1", "n2", sched.TaskFailed, 1) // for good
+				w.svc.Version, w.svc.RunVersion, w.svc.Run = 2, 2, t0.Add(-5*time.Second)
+			},
+			want: "reserve web/0 task=new1 v2 as=task on=n2,n3,n1\nrequeue at 00:00:05.000 (next scheduled run)\n",
+		},
+		{
+			// The slot of a task of the previous run still running
+			// starts the new run once it finishes.
+			name: "scheduled job: runs do not overlap in a slot",
+			spec: scheduled(jobSpec(1, 0), "@every 10s"),
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.svc.Version, w.svc.RunVersion, w.svc.Run = 2, 2, t0.Add(-5*time.Second)
+			},
+			want: "requeue at 00:00:05.000 (next scheduled run)\n",
+		},
+		{
+			name: "scheduled job: an update applies from the next run",
+			spec: scheduled(jobSpec(2, 0), "@every 10s"),
+			build: func(w *world) {
+				w.svc.Version, w.svc.RunVersion, w.svc.Run = 2, 2, t0.Add(-5*time.Second)
+				w.finished("0", "n1", sched.TaskExited, 0)
+				w.finished("1", "n2", sched.TaskExited, 0)
+				w.update(func(s *sched.ServiceSpec) { s.Image = "img:2" })
+			},
+			want: "service web state=active converged=v3: every slot runs version 3\nrequeue at 00:00:05.000 (next scheduled run)\n",
 		},
 		{
 			name:  "settled: nothing to do",

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/moby/sys/signal"
+	"github.com/robfig/cron/v3"
 
 	"github.com/shoal-dev/shoal/pkg/secret"
 )
@@ -52,6 +53,13 @@ type ServiceSpec struct {
 	// slots run at once (Swarm's --max-concurrent); the others start as
 	// those complete or fail for good.
 	MaxConcurrent int `json:"max_concurrent,omitempty"`
+	// Schedule makes a job run at the times it names (a cron
+	// expression, "@hourly", "@every 30m"; UTC unless it starts with
+	// CRON_TZ=): not at its creation, and each time again. A run that
+	// comes while a slot's task of the previous run still runs starts in
+	// that slot once the task finishes. An update applies from the next
+	// run.
+	Schedule string `json:"schedule,omitempty"`
 
 	// CPUMillis and MemoryBytes are both the reservation placement counts
 	// against a node's capacity and the limit the runtime enforces.
@@ -525,6 +533,13 @@ func (s ServiceSpec) Validate() error {
 	if d.Job && d.Restart.Policy == RestartAlways {
 		add("a job runs to completion: restart policy always would run it forever; use on-failure or never")
 	}
+	if d.Schedule != "" {
+		if !d.Job {
+			add("a schedule runs a job: the service is not one (--mode replicated-job or global-job)")
+		} else if _, err := ParseSchedule(d.Schedule); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if d.MaxConcurrent < 0 {
 		add("max concurrent is %d; it must be 0 (no bound) or more", d.MaxConcurrent)
 	}
@@ -769,4 +784,15 @@ func (s *ServiceSpec) SetMode(mode string) error {
 	s.Global = mode == ModeGlobal || mode == ModeGlobalJob
 	s.Job = mode == ModeReplicatedJob || mode == ModeGlobalJob
 	return nil
+}
+
+// ParseSchedule parses a job's schedule: five cron fields (minute, hour,
+// day of month, month, day of week) or a descriptor (@hourly, @daily,
+// @every 90s), in UTC unless it starts with CRON_TZ=ZONE.
+func ParseSchedule(s string) (cron.Schedule, error) {
+	sch, err := cron.ParseStandard(s)
+	if err != nil {
+		return nil, fmt.Errorf("schedule %q: %w (want 5 cron fields like \"*/15 * * * *\", or @hourly, @daily, @every 30m)", s, err)
+	}
+	return sch, nil
 }

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/robfig/cron/v3"
+
 	"github.com/shoal-dev/shoal/pkg/crdt"
 )
 
@@ -267,7 +269,12 @@ type Service struct {
 	// ran it past the monitor period (written by the owner). A rollout is
 	// in progress while Converged < Version.
 	Converged int64
-	Updated   time.Time
+	// Run is the scheduled time of a scheduled job's last run, and
+	// RunVersion the version its owner wrote with it (0: it has not run
+	// yet): a slot whose task is of an older version runs again.
+	Run        time.Time
+	RunVersion int64
+	Updated    time.Time
 	// Created is the stamp of the create's write (zero for a service
 	// written before the field existed): the older of two services
 	// publishing one port keeps it (netd).
@@ -282,4 +289,26 @@ func IsReplicaSlot(slot string) (int, bool) {
 		return 0, false
 	}
 	return n, true
+}
+
+// NextRun is when a scheduled job runs next: the first time its schedule
+// names after its last run, or after its creation if it has not run yet
+// (zero if the service has no schedule, or it names no time).
+func (s *Service) NextRun() time.Time {
+	sch, err := ParseSchedule(s.Spec.Schedule)
+	if s.Spec.Schedule == "" || err != nil {
+		return time.Time{}
+	}
+	return s.nextRun(sch)
+}
+
+func (s *Service) nextRun(sch cron.Schedule) time.Time {
+	base := s.Run
+	if s.RunVersion == 0 {
+		base = s.Updated
+		if s.Created.TS.Wall != 0 {
+			base = s.Created.TS.Time()
+		}
+	}
+	return sch.Next(base.UTC())
 }

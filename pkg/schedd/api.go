@@ -303,6 +303,12 @@ func (s *api) describe(svc *sched.Service) *schedv1.Service {
 	if svc.State == "" {
 		out.State = string(sched.ServiceActive)
 	}
+	if svc.RunVersion > 0 {
+		out.LastRun = timestamppb.New(svc.Run)
+	}
+	if next := svc.NextRun(); !next.IsZero() {
+		out.NextRun = timestamppb.New(next)
+	}
 	if svc.Spec.Global {
 		for _, nd := range w.nodes {
 			if nd.Alive && nd.Availability == sched.Active && matches(svc.Spec, nd) {

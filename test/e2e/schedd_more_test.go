@@ -878,6 +878,57 @@ func TestSchedulerMore(t *testing.T) {
 			return len(nodes) == 3
 		})
 		c.mustCtl(1, "service", "rm", "gjob")
+
+		// A scheduled job: not run at its creation, then once every 4 s,
+		// each run a new version whose task exits 0.
+		created := time.Now()
+		_, errOut, code = c.ctl(2, "service", "create", "cron", "--image", img, "--mode", "replicated-job", "--schedule", "@every 4s",
+			"--", "true")
+		removeIfFailed(t, c.Cluster, 1, "cron")
+		if code != 0 || !strings.Contains(errOut, "job cron scheduled (@every 4s): next run ") {
+			t.Fatalf("create cron: exit %d, stderr:\n%s", code, errOut)
+		}
+		if n := len(c.tasks("cron")); n != 0 && time.Since(created) < 3*time.Second {
+			t.Errorf("the scheduled job has %d tasks right after its creation", n)
+		}
+		defer func() {
+			if t.Failed() {
+				out, errOut, _ := c.ctl(1, "service", "inspect", "cron", "-o", "json")
+				ps, psErr, _ := c.ctl(1, "service", "ps", "cron", "-a")
+				t.Logf("cron at the end:\n%s%s\nservice ps -a:\n%s%s", out, errOut, ps, psErr)
+			}
+		}()
+		var runs map[uint64]*schedv1.Task
+		waitFor(t, 30*time.Second, "two runs of the scheduled job", func() bool {
+			runs = map[uint64]*schedv1.Task{}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := c.schedd(1).ListTasks(ctx, &schedv1.ListTasksRequest{Service: "cron", All: true})
+			if err != nil {
+				t.Logf("list cron's tasks: %v", err)
+				return false
+			}
+			for _, tk := range resp.GetTasks() {
+				if tk.GetState() == "exited" && tk.GetExitCode() == 0 {
+					runs[tk.GetVersion()] = tk
+				}
+			}
+			return len(runs) >= 2
+		})
+		for v, tk := range runs {
+			if started := tk.GetStarted().AsTime(); started.Before(created.Add(2 * time.Second)) {
+				t.Errorf("run of version %d started %v after the job's creation, before its first scheduled time", v, started.Sub(created))
+			}
+		}
+		var view struct {
+			LastRun *time.Time `json:"last_run"`
+			NextRun *time.Time `json:"next_run"`
+		}
+		if err := json.Unmarshal([]byte(c.mustCtl(3, "service", "inspect", "cron", "-o", "json")), &view); err != nil ||
+			view.LastRun == nil || view.NextRun == nil || view.NextRun.Sub(*view.LastRun) != 4*time.Second {
+			t.Errorf("inspect cron: last and next run %v, %v (%v)", view.LastRun, view.NextRun, err)
+		}
+		c.mustCtl(1, "service", "rm", "cron")
 	})
 
 	t.Run("StopSignal", func(t *testing.T) {

@@ -48,7 +48,11 @@ type Service struct {
 	Converged uint64 `protobuf:"varint,11,opt,name=converged,proto3" json:"converged,omitempty"`
 	// completed counts a job's slots whose task of the current spec exited
 	// 0 (desired is the completions it asks for).
-	Completed     uint32 `protobuf:"varint,12,opt,name=completed,proto3" json:"completed,omitempty"`
+	Completed uint32 `protobuf:"varint,12,opt,name=completed,proto3" json:"completed,omitempty"`
+	// last_run and next_run are a scheduled job's last run's scheduled time
+	// (unset before the first) and its next.
+	LastRun       *timestamppb.Timestamp `protobuf:"bytes,13,opt,name=last_run,json=lastRun,proto3" json:"last_run,omitempty"`
+	NextRun       *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=next_run,json=nextRun,proto3" json:"next_run,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -165,6 +169,20 @@ func (x *Service) GetCompleted() uint32 {
 		return x.Completed
 	}
 	return 0
+}
+
+func (x *Service) GetLastRun() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastRun
+	}
+	return nil
+}
+
+func (x *Service) GetNextRun() *timestamppb.Timestamp {
+	if x != nil {
+		return x.NextRun
+	}
+	return nil
 }
 
 type CreateServiceRequest struct {
@@ -1695,7 +1713,7 @@ var File_shoal_sched_v1_sched_proto protoreflect.FileDescriptor
 
 const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\n" +
-	"\x1ashoal/sched/v1/sched.proto\x12\x0eshoal.sched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xe6\x02\n" +
+	"\x1ashoal/sched/v1/sched.proto\x12\x0eshoal.sched.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xd4\x03\n" +
 	"\aService\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04spec\x18\x02 \x01(\fR\x04spec\x12\x18\n" +
@@ -1709,7 +1727,9 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\fhas_previous\x18\n" +
 	" \x01(\bR\vhasPrevious\x12\x1c\n" +
 	"\tconverged\x18\v \x01(\x04R\tconverged\x12\x1c\n" +
-	"\tcompleted\x18\f \x01(\rR\tcompleted\"*\n" +
+	"\tcompleted\x18\f \x01(\rR\tcompleted\x125\n" +
+	"\blast_run\x18\r \x01(\v2\x1a.google.protobuf.TimestampR\alastRun\x125\n" +
+	"\bnext_run\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\anextRun\"*\n" +
 	"\x14CreateServiceRequest\x12\x12\n" +
 	"\x04spec\x18\x01 \x01(\fR\x04spec\"*\n" +
 	"\x14UpdateServiceRequest\x12\x12\n" +
@@ -1873,55 +1893,57 @@ var file_shoal_sched_v1_sched_proto_goTypes = []any{
 }
 var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
 	29, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
-	0,  // 1: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
-	29, // 2: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
-	29, // 3: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
-	29, // 4: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
-	8,  // 5: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
-	17, // 6: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
-	17, // 7: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	30, // 8: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 9: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
-	2,  // 10: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	2,  // 11: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	3,  // 12: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
-	4,  // 13: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
-	6,  // 14: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
-	3,  // 15: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
-	3,  // 16: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
-	9,  // 17: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
-	11, // 18: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
-	12, // 19: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
-	14, // 20: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
-	16, // 21: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
-	19, // 22: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
-	21, // 23: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
-	23, // 24: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
-	27, // 25: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	25, // 26: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
-	0,  // 27: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 28: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 29: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 30: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	5,  // 31: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 32: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 33: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	7,  // 34: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	10, // 35: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	8,  // 36: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	13, // 37: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	15, // 38: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	18, // 39: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	20, // 40: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	22, // 41: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
-	24, // 42: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
-	28, // 43: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	26, // 44: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
-	27, // [27:45] is the sub-list for method output_type
-	9,  // [9:27] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	29, // 1: shoal.sched.v1.Service.last_run:type_name -> google.protobuf.Timestamp
+	29, // 2: shoal.sched.v1.Service.next_run:type_name -> google.protobuf.Timestamp
+	0,  // 3: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
+	29, // 4: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
+	29, // 5: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
+	29, // 6: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
+	8,  // 7: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
+	17, // 8: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
+	17, // 9: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
+	30, // 10: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 11: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
+	2,  // 12: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	2,  // 13: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	3,  // 14: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
+	4,  // 15: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
+	6,  // 16: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
+	3,  // 17: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
+	3,  // 18: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
+	9,  // 19: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
+	11, // 20: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
+	12, // 21: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
+	14, // 22: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
+	16, // 23: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
+	19, // 24: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
+	21, // 25: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
+	23, // 26: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
+	27, // 27: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	25, // 28: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
+	0,  // 29: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 30: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 31: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 32: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	5,  // 33: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 34: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 35: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	7,  // 36: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	10, // 37: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	8,  // 38: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	13, // 39: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	15, // 40: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	18, // 41: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	20, // 42: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	22, // 43: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
+	24, // 44: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
+	28, // 45: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	26, // 46: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
+	29, // [29:47] is the sub-list for method output_type
+	11, // [11:29] is the sub-list for method input_type
+	11, // [11:11] is the sub-list for extension type_name
+	11, // [11:11] is the sub-list for extension extendee
+	0,  // [0:11] is the sub-list for field type_name
 }
 
 func init() { file_shoal_sched_v1_sched_proto_init() }
