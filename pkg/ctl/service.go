@@ -798,7 +798,9 @@ func (w *waitFlags) bind(fs *pflag.FlagSet) {
 //
 // A rollout (update, rollback) is done when the owner records the version
 // converged: every new task ran through the update monitor period. A
-// create or scale is done when the tasks run.
+// create or scale is done when the tasks run. A job is done when every
+// slot finished (converged): an error unless every task completed; a
+// scheduled job's create returns at once with its next run.
 func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, version uint64, w waitFlags, rollout bool) error {
 	if w.detach {
 		return nil
@@ -807,6 +809,7 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 	defer cancel()
 	p := newProgress(a.errOut)
 	timedOut := func() error { return fmt.Errorf("%s did not converge within %v (last: %s)", name, w.timeout, p.last) }
+	var failedAt time.Time // a job seen finished with tasks short of complete
 	for {
 		s, err := c.GetService(ctx, &schedv1.GetServiceRequest{Name: name})
 		if err != nil {
@@ -843,15 +846,21 @@ func (a *app) waitService(cmd *cobra.Command, c *client.Schedd, name string, ver
 		case version > 0 && s.GetVersion() > version && (s.GetState() == "rolling-back" || s.GetConverged() >= s.GetVersion()):
 			done()
 			return fmt.Errorf("update of %s to version %d failed and was rolled back (now version %d, the previous spec)", name, version, s.GetVersion())
-		case job && s.GetState() == "active" && s.GetConverged() >= s.GetVersion():
-			// Every slot finished: completed, or failed under its
-			// restart policy.
+		case job && s.GetState() == "active" && s.GetConverged() >= s.GetVersion() && s.GetCompleted() >= s.GetDesired():
 			done()
-			if s.GetCompleted() < s.GetDesired() {
-				return fmt.Errorf("job %s finished with %d of %d tasks completed; the others failed (see `shoalctl service ps -a %s`)", name, s.GetCompleted(), s.GetDesired(), name)
-			}
 			fmt.Fprintf(a.errOut, "job %s complete: %d/%d completed\n", name, s.GetCompleted(), s.GetDesired())
 			return nil
+		case job && s.GetState() == "active" && s.GetConverged() >= s.GetVersion():
+			// Every slot finished, not every one completed: failed
+			// under its restart policy, unless this node has the
+			// owner's word before the last task's own (gossip brings
+			// them from two nodes), which a short wait tells.
+			if failedAt.IsZero() {
+				failedAt = time.Now()
+			} else if time.Since(failedAt) > 2*time.Second {
+				done()
+				return fmt.Errorf("job %s finished with %d of %d tasks completed; the others failed (see `shoalctl service ps -a %s`)", name, s.GetCompleted(), s.GetDesired(), name)
+			}
 		case job:
 		case s.GetState() == "active" && (s.GetConverged() >= s.GetVersion() || !rollout) && s.GetRunning() == s.GetDesired():
 			done()
