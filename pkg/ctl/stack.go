@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"maps"
 	"os"
@@ -460,6 +461,16 @@ them with shoalctl volume rm), as Docker keeps a stack's volumes.`,
 			defer st.Close()
 			return a.eachName(args, func(name string) error {
 				services, err := a.stackOf(ctx, c, name)
+				var missing notFoundError
+				if errors.As(err, &missing) {
+					// A deploy that stopped before its first
+					// service left the secrets and configs it
+					// had made: they are the stack's all the same.
+					n, rmErr := a.removeStackSecrets(ctx, st, c, name)
+					if rmErr != nil || n > 0 {
+						return rmErr
+					}
+				}
 				if err != nil {
 					return err
 				}
@@ -477,7 +488,8 @@ them with shoalctl volume rm), as Docker keeps a stack's volumes.`,
 				if err := a.waitGone(cmd, c, names, w); err != nil {
 					return err
 				}
-				return a.removeStackSecrets(ctx, st, c, name)
+				_, err = a.removeStackSecrets(ctx, st, c, name)
+				return err
 			})
 		},
 	}
@@ -486,13 +498,15 @@ them with shoalctl volume rm), as Docker keeps a stack's volumes.`,
 	return cmd
 }
 
-// removeStackSecrets removes the secrets and configs stack name created.
-func (a *app) removeStackSecrets(ctx context.Context, st *client.Statd, c *client.Schedd, name string) error {
+// removeStackSecrets removes the secrets and configs stack name created
+// and says how many it removed.
+func (a *app) removeStackSecrets(ctx context.Context, st *client.Statd, c *client.Schedd, name string) (int, error) {
 	var failed []string
+	removed := 0
 	for _, o := range []fileObject{secretObject, configObject} {
 		resp, err := st.Secrets.ListSecrets(ctx, &clusterv1.ListSecretsRequest{Configs: o.config})
 		if err != nil {
-			return err
+			return removed, err
 		}
 		for _, s := range resp.GetSecrets() {
 			if s.GetLabels()[stack.LabelStack] != name {
@@ -503,10 +517,11 @@ func (a *app) removeStackSecrets(ctx context.Context, st *client.Statd, c *clien
 				continue
 			}
 			fmt.Fprintf(a.errOut, "%s %s removed\n", o.noun, s.GetName())
+			removed++
 		}
 	}
 	if len(failed) > 0 {
-		return fmt.Errorf("stack %s: kept %s", name, strings.Join(failed, "; "))
+		return removed, fmt.Errorf("stack %s: kept %s", name, strings.Join(failed, "; "))
 	}
-	return nil
+	return removed, nil
 }

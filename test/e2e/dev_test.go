@@ -356,6 +356,18 @@ secrets:
 	if _, code := ctl(1, "stack", "rm", "app"); code != 3 {
 		t.Errorf("stack rm of a removed stack: exit %d, want 3", code)
 	}
+	// A deploy that stops at its first service (no such image) leaves
+	// the secret it made; stack rm finds it by its label and removes it.
+	half := write("half.yml", "services:\n  x:\n    image: local/missing:1\n    secrets: [s]\nsecrets:\n  s: {file: ./db_pass.txt}\n")
+	if out, code = ctl(1, "stack", "deploy", "half", "-c", half); code == 0 || !strings.Contains(out, "secret half_s created") {
+		t.Errorf("deploy with a missing image: exit %d, want a failure after the secret:\n%s", code, out)
+	}
+	if out, code = ctl(2, "stack", "rm", "half"); code != 0 || !strings.Contains(out, "secret half_s removed") {
+		t.Errorf("stack rm of a stack without services: exit %d, want its secret removed:\n%s", code, out)
+	}
+	if _, code := ctl(3, "stack", "rm", "half"); code != 3 {
+		t.Errorf("stack rm of it again: exit %d, want 3", code)
+	}
 	if out, code := ctl(1, "volume", "rm", "app-data"); code != 0 {
 		t.Errorf("volume rm app-data (kept by stack rm): exit %d\n%s", code, out)
 	}
