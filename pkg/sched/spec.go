@@ -695,11 +695,11 @@ func (s ServiceSpec) Validate() error {
 // to a previous spec makes the tasks still running it current again, and
 // an update that changes nothing replaces nothing.
 func (s ServiceSpec) Digest() string {
-	// Replicas, a job's concurrency and the update config are the
-	// owner's business: changing them must not replace running tasks (a
-	// scale is not a rollout).
+	// Replicas, a job's concurrency and schedule and the update config
+	// are the owner's business: changing them must not replace running
+	// tasks (a scale is not a rollout; a schedule says when runs start).
 	c := s.WithDefaults()
-	c.Replicas, c.MaxConcurrent, c.Update = 0, 0, UpdateConfig{}
+	c.Replicas, c.MaxConcurrent, c.Schedule, c.Update = 0, 0, "", UpdateConfig{}
 	b, err := json.Marshal(c)
 	if err != nil { // cannot happen: the spec has only plain types
 		panic(err)

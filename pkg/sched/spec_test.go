@@ -362,8 +362,8 @@ func TestModes(t *testing.T) {
 		t.Errorf("job's default restart policy %s", p)
 	}
 	k := j
-	k.MaxConcurrent = 1
+	k.MaxConcurrent, k.Schedule = 1, "@hourly"
 	if j.Digest() != k.Digest() {
-		t.Error("max concurrent changes the digest")
+		t.Error("max concurrent or the schedule changes the digest")
 	}
 }
