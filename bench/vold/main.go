@@ -11,6 +11,9 @@
 //     holds the cluster's state, interleaved in the same run;
 //   - synchronous random 4 KiB writes (O_DSYNC, one thread) into a
 //     preallocated file, the same three ways, with latency percentiles;
+//     on a KVM guest whose haltpoll driver runs with guest halt polling
+//     set otherwise, the single-writer rows again with the kernel's
+//     default (haltpoll.go: the setting is put back afterwards);
 //   - random 4 KiB reads (one thread) through the leader's mount, alone
 //     and beside one O_DSYNC writer (reads.go);
 //   - leader failover: a writer appending through a follower's mount while
