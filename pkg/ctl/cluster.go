@@ -167,10 +167,7 @@ func statusView(r *clusterv1.StatusResponse) clusterStatusView {
 		if s := m.GetSync(); s != nil {
 			mv.Sync = &syncView{BytesSent: s.GetBytesSent(), BytesReceived: s.GetBytesReceived(), EntriesSent: s.GetEntriesSent(),
 				EntriesReceived: s.GetEntriesReceived(), Rounds: s.GetRounds(), Rejected: s.GetRejected(), LastError: s.GetLastError()}
-			if s.GetLastSync() != nil {
-				t := s.GetLastSync().AsTime()
-				mv.LastSync = &t
-			}
+			mv.LastSync = timeOf(s.GetLastSync())
 		}
 		v.Members = append(v.Members, mv)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/mattn/go-shellwords"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+	"google.golang.org/protobuf/types/known/timestamppb"
 	"sigs.k8s.io/yaml"
 
 	"github.com/shoal-dev/shoal/pkg/client"
@@ -573,19 +574,18 @@ func serviceViewOf(s *schedv1.Service) serviceView {
 	v := serviceView{Name: s.GetName(), Version: s.GetVersion(), State: s.GetState(), Owner: s.GetOwner(),
 		Running: s.GetRunning(), Desired: s.GetDesired(), Completed: s.GetCompleted(), Unschedulable: s.GetUnschedulable(), HasPrevious: s.GetHasPrevious()}
 	v.Spec = specOf(s)
-	if s.GetUpdated() != nil {
-		t := s.GetUpdated().AsTime()
-		v.Updated = &t
-	}
-	if s.GetLastRun() != nil {
-		t := s.GetLastRun().AsTime()
-		v.LastRun = &t
-	}
-	if s.GetNextRun() != nil {
-		t := s.GetNextRun().AsTime()
-		v.NextRun = &t
-	}
+	v.Updated, v.LastRun, v.NextRun = timeOf(s.GetUpdated()), timeOf(s.GetLastRun()), timeOf(s.GetNextRun())
 	return v
+}
+
+// timeOf is an optional timestamp of a response as -o json/yaml shows it
+// (nil: unset, left out).
+func timeOf(ts *timestamppb.Timestamp) *time.Time {
+	if ts == nil {
+		return nil
+	}
+	t := ts.AsTime()
+	return &t
 }
 
 // replicasText is `service ls`'s REPLICAS: running/desired, and for a
@@ -691,18 +691,7 @@ func taskViewOf(t *schedv1.Task) taskView {
 	v := taskView{ID: t.GetId(), Service: t.GetService(), Slot: t.GetSlot(), Node: t.GetNode(), Version: t.GetVersion(),
 		State: t.GetState(), Health: t.GetHealth(), Restarts: t.GetRestarts(), ExitCode: t.GetExitCode(), Error: t.GetError(),
 		Current: t.GetCurrent(), Image: t.GetImage()}
-	if t.GetCreated() != nil {
-		c := t.GetCreated().AsTime()
-		v.Created = &c
-	}
-	if t.GetStarted() != nil {
-		s := t.GetStarted().AsTime()
-		v.Started = &s
-	}
-	if t.GetFinished() != nil {
-		f := t.GetFinished().AsTime()
-		v.Finished = &f
-	}
+	v.Created, v.Started, v.Finished = timeOf(t.GetCreated()), timeOf(t.GetStarted()), timeOf(t.GetFinished())
 	return v
 }
 
