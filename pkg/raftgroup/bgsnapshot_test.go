@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -200,6 +201,19 @@ func TestBackgroundSnapshotsOnDisk(t *testing.T) {
 		copy(want[off:], data)
 	}
 	rgt.WaitBackgroundSnapshots(t, hosts, dirs, 2, 20*time.Second)
+	// A replaced snapshot's file goes (off the loop): one stays per node.
+	for i, dir := range dirs {
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			names, err := filepath.Glob(filepath.Join(dir, "entries", "*.snap"))
+			if err == nil && len(names) == 1 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("node %d keeps snapshot files %v (%v)", i+1, names, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
 	stop()
 	hosts, _ = start(2)
 	l = leader(hosts)

@@ -868,10 +868,11 @@ func (g *group) storeSnapshot() (uint64, error) {
 	if !ok || !g.streamable() {
 		return taken()
 	}
-	term, hdr, err := g.snapshotHeader()
+	term, sd, err := g.snapshotHeader()
 	if err != nil {
 		return 0, err
 	}
+	hdr := sd.header()
 	write := func(w io.Writer) error {
 		if _, err := w.Write(hdr); err != nil {
 			return err
@@ -904,15 +905,15 @@ func (g *group) streamable() bool {
 	return g.st.large > 0 && !covered && g.broken == nil && g.applied > 0
 }
 
-// snapshotHeader returns the term of the applied index and the encoding
-// of a snapshot up to the state machine's part (the host's meta as of
-// now).
-func (g *group) snapshotHeader() (uint64, []byte, error) {
+// snapshotHeader returns the term of the applied index and the part of a
+// snapshot up to the state machine's (the host's meta as of now, frozen:
+// its header may be encoded off the loop).
+func (g *group) snapshotHeader() (uint64, *snapshotData, error) {
 	term, err := g.st.Term(g.applied)
 	if err != nil {
 		return 0, nil, err
 	}
-	return term, (&snapshotData{meta: g.meta, hasFSM: true}).header(), nil
+	return term, &snapshotData{meta: g.meta.frozen(), hasFSM: true}, nil
 }
 
 // checksumWriter counts and checksums what is written to it.

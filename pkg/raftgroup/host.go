@@ -401,6 +401,9 @@ func Open(cfg Config) (*Host, error) {
 		h.db.Close()
 		return nil, err
 	}
+	if !cfg.Deterministic {
+		h.jnl.unlink = newUnlinker(fs)
+	}
 	return h, nil
 }
 

@@ -130,6 +130,10 @@ type journal struct {
 	flushed     uint64
 	flushing    <-chan struct{}
 	flushingSeq uint64
+
+	// unlink removes dead files off the loop (unlink.go); nil while the
+	// journal is being opened, and with inline.
+	unlink *unlinker
 }
 
 // maxFreeSegments bounds the dead segments kept for reuse.
@@ -884,14 +888,20 @@ func fillZeros(fs vfs.FS, path string, size int64, stop <-chan struct{}) error {
 		return err
 	}
 	defer f.Close()
-	zeros := make([]byte, min(size, 1<<20))
+	zeros := make([]byte, min(size, snapWriteback))
 	for off := int64(0); off < size; off += int64(len(zeros)) {
 		select {
 		case <-stop:
 			return errors.New("stopped")
 		default:
 		}
-		if _, err := f.Write(zeros[:min(int64(len(zeros)), size-off)]); err != nil {
+		n := min(int64(len(zeros)), size-off)
+		if _, err := f.Write(zeros[:n]); err != nil {
+			return err
+		}
+		// A little at a time, as a snapshot's file (writeBack): 64 MiB
+		// left to the final sync held the journal's syncs behind it.
+		if err := writeBack(f, off, n); err != nil {
 			return err
 		}
 	}
@@ -969,6 +979,11 @@ func (j *journal) read(ref segmentRef) ([]byte, error) {
 // missing, it starts one (in the background: the loop goes on, and a
 // later round drops the segments).
 func (j *journal) collect(db *pebble.DB) error {
+	if j.unlink != nil {
+		if err := j.unlink.takeErr(); err != nil {
+			return err
+		}
+	}
 	if j.flushing != nil {
 		select {
 		case <-j.flushing:
@@ -1049,6 +1064,10 @@ func (j *journal) remove(s *segment) error {
 		}
 		return nil
 	}
+	if j.unlink != nil {
+		j.unlink.remove(path)
+		return nil
+	}
 	if err := j.fs.Remove(path); err != nil && !errors.Is(err, iofs.ErrNotExist) {
 		return fmt.Errorf("raftgroup: remove segment %d: %w", s.id, err)
 	}
@@ -1056,6 +1075,10 @@ func (j *journal) remove(s *segment) error {
 }
 
 func (j *journal) close() {
+	if j.unlink != nil {
+		j.unlink.close()
+		j.unlink = nil
+	}
 	if j.spare != nil {
 		close(j.stopSpare)
 		<-j.spare

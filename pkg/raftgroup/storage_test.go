@@ -273,6 +273,48 @@ func TestDedupTable(t *testing.T) {
 	}
 }
 
+// TestFrozenMeta: a frozen copy of a group's meta encodes as the meta did
+// when it was taken — the latest entry of each key, in order — however the
+// meta changes after (entries added, a key applied again, the oldest
+// pruned), which is what lets a snapshot's header be encoded off the loop.
+func TestFrozenMeta(t *testing.T) {
+	m := newGroupMeta()
+	m.members[1], m.members[2] = 10, 20
+	m.maxReplica, m.clock = 2, 500
+	for i := range 50 {
+		// Keys come back: k0..k9 five times each, the last one live.
+		m.dedup.add("k"+strconv.Itoa(i%10), uint64(i+1), int64(i), []byte{byte(i)})
+	}
+	m.dedup.prune(int64(dedupWindow) + 20) // drops the entries of times 0..19
+	want := m.encode()
+	f := m.frozen()
+	if got := f.encode(); string(got) != string(want) {
+		t.Fatal("a fresh frozen copy encodes otherwise than the meta")
+	}
+	m.members[3] = 30
+	m.maxReplica, m.clock = 3, 900
+	m.dedup.add("k3", 51, 50, []byte("again"))
+	m.dedup.add("new", 52, 51, nil)
+	m.dedup.prune(int64(dedupWindow) + 45)
+	if got := f.encode(); string(got) != string(want) {
+		t.Fatal("the frozen copy changed with the meta")
+	}
+	d, err := decodeGroupMeta(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := d.dedup.live()
+	if len(live) != 10 {
+		t.Fatalf("%d live keys, want 10", len(live))
+	}
+	for i, e := range live {
+		// The last round of keys, times 40..49, in order.
+		if e.key != "k"+strconv.Itoa(i) || e.index != uint64(41+i) {
+			t.Fatalf("live entry %d is %s at %d", i, e.key, e.index)
+		}
+	}
+}
+
 // TestDefaultLargeEntryKeepsPageWritesInTheJournal: with the default
 // Config, a 4 KiB write's entry keeps its data in the journal (Pebble holds
 // a reference), so that synchronous 4 KiB writes do not fill Pebble's
