@@ -322,7 +322,7 @@ func (d *dedupTable) frozenLive() []*dedupEntry {
 }
 
 // frozen returns a copy of m to encode off the loop while m goes on
-// changing. Encoding a busy group's meta took 3–34 ms on the loop (a
+// changing. Encoding a busy group's meta took 3–22 ms on the loop (a
 // volume's dedup table holds up to dedupMax keys); the copy takes its
 // members and the dedup table's order, a slice of pointers: an entry is
 // not changed once the round that applied it is over.
