@@ -117,14 +117,14 @@ func (w *snapFileWriter) Write(p []byte) (int, error) {
 	if err == nil && n < len(p) {
 		err = io.ErrShortWrite
 	}
-	if err == nil && w.n-w.flushed >= snapWriteback {
+	if err == nil && w.n-w.flushed >= writeBackStep {
 		err = w.writeBack()
 	}
 	return n, err
 }
 
 // writeBack writes what was written since the last call back, so that a
-// snapshot reaches the disk snapWriteback at a time rather than all of it
+// snapshot reaches the disk writeBackStep at a time rather than all of it
 // at the final sync.
 func (w *snapFileWriter) writeBack() error {
 	off := int64(w.flushed)
@@ -146,15 +146,14 @@ func writeBack(f vfs.File, off, n int64) error {
 	return err
 }
 
-// snapWriteback is how much of a snapshot file, or of a spare segment's
-// zeros, is written back at a time.
-// With 8 MiB and no wait, the journals' syncs on this project's VM waited
+// writeBackStep is how much of a file written off the loop (a snapshot,
+// a spare segment's zeros) is written back at a time. With 8 MiB and no wait, the journals' syncs on this project's VM waited
 // up to 8–100 ms while three replicas wrote their snapshots of 85 MiB
 // (bench/vold's 4 KiB rows); a throwaway program syncing 4 KiB records
 // beside an 80 MiB file written back 8 MiB at a time saw syncs of up to
 // 6.6–8.3 ms, 256 KiB at a time with the wait up to 0.7–1.0 ms (the file
 // taking 90 ms instead of 50).
-const snapWriteback = 512 << 10
+const writeBackStep = 512 << 10
 
 // bgSnapshot is a snapshot being written off the loop.
 type bgSnapshot struct {

@@ -888,7 +888,7 @@ func fillZeros(fs vfs.FS, path string, size int64, stop <-chan struct{}) error {
 		return err
 	}
 	defer f.Close()
-	zeros := make([]byte, min(size, snapWriteback))
+	zeros := make([]byte, min(size, writeBackStep))
 	for off := int64(0); off < size; off += int64(len(zeros)) {
 		select {
 		case <-stop:

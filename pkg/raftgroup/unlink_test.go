@@ -69,7 +69,7 @@ func TestWriteBack(t *testing.T) {
 			data := []byte(strings.Repeat("shoal", 100<<10))
 			var off int64
 			for off < int64(len(data)) {
-				n := min(int64(len(data))-off, snapWriteback)
+				n := min(int64(len(data))-off, writeBackStep)
 				// A copy: the in-memory file scribbles on what it is
 				// given in race builds.
 				if _, err := f.Write(bytes.Clone(data[off : off+n])); err != nil {
