@@ -53,8 +53,9 @@ first) as stack NAME. A service the files do not change is left alone;
 one they change is updated by a rolling update. Services of the stack the
 files no longer name are kept unless --prune is given. The files are
 checked whole, every problem reported at once, before anything is
-changed; what only the cluster can judge (an image no node has, a port
-another service publishes) stops the deploy at that service.`,
+changed; then what only the cluster can judge (an image no node has, a
+port another service publishes, an external secret or volume that does
+not exist), for every service, still before anything is changed.`,
 		Example: `  shoalctl stack deploy app -c compose.yml`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -93,13 +94,31 @@ another service publishes) stops the deploy at that service.`,
 				return err
 			}
 			defer d.close()
-			if err := d.files(secretObject, plan.Secrets, secrets); err != nil {
+			// Everything is checked before anything is made: a
+			// deploy that fails leaves the cluster as it was
+			// (unless the cluster changes in between).
+			newSecrets, err := d.checkFiles(secretObject, plan.Secrets, secrets)
+			if err != nil {
 				return err
 			}
-			if err := d.files(configObject, plan.Configs, configs); err != nil {
+			newConfigs, err := d.checkFiles(configObject, plan.Configs, configs)
+			if err != nil {
 				return err
 			}
-			if err := d.volumes(); err != nil {
+			newVolumes, err := d.checkVolumes()
+			if err != nil {
+				return err
+			}
+			if err := d.checkServices(newSecrets, newConfigs); err != nil {
+				return err
+			}
+			if err := d.createFiles(secretObject, newSecrets, secrets); err != nil {
+				return err
+			}
+			if err := d.createFiles(configObject, newConfigs, configs); err != nil {
+				return err
+			}
+			if err := d.createVolumes(newVolumes); err != nil {
 				return err
 			}
 			changed, err := d.services(prune)
@@ -180,36 +199,80 @@ func (d *stackDeployer) close() {
 	d.schedd.Close()
 }
 
-// files creates the stack's secrets (or configs) that do not exist yet,
-// and checks that the others hold what the files say: neither can
-// change, so a changed one must get a new name.
-func (d *stackDeployer) files(o fileObject, files []stack.File, data map[string][]byte) error {
+// checkFiles returns the names of the stack's secrets (or configs) that
+// do not exist yet, and checks that the others hold what the files say:
+// neither can change, so a changed one must get a new name.
+func (d *stackDeployer) checkFiles(o fileObject, files []stack.File, data map[string][]byte) ([]string, error) {
 	ctx, cancel := d.a.ctx(d.cmd)
 	defer cancel()
+	var missing []string
 	for _, s := range files {
 		cur, err := d.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: s.Name, Config: o.config})
 		switch {
 		case status.Code(err) == codes.NotFound && s.External:
-			return fmt.Errorf("%s %s is external but does not exist: create it with `shoalctl %s create %s FILE`", o.noun, s.Name, o.noun, s.Name)
+			return nil, fmt.Errorf("%s %s is external but does not exist: create it with `shoalctl %s create %s FILE`", o.noun, s.Name, o.noun, s.Name)
 		case status.Code(err) == codes.NotFound:
-			if _, err := d.statd.Secrets.CreateSecret(ctx, &clusterv1.CreateSecretRequest{
-				Name: s.Name, Data: data[s.Name], Labels: map[string]string{stack.LabelStack: d.plan.Stack}, Config: o.config,
-			}); err != nil {
-				return fmt.Errorf("%s %s: %w", o.noun, s.Name, err)
-			}
-			fmt.Fprintf(d.a.errOut, "%s %s created\n", o.noun, s.Name)
+			missing = append(missing, s.Name)
 		case err != nil:
-			return fmt.Errorf("%s %s: %w", o.noun, s.Name, err)
+			return nil, fmt.Errorf("%s %s: %w", o.noun, s.Name, err)
 		case !s.External && !bytes.Equal(cur.GetData(), data[s.Name]):
-			return fmt.Errorf("%[1]s %[2]s changed, and a %[1]s cannot change: give it a new name in the file (name: %[2]s_v2, say); the services then get the new one by a rolling update", o.noun, s.Name)
+			return nil, fmt.Errorf("%[1]s %[2]s changed, and a %[1]s cannot change: give it a new name in the file (name: %[2]s_v2, say); the services then get the new one by a rolling update", o.noun, s.Name)
 		}
+	}
+	return missing, nil
+}
+
+// createFiles creates the secrets (or configs) names, labelled as the
+// stack's.
+func (d *stackDeployer) createFiles(o fileObject, names []string, data map[string][]byte) error {
+	ctx, cancel := d.a.ctx(d.cmd)
+	defer cancel()
+	for _, name := range names {
+		if _, err := d.statd.Secrets.CreateSecret(ctx, &clusterv1.CreateSecretRequest{
+			Name: name, Data: data[name], Labels: map[string]string{stack.LabelStack: d.plan.Stack}, Config: o.config,
+		}); err != nil {
+			return fmt.Errorf("%s %s: %w", o.noun, name, err)
+		}
+		fmt.Fprintf(d.a.errOut, "%s %s created\n", o.noun, name)
 	}
 	return nil
 }
 
-// volumes creates the stack's volumes that do not exist yet.
-func (d *stackDeployer) volumes() error {
+// checkVolumes returns the stack's volumes that do not exist yet, and
+// fails for an external one that does not.
+func (d *stackDeployer) checkVolumes() ([]stack.Volume, error) {
 	if len(d.plan.Volumes) == 0 {
+		return nil, nil
+	}
+	c, ctx, done, err := d.a.voldCall(d.cmd)
+	if err != nil {
+		return nil, err
+	}
+	defer done()
+	resp, err := c.Volumes.ListVolumes(ctx, &volv1.ListVolumesRequest{})
+	if err != nil {
+		return nil, err
+	}
+	have := map[string]bool{}
+	for _, v := range resp.GetVolumes() {
+		have[v.GetName()] = true
+	}
+	var missing []stack.Volume
+	for _, v := range d.plan.Volumes {
+		switch {
+		case have[v.Name]:
+		case v.External:
+			return nil, fmt.Errorf("volume %s is external but does not exist: create it with `shoalctl volume create %s`", v.Name, v.Name)
+		default:
+			missing = append(missing, v)
+		}
+	}
+	return missing, nil
+}
+
+// createVolumes creates volumes.
+func (d *stackDeployer) createVolumes(volumes []stack.Volume) error {
+	if len(volumes) == 0 {
 		return nil
 	}
 	c, ctx, done, err := d.a.voldCall(d.cmd)
@@ -217,25 +280,43 @@ func (d *stackDeployer) volumes() error {
 		return err
 	}
 	defer done()
-	resp, err := c.Volumes.ListVolumes(ctx, &volv1.ListVolumesRequest{})
-	if err != nil {
-		return err
-	}
-	have := map[string]bool{}
-	for _, v := range resp.GetVolumes() {
-		have[v.GetName()] = true
-	}
-	for _, v := range d.plan.Volumes {
-		switch {
-		case have[v.Name]:
-		case v.External:
-			return fmt.Errorf("volume %s is external but does not exist: create it with `shoalctl volume create %s`", v.Name, v.Name)
-		default:
-			if _, err := c.Volumes.CreateVolume(ctx, &volv1.CreateVolumeRequest{Name: v.Name, Replicas: v.Replicas, SizeBytes: v.SizeBytes}); err != nil {
-				return fmt.Errorf("volume %s: %w", v.Name, err)
-			}
-			fmt.Fprintf(d.a.errOut, "volume %s created\n", v.Name)
+	for _, v := range volumes {
+		if _, err := c.Volumes.CreateVolume(ctx, &volv1.CreateVolumeRequest{Name: v.Name, Replicas: v.Replicas, SizeBytes: v.SizeBytes}); err != nil {
+			return fmt.Errorf("volume %s: %w", v.Name, err)
 		}
+		fmt.Fprintf(d.a.errOut, "volume %s created\n", v.Name)
+	}
+	return nil
+}
+
+// checkServices asks schedd to check each of the plan's services as its
+// deploy would, the secrets and configs the deploy creates counted as
+// there, and reports every service that would fail. A schedd too old to
+// check (Unimplemented) leaves the checks to the deploy itself.
+func (d *stackDeployer) checkServices(newSecrets, newConfigs []string) error {
+	ctx, cancel := d.a.ctx(d.cmd)
+	defer cancel()
+	var problems []string
+	code := codes.OK
+	for _, spec := range d.plan.Services {
+		data, err := checkSpec(spec)
+		if err != nil {
+			return err
+		}
+		_, err = d.schedd.CheckDeploy(ctx, &schedv1.CheckDeployRequest{Spec: data, NewSecrets: newSecrets, NewConfigs: newConfigs})
+		switch {
+		case status.Code(err) == codes.Unimplemented:
+			fmt.Fprintf(d.a.errOut, "warning: this node's schedd does not check a deploy ahead: a service that fails leaves what was made before it\n")
+			return nil
+		case err != nil:
+			problems = append(problems, fmt.Sprintf("service %s: %s", spec.Name, describe(err)))
+			if code == codes.OK {
+				code = status.Code(err) // the exit status the first failure's deploy would give
+			}
+		}
+	}
+	if len(problems) > 0 {
+		return status.Error(code, "nothing was changed:\n"+strings.Join(problems, "\n"))
 	}
 	return nil
 }

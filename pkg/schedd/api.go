@@ -52,8 +52,9 @@ func decodeSpec(data []byte) (sched.ServiceSpec, error) {
 
 // checkPlaceable rejects specs no node could ever run, before anything is
 // written: an image the cluster does not have, more memory or CPU than any
-// node offers, a host port another service already publishes.
-func (s *api) checkPlaceable(ctx context.Context, spec sched.ServiceSpec) error {
+// node offers, a host port another service already publishes, a secret or
+// config that does not exist and is not pending (keyed as in state).
+func (s *api) checkPlaceable(ctx context.Context, spec sched.ServiceSpec, pending map[string]bool) error {
 	n := s.n
 	var most sched.Resources
 	for _, nd := range n.nodes() {
@@ -81,7 +82,7 @@ func (s *api) checkPlaceable(ctx context.Context, spec sched.ServiceSpec) error 
 			}
 		}
 	}
-	if err := n.checkSecrets(ctx, spec); err != nil {
+	if err := n.checkSecrets(ctx, spec, pending); err != nil {
 		return err
 	}
 	// An image that names its registry is pulled by the first node that
@@ -133,11 +134,10 @@ func (s *api) CreateService(ctx context.Context, req *schedv1.CreateServiceReque
 	} else if !errdefs.IsNotFound(err) {
 		return nil, err
 	}
-	if err := s.checkPlaceable(ctx, spec); err != nil {
+	if err := s.checkPlaceable(ctx, spec, nil); err != nil {
 		return nil, err
 	}
-	svc := sched.Service{Name: spec.Name, Spec: spec, Version: 1, State: sched.ServiceActive, Updated: time.Now()}
-	return s.write(ctx, svc)
+	return s.write(ctx, nextVersion(nil, spec))
 }
 
 func (s *api) write(ctx context.Context, svc sched.Service) (*schedv1.Service, error) {
@@ -165,12 +165,10 @@ func (s *api) update(ctx context.Context, spec sched.ServiceSpec) (*schedv1.Serv
 	if err != nil {
 		return nil, err
 	}
-	if err := s.checkPlaceable(ctx, spec); err != nil {
+	if err := s.checkPlaceable(ctx, spec, nil); err != nil {
 		return nil, err
 	}
-	prev := cur.Spec
-	svc := sched.Service{Name: spec.Name, Spec: spec, Version: cur.Version + 1, PrevSpec: &prev, State: sched.ServiceActive, Converged: cur.Converged, Updated: time.Now()}
-	return s.write(ctx, svc)
+	return s.write(ctx, nextVersion(cur, spec))
 }
 
 func (s *api) UpdateService(ctx context.Context, req *schedv1.UpdateServiceRequest) (*schedv1.Service, error) {
@@ -192,23 +190,70 @@ func (s *api) DeployService(ctx context.Context, req *schedv1.UpdateServiceReque
 	if err != nil {
 		return nil, err
 	}
-	cur, err := s.service(ctx, spec.Name)
-	if errdefs.IsNotFound(err) {
-		return s.CreateService(ctx, &schedv1.CreateServiceRequest{Spec: req.GetSpec()})
-	}
+	svc, change, err := s.planDeploy(ctx, spec, nil)
 	if err != nil {
 		return nil, err
 	}
-	// Deploy is declarative: a file that asks for what the service
-	// already is changes nothing. Without this, every re-deploy bumped
-	// the version and overwrote prev_spec with the current spec, so a
-	// later rollback went nowhere. Only an active service is left alone;
-	// a paused or rolling-back one gets a new version as before, which
-	// resumes the rollout.
-	if cur.State == sched.ServiceActive && sameSpec(cur.Spec, spec) {
-		return s.describe(cur), nil
+	if !change {
+		return s.describe(&svc), nil
 	}
-	return s.update(ctx, spec)
+	return s.write(ctx, svc)
+}
+
+func (s *api) CheckDeploy(ctx context.Context, req *schedv1.CheckDeployRequest) (*schedv1.Service, error) {
+	if err := s.ready(); err != nil {
+		return nil, err
+	}
+	spec, err := decodeSpec(req.GetSpec())
+	if err != nil {
+		return nil, err
+	}
+	pending := map[string]bool{}
+	for _, name := range req.GetNewSecrets() {
+		pending[secretKind.prefix+name] = true
+	}
+	for _, name := range req.GetNewConfigs() {
+		pending[configKind.prefix+name] = true
+	}
+	svc, _, err := s.planDeploy(ctx, spec, pending)
+	if err != nil {
+		return nil, err
+	}
+	return s.describe(&svc), nil
+}
+
+// planDeploy is what deploying spec would make of its service, checked
+// (with pending as checkPlaceable takes it) but not written: change is
+// false when the deploy would leave the service as it is. Deploy is
+// declarative: a file that asks for what an active service already is
+// changes nothing. Without this, every re-deploy bumped the version and
+// overwrote prev_spec with the current spec, so a later rollback went
+// nowhere. A paused or rolling-back service gets a new version, which
+// resumes the rollout.
+func (s *api) planDeploy(ctx context.Context, spec sched.ServiceSpec, pending map[string]bool) (sched.Service, bool, error) {
+	cur, err := s.service(ctx, spec.Name)
+	switch {
+	case errdefs.IsNotFound(err):
+		cur = nil
+	case err != nil:
+		return sched.Service{}, false, err
+	case cur.State == sched.ServiceActive && sameSpec(cur.Spec, spec):
+		return *cur, false, nil
+	}
+	if err := s.checkPlaceable(ctx, spec, pending); err != nil {
+		return sched.Service{}, false, err
+	}
+	return nextVersion(cur, spec), true, nil
+}
+
+// nextVersion is service cur (nil: none yet) with spec as its new
+// version, the current one kept for rollback.
+func nextVersion(cur *sched.Service, spec sched.ServiceSpec) sched.Service {
+	if cur == nil {
+		return sched.Service{Name: spec.Name, Spec: spec, Version: 1, State: sched.ServiceActive, Updated: time.Now()}
+	}
+	prev := cur.Spec
+	return sched.Service{Name: spec.Name, Spec: spec, Version: cur.Version + 1, PrevSpec: &prev, State: sched.ServiceActive, Converged: cur.Converged, Updated: time.Now()}
 }
 
 // sameSpec reports whether two specs are the same once defaults are
@@ -247,9 +292,7 @@ func (s *api) RollbackService(ctx context.Context, req *schedv1.GetServiceReques
 	if cur.PrevSpec == nil {
 		return nil, fmt.Errorf("service %s has no previous spec to roll back to: %w", req.GetName(), errdefs.ErrFailedPrecondition)
 	}
-	prev := cur.Spec
-	svc := sched.Service{Name: cur.Name, Spec: *cur.PrevSpec, Version: cur.Version + 1, PrevSpec: &prev, State: sched.ServiceActive, Converged: cur.Converged, Updated: time.Now()}
-	return s.write(ctx, svc)
+	return s.write(ctx, nextVersion(cur, *cur.PrevSpec))
 }
 
 func (s *api) RemoveService(ctx context.Context, req *schedv1.GetServiceRequest) (*schedv1.RemoveServiceResponse, error) {

@@ -174,13 +174,16 @@ func (n *node) dropStaleSecrets() {
 }
 
 // checkSecrets refuses a spec that names a secret or config statd does
-// not have.
-func (n *node) checkSecrets(ctx context.Context, spec sched.ServiceSpec) error {
+// not have, unless pending holds its key (the caller creates it first).
+func (n *node) checkSecrets(ctx context.Context, spec sched.ServiceSpec, pending map[string]bool) error {
 	for _, k := range fileKinds {
 		for _, s := range k.entries(spec) {
 			m, err := k.parse(s)
 			if err != nil {
 				return fmt.Errorf("%v: %w", err, errdefs.ErrInvalidArgument)
+			}
+			if pending[k.prefix+m.Name] {
+				continue
 			}
 			_, err = n.statd.Get(ctx, &statev1.GetRequest{Key: k.prefix + m.Name})
 			if status.Code(err) == codes.NotFound {

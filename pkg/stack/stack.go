@@ -22,6 +22,7 @@
 package stack
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -112,6 +113,7 @@ func Convert(p *types.Project, stack string) (Plan, error) {
 	}
 	secrets, configs := map[string]File{}, map[string]File{}
 	volumes := map[string]Volume{}
+	published := map[string]string{} // "80/tcp": the service publishing it
 	for _, key := range slices.Sorted(maps.Keys(p.Services)) {
 		svc := p.Services[key]
 		spec, warnings, err := convertService(p, stack, svc, secrets, configs, volumes)
@@ -125,6 +127,13 @@ func Convert(p *types.Project, stack string) (Plan, error) {
 				fail("service %s: %s", key, e)
 			}
 			continue
+		}
+		for _, pt := range spec.Ports {
+			at := fmt.Sprintf("%d/%s", pt.Host, cmp.Or(strings.ToLower(pt.Protocol), "tcp"))
+			if other, ok := published[at]; ok {
+				fail("service %s: port %s is published by service %s too", key, at, other)
+			}
+			published[at] = key
 		}
 		plan.Services = append(plan.Services, spec)
 	}

@@ -231,3 +231,21 @@ services:
 		t.Errorf("forever: %v", err)
 	}
 }
+
+// Two services of one file cannot publish the same port: schedd would
+// refuse the second only after the first was made.
+func TestConvertRefusesAPortPublishedTwice(t *testing.T) {
+	p := load(t, "app", `
+services:
+  a: {image: x, ports: ["8080:80", "53:53/udp"]}
+  b: {image: x, ports: ["8080:81"]}
+  c: {image: x, ports: ["53:53"]}
+`)
+	_, err := Convert(p, "app")
+	if err == nil || !strings.Contains(err.Error(), "service b: port 8080/tcp is published by service a too") {
+		t.Fatalf("Convert: %v; want b's 8080 refused", err)
+	}
+	if strings.Contains(err.Error(), "service c") {
+		t.Errorf("53/tcp beside 53/udp refused: %v", err)
+	}
+}

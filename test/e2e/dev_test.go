@@ -356,11 +356,21 @@ secrets:
 	if _, code := ctl(1, "stack", "rm", "app"); code != 3 {
 		t.Errorf("stack rm of a removed stack: exit %d, want 3", code)
 	}
-	// A deploy that stops at its first service (no such image) leaves
-	// the secret it made; stack rm finds it by its label and removes it.
-	half := write("half.yml", "services:\n  x:\n    image: local/missing:1\n    secrets: [s]\nsecrets:\n  s: {file: ./db_pass.txt}\n")
-	if out, code = ctl(1, "stack", "deploy", "half", "-c", half); code == 0 || !strings.Contains(out, "secret half_s created") {
-		t.Errorf("deploy with a missing image: exit %d, want a failure after the secret:\n%s", code, out)
+	// A deploy that would fail (no such images; the check waits for
+	// them a moment) changes nothing, and says why for every service.
+	half := write("half.yml", "services:\n  x:\n    image: local/missing:1\n    secrets: [s]\n  y:\n    image: local/missing:2\nsecrets:\n  s: {file: ./db_pass.txt}\n")
+	if out, code = ctl(1, "stack", "deploy", "half", "-c", half); code != 2 || strings.Contains(out, "created") ||
+		!strings.Contains(out, "nothing was changed") || !strings.Contains(out, `service half-x: image "local/missing:1" is not on any node`) || !strings.Contains(out, `service half-y: image "local/missing:2"`) {
+		t.Errorf("deploy with missing images: exit %d, want 2 with both services' problems and nothing created:\n%s", code, out)
+	}
+	if out, _ := ctl(2, "secret", "ls", "-o", "json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("secrets after the refused deploy: %s", out)
+	}
+	// A stack whose deploy stopped before its first service (the
+	// cluster changed between the check and the deploy) has only its
+	// secrets; stack rm finds them by their label.
+	if out, code = ctl(1, "secret", "create", "half_s", filepath.Join(dir, "db_pass.txt"), "--label", "shoal.stack=half"); code != 0 {
+		t.Errorf("secret create half_s: exit %d\n%s", code, out)
 	}
 	if out, code = ctl(2, "stack", "rm", "half"); code != 0 || !strings.Contains(out, "secret half_s removed") {
 		t.Errorf("stack rm of a stack without services: exit %d, want its secret removed:\n%s", code, out)

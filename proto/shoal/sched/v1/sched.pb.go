@@ -273,6 +273,68 @@ func (x *UpdateServiceRequest) GetSpec() []byte {
 	return nil
 }
 
+type CheckDeployRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Spec  []byte                 `protobuf:"bytes,1,opt,name=spec,proto3" json:"spec,omitempty"`
+	// new_secrets and new_configs are created by the caller before it
+	// deploys: the check counts them as existing.
+	NewSecrets    []string `protobuf:"bytes,2,rep,name=new_secrets,json=newSecrets,proto3" json:"new_secrets,omitempty"`
+	NewConfigs    []string `protobuf:"bytes,3,rep,name=new_configs,json=newConfigs,proto3" json:"new_configs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CheckDeployRequest) Reset() {
+	*x = CheckDeployRequest{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CheckDeployRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CheckDeployRequest) ProtoMessage() {}
+
+func (x *CheckDeployRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CheckDeployRequest.ProtoReflect.Descriptor instead.
+func (*CheckDeployRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *CheckDeployRequest) GetSpec() []byte {
+	if x != nil {
+		return x.Spec
+	}
+	return nil
+}
+
+func (x *CheckDeployRequest) GetNewSecrets() []string {
+	if x != nil {
+		return x.NewSecrets
+	}
+	return nil
+}
+
+func (x *CheckDeployRequest) GetNewConfigs() []string {
+	if x != nil {
+		return x.NewConfigs
+	}
+	return nil
+}
+
 type GetServiceRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
 	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
@@ -282,7 +344,7 @@ type GetServiceRequest struct {
 
 func (x *GetServiceRequest) Reset() {
 	*x = GetServiceRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[3]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -294,7 +356,7 @@ func (x *GetServiceRequest) String() string {
 func (*GetServiceRequest) ProtoMessage() {}
 
 func (x *GetServiceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[3]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -307,7 +369,7 @@ func (x *GetServiceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetServiceRequest.ProtoReflect.Descriptor instead.
 func (*GetServiceRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{3}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *GetServiceRequest) GetName() string {
@@ -325,7 +387,7 @@ type ListServicesRequest struct {
 
 func (x *ListServicesRequest) Reset() {
 	*x = ListServicesRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[4]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -337,7 +399,7 @@ func (x *ListServicesRequest) String() string {
 func (*ListServicesRequest) ProtoMessage() {}
 
 func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[4]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -350,7 +412,7 @@ func (x *ListServicesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesRequest.ProtoReflect.Descriptor instead.
 func (*ListServicesRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{4}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{5}
 }
 
 type ListServicesResponse struct {
@@ -362,7 +424,7 @@ type ListServicesResponse struct {
 
 func (x *ListServicesResponse) Reset() {
 	*x = ListServicesResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[5]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -374,7 +436,7 @@ func (x *ListServicesResponse) String() string {
 func (*ListServicesResponse) ProtoMessage() {}
 
 func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[5]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -387,7 +449,7 @@ func (x *ListServicesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListServicesResponse.ProtoReflect.Descriptor instead.
 func (*ListServicesResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{5}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListServicesResponse) GetServices() []*Service {
@@ -407,7 +469,7 @@ type ScaleServiceRequest struct {
 
 func (x *ScaleServiceRequest) Reset() {
 	*x = ScaleServiceRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[6]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -419,7 +481,7 @@ func (x *ScaleServiceRequest) String() string {
 func (*ScaleServiceRequest) ProtoMessage() {}
 
 func (x *ScaleServiceRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[6]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -432,7 +494,7 @@ func (x *ScaleServiceRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ScaleServiceRequest.ProtoReflect.Descriptor instead.
 func (*ScaleServiceRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{6}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *ScaleServiceRequest) GetName() string {
@@ -457,7 +519,7 @@ type RemoveServiceResponse struct {
 
 func (x *RemoveServiceResponse) Reset() {
 	*x = RemoveServiceResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[7]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -469,7 +531,7 @@ func (x *RemoveServiceResponse) String() string {
 func (*RemoveServiceResponse) ProtoMessage() {}
 
 func (x *RemoveServiceResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[7]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -482,7 +544,7 @@ func (x *RemoveServiceResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveServiceResponse.ProtoReflect.Descriptor instead.
 func (*RemoveServiceResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{7}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{8}
 }
 
 type Task struct {
@@ -514,7 +576,7 @@ type Task struct {
 
 func (x *Task) Reset() {
 	*x = Task{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[8]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -526,7 +588,7 @@ func (x *Task) String() string {
 func (*Task) ProtoMessage() {}
 
 func (x *Task) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[8]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -539,7 +601,7 @@ func (x *Task) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Task.ProtoReflect.Descriptor instead.
 func (*Task) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{8}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Task) GetId() string {
@@ -666,7 +728,7 @@ type ListTasksRequest struct {
 
 func (x *ListTasksRequest) Reset() {
 	*x = ListTasksRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[9]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -678,7 +740,7 @@ func (x *ListTasksRequest) String() string {
 func (*ListTasksRequest) ProtoMessage() {}
 
 func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[9]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -691,7 +753,7 @@ func (x *ListTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksRequest.ProtoReflect.Descriptor instead.
 func (*ListTasksRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{9}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ListTasksRequest) GetService() string {
@@ -724,7 +786,7 @@ type ListTasksResponse struct {
 
 func (x *ListTasksResponse) Reset() {
 	*x = ListTasksResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[10]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -736,7 +798,7 @@ func (x *ListTasksResponse) String() string {
 func (*ListTasksResponse) ProtoMessage() {}
 
 func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[10]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -749,7 +811,7 @@ func (x *ListTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListTasksResponse.ProtoReflect.Descriptor instead.
 func (*ListTasksResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{10}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ListTasksResponse) GetTasks() []*Task {
@@ -768,7 +830,7 @@ type GetTaskRequest struct {
 
 func (x *GetTaskRequest) Reset() {
 	*x = GetTaskRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[11]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -780,7 +842,7 @@ func (x *GetTaskRequest) String() string {
 func (*GetTaskRequest) ProtoMessage() {}
 
 func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[11]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -793,7 +855,7 @@ func (x *GetTaskRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetTaskRequest.ProtoReflect.Descriptor instead.
 func (*GetTaskRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{11}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *GetTaskRequest) GetId() string {
@@ -815,7 +877,7 @@ type TaskLogsRequest struct {
 
 func (x *TaskLogsRequest) Reset() {
 	*x = TaskLogsRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[12]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -827,7 +889,7 @@ func (x *TaskLogsRequest) String() string {
 func (*TaskLogsRequest) ProtoMessage() {}
 
 func (x *TaskLogsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[12]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -840,7 +902,7 @@ func (x *TaskLogsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TaskLogsRequest.ProtoReflect.Descriptor instead.
 func (*TaskLogsRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{12}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *TaskLogsRequest) GetTask() string {
@@ -874,7 +936,7 @@ type LogChunk struct {
 
 func (x *LogChunk) Reset() {
 	*x = LogChunk{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[13]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -886,7 +948,7 @@ func (x *LogChunk) String() string {
 func (*LogChunk) ProtoMessage() {}
 
 func (x *LogChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[13]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -899,7 +961,7 @@ func (x *LogChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LogChunk.ProtoReflect.Descriptor instead.
 func (*LogChunk) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{13}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *LogChunk) GetData() []byte {
@@ -930,7 +992,7 @@ type ExecInput struct {
 
 func (x *ExecInput) Reset() {
 	*x = ExecInput{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[14]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -942,7 +1004,7 @@ func (x *ExecInput) String() string {
 func (*ExecInput) ProtoMessage() {}
 
 func (x *ExecInput) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[14]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -955,7 +1017,7 @@ func (x *ExecInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInput.ProtoReflect.Descriptor instead.
 func (*ExecInput) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{14}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ExecInput) GetTask() string {
@@ -1006,7 +1068,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[15]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1018,7 +1080,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[15]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1031,7 +1093,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{15}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ExecOutput) GetStdout() []byte {
@@ -1071,7 +1133,7 @@ type ImageChunk struct {
 
 func (x *ImageChunk) Reset() {
 	*x = ImageChunk{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[16]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1145,7 @@ func (x *ImageChunk) String() string {
 func (*ImageChunk) ProtoMessage() {}
 
 func (x *ImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[16]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1158,7 @@ func (x *ImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
 func (*ImageChunk) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{16}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ImageChunk) GetData() []byte {
@@ -1119,7 +1181,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[17]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1131,7 +1193,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[17]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1144,7 +1206,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{17}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *Image) GetName() string {
@@ -1184,7 +1246,7 @@ type LoadImageResponse struct {
 
 func (x *LoadImageResponse) Reset() {
 	*x = LoadImageResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[18]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1196,7 +1258,7 @@ func (x *LoadImageResponse) String() string {
 func (*LoadImageResponse) ProtoMessage() {}
 
 func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[18]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1209,7 +1271,7 @@ func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadImageResponse.ProtoReflect.Descriptor instead.
 func (*LoadImageResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{18}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *LoadImageResponse) GetImages() []*Image {
@@ -1227,7 +1289,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1239,7 +1301,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1252,7 +1314,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{19}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{20}
 }
 
 type ListImagesResponse struct {
@@ -1264,7 +1326,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1276,7 +1338,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1289,7 +1351,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{20}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -1312,7 +1374,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1324,7 +1386,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1337,7 +1399,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{21}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RemoveImageRequest) GetRef() string {
@@ -1369,7 +1431,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1381,7 +1443,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1394,7 +1456,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{22}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RemoveImageResponse) GetName() string {
@@ -1436,7 +1498,7 @@ type RemoveSecretRequest struct {
 
 func (x *RemoveSecretRequest) Reset() {
 	*x = RemoveSecretRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1510,7 @@ func (x *RemoveSecretRequest) String() string {
 func (*RemoveSecretRequest) ProtoMessage() {}
 
 func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1523,7 @@ func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSecretRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RemoveSecretRequest) GetName() string {
@@ -1486,7 +1548,7 @@ type RemoveSecretResponse struct {
 
 func (x *RemoveSecretResponse) Reset() {
 	*x = RemoveSecretResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1498,7 +1560,7 @@ func (x *RemoveSecretResponse) String() string {
 func (*RemoveSecretResponse) ProtoMessage() {}
 
 func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1511,7 +1573,7 @@ func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSecretResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
 }
 
 type ForgetNodeTasksRequest struct {
@@ -1523,7 +1585,7 @@ type ForgetNodeTasksRequest struct {
 
 func (x *ForgetNodeTasksRequest) Reset() {
 	*x = ForgetNodeTasksRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1535,7 +1597,7 @@ func (x *ForgetNodeTasksRequest) String() string {
 func (*ForgetNodeTasksRequest) ProtoMessage() {}
 
 func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1548,7 +1610,7 @@ func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetNodeTasksRequest.ProtoReflect.Descriptor instead.
 func (*ForgetNodeTasksRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ForgetNodeTasksRequest) GetNodeId() string {
@@ -1568,7 +1630,7 @@ type ForgetNodeTasksResponse struct {
 
 func (x *ForgetNodeTasksResponse) Reset() {
 	*x = ForgetNodeTasksResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1580,7 +1642,7 @@ func (x *ForgetNodeTasksResponse) String() string {
 func (*ForgetNodeTasksResponse) ProtoMessage() {}
 
 func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1593,7 +1655,7 @@ func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetNodeTasksResponse.ProtoReflect.Descriptor instead.
 func (*ForgetNodeTasksResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ForgetNodeTasksResponse) GetForgotten() uint32 {
@@ -1616,7 +1678,7 @@ type SetNodeAvailabilityRequest struct {
 
 func (x *SetNodeAvailabilityRequest) Reset() {
 	*x = SetNodeAvailabilityRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1628,7 +1690,7 @@ func (x *SetNodeAvailabilityRequest) String() string {
 func (*SetNodeAvailabilityRequest) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1641,7 +1703,7 @@ func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{27}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *SetNodeAvailabilityRequest) GetNode() string {
@@ -1674,7 +1736,7 @@ type SetNodeAvailabilityResponse struct {
 
 func (x *SetNodeAvailabilityResponse) Reset() {
 	*x = SetNodeAvailabilityResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1686,7 +1748,7 @@ func (x *SetNodeAvailabilityResponse) String() string {
 func (*SetNodeAvailabilityResponse) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1699,7 +1761,7 @@ func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{28}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *SetNodeAvailabilityResponse) GetMoved() uint32 {
@@ -1733,7 +1795,13 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x14CreateServiceRequest\x12\x12\n" +
 	"\x04spec\x18\x01 \x01(\fR\x04spec\"*\n" +
 	"\x14UpdateServiceRequest\x12\x12\n" +
-	"\x04spec\x18\x01 \x01(\fR\x04spec\"'\n" +
+	"\x04spec\x18\x01 \x01(\fR\x04spec\"j\n" +
+	"\x12CheckDeployRequest\x12\x12\n" +
+	"\x04spec\x18\x01 \x01(\fR\x04spec\x12\x1f\n" +
+	"\vnew_secrets\x18\x02 \x03(\tR\n" +
+	"newSecrets\x12\x1f\n" +
+	"\vnew_configs\x18\x03 \x03(\tR\n" +
+	"newConfigs\"'\n" +
 	"\x11GetServiceRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\"\x15\n" +
 	"\x13ListServicesRequest\"K\n" +
@@ -1822,11 +1890,12 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\favailability\x18\x02 \x01(\tR\favailability\x12\x12\n" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\"3\n" +
 	"\x1bSetNodeAvailabilityResponse\x12\x14\n" +
-	"\x05moved\x18\x01 \x01(\rR\x05moved2\xe5\v\n" +
+	"\x05moved\x18\x01 \x01(\rR\x05moved2\xb1\f\n" +
 	"\tScheduler\x12N\n" +
 	"\rCreateService\x12$.shoal.sched.v1.CreateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
 	"\rUpdateService\x12$.shoal.sched.v1.UpdateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
-	"\rDeployService\x12$.shoal.sched.v1.UpdateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12H\n" +
+	"\rDeployService\x12$.shoal.sched.v1.UpdateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12J\n" +
+	"\vCheckDeploy\x12\".shoal.sched.v1.CheckDeployRequest\x1a\x17.shoal.sched.v1.Service\x12H\n" +
 	"\n" +
 	"GetService\x12!.shoal.sched.v1.GetServiceRequest\x1a\x17.shoal.sched.v1.Service\x12Y\n" +
 	"\fListServices\x12#.shoal.sched.v1.ListServicesRequest\x1a$.shoal.sched.v1.ListServicesResponse\x12L\n" +
@@ -1857,90 +1926,93 @@ func file_shoal_sched_v1_sched_proto_rawDescGZIP() []byte {
 	return file_shoal_sched_v1_sched_proto_rawDescData
 }
 
-var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
 var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*Service)(nil),                     // 0: shoal.sched.v1.Service
 	(*CreateServiceRequest)(nil),        // 1: shoal.sched.v1.CreateServiceRequest
 	(*UpdateServiceRequest)(nil),        // 2: shoal.sched.v1.UpdateServiceRequest
-	(*GetServiceRequest)(nil),           // 3: shoal.sched.v1.GetServiceRequest
-	(*ListServicesRequest)(nil),         // 4: shoal.sched.v1.ListServicesRequest
-	(*ListServicesResponse)(nil),        // 5: shoal.sched.v1.ListServicesResponse
-	(*ScaleServiceRequest)(nil),         // 6: shoal.sched.v1.ScaleServiceRequest
-	(*RemoveServiceResponse)(nil),       // 7: shoal.sched.v1.RemoveServiceResponse
-	(*Task)(nil),                        // 8: shoal.sched.v1.Task
-	(*ListTasksRequest)(nil),            // 9: shoal.sched.v1.ListTasksRequest
-	(*ListTasksResponse)(nil),           // 10: shoal.sched.v1.ListTasksResponse
-	(*GetTaskRequest)(nil),              // 11: shoal.sched.v1.GetTaskRequest
-	(*TaskLogsRequest)(nil),             // 12: shoal.sched.v1.TaskLogsRequest
-	(*LogChunk)(nil),                    // 13: shoal.sched.v1.LogChunk
-	(*ExecInput)(nil),                   // 14: shoal.sched.v1.ExecInput
-	(*ExecOutput)(nil),                  // 15: shoal.sched.v1.ExecOutput
-	(*ImageChunk)(nil),                  // 16: shoal.sched.v1.ImageChunk
-	(*Image)(nil),                       // 17: shoal.sched.v1.Image
-	(*LoadImageResponse)(nil),           // 18: shoal.sched.v1.LoadImageResponse
-	(*ListImagesRequest)(nil),           // 19: shoal.sched.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),          // 20: shoal.sched.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),          // 21: shoal.sched.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),         // 22: shoal.sched.v1.RemoveImageResponse
-	(*RemoveSecretRequest)(nil),         // 23: shoal.sched.v1.RemoveSecretRequest
-	(*RemoveSecretResponse)(nil),        // 24: shoal.sched.v1.RemoveSecretResponse
-	(*ForgetNodeTasksRequest)(nil),      // 25: shoal.sched.v1.ForgetNodeTasksRequest
-	(*ForgetNodeTasksResponse)(nil),     // 26: shoal.sched.v1.ForgetNodeTasksResponse
-	(*SetNodeAvailabilityRequest)(nil),  // 27: shoal.sched.v1.SetNodeAvailabilityRequest
-	(*SetNodeAvailabilityResponse)(nil), // 28: shoal.sched.v1.SetNodeAvailabilityResponse
-	(*timestamppb.Timestamp)(nil),       // 29: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 30: google.protobuf.Duration
+	(*CheckDeployRequest)(nil),          // 3: shoal.sched.v1.CheckDeployRequest
+	(*GetServiceRequest)(nil),           // 4: shoal.sched.v1.GetServiceRequest
+	(*ListServicesRequest)(nil),         // 5: shoal.sched.v1.ListServicesRequest
+	(*ListServicesResponse)(nil),        // 6: shoal.sched.v1.ListServicesResponse
+	(*ScaleServiceRequest)(nil),         // 7: shoal.sched.v1.ScaleServiceRequest
+	(*RemoveServiceResponse)(nil),       // 8: shoal.sched.v1.RemoveServiceResponse
+	(*Task)(nil),                        // 9: shoal.sched.v1.Task
+	(*ListTasksRequest)(nil),            // 10: shoal.sched.v1.ListTasksRequest
+	(*ListTasksResponse)(nil),           // 11: shoal.sched.v1.ListTasksResponse
+	(*GetTaskRequest)(nil),              // 12: shoal.sched.v1.GetTaskRequest
+	(*TaskLogsRequest)(nil),             // 13: shoal.sched.v1.TaskLogsRequest
+	(*LogChunk)(nil),                    // 14: shoal.sched.v1.LogChunk
+	(*ExecInput)(nil),                   // 15: shoal.sched.v1.ExecInput
+	(*ExecOutput)(nil),                  // 16: shoal.sched.v1.ExecOutput
+	(*ImageChunk)(nil),                  // 17: shoal.sched.v1.ImageChunk
+	(*Image)(nil),                       // 18: shoal.sched.v1.Image
+	(*LoadImageResponse)(nil),           // 19: shoal.sched.v1.LoadImageResponse
+	(*ListImagesRequest)(nil),           // 20: shoal.sched.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),          // 21: shoal.sched.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),          // 22: shoal.sched.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),         // 23: shoal.sched.v1.RemoveImageResponse
+	(*RemoveSecretRequest)(nil),         // 24: shoal.sched.v1.RemoveSecretRequest
+	(*RemoveSecretResponse)(nil),        // 25: shoal.sched.v1.RemoveSecretResponse
+	(*ForgetNodeTasksRequest)(nil),      // 26: shoal.sched.v1.ForgetNodeTasksRequest
+	(*ForgetNodeTasksResponse)(nil),     // 27: shoal.sched.v1.ForgetNodeTasksResponse
+	(*SetNodeAvailabilityRequest)(nil),  // 28: shoal.sched.v1.SetNodeAvailabilityRequest
+	(*SetNodeAvailabilityResponse)(nil), // 29: shoal.sched.v1.SetNodeAvailabilityResponse
+	(*timestamppb.Timestamp)(nil),       // 30: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 31: google.protobuf.Duration
 }
 var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
-	29, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
-	29, // 1: shoal.sched.v1.Service.last_run:type_name -> google.protobuf.Timestamp
-	29, // 2: shoal.sched.v1.Service.next_run:type_name -> google.protobuf.Timestamp
+	30, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
+	30, // 1: shoal.sched.v1.Service.last_run:type_name -> google.protobuf.Timestamp
+	30, // 2: shoal.sched.v1.Service.next_run:type_name -> google.protobuf.Timestamp
 	0,  // 3: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
-	29, // 4: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
-	29, // 5: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
-	29, // 6: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
-	8,  // 7: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
-	17, // 8: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
-	17, // 9: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	30, // 10: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
+	30, // 4: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
+	30, // 5: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
+	30, // 6: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
+	9,  // 7: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
+	18, // 8: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
+	18, // 9: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
+	31, // 10: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
 	1,  // 11: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
 	2,  // 12: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
 	2,  // 13: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	3,  // 14: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
-	4,  // 15: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
-	6,  // 16: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
-	3,  // 17: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
-	3,  // 18: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
-	9,  // 19: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
-	11, // 20: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
-	12, // 21: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
-	14, // 22: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
-	16, // 23: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
-	19, // 24: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
-	21, // 25: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
-	23, // 26: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
-	27, // 27: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	25, // 28: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
-	0,  // 29: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 30: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 31: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 32: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	5,  // 33: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 34: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 35: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	7,  // 36: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	10, // 37: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	8,  // 38: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	13, // 39: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	15, // 40: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	18, // 41: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	20, // 42: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	22, // 43: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
-	24, // 44: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
-	28, // 45: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	26, // 46: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
-	29, // [29:47] is the sub-list for method output_type
-	11, // [11:29] is the sub-list for method input_type
+	3,  // 14: shoal.sched.v1.Scheduler.CheckDeploy:input_type -> shoal.sched.v1.CheckDeployRequest
+	4,  // 15: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
+	5,  // 16: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
+	7,  // 17: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
+	4,  // 18: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
+	4,  // 19: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
+	10, // 20: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
+	12, // 21: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
+	13, // 22: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
+	15, // 23: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
+	17, // 24: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
+	20, // 25: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
+	22, // 26: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
+	24, // 27: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
+	28, // 28: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	26, // 29: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
+	0,  // 30: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 31: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 32: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 33: shoal.sched.v1.Scheduler.CheckDeploy:output_type -> shoal.sched.v1.Service
+	0,  // 34: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	6,  // 35: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 36: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 37: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	8,  // 38: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	11, // 39: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	9,  // 40: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	14, // 41: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	16, // 42: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	19, // 43: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	21, // 44: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	23, // 45: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
+	25, // 46: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
+	29, // 47: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	27, // 48: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
+	30, // [30:49] is the sub-list for method output_type
+	11, // [11:30] is the sub-list for method input_type
 	11, // [11:11] is the sub-list for extension type_name
 	11, // [11:11] is the sub-list for extension extendee
 	0,  // [0:11] is the sub-list for field type_name
@@ -1957,7 +2029,7 @@ func file_shoal_sched_v1_sched_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_sched_v1_sched_proto_rawDesc), len(file_shoal_sched_v1_sched_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   29,
+			NumMessages:   30,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -27,6 +27,7 @@ const (
 	Scheduler_CreateService_FullMethodName       = "/shoal.sched.v1.Scheduler/CreateService"
 	Scheduler_UpdateService_FullMethodName       = "/shoal.sched.v1.Scheduler/UpdateService"
 	Scheduler_DeployService_FullMethodName       = "/shoal.sched.v1.Scheduler/DeployService"
+	Scheduler_CheckDeploy_FullMethodName         = "/shoal.sched.v1.Scheduler/CheckDeploy"
 	Scheduler_GetService_FullMethodName          = "/shoal.sched.v1.Scheduler/GetService"
 	Scheduler_ListServices_FullMethodName        = "/shoal.sched.v1.Scheduler/ListServices"
 	Scheduler_ScaleService_FullMethodName        = "/shoal.sched.v1.Scheduler/ScaleService"
@@ -55,6 +56,12 @@ type SchedulerClient interface {
 	UpdateService(ctx context.Context, in *UpdateServiceRequest, opts ...grpc.CallOption) (*Service, error)
 	// DeployService creates or updates, whichever applies.
 	DeployService(ctx context.Context, in *UpdateServiceRequest, opts ...grpc.CallOption) (*Service, error)
+	// CheckDeploy runs DeployService's checks and changes nothing: it
+	// returns the service as the deploy would leave it (at its current
+	// version when the deploy would change nothing), or the error the
+	// deploy would fail with. A stack checks every service so before it
+	// creates anything.
+	CheckDeploy(ctx context.Context, in *CheckDeployRequest, opts ...grpc.CallOption) (*Service, error)
 	GetService(ctx context.Context, in *GetServiceRequest, opts ...grpc.CallOption) (*Service, error)
 	ListServices(ctx context.Context, in *ListServicesRequest, opts ...grpc.CallOption) (*ListServicesResponse, error)
 	// ScaleService sets the replica count.
@@ -118,6 +125,16 @@ func (c *schedulerClient) DeployService(ctx context.Context, in *UpdateServiceRe
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(Service)
 	err := c.cc.Invoke(ctx, Scheduler_DeployService_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *schedulerClient) CheckDeploy(ctx context.Context, in *CheckDeployRequest, opts ...grpc.CallOption) (*Service, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(Service)
+	err := c.cc.Invoke(ctx, Scheduler_CheckDeploy_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -300,6 +317,12 @@ type SchedulerServer interface {
 	UpdateService(context.Context, *UpdateServiceRequest) (*Service, error)
 	// DeployService creates or updates, whichever applies.
 	DeployService(context.Context, *UpdateServiceRequest) (*Service, error)
+	// CheckDeploy runs DeployService's checks and changes nothing: it
+	// returns the service as the deploy would leave it (at its current
+	// version when the deploy would change nothing), or the error the
+	// deploy would fail with. A stack checks every service so before it
+	// creates anything.
+	CheckDeploy(context.Context, *CheckDeployRequest) (*Service, error)
 	GetService(context.Context, *GetServiceRequest) (*Service, error)
 	ListServices(context.Context, *ListServicesRequest) (*ListServicesResponse, error)
 	// ScaleService sets the replica count.
@@ -347,6 +370,9 @@ func (UnimplementedSchedulerServer) UpdateService(context.Context, *UpdateServic
 }
 func (UnimplementedSchedulerServer) DeployService(context.Context, *UpdateServiceRequest) (*Service, error) {
 	return nil, status.Error(codes.Unimplemented, "method DeployService not implemented")
+}
+func (UnimplementedSchedulerServer) CheckDeploy(context.Context, *CheckDeployRequest) (*Service, error) {
+	return nil, status.Error(codes.Unimplemented, "method CheckDeploy not implemented")
 }
 func (UnimplementedSchedulerServer) GetService(context.Context, *GetServiceRequest) (*Service, error) {
 	return nil, status.Error(codes.Unimplemented, "method GetService not implemented")
@@ -464,6 +490,24 @@ func _Scheduler_DeployService_Handler(srv interface{}, ctx context.Context, dec 
 	}
 	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
 		return srv.(SchedulerServer).DeployService(ctx, req.(*UpdateServiceRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Scheduler_CheckDeploy_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(CheckDeployRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SchedulerServer).CheckDeploy(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Scheduler_CheckDeploy_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SchedulerServer).CheckDeploy(ctx, req.(*CheckDeployRequest))
 	}
 	return interceptor(ctx, in, info, handler)
 }
@@ -727,6 +771,10 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "DeployService",
 			Handler:    _Scheduler_DeployService_Handler,
+		},
+		{
+			MethodName: "CheckDeploy",
+			Handler:    _Scheduler_CheckDeploy_Handler,
 		},
 		{
 			MethodName: "GetService",
