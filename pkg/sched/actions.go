@@ -154,11 +154,14 @@ type SetServiceState struct {
 	Reason string
 }
 
-// ScheduledRun is a scheduled job's run: its scheduled time, and the new
-// version of the service, which the run's tasks carry.
+// ScheduledRun is a scheduled job's run: its scheduled time, the new
+// version of the service, which the run's tasks carry, and for a
+// replicated job its replica count (what a scale-up adds waits for the
+// next run).
 type ScheduledRun struct {
 	At      time.Time
 	Version int64
+	Slots   int64
 }
 
 // Rollback is the service update a rollback writes: the previous spec
@@ -179,6 +182,9 @@ func (s SetServiceState) String() string {
 	}
 	if s.Run != nil {
 		out += fmt.Sprintf(" run %s as v%d", s.Run.At.UTC().Format(time.TimeOnly), s.Run.Version)
+		if s.Run.Slots > 0 {
+			out += fmt.Sprintf(" of %d slots", s.Run.Slots)
+		}
 	}
 	if s.Reason != "" {
 		out += ": " + s.Reason

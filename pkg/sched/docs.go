@@ -52,6 +52,7 @@ const (
 	// like converged, which updates leave alone.
 	fRun        = "run"
 	fRunVersion = "run_version"
+	fRunSlots   = "run_slots"
 )
 
 // ServiceFromDoc decodes a service document; nil (and no error) when the
@@ -80,6 +81,7 @@ func ServiceFromDoc(name string, d crdt.Doc) (*Service, error) {
 	s.Version, _ = f[fVersion].AsInt()
 	s.Converged, _ = f[fConverged].AsInt()
 	s.RunVersion, _ = f[fRunVersion].AsInt()
+	s.RunSlots, _ = f[fRunSlots].AsInt()
 	s.Run = timeField(f, fRun)
 	if st, ok := f[fState].AsString(); ok && st != "" {
 		s.State = ServiceState(st)
@@ -106,6 +108,7 @@ func ServiceFields(s Service) map[string]crdt.Value {
 	} else {
 		f[fCreated] = timeValue(s.Updated)
 		f[fRunVersion] = crdt.Int(0)
+		f[fRunSlots] = crdt.Int(0)
 	}
 	return f
 }
@@ -134,6 +137,7 @@ func (a SetServiceState) Fields(now time.Time) map[string]crdt.Value {
 	if run := a.Run; run != nil {
 		f[fRun] = timeValue(run.At)
 		f[fRunVersion] = crdt.Int(run.Version)
+		f[fRunSlots] = crdt.Int(run.Slots)
 		f[fVersion] = crdt.Int(run.Version)
 	}
 	if rb := a.Rollback; rb != nil {

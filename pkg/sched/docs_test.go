@@ -30,6 +30,17 @@ func TestDocsRoundTrip(t *testing.T) {
 	if svc.Spec.Image != "img:0" || svc.PrevSpec.Image != "img:1" || svc.Version != 5 || svc.State != sched.ServiceRollingBack {
 		t.Fatalf("after rollback: %+v", svc)
 	}
+	// A scheduled job's run, then a create of the same name over it.
+	run := sched.SetServiceState{Service: "web", State: sched.ServiceActive, Run: &sched.ScheduledRun{At: t0.Add(time.Minute), Version: 6, Slots: 3}}
+	runDoc := crdt.Merge(svcDoc, crdt.Set(run.Fields(t0.Add(2*time.Minute)), at(2*time.Minute, "n1")))
+	svc, _ = sched.ServiceFromDoc("web", runDoc)
+	if !svc.Run.Equal(t0.Add(time.Minute)) || svc.RunVersion != 6 || svc.RunSlots != 3 || svc.Version != 6 {
+		t.Fatalf("after a run: %+v", svc)
+	}
+	runDoc = crdt.Merge(runDoc, crdt.Set(sched.ServiceFields(sched.Service{Name: "web", Spec: spec, Version: 1, Updated: t0}), at(3*time.Minute, "cli")))
+	if svc, _ = sched.ServiceFromDoc("web", runDoc); svc.RunVersion != 0 || svc.RunSlots != 0 {
+		t.Fatalf("a create kept the old run: %+v", svc)
+	}
 	if s, err := sched.ServiceFromDoc("web", crdt.Merge(svcDoc, crdt.DeleteDoc(at(time.Hour, "cli")))); s != nil || err != nil {
 		t.Fatalf("deleted service decodes as %v, %v", s, err)
 	}

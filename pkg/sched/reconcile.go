@@ -374,7 +374,11 @@ func (r *reconciler) desiredSlots() []desiredSlot {
 		return nil // a scheduled job before its first run
 	}
 	if !r.spec.Global {
-		out := make([]desiredSlot, r.spec.Replicas)
+		n := r.spec.Replicas
+		if r.spec.Schedule != "" && r.svc.RunSlots > 0 {
+			n = min(n, int(r.svc.RunSlots))
+		}
+		out := make([]desiredSlot, n)
 		for i := range out {
 			out[i].name = strconv.Itoa(i)
 		}
@@ -569,7 +573,10 @@ func (r *reconciler) reconcileSlot(si *slotInfo) slotResult {
 		}
 		return slotResult{}
 	case stRunning:
-		if !r.current(t) {
+		if !r.current(t) && r.spec.Schedule == "" {
+			// A scheduled job's running task is never replaced: an
+			// update applies from the next run, which its slot starts
+			// once the task finishes (runs do not overlap in a slot).
 			return slotResult{outdated: true}
 		}
 		// A new task counts against the update's parallelism until it
@@ -903,7 +910,11 @@ func (r *reconciler) runDue() bool {
 		next = n
 	}
 	v := r.svc.Version + 1
-	r.emit(SetServiceState{Service: r.svc.Name, State: r.svc.State, Run: &ScheduledRun{At: next, Version: v},
+	run := &ScheduledRun{At: next, Version: v}
+	if !r.spec.Global {
+		run.Slots = int64(r.spec.Replicas)
+	}
+	r.emit(SetServiceState{Service: r.svc.Name, State: r.svc.State, Run: run,
 		Reason: fmt.Sprintf("scheduled run of %s (%s) as version %d", next.UTC().Format(time.RFC3339), r.spec.Schedule, v)})
 	return true
 }

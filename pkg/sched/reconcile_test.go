@@ -108,6 +108,15 @@ func scheduled(s sched.ServiceSpec, schedule string) sched.ServiceSpec {
 	return s
 }
 
+// ranTwoScaledToThree is a scheduled job whose run (v2, 5 s ago) ran two
+// slots to completion, scaled to three since.
+func ranTwoScaledToThree(w *world) {
+	w.svc.Version, w.svc.RunVersion, w.svc.RunSlots, w.svc.Run = 2, 2, 2, t0.Add(-5*time.Second)
+	w.finished("0", "n1", sched.TaskExited, 0)
+	w.finished("1", "n2", sched.TaskExited, 0)
+	w.update(func(s *sched.ServiceSpec) { s.Replicas = 3 })
+}
+
 // running adds a running task of the current version named by its slot.
 func (w *world) running(slot, node string) {
 	id := "t" + slot
@@ -256,7 +265,7 @@ requeue at 00:00:10.000 (retry unschedulable)
 			build: func(w *world) {
 				w.svc.Created = stampAt(t0.Add(-25*time.Second), "n1")
 			},
-			want: "service web state=active run 23:59:55 as v2: scheduled run of 2024-12-31T23:59:55Z (@every 10s) as version 2\n",
+			want: "service web state=active run 23:59:55 as v2 of 2 slots: scheduled run of 2024-12-31T23:59:55Z (@every 10s) as version 2\n",
 		},
 		{
 			name: "scheduled job: a run starts its slots again",
@@ -293,6 +302,39 @@ requeue at 00:00:10.000 (retry unschedulable)
 				w.update(func(s *sched.ServiceSpec) { s.Image = "img:2" })
 			},
 			want: "service web state=active converged=v3: every slot runs version 3\nrequeue at 00:00:05.000 (next scheduled run)\n",
+		},
+		{
+			// A cron job's backup half done is not killed by an update.
+			name: "scheduled job: an update leaves the run's running task alone",
+			spec: scheduled(jobSpec(2, 0), "@every 10s"),
+			build: func(w *world) {
+				w.svc.Version, w.svc.RunVersion, w.svc.Run = 2, 2, t0.Add(-5*time.Second)
+				w.finished("0", "n1", sched.TaskExited, 0)
+				w.running("1", "n2")
+				w.update(func(s *sched.ServiceSpec) { s.Image = "img:2" })
+			},
+			want: "requeue at 00:00:05.000 (next scheduled run)\n",
+		},
+		{
+			// As a Kubernetes CronJob's completions: a scale-up
+			// applies from the next run.
+			name:  "scheduled job: a scale-up waits for the next run",
+			spec:  scheduled(jobSpec(2, 0), "@every 10s"),
+			build: ranTwoScaledToThree,
+			want:  "service web state=active converged=v3: every slot runs version 3\nrequeue at 00:00:05.000 (next scheduled run)\n",
+		},
+		{
+			name: "scheduled job: the next run runs the scaled-up slots",
+			spec: scheduled(jobSpec(2, 0), "@every 10s"),
+			build: func(w *world) {
+				ranTwoScaledToThree(w)
+				w.svc.Version, w.svc.RunVersion, w.svc.RunSlots, w.svc.Run = 4, 4, 3, t0.Add(-time.Second)
+			},
+			want: `reserve web/0 task=new1 v4 as=task on=n2,n3,n1
+reserve web/1 task=new2 v4 as=task on=n3,n1,n2
+reserve web/2 task=new3 v4 as=task on=n1,n3,n2 fresh
+requeue at 00:00:09.000 (next scheduled run)
+`,
 		},
 		{
 			name:  "settled: nothing to do",

@@ -274,7 +274,11 @@ type Service struct {
 	// yet): a slot whose task is of an older version runs again.
 	Run        time.Time
 	RunVersion int64
-	Updated    time.Time
+	// RunSlots is a replicated scheduled job's replica count at its last
+	// run (0: global, or written before the field existed): slots beyond
+	// it, added by a scale-up since, wait for the next run.
+	RunSlots int64
+	Updated  time.Time
 	// Created is the stamp of the create's write (zero for a service
 	// written before the field existed): the older of two services
 	// publishing one port keeps it (netd).

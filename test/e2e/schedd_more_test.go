@@ -920,6 +920,33 @@ func TestSchedulerMore(t *testing.T) {
 				t.Errorf("run of version %d started %v after the job's creation, before its first scheduled time", v, started.Sub(created))
 			}
 		}
+		// A scale-up applies from the next run: slot 1's first task
+		// carries a run's version, newer than the scale's.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		scaled, err := c.schedd(1).ScaleService(ctx, &schedv1.ScaleServiceRequest{Name: "cron", Replicas: 2})
+		cancel()
+		if err != nil {
+			t.Fatalf("scale cron to 2: %v", err)
+		}
+		var slot1 *schedv1.Task
+		waitFor(t, 30*time.Second, "slot 1 of the scaled-up scheduled job run", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := c.schedd(1).ListTasks(ctx, &schedv1.ListTasksRequest{Service: "cron", All: true})
+			if err != nil {
+				return false
+			}
+			slot1 = nil
+			for _, tk := range resp.GetTasks() {
+				if tk.GetSlot() == "1" && (slot1 == nil || tk.GetVersion() < slot1.GetVersion()) {
+					slot1 = tk
+				}
+			}
+			return slot1 != nil
+		})
+		if slot1.GetVersion() <= scaled.GetVersion() {
+			t.Errorf("slot 1 first ran version %d, the scale's (%d), not a later run's: it did not wait for the next run", slot1.GetVersion(), scaled.GetVersion())
+		}
 		var view struct {
 			LastRun *time.Time `json:"last_run"`
 			NextRun *time.Time `json:"next_run"`
