@@ -974,7 +974,7 @@ func (r *reconciler) rollout(outdated []*slotInfo, busy int) {
 			break
 		}
 		n--
-		if u.Order == StartFirst {
+		if u.Order == StartFirst && !r.startFirstBlocked(si) {
 			r.place(si, si.doc, true, "update", 0, si.cur, "")
 			continue
 		}
@@ -982,6 +982,26 @@ func (r *reconciler) rollout(outdated []*slotInfo, busy int) {
 		// stops. The next rounds place the new one once it is gone.
 		r.emit(AssignSlot{Service: r.svc.Name, Slot: si.name})
 	}
+}
+
+// startFirstBlocked reports whether no node can take a start-first
+// replacement of si's task only because of the service's maximum per
+// node, which the old task itself takes up on its node (three replicas at
+// most one per node on three nodes): the slot is then updated stop-first,
+// where Swarm's update would stay stuck.
+func (r *reconciler) startFirstBlocked(si *slotInfo) bool {
+	if r.req.MaxPerNode == 0 || si.pin != "" || si.cur == nil {
+		return false
+	}
+	req := r.req
+	req.Slot, req.Tasks = si.name, r.counts
+	if ranked, _ := Place(req, r.nodeList, r.usage); len(ranked) > 0 {
+		return false
+	}
+	req.Tasks = maps.Clone(r.counts)
+	req.Tasks[si.cur.Node]--
+	ranked, _ := Place(req, r.nodeList, r.usage)
+	return len(ranked) > 0
 }
 
 // place asks for a new task for si: as the slot's task, or asNext as a

@@ -867,6 +867,21 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 `,
 		},
 		{
+			// Every node runs its one task: no room next to any.
+			name: "start-first at the maximum per node: stop-first for the slot",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.Order, s.MaxPerNode = sched.StartFirst, 1 })
+			},
+			want: "assign web/0 task=-\n",
+		},
+		{
+			name: "start-first with room under the maximum: next to the old task",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.Order, s.MaxPerNode = sched.StartFirst, 2 })
+			},
+			want: "reserve web/0 task=new1 v2 as=next on=n2\n",
+		},
+		{
 			name: "parallelism counts the slots still updating",
 			build: func(w *world) {
 				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.Order, s.Update.Parallelism = sched.StartFirst, 2 })

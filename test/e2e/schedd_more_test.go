@@ -798,6 +798,13 @@ func TestSchedulerMore(t *testing.T) {
 			return code == 0 && strings.Contains(errOut, "3 run the service's maximum per node (1)")
 		})
 		c.mustCtl(3, "service", "scale", "mpn=3")
+		// A start-first update with every node at its maximum: no room
+		// next to any old task, so each slot goes stop-first, and the
+		// update converges (it waits for that) where it would stay stuck.
+		c.mustCtlWithin(2*time.Minute, 2, "service", "update", "mpn", "--update-order", "start-first", "--force")
+		if got := c.perNode("mpn", 3); got != [3]int{1, 1, 1} {
+			t.Errorf("after the start-first update mpn runs %v per node, want one on each", got)
+		}
 		c.mustCtl(1, "service", "rm", "mpn")
 	})
 
