@@ -428,7 +428,7 @@ func (n *node) reconcile(ctx context.Context) {
 	}
 	t2 := time.Now()
 	enter("dns")
-	eps, services := n.endpoints(), n.mirror.List(prefixServices)
+	eps, services := n.endpoints(), decodeServices(n.mirror.List(prefixServices))
 	n.dns.Update(records(services, eps))
 	t3 := time.Now()
 	enter("ports")

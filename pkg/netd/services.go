@@ -93,6 +93,27 @@ func endpoints(slots, tasks, nodes []*statev1.Document, now time.Time) []endpoin
 	return out
 }
 
+// decodeServices decodes the service documents once for records and
+// publications. A service whose spec does not decode (a newer schedd's?)
+// keeps its name, and so its DNS name, with an empty spec: no alias, no
+// published port.
+func decodeServices(docs []*statev1.Document) []*sched.Service {
+	out := make([]*sched.Service, 0, len(docs))
+	for _, d := range docs {
+		doc := statepb.FromDocument(d)
+		if !doc.Exists() {
+			continue
+		}
+		name := strings.TrimPrefix(d.GetKey(), prefixServices)
+		svc, err := sched.ServiceFromDoc(name, doc)
+		if err != nil || svc == nil {
+			svc = &sched.Service{Name: name}
+		}
+		out = append(out, svc)
+	}
+	return out
+}
+
 // records are the DNS names of the endpoints: <service>.shoal. for all of
 // a service's, <slot>.<service>.shoal. for each slot's (two while a
 // replacement starts). Every service in services has its name, with no
@@ -102,20 +123,14 @@ func endpoints(slots, tasks, nodes []*statev1.Document, now time.Time) []endpoin
 // A stack's service also answers as <alias>.<stack>.shoal. (and its slots
 // under that): the name its Compose file gives it, which the stack's
 // tasks resolve alone through their search list (stackSearch).
-func records(services []*statev1.Document, eps []endpoint) map[string][]netip.Addr {
+func records(services []*sched.Service, eps []endpoint) map[string][]netip.Addr {
 	out := map[string][]netip.Addr{}
 	names := map[string][]string{} // service -> its DNS names
-	for _, d := range services {
-		doc := statepb.FromDocument(d)
-		if !doc.Exists() {
-			continue
-		}
-		name := strings.TrimPrefix(d.GetKey(), prefixServices)
+	for _, svc := range services {
+		name := svc.Name
 		names[name] = []string{name + ".shoal."}
-		if svc, err := sched.ServiceFromDoc(name, doc); err == nil && svc != nil {
-			if alias := svc.Spec.StackAlias(); alias != "" {
-				names[name] = append(names[name], alias+"."+svc.Spec.Stack+".shoal.")
-			}
+		if alias := svc.Spec.StackAlias(); alias != "" {
+			names[name] = append(names[name], alias+"."+svc.Spec.Stack+".shoal.")
 		}
 		for _, n := range names[name] {
 			out[n] = nil
@@ -173,16 +188,15 @@ type claim struct {
 // order the documents arrive in, and the others are reported as
 // conflicting. --network host services publish nothing: their tasks have
 // no overlay address to forward to (schedd refuses such specs).
-func publications(services []*statev1.Document, eps []endpoint) map[portKey]*publication {
+func publications(services []*sched.Service, eps []endpoint) map[portKey]*publication {
 	byService := map[string][]netip.Addr{}
 	for _, e := range eps {
 		byService[e.service] = append(byService[e.service], e.ip)
 	}
 	claims := map[portKey][]claim{}
-	for _, d := range services {
-		name := strings.TrimPrefix(d.GetKey(), prefixServices)
-		svc, err := sched.ServiceFromDoc(name, statepb.FromDocument(d))
-		if err != nil || svc == nil || svc.Spec.Network == sched.NetworkHost {
+	for _, svc := range services {
+		name := svc.Name
+		if svc.Spec.Network == sched.NetworkHost {
 			continue
 		}
 		for _, p := range svc.Spec.Ports {
@@ -214,7 +228,7 @@ func publications(services []*statev1.Document, eps []endpoint) map[portKey]*pub
 
 // applyPorts points every published port at its service's healthy tasks,
 // and unbinds ports no service publishes.
-func (n *node) applyPorts(services []*statev1.Document, eps []endpoint) {
+func (n *node) applyPorts(services []*sched.Service, eps []endpoint) {
 	pubs := publications(services, eps)
 	for _, st := range n.proxy.Ports() {
 		if _, ok := pubs[portKey{st.Port, st.Proto}]; !ok {

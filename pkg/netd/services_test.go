@@ -113,7 +113,7 @@ func TestRecords(t *testing.T) {
 		// Removed: no name.
 		statepb.ToDocument(sched.ServiceKey("gone"), 1, crdt.DeleteDoc(stamp(2, "n1")), true),
 	}
-	got := recordsText(records(services, endpoints(slots, tasks, nil, time.Unix(1, 0))))
+	got := recordsText(records(decodeServices(services), endpoints(slots, tasks, nil, time.Unix(1, 0))))
 	want := recordsText(map[string][]netip.Addr{
 		"web.shoal.":   addrs("10.42.1.2", "10.42.2.2", "10.42.1.6", "10.42.2.6", "10.42.1.7"),
 		"0.web.shoal.": addrs("10.42.1.2"),
@@ -146,7 +146,7 @@ func TestStackNames(t *testing.T) {
 		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x"}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "app-web", Stack: "app", Image: "x"}, stamp(1, "n1")),
 	}
-	got := recordsText(records(services, endpoints(slots, tasks, nil, time.Unix(1, 0))))
+	got := recordsText(records(decodeServices(services), endpoints(slots, tasks, nil, time.Unix(1, 0))))
 	want := recordsText(map[string][]netip.Addr{
 		"app-db.shoal.":   addrs("10.42.1.2"),
 		"0.app-db.shoal.": addrs("10.42.1.2"),
@@ -258,12 +258,12 @@ func TestPublications(t *testing.T) {
 	// Every node decides alike, whatever order its mirror lists in.
 	for i := range services {
 		order := append(slices.Clone(services[i:]), services[:i]...)
-		if got := pubText(publications(order, eps)); got != want {
+		if got := pubText(publications(decodeServices(order), eps)); got != want {
 			t.Fatalf("publications (rotated by %d)\n got:\n%s\nwant:\n%s", i, got, want)
 		}
 	}
-	if _, ok := publications(services, eps)[portKey{8080, portproxy.TCP}]; !ok {
-		t.Fatalf("no 8080/tcp among %s", pubText(publications(services, eps)))
+	if _, ok := publications(decodeServices(services), eps)[portKey{8080, portproxy.TCP}]; !ok {
+		t.Fatalf("no 8080/tcp among %s", pubText(publications(decodeServices(services), eps)))
 	}
 
 	// Equal creation stamps (or services written before they had one):
@@ -273,7 +273,7 @@ func TestPublications(t *testing.T) {
 		serviceDoc(sched.ServiceSpec{Name: "a", Image: "x", Ports: []sched.Port{port(80, 80, "", "")}}, stamp(1, "n1")),
 	}
 	for _, ds := range [][]*statev1.Document{tie, {tie[1], tie[0]}} {
-		if got, want := pubText(publications(ds, nil)), "80/tcp a [] conflicting [b]"; got != want {
+		if got, want := pubText(publications(decodeServices(ds), nil)), "80/tcp a [] conflicting [b]"; got != want {
 			t.Fatalf("tie: got %s, want %s", got, want)
 		}
 	}
@@ -287,7 +287,7 @@ func TestPublicationsOlderServiceUpdated(t *testing.T) {
 	updated := sched.Service{Name: "old", Spec: spec, Version: 2, PrevSpec: &spec, Updated: time.Unix(9, 0)}
 	old := statepb.ToDocument(sched.ServiceKey("old"), 2, crdt.Merge(created, crdt.Set(sched.ServiceFields(updated), stamp(9, "n2"))), true)
 	young := serviceDoc(sched.ServiceSpec{Name: "new", Image: "x", Ports: []sched.Port{{Host: 80, Container: 80}}}, stamp(5, "n3"))
-	if got, want := pubText(publications([]*statev1.Document{young, old}, nil)), "80/tcp old [] conflicting [new]"; got != want {
+	if got, want := pubText(publications(decodeServices([]*statev1.Document{young, old}), nil)), "80/tcp old [] conflicting [new]"; got != want {
 		t.Fatalf("got %s, want %s", got, want)
 	}
 }
