@@ -42,7 +42,7 @@ configs and named volumes the file defines are created with the stack
 
 func (a *app) stackDeploy() *cobra.Command {
 	var files []string
-	var prune bool
+	var prune, dryRun bool
 	var w waitFlags
 	cmd := &cobra.Command{
 		Use:   "deploy NAME -c FILE [-c FILE...]",
@@ -55,9 +55,11 @@ files no longer name are kept unless --prune is given. The files are
 checked whole, every problem reported at once, before anything is
 changed; then what only the cluster can judge (an image no node has, a
 port another service publishes, an external secret or volume that does
-not exist), for every service, still before anything is changed.`,
-		Example: `  shoalctl stack deploy app -c compose.yml`,
-		Args:    cobra.ExactArgs(1),
+not exist), for every service, still before anything is changed.
+--dry-run stops there and prints what the deploy would do.`,
+		Example: `  shoalctl stack deploy app -c compose.yml
+  shoalctl stack deploy app -c compose.yml --dry-run`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			name := args[0]
 			if err := stack.ValidName(name); err != nil {
@@ -109,8 +111,12 @@ not exist), for every service, still before anything is changed.`,
 			if err != nil {
 				return err
 			}
-			if err := d.checkServices(newSecrets, newConfigs); err != nil {
+			checked, err := d.checkServices(newSecrets, newConfigs, dryRun)
+			if err != nil {
 				return err
+			}
+			if dryRun {
+				return d.printPlan(newSecrets, newConfigs, newVolumes, checked, prune)
 			}
 			if err := d.createFiles(secretObject, newSecrets, secrets); err != nil {
 				return err
@@ -135,6 +141,7 @@ not exist), for every service, still before anything is changed.`,
 	}
 	cmd.Flags().StringArrayVarP(&files, "compose-file", "c", nil, "Compose file (repeatable; - reads stdin)")
 	cmd.Flags().BoolVar(&prune, "prune", false, "remove the stack's services the files no longer name")
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check everything and print what the deploy would do, changing nothing")
 	w.bind(cmd.Flags())
 	return cmd
 }
@@ -291,24 +298,31 @@ func (d *stackDeployer) createVolumes(volumes []stack.Volume) error {
 
 // checkServices asks schedd to check each of the plan's services as its
 // deploy would, the secrets and configs the deploy creates counted as
-// there, and reports every service that would fail. A schedd too old to
-// check (Unimplemented) leaves the checks to the deploy itself.
-func (d *stackDeployer) checkServices(newSecrets, newConfigs []string) error {
+// there, and reports every service that would fail; it returns the
+// services as the deploy would leave them. A schedd too old to check
+// (Unimplemented) leaves the checks to the deploy itself, which a dry run
+// cannot.
+func (d *stackDeployer) checkServices(newSecrets, newConfigs []string, dryRun bool) ([]*schedv1.Service, error) {
 	ctx, cancel := d.a.ctx(d.cmd)
 	defer cancel()
 	var problems []string
+	var out []*schedv1.Service
 	code := codes.OK
 	for _, spec := range d.plan.Services {
 		data, err := checkSpec(spec)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		_, err = d.schedd.CheckDeploy(ctx, &schedv1.CheckDeployRequest{Spec: data, NewSecrets: newSecrets, NewConfigs: newConfigs})
+		svc, err := d.schedd.CheckDeploy(ctx, &schedv1.CheckDeployRequest{Spec: data, NewSecrets: newSecrets, NewConfigs: newConfigs})
 		switch {
+		case status.Code(err) == codes.Unimplemented && dryRun:
+			return nil, fmt.Errorf("this node's schedd is too old to check a deploy: --dry-run needs it (%w)", err)
 		case status.Code(err) == codes.Unimplemented:
 			fmt.Fprintf(d.a.errOut, "warning: this node's schedd does not check a deploy ahead: a service that fails leaves what was made before it\n")
-			return nil
-		case err != nil:
+			return nil, nil
+		case err == nil:
+			out = append(out, svc)
+		default:
 			problems = append(problems, fmt.Sprintf("service %s: %s", spec.Name, describe(err)))
 			if code == codes.OK {
 				code = status.Code(err) // the exit status the first failure's deploy would give
@@ -316,7 +330,51 @@ func (d *stackDeployer) checkServices(newSecrets, newConfigs []string) error {
 		}
 	}
 	if len(problems) > 0 {
-		return status.Error(code, "nothing was changed:\n"+strings.Join(problems, "\n"))
+		return nil, status.Error(code, "nothing was changed:\n"+strings.Join(problems, "\n"))
+	}
+	return out, nil
+}
+
+// printPlan says what the deploy would do: what it would create, the
+// services it would create, update or leave, and those of the stack the
+// files no longer name.
+func (d *stackDeployer) printPlan(newSecrets, newConfigs []string, newVolumes []stack.Volume, checked []*schedv1.Service, prune bool) error {
+	ctx, cancel := d.a.ctx(d.cmd)
+	defer cancel()
+	before, err := servicesOfStack(ctx, d.schedd, d.plan.Stack)
+	if err != nil {
+		return err
+	}
+	for _, name := range newSecrets {
+		fmt.Fprintf(d.a.out, "secret %s would be created\n", name)
+	}
+	for _, name := range newConfigs {
+		fmt.Fprintf(d.a.out, "config %s would be created\n", name)
+	}
+	for _, v := range newVolumes {
+		fmt.Fprintf(d.a.out, "volume %s would be created\n", v.Name)
+	}
+	want := map[string]bool{}
+	for _, s := range checked {
+		want[s.GetName()] = true
+		prev, existed := before[s.GetName()]
+		switch {
+		case !existed:
+			fmt.Fprintf(d.a.out, "service %s would be created\n", s.GetName())
+		case prev.GetVersion() == s.GetVersion():
+			fmt.Fprintf(d.a.out, "service %s unchanged\n", s.GetName())
+		default:
+			fmt.Fprintf(d.a.out, "service %s would be updated (version %d)\n", s.GetName(), s.GetVersion())
+		}
+	}
+	for _, name := range slices.Sorted(maps.Keys(before)) {
+		switch {
+		case want[name]:
+		case prune:
+			fmt.Fprintf(d.a.out, "service %s would be removed\n", name)
+		default:
+			fmt.Fprintf(d.a.out, "service %s is not in the files: kept (--prune removes it)\n", name)
+		}
 	}
 	return nil
 }

@@ -274,7 +274,17 @@ secrets:
 		}
 		return string(out), code
 	}
-	out, code := ctl(1, "stack", "deploy", "app", "-c", compose)
+	out, code := ctl(1, "stack", "deploy", "app", "-c", compose, "--dry-run")
+	for _, want := range []string{"secret app_db_pass would be created", "config app_site would be created", "volume app-data would be created",
+		"service app-client would be created", "service app-web would be created"} {
+		if code != 0 || !strings.Contains(out, want) {
+			t.Errorf("stack deploy --dry-run: exit %d, want 0 and %q:\n%s", code, want, out)
+		}
+	}
+	if out, _ := ctl(2, "secret", "ls", "-o", "json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("secrets after a dry run: %s", out)
+	}
+	out, code = ctl(1, "stack", "deploy", "app", "-c", compose)
 	if code != 0 {
 		t.Fatalf("stack deploy: exit %d\n%s", code, out)
 	}
@@ -340,6 +350,9 @@ secrets:
 	webOnly := write("web.yml", "services:\n  web:\n    image: local/busybox:latest\n    command: [\"sh\", \"-c\", \"mkdir -p /www && echo stack-web > /www/index.html && exec httpd -f -p 80 -h /www\"]\n    deploy: {replicas: 2}\n    stop_grace_period: 1s\n")
 	if out, code = ctl(1, "stack", "deploy", "app", "-c", webOnly); code != 0 || !strings.Contains(out, "service app-client is not in the files: kept") || !strings.Contains(out, "service app-web unchanged") {
 		t.Errorf("deploy without the client: exit %d, want it kept and web unchanged:\n%s", code, out)
+	}
+	if out, code = ctl(1, "stack", "deploy", "app", "-c", webOnly, "--prune", "--dry-run"); code != 0 || !strings.Contains(out, "service app-client would be removed") || !strings.Contains(out, "service app-web unchanged") {
+		t.Errorf("deploy --prune --dry-run without the client: exit %d, want it to say the client would go:\n%s", code, out)
 	}
 	if out, code = ctl(1, "stack", "deploy", "app", "-c", webOnly, "--prune"); code != 0 || !strings.Contains(out, "service app-client removed") {
 		t.Errorf("deploy --prune without the client: exit %d, want it removed:\n%s", code, out)
