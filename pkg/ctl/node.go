@@ -18,8 +18,9 @@ import (
 )
 
 func (a *app) nodeCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "node", Short: "List, inspect, label, drain and remove cluster nodes"}
-	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel(), a.nodeAvailability("drain"), a.nodeAvailability("activate"), a.nodeRm())
+	cmd := &cobra.Command{Use: "node", Short: "List, inspect, label, pause, drain and remove cluster nodes"}
+	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel(), a.nodeAvailability("drain"), a.nodeAvailability("pause"),
+		a.nodeAvailability("activate"), a.nodeRm())
 	return cmd
 }
 
@@ -266,8 +267,11 @@ func (a *app) nodeLabel() *cobra.Command {
 func (a *app) nodeAvailability(verb string) *cobra.Command {
 	short := "Move a node's tasks elsewhere and take no new ones"
 	availability := "drain"
-	if verb == "activate" {
-		short, availability = "Let a drained node take tasks again", "active"
+	switch verb {
+	case "activate":
+		short, availability = "Let a drained or paused node take tasks again", "active"
+	case "pause":
+		short, availability = "Take no new tasks on a node, keeping those it runs", "pause"
 	}
 	var noWait bool
 	cmd := &cobra.Command{
@@ -293,9 +297,12 @@ func (a *app) nodeAvailability(verb string) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if verb == "drain" {
+			switch verb {
+			case "drain":
 				fmt.Fprintf(a.out, "node %s drained (%d tasks moved)\n", n.ID, resp.GetMoved())
-			} else {
+			case "pause":
+				fmt.Fprintf(a.out, "node %s paused: no new tasks; its tasks keep running\n", n.ID)
+			default:
 				fmt.Fprintf(a.out, "node %s active\n", n.ID)
 			}
 			return nil

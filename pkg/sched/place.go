@@ -160,6 +160,7 @@ type RejectClass string
 const (
 	RejectDown       RejectClass = "down"
 	RejectDrained    RejectClass = "drained"
+	RejectPaused     RejectClass = "paused"
 	RejectConstraint RejectClass = "constraint"
 	RejectMaxPerNode RejectClass = "max-per-node"
 	RejectPort       RejectClass = "port"
@@ -189,6 +190,8 @@ func (r Reject) String() string {
 		return "node is down"
 	case RejectDrained:
 		return "node is drained"
+	case RejectPaused:
+		return "node is paused"
 	case RejectConstraint:
 		return "fails constraint " + r.Detail
 	case RejectMaxPerNode:
@@ -204,7 +207,7 @@ func (r Reject) String() string {
 }
 
 // Filter checks whether n can take req given its known usage u: alive,
-// active, every constraint holds, fewer than MaxPerNode of the service's
+// active (neither drained nor paused), every constraint holds, fewer than MaxPerNode of the service's
 // tasks there, host ports free, CPU and memory fit. It
 // returns the first failing check, or the zero Reject.
 func Filter(req Request, n Node, u NodeUsage) Reject {
@@ -213,6 +216,8 @@ func Filter(req Request, n Node, u NodeUsage) Reject {
 		return Reject{Class: RejectDown}
 	case n.Availability == Drain:
 		return Reject{Class: RejectDrained}
+	case n.Availability == Pause:
+		return Reject{Class: RejectPaused}
 	}
 	for _, c := range req.Constraints {
 		if !c.Match(n) {
@@ -374,6 +379,8 @@ func SummarizeRejects(total int, rejects []Reject) string {
 			p = verb("is down", "are down")
 		case RejectDrained:
 			p = verb("is drained", "are drained")
+		case RejectPaused:
+			p = verb("is paused", "are paused")
 		case RejectConstraint:
 			p = verb("fails", "fail") + " constraint " + r.Detail
 		case RejectMaxPerNode:

@@ -2,6 +2,7 @@ package sched_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/shoal-dev/shoal/pkg/sched"
@@ -42,6 +43,7 @@ func TestFilter(t *testing.T) {
 		{"fits", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{}, "fits"},
 		{"down", func(n sched.Node) sched.Node { n.Alive = false; return n }, sched.NodeUsage{}, "node is down"},
 		{"drained", func(n sched.Node) sched.Node { n.Availability = sched.Drain; return n }, sched.NodeUsage{}, "node is drained"},
+		{"paused", func(n sched.Node) sched.Node { n.Availability = sched.Pause; return n }, sched.NodeUsage{}, "node is paused"},
 		{"constraint", func(n sched.Node) sched.Node { n.Labels = nil; return n }, sched.NodeUsage{}, "fails constraint node.labels.zone==eu"},
 		{"host port", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{Ports: map[string]bool{"8080/tcp": true}}, "host port 8080/tcp is in use"},
 		{"ingress port is no node resource", func(n sched.Node) sched.Node { return n }, sched.NodeUsage{Ports: map[string]bool{"9090/tcp": true}}, "fits"},
@@ -201,6 +203,10 @@ func TestPlaceReason(t *testing.T) {
 	_, why = sched.Place(req, nodes, usage)
 	if want := "3 nodes: 1 fails constraint node.labels.zone==eu, 1 is down, 1 is drained"; why != want {
 		t.Fatalf("reason %q, want %q", why, want)
+	}
+	nodes[1].Availability = sched.Pause
+	if _, why = sched.Place(req, nodes, usage); !strings.Contains(why, "1 is paused") {
+		t.Fatalf("reason %q, want a paused node counted", why)
 	}
 	if _, why := sched.Place(req, nil, nil); why != "no nodes" {
 		t.Fatalf("reason with no nodes: %q", why)

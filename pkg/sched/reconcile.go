@@ -367,8 +367,9 @@ func (r *reconciler) countStaying(want map[string]bool) {
 type desiredSlot struct{ name, pin string }
 
 // desiredSlots lists the slots the spec asks for, in order: 0..replicas-1,
-// or one per eligible node (active, constraints hold; alive or not, so a
-// node that reboots keeps its slot) in node ID order.
+// or one per eligible node (active, or paused with the slot's task still
+// named; constraints hold; alive or not, so a node that reboots keeps its
+// slot) in node ID order.
 func (r *reconciler) desiredSlots() []desiredSlot {
 	if r.spec.Schedule != "" && r.svc.RunVersion == 0 {
 		return nil // a scheduled job before its first run
@@ -388,6 +389,9 @@ func (r *reconciler) desiredSlots() []desiredSlot {
 	for _, n := range r.nodeList {
 		if n.Availability == Drain || !r.matches(&n) {
 			continue
+		}
+		if d := r.docs[n.ID]; n.Availability == Pause && (d == nil || d.Task == "") {
+			continue // a paused node keeps the task it runs, and gets none
 		}
 		out = append(out, desiredSlot{name: n.ID, pin: n.ID})
 	}

@@ -648,6 +648,28 @@ requeue at 00:00:09.000 (next scheduled run)
 			want: "reserve web/2 task=new1 v1 as=next on=n1,n2\n",
 		},
 		{
+			// Swarm's pause: n3 keeps its task and gets no new one.
+			name: "paused node: its task stays, a scale-up goes elsewhere",
+			spec: webSpec(4),
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.running("2", "n3")
+				w.nodeRef("n3").Availability = sched.Pause
+			},
+			want: "reserve web/3 task=new1 v1 as=task on=n2,n1 fresh\n",
+		},
+		{
+			name: "paused node: a failed task is replaced elsewhere",
+			build: func(w *world) {
+				w.running("0", "n1")
+				w.running("1", "n2")
+				w.finished("2", "n3", sched.TaskFailed, 0)
+				w.nodeRef("n3").Availability = sched.Pause
+			},
+			want: "reserve web/2 task=new1 v1 as=task on=n1,n2 restarts=1\n",
+		},
+		{
 			name: "labels changed: move the task, replacement first",
 			spec: func() sched.ServiceSpec { s := webSpec(1); s.Constraints = []string{"node.labels.zone==eu"}; return s }(),
 			build: func(w *world) {
@@ -1034,6 +1056,17 @@ func TestReconcileGlobal(t *testing.T) {
 				w.nodeRef("n2").Availability = sched.Drain
 			},
 			want: "delete web/n2\ndelete web/n3\n",
+		},
+		{
+			// n2's task stays; n3, paused without one, gets none.
+			name: "paused nodes keep their tasks and get no new ones",
+			build: func(w *world) {
+				w.running("n1", "n1")
+				w.running("n2", "n2")
+				w.nodeRef("n2").Availability = sched.Pause
+				w.nodeRef("n3").Availability = sched.Pause
+			},
+			want: ``,
 		},
 		{
 			name: "a dead node keeps its slot and gets no replacement",

@@ -104,6 +104,9 @@ const (
 	// Drain: no new tasks; owners move existing ones elsewhere
 	// (replacement first, then the old task stops).
 	Drain Availability = "drain"
+	// Pause: no new tasks, restarts and replacements included; the
+	// tasks there keep running (Swarm's pause).
+	Pause Availability = "pause"
 )
 
 // Node is what the scheduler knows of a node: its /nodes/<id> document and

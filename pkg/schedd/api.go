@@ -353,8 +353,13 @@ func (s *api) describe(svc *sched.Service) *schedv1.Service {
 		out.NextRun = timestamppb.New(next)
 	}
 	if svc.Spec.Global {
+		// A paused node counts while its slot still names a task.
+		held := map[string]bool{}
+		for _, sl := range w.slots[svc.Name] {
+			held[sl.Slot] = sl.Task != ""
+		}
 		for _, nd := range w.nodes {
-			if nd.Alive && nd.Availability == sched.Active && matches(svc.Spec, nd) {
+			if nd.Alive && (nd.Availability == sched.Active || nd.Availability == sched.Pause && held[nd.ID]) && matches(svc.Spec, nd) {
 				out.Desired++
 			}
 		}
@@ -895,8 +900,8 @@ func (s *api) SetNodeAvailability(ctx context.Context, req *schedv1.SetNodeAvail
 		return nil, err
 	}
 	a := sched.Availability(req.GetAvailability())
-	if a != sched.Active && a != sched.Drain {
-		return nil, fmt.Errorf("availability %q: want active or drain: %w", a, errdefs.ErrInvalidArgument)
+	if a != sched.Active && a != sched.Drain && a != sched.Pause {
+		return nil, fmt.Errorf("availability %q: want active, pause or drain: %w", a, errdefs.ErrInvalidArgument)
 	}
 	if s.n.mirror.Get(sched.NodeKey(req.GetNode())) == nil {
 		return nil, fmt.Errorf("node %s not found: %w", req.GetNode(), errdefs.ErrNotFound)

@@ -436,6 +436,26 @@ func TestSchedulerMore(t *testing.T) {
 			return s.Desired == 3 && s.Running == 3
 		})
 
+		// A paused node keeps g's task (same container) and gets none of
+		// a new global service, until it is active again.
+		if out := c.mustCtl(2, "node", "pause", "n3"); !strings.Contains(out, "paused") {
+			t.Errorf("node pause output %q", out)
+		}
+		c.mustCtl(1, "service", "create", "g2", "--image", img, "--global", "--stop-grace", "1s", "-d", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "g2")
+		waitFor(t, 30*time.Second, "g2 on n1 and n2", func() bool { return c.perNode("g2", 2) == [3]int{1, 1, 0} })
+		time.Sleep(2 * time.Second) // nothing comes to n3 meanwhile
+		if got, m := c.perNode("g2", 2), c.mustRunning("g"); got != [3]int{1, 1, 0} || fmt.Sprint(m[3]) != fmt.Sprint(back[3]) {
+			t.Fatalf("n3 paused: g2 %v per node (want 1/1/0), g's containers on n3 %v (want %v, untouched)", got, m[3], back[3])
+		}
+		waitFor(t, 10*time.Second, "node 3 shows g at 3/3 and g2 at 2/2", func() bool {
+			g, g2 := c.inspect(3, "g"), c.inspect(3, "g2")
+			return g.Desired == 3 && g.Running == 3 && g2.Desired == 2 && g2.Running == 2
+		})
+		c.mustCtl(3, "node", "activate", "n3")
+		waitFor(t, 30*time.Second, "g2 on n3 once it is active", func() bool { return c.perNode("g2", 3) == [3]int{1, 1, 1} })
+		c.mustCtl(1, "service", "rm", "g2")
+
 		// A constraint on a label set with `node label` narrows the nodes a
 		// global service runs on; every node's schedd must see the label.
 		c.mustCtl(3, "node", "label", "n1", "tier=edge")

@@ -1668,7 +1668,7 @@ func (x *ForgetNodeTasksResponse) GetForgotten() uint32 {
 type SetNodeAvailabilityRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Node  string                 `protobuf:"bytes,1,opt,name=node,proto3" json:"node,omitempty"`
-	// availability: active or drain.
+	// availability: active, pause (no new tasks; those there stay) or drain.
 	Availability string `protobuf:"bytes,2,opt,name=availability,proto3" json:"availability,omitempty"`
 	// wait for tasks to have moved away.
 	Wait          bool `protobuf:"varint,3,opt,name=wait,proto3" json:"wait,omitempty"`
