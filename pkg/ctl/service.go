@@ -51,7 +51,7 @@ type specFlags struct {
 	global                                                 bool
 	mode                                                   string
 	env, constraints, labels, publish, volumes, secrets    []string
-	configs, tmpfs                                         []string
+	configs, tmpfs, capAdd, capDrop                        []string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -103,6 +103,8 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVarP(&f.user, "user", "u", "", "run as user, uid, user:group or uid:gid")
 	fs.StringVarP(&f.workdir, "workdir", "w", "", "working directory inside the container")
 	fs.BoolVar(&f.readOnly, "read-only", false, "mount the container's root file system read-only")
+	fs.StringArrayVar(&f.capAdd, "cap-add", nil, "add a Linux capability to the default set, e.g. NET_ADMIN, or ALL (repeatable)")
+	fs.StringArrayVar(&f.capDrop, "cap-drop", nil, "drop a Linux capability from the default set, e.g. CHOWN, or ALL (repeatable)")
 	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
@@ -283,6 +285,12 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("read-only") {
 		spec.ReadOnly = f.readOnly
+	}
+	if fs.Changed("cap-add") {
+		spec.CapAdd = f.capAdd
+	}
+	if fs.Changed("cap-drop") {
+		spec.CapDrop = f.capDrop
 	}
 	if fs.Changed("network") {
 		spec.Network = f.network

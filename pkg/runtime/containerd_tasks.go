@@ -22,6 +22,7 @@ import (
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/client"
+	capability "github.com/containerd/containerd/v2/pkg/cap"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/containerd/v2/pkg/oci"
@@ -177,6 +178,7 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 	if spec.ReadOnly {
 		opts = append(opts, oci.WithRootFSReadonly())
 	}
+	opts = append(opts, capabilityOpts(spec.CapAdd, spec.CapDrop)...)
 	opts = append(opts,
 		oci.WithEnv(spec.Env),
 		oci.WithHostname(hostnameOf(spec)),
@@ -195,6 +197,27 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 	}
 	if spec.MemoryBytes > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(spec.MemoryBytes)))
+	}
+	return opts
+}
+
+// capabilityOpts applies Docker's rules for added and dropped
+// capabilities to the default set.
+func capabilityOpts(add, drop []string) []oci.SpecOpts {
+	switch {
+	case slices.Contains(add, "ALL"):
+		return []oci.SpecOpts{oci.WithCapabilities(slices.DeleteFunc(slices.Clone(capability.Known()), func(c string) bool {
+			return slices.Contains(drop, c)
+		}))}
+	case slices.Contains(drop, "ALL"):
+		return []oci.SpecOpts{oci.WithCapabilities(slices.Clone(add))}
+	}
+	var opts []oci.SpecOpts
+	if len(drop) > 0 {
+		opts = append(opts, oci.WithDroppedCapabilities(drop))
+	}
+	if len(add) > 0 {
+		opts = append(opts, oci.WithAddedCapabilities(add))
 	}
 	return opts
 }

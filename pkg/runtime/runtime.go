@@ -140,6 +140,11 @@ type TaskSpec struct {
 	// ReadOnly mounts the container's root file system read-only (its
 	// mounts keep their own modes).
 	ReadOnly bool `json:"read_only,omitempty"`
+	// CapAdd and CapDrop ("CAP_NET_ADMIN", or "ALL") change the default
+	// capabilities of the process as Docker does: ALL added grants every
+	// known one less those dropped; ALL dropped leaves only those added.
+	CapAdd  []string `json:"cap_add,omitempty"`
+	CapDrop []string `json:"cap_drop,omitempty"`
 	// Env (KEY=VALUE) is added to the image's environment, replacing
 	// variables of the same name.
 	Env []string `json:"env,omitempty"`

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"path"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	capability "github.com/containerd/containerd/v2/pkg/cap"
 	"github.com/moby/sys/signal"
 	"github.com/robfig/cron/v3"
 
@@ -35,6 +37,12 @@ type ServiceSpec struct {
 	WorkDir string `json:"workdir,omitempty"`
 	// ReadOnly mounts the task's root file system read-only.
 	ReadOnly bool `json:"read_only,omitempty"`
+	// CapAdd and CapDrop change the capabilities a task's process gets
+	// from the default set (Docker's: CHOWN, NET_BIND_SERVICE, KILL, …):
+	// names as capabilities(7) has them, with or without CAP_, or ALL
+	// (see Capability).
+	CapAdd  []string `json:"cap_add,omitempty"`
+	CapDrop []string `json:"cap_drop,omitempty"`
 	// Env holds KEY=VALUE entries, in order.
 	Env []string `json:"env,omitempty"`
 
@@ -515,6 +523,11 @@ func (s ServiceSpec) Validate() error {
 	if d.WorkDir != "" && !path.IsAbs(d.WorkDir) {
 		add("working directory %q must be absolute", d.WorkDir)
 	}
+	for _, c := range slices.Concat(d.CapAdd, d.CapDrop) {
+		if _, err := Capability(c); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if d.Network != "" && d.Network != NetworkHost {
 		add("network %q: want empty (the overlay) or host", d.Network)
 	}
@@ -706,6 +719,22 @@ func (s ServiceSpec) Digest() string {
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:12])
+}
+
+// Capability is the runtime's name of capability name: "CAP_NET_ADMIN"
+// for net_admin, NET_ADMIN or CAP_NET_ADMIN, or "ALL" (every capability).
+func Capability(name string) (string, error) {
+	c := strings.ToUpper(strings.TrimSpace(name))
+	if c == "ALL" {
+		return c, nil
+	}
+	if !strings.HasPrefix(c, "CAP_") {
+		c = "CAP_" + c
+	}
+	if !slices.Contains(capability.Known(), c) {
+		return "", fmt.Errorf("capability %q is unknown: see capabilities(7), e.g. NET_ADMIN, or ALL", name)
+	}
+	return c, nil
 }
 
 // DecodeSpec parses a spec document. Unknown fields are ignored, so a node

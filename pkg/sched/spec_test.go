@@ -39,6 +39,10 @@ func TestValidate(t *testing.T) {
 		{"max concurrent of a service", func(s *sched.ServiceSpec) { s.MaxConcurrent = 1 }, "the service is not one"},
 		{"max concurrent of a global job", func(s *sched.ServiceSpec) { s.Replicas, s.Global, s.Job, s.MaxConcurrent = 0, true, true, 1 },
 			"the service is not one"},
+		{"capabilities", func(s *sched.ServiceSpec) {
+			s.CapAdd, s.CapDrop = []string{"net_admin", "CAP_SYS_TIME"}, []string{"ALL"}
+		}, ""},
+		{"unknown capability", func(s *sched.ServiceSpec) { s.CapAdd = []string{"NET_ADMIN", "FLY"} }, `capability "FLY" is unknown`},
 		{"scheduled job", func(s *sched.ServiceSpec) { s.Job, s.Schedule = true, "*/15 * * * *" }, ""},
 		{"job every 30s", func(s *sched.ServiceSpec) { s.Job, s.Schedule = true, "@every 30s" }, ""},
 		{"schedule of a service", func(s *sched.ServiceSpec) { s.Schedule = "@hourly" }, "a schedule runs a job: the service is not one"},

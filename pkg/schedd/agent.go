@@ -312,6 +312,19 @@ func (n *node) attach(ctx context.Context, t sched.Task, spec sched.ServiceSpec,
 	return n.put(ctx, sched.TaskKey(t.ID), map[string]crdtValue{"ip": stringValue(resp.GetIp())})
 }
 
+// capabilities are the runtime's names of a spec's capabilities (checked
+// at its creation; one a newer schedd knows and this one does not is
+// left out).
+func capabilities(names []string) []string {
+	var out []string
+	for _, n := range names {
+		if c, err := sched.Capability(n); err == nil {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // taskSpec is the container spec of a task.
 func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 	ts := shoalrt.TaskSpec{
@@ -322,6 +335,8 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 		User:        spec.User,
 		WorkDir:     spec.WorkDir,
 		ReadOnly:    spec.ReadOnly,
+		CapAdd:      capabilities(spec.CapAdd),
+		CapDrop:     capabilities(spec.CapDrop),
 		StopSignal:  spec.StopSignal,
 		Env:         spec.Env,
 		Labels:      map[string]string{labelTask: t.ID, labelService: t.Service, labelSlot: t.Slot},

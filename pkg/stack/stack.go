@@ -95,7 +95,7 @@ func ValidName(name string) error {
 var (
 	// env_file is compose-go's: it merges the files into environment.
 	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "env_file", "stop_signal", "deploy", "ports", "volumes", "secrets", "configs",
-		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks"}
+		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks", "cap_add", "cap_drop"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
 )
@@ -182,6 +182,7 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	spec.Args = []string(svc.Command)
 	spec.Entrypoint = []string(svc.Entrypoint)
 	spec.User, spec.WorkDir, spec.ReadOnly = svc.User, svc.WorkingDir, svc.ReadOnly
+	spec.CapAdd, spec.CapDrop = svc.CapAdd, svc.CapDrop
 	for _, k := range slices.Sorted(maps.Keys(svc.Environment)) {
 		if v := svc.Environment[k]; v != nil {
 			spec.Env = append(spec.Env, k+"="+*v)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -127,7 +128,6 @@ func TestConvertRefusesWhatShoalLacks(t *testing.T) {
 services:
   a:
     image: x
-    cap_add: [NET_ADMIN]
     privileged: true
     tmpfs: ["/x:noexec"]
     volumes: ["/srv:/srv"]
@@ -146,7 +146,6 @@ secrets:
 		t.Fatal("Convert accepted it")
 	}
 	for _, want := range []string{
-		"service a: cap_add is not supported by Shoal",
 		"service a: privileged is not supported by Shoal",
 		"service a: tmpfs /x: option noexec is not supported (size only)",
 		"service a: volume /srv: bind mounts of host paths are not supported",
@@ -247,5 +246,24 @@ services:
 	}
 	if strings.Contains(err.Error(), "service c") {
 		t.Errorf("53/tcp beside 53/udp refused: %v", err)
+	}
+}
+
+// cap_add and cap_drop map to the spec; an unknown capability is the
+// spec's error, naming its service.
+func TestConvertCapabilities(t *testing.T) {
+	plan, err := Convert(load(t, "app", `
+services:
+  a: {image: x, cap_add: [NET_ADMIN], cap_drop: [ALL]}
+`), "app")
+	if err != nil || len(plan.Services) != 1 {
+		t.Fatalf("Convert: %v", err)
+	}
+	if s := plan.Services[0]; !slices.Equal(s.CapAdd, []string{"NET_ADMIN"}) || !slices.Equal(s.CapDrop, []string{"ALL"}) {
+		t.Errorf("cap_add %v, cap_drop %v", s.CapAdd, s.CapDrop)
+	}
+	_, err = Convert(load(t, "app", "services:\n  b: {image: x, cap_add: [NOT_A_CAP]}\n"), "app")
+	if err == nil || !strings.Contains(err.Error(), `service b: capability "NOT_A_CAP" is unknown`) {
+		t.Errorf("unknown capability: %v", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -983,6 +984,45 @@ func TestSchedulerMore(t *testing.T) {
 			t.Errorf("inspect cron: last and next run %v, %v (%v)", view.LastRun, view.NextRun, err)
 		}
 		c.mustCtl(1, "service", "rm", "cron")
+	})
+
+	t.Run("Capabilities", func(t *testing.T) {
+		// --cap-add and --cap-drop reach the task's process: its
+		// effective set has NET_ADMIN (bit 12), which the default set
+		// lacks, and lacks CHOWN (bit 0), which the default set has.
+		c.mustCtl(1, "service", "create", "caps", "--image", img, "--cap-add", "net_admin", "--cap-drop", "CAP_CHOWN", "--stop-grace", "1s",
+			"--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "caps")
+		cur := c.currentTasks("caps")
+		if len(cur) != 1 {
+			t.Fatalf("caps's tasks: %v", cur)
+		}
+		capEff := func(task string) uint64 {
+			out := c.mustCtl(2, "task", "exec", task, "--", "grep", "CapEff", "/proc/1/status")
+			f := strings.Fields(out)
+			v, err := strconv.ParseUint(f[len(f)-1], 16, 64)
+			if len(f) != 2 || err != nil {
+				t.Fatalf("CapEff of task %s: %q", task, out)
+			}
+			return v
+		}
+		if v := capEff(cur[0].GetId()); v&(1<<12) == 0 || v&1 != 0 {
+			t.Errorf("caps's effective capabilities %#x: want NET_ADMIN (1<<12) and no CHOWN (1)", v)
+		}
+		// An update of one list replaces the task, the other list kept.
+		c.mustCtlWithin(time.Minute, 3, "service", "update", "caps", "--cap-drop", "NET_RAW")
+		cur = c.currentTasks("caps")
+		if len(cur) != 1 {
+			t.Fatalf("caps's tasks after the update: %v", cur)
+		}
+		if v := capEff(cur[0].GetId()); v&(1<<12) == 0 || v&1 == 0 || v&(1<<13) != 0 {
+			t.Errorf("caps's effective capabilities after --cap-drop NET_RAW %#x: want NET_ADMIN (1<<12) and CHOWN (1), no NET_RAW (1<<13)", v)
+		}
+		_, errOut, code := c.ctl(1, "service", "create", "badcap", "--image", img, "--cap-add", "FLY", "--", "true")
+		if code != 2 || !strings.Contains(errOut, `capability "FLY" is unknown`) {
+			t.Errorf("create with an unknown capability: exit %d, stderr %q", code, errOut)
+		}
+		c.mustCtl(1, "service", "rm", "caps")
 	})
 
 	t.Run("StopSignal", func(t *testing.T) {
