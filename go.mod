@@ -25,7 +25,7 @@ require (
 require (
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/docker/go-connections v0.7.0 // indirect
-	github.com/docker/go-units v0.5.0 // indirect
+	github.com/docker/go-units v0.5.0
 	github.com/go-viper/mapstructure/v2 v2.4.0 // indirect
 	github.com/mattn/go-shellwords v1.0.13
 	github.com/santhosh-tekuri/jsonschema/v6 v6.0.1 // indirect

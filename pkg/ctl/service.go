@@ -51,7 +51,7 @@ type specFlags struct {
 	global                                                 bool
 	mode                                                   string
 	env, constraints, labels, publish, volumes, secrets    []string
-	configs, tmpfs, capAdd, capDrop                        []string
+	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -105,6 +105,8 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.BoolVar(&f.readOnly, "read-only", false, "mount the container's root file system read-only")
 	fs.StringArrayVar(&f.capAdd, "cap-add", nil, "add a Linux capability to the default set, e.g. NET_ADMIN, or ALL (repeatable)")
 	fs.StringArrayVar(&f.capDrop, "cap-drop", nil, "drop a Linux capability from the default set, e.g. CHOWN, or ALL (repeatable)")
+	fs.StringArrayVar(&f.ulimits, "ulimit", nil, "resource limit NAME=SOFT[:HARD], e.g. nofile=1024:2048 (repeatable)")
+	fs.StringArrayVar(&f.sysctls, "sysctl", nil, "kernel parameter of the task's namespaces KEY=VALUE: net.*, fs.mqueue.*, kernel.msg*, sem, shm* (repeatable)")
 	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
@@ -291,6 +293,22 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("cap-drop") {
 		spec.CapDrop = f.capDrop
+	}
+	if fs.Changed("ulimit") {
+		spec.Ulimits = f.ulimits
+	}
+	if fs.Changed("sysctl") {
+		spec.Sysctls = nil
+		for _, kv := range f.sysctls {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return usageError{fmt.Errorf("--sysctl %q: want KEY=VALUE", kv)}
+			}
+			if spec.Sysctls == nil {
+				spec.Sysctls = map[string]string{}
+			}
+			spec.Sysctls[k] = v
+		}
 	}
 	if fs.Changed("network") {
 		spec.Network = f.network

@@ -9,6 +9,7 @@ import (
 	capability "github.com/containerd/containerd/v2/pkg/cap"
 	"github.com/containerd/containerd/v2/pkg/namespaces"
 	"github.com/containerd/containerd/v2/pkg/oci"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // Docker's rules on the default set: a plain add and drop change it; ALL
@@ -41,5 +42,30 @@ func TestCapabilityOpts(t *testing.T) {
 	}
 	if got := effective([]string{"CAP_NET_BIND_SERVICE"}, []string{"ALL"}); !slices.Equal(got, []string{"CAP_NET_BIND_SERVICE"}) {
 		t.Errorf("drop ALL, add NET_BIND_SERVICE: %v", got)
+	}
+}
+
+// Ulimits become the process's rlimits (-1: unlimited), sysctls the
+// container's; a ulimit that does not parse is the spec's error.
+func TestLimitAndSysctlOpts(t *testing.T) {
+	ctx := namespaces.WithNamespace(context.Background(), "test")
+	r := &Containerd{}
+	opts, err := r.specOpts(nil, TaskSpec{ID: "c", Args: []string{"true"}, Ulimits: []string{"nofile=1024:2048", "core=-1"},
+		Sysctls: map[string]string{"kernel.msgmax": "65536"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The image's config is not there to apply: keep the rest.
+	s, err := oci.GenerateSpec(ctx, nil, &containers.Container{ID: "c"}, opts[1:]...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 2048, Soft: 1024}, {Type: "RLIMIT_CORE", Hard: ^uint64(0), Soft: ^uint64(0)}}
+	// The default spec's own NOFILE (1024) is replaced.
+	if !slices.Equal(s.Process.Rlimits, want) || s.Linux.Sysctl["kernel.msgmax"] != "65536" {
+		t.Errorf("rlimits %v (want %v), sysctls %v", s.Process.Rlimits, want, s.Linux.Sysctl)
+	}
+	if _, err := r.specOpts(nil, TaskSpec{ID: "c", Ulimits: []string{"nofile=x"}}, nil); err == nil {
+		t.Error("a ulimit that does not parse was taken")
 	}
 }

@@ -22,11 +22,13 @@ import (
 	runcoptions "github.com/containerd/containerd/api/types/runc/options"
 	tasktypes "github.com/containerd/containerd/api/types/task"
 	"github.com/containerd/containerd/v2/client"
+	"github.com/containerd/containerd/v2/core/containers"
 	capability "github.com/containerd/containerd/v2/pkg/cap"
 	"github.com/containerd/containerd/v2/pkg/cio"
 	"github.com/containerd/containerd/v2/pkg/identifiers"
 	"github.com/containerd/containerd/v2/pkg/oci"
 	"github.com/containerd/errdefs"
+	units "github.com/docker/go-units"
 	"github.com/moby/sys/signal"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
@@ -101,6 +103,10 @@ func (r *Containerd) Run(ctx context.Context, spec TaskSpec) (retErr error) {
 		labels[labelLogPath] = spec.LogPath
 	}
 
+	specOpts, err := r.specOpts(img, spec, mounts)
+	if err != nil {
+		return fmt.Errorf("task %s: %w", spec.ID, err)
+	}
 	var runtimeOpts any
 	if r.cfg.RuncRoot != "" {
 		runtimeOpts = &runcoptions.Options{Root: r.cfg.RuncRoot}
@@ -110,7 +116,7 @@ func (r *Containerd) Run(ctx context.Context, spec TaskSpec) (retErr error) {
 		client.WithSnapshotter(r.cfg.Snapshotter),
 		client.WithNewSnapshot(spec.ID, img),
 		client.WithRuntime(r.cfg.Runtime, runtimeOpts),
-		client.WithNewSpec(r.specOpts(img, spec, mounts)...),
+		client.WithNewSpec(specOpts...),
 		client.WithContainerLabels(labels),
 	)
 	if err != nil {
@@ -159,7 +165,7 @@ func (r *Containerd) Run(ctx context.Context, spec TaskSpec) (retErr error) {
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 // specOpts builds the OCI spec of a task.
-func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mount) []oci.SpecOpts {
+func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mount) ([]oci.SpecOpts, error) {
 	opts := []oci.SpecOpts{}
 	if len(spec.Args) > 0 {
 		opts = append(opts, oci.WithImageConfigArgs(img, spec.Args))
@@ -179,6 +185,16 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 		opts = append(opts, oci.WithRootFSReadonly())
 	}
 	opts = append(opts, capabilityOpts(spec.CapAdd, spec.CapDrop)...)
+	for _, u := range spec.Ulimits {
+		l, err := units.ParseUlimit(u)
+		if err != nil {
+			return nil, fmt.Errorf("ulimit %q: %v: %w", u, err, errdefs.ErrInvalidArgument)
+		}
+		opts = append(opts, oci.WithRlimit(&specs.POSIXRlimit{Type: "RLIMIT_" + strings.ToUpper(l.Name), Soft: uint64(l.Soft), Hard: uint64(l.Hard)}))
+	}
+	if len(spec.Sysctls) > 0 {
+		opts = append(opts, withSysctls(spec.Sysctls))
+	}
 	opts = append(opts,
 		oci.WithEnv(spec.Env),
 		oci.WithHostname(hostnameOf(spec)),
@@ -198,7 +214,21 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 	if spec.MemoryBytes > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(spec.MemoryBytes)))
 	}
-	return opts
+	return opts, nil
+}
+
+// withSysctls sets kernel parameters of the container's namespaces.
+func withSysctls(kv map[string]string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Linux == nil {
+			s.Linux = &specs.Linux{}
+		}
+		if s.Linux.Sysctl == nil {
+			s.Linux.Sysctl = map[string]string{}
+		}
+		maps.Copy(s.Linux.Sysctl, kv)
+		return nil
+	}
 }
 
 // capabilityOpts applies Docker's rules for added and dropped

@@ -145,6 +145,12 @@ type TaskSpec struct {
 	// known one less those dropped; ALL dropped leaves only those added.
 	CapAdd  []string `json:"cap_add,omitempty"`
 	CapDrop []string `json:"cap_drop,omitempty"`
+	// Ulimits are the process's resource limits, "NAME=SOFT[:HARD]"
+	// (nofile=1024:2048, -1 unlimited); one that does not parse fails Run.
+	Ulimits []string `json:"ulimits,omitempty"`
+	// Sysctls are set in the container's namespaces (runc refuses those
+	// that are not the container's own).
+	Sysctls map[string]string `json:"sysctls,omitempty"`
 	// Env (KEY=VALUE) is added to the image's environment, replacing
 	// variables of the same name.
 	Env []string `json:"env,omitempty"`

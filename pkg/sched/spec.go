@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"path"
 	"regexp"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	capability "github.com/containerd/containerd/v2/pkg/cap"
+	units "github.com/docker/go-units"
 	"github.com/moby/sys/signal"
 	"github.com/robfig/cron/v3"
 
@@ -43,6 +45,12 @@ type ServiceSpec struct {
 	// (see Capability).
 	CapAdd  []string `json:"cap_add,omitempty"`
 	CapDrop []string `json:"cap_drop,omitempty"`
+	// Ulimits are the process's resource limits, "NAME=SOFT[:HARD]" as
+	// Docker's --ulimit takes them (nofile=1024:2048; -1 is unlimited).
+	Ulimits []string `json:"ulimits,omitempty"`
+	// Sysctls are kernel parameters of the task's own namespaces (see
+	// CheckSysctl), set when it starts.
+	Sysctls map[string]string `json:"sysctls,omitempty"`
 	// Env holds KEY=VALUE entries, in order.
 	Env []string `json:"env,omitempty"`
 
@@ -528,6 +536,16 @@ func (s ServiceSpec) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, u := range d.Ulimits {
+		if _, err := units.ParseUlimit(u); err != nil {
+			add("ulimit %q: %v (want NAME=SOFT[:HARD], e.g. nofile=1024:2048)", u, err)
+		}
+	}
+	for _, k := range slices.Sorted(maps.Keys(d.Sysctls)) {
+		if err := CheckSysctl(k, d.Network); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	if d.Network != "" && d.Network != NetworkHost {
 		add("network %q: want empty (the overlay) or host", d.Network)
 	}
@@ -735,6 +753,28 @@ func Capability(name string) (string, error) {
 		return "", fmt.Errorf("capability %q is unknown: see capabilities(7), e.g. NET_ADMIN, or ALL", name)
 	}
 	return c, nil
+}
+
+// ipcSysctls are the kernel.* parameters of an IPC namespace, which a
+// task has of its own.
+var ipcSysctls = []string{"kernel.msgmax", "kernel.msgmnb", "kernel.msgmni", "kernel.sem",
+	"kernel.shmall", "kernel.shmmax", "kernel.shmmni", "kernel.shm_rmid_forced"}
+
+// CheckSysctl refuses a kernel parameter a task cannot set without
+// setting it for its whole node: only those of its own IPC namespace
+// (the kernel.msg*, sem and shm* ones, fs.mqueue.*) and, for a task on
+// the overlay (network not host), of its network namespace (net.*), as
+// Docker allows.
+func CheckSysctl(key, network string) error {
+	switch {
+	case slices.Contains(ipcSysctls, key), strings.HasPrefix(key, "fs.mqueue."):
+		return nil
+	case strings.HasPrefix(key, "net.") && network == NetworkHost:
+		return fmt.Errorf("sysctl %s: a task in the node's network namespace (--network host) cannot set net.*: it would change the node's", key)
+	case strings.HasPrefix(key, "net."):
+		return nil
+	}
+	return fmt.Errorf("sysctl %s is not one of a task's own namespaces: net.*, fs.mqueue.* or kernel.msg*, sem, shm* (it would change its node's)", key)
 }
 
 // DecodeSpec parses a spec document. Unknown fields are ignored, so a node

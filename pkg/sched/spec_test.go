@@ -42,6 +42,15 @@ func TestValidate(t *testing.T) {
 		{"capabilities", func(s *sched.ServiceSpec) {
 			s.CapAdd, s.CapDrop = []string{"net_admin", "CAP_SYS_TIME"}, []string{"ALL"}
 		}, ""},
+		{"limits and sysctls", func(s *sched.ServiceSpec) {
+			s.Ulimits, s.Sysctls = []string{"nofile=1024:2048", "core=-1"}, map[string]string{"net.ipv4.ip_unprivileged_port_start": "0", "kernel.msgmax": "65536", "fs.mqueue.msg_max": "20"}
+		}, ""},
+		{"bad ulimit", func(s *sched.ServiceSpec) { s.Ulimits = []string{"nofile=2048:1024"} }, `ulimit "nofile=2048:1024": ulimit soft limit must be less than or equal to hard limit`},
+		{"unknown ulimit", func(s *sched.ServiceSpec) { s.Ulimits = []string{"files=10"} }, `ulimit "files=10": invalid ulimit type`},
+		{"node-wide sysctl", func(s *sched.ServiceSpec) { s.Sysctls = map[string]string{"vm.swappiness": "1"} }, "sysctl vm.swappiness is not one of a task's own namespaces"},
+		{"net sysctl on the host network", func(s *sched.ServiceSpec) {
+			s.Network, s.Sysctls = sched.NetworkHost, map[string]string{"net.core.somaxconn": "1024"}
+		}, "sysctl net.core.somaxconn: a task in the node's network namespace"},
 		{"unknown capability", func(s *sched.ServiceSpec) { s.CapAdd = []string{"NET_ADMIN", "FLY"} }, `capability "FLY" is unknown`},
 		{"scheduled job", func(s *sched.ServiceSpec) { s.Job, s.Schedule = true, "*/15 * * * *" }, ""},
 		{"job every 30s", func(s *sched.ServiceSpec) { s.Job, s.Schedule = true, "@every 30s" }, ""},

@@ -337,6 +337,8 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 		ReadOnly:    spec.ReadOnly,
 		CapAdd:      capabilities(spec.CapAdd),
 		CapDrop:     capabilities(spec.CapDrop),
+		Ulimits:     spec.Ulimits,
+		Sysctls:     spec.Sysctls,
 		StopSignal:  spec.StopSignal,
 		Env:         spec.Env,
 		Labels:      map[string]string{labelTask: t.ID, labelService: t.Service, labelSlot: t.Slot},

@@ -95,7 +95,8 @@ func ValidName(name string) error {
 var (
 	// env_file is compose-go's: it merges the files into environment.
 	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "env_file", "stop_signal", "deploy", "ports", "volumes", "secrets", "configs",
-		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks", "cap_add", "cap_drop"}
+		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks", "cap_add", "cap_drop",
+		"ulimits", "sysctls"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
 )
@@ -183,6 +184,17 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	spec.Entrypoint = []string(svc.Entrypoint)
 	spec.User, spec.WorkDir, spec.ReadOnly = svc.User, svc.WorkingDir, svc.ReadOnly
 	spec.CapAdd, spec.CapDrop = svc.CapAdd, svc.CapDrop
+	for _, name := range slices.Sorted(maps.Keys(svc.Ulimits)) {
+		u := svc.Ulimits[name]
+		soft, hard := u.Soft, u.Hard
+		if u.Single != 0 {
+			soft, hard = u.Single, u.Single
+		}
+		spec.Ulimits = append(spec.Ulimits, fmt.Sprintf("%s=%d:%d", name, soft, hard))
+	}
+	if len(svc.Sysctls) > 0 {
+		spec.Sysctls = maps.Clone(map[string]string(svc.Sysctls))
+	}
 	for _, k := range slices.Sorted(maps.Keys(svc.Environment)) {
 		if v := svc.Environment[k]; v != nil {
 			spec.Env = append(spec.Env, k+"="+*v)

@@ -249,18 +249,26 @@ services:
 	}
 }
 
-// cap_add and cap_drop map to the spec; an unknown capability is the
+// cap_add, cap_drop, ulimits and sysctls map to the spec; an unknown capability is the
 // spec's error, naming its service.
 func TestConvertCapabilities(t *testing.T) {
 	plan, err := Convert(load(t, "app", `
 services:
-  a: {image: x, cap_add: [NET_ADMIN], cap_drop: [ALL]}
+  a:
+    image: x
+    cap_add: [NET_ADMIN]
+    cap_drop: [ALL]
+    ulimits: {nproc: 65535, nofile: {soft: 20000, hard: 40000}}
+    sysctls: {net.core.somaxconn: "1024"}
 `), "app")
 	if err != nil || len(plan.Services) != 1 {
 		t.Fatalf("Convert: %v", err)
 	}
 	if s := plan.Services[0]; !slices.Equal(s.CapAdd, []string{"NET_ADMIN"}) || !slices.Equal(s.CapDrop, []string{"ALL"}) {
 		t.Errorf("cap_add %v, cap_drop %v", s.CapAdd, s.CapDrop)
+	}
+	if s := plan.Services[0]; !slices.Equal(s.Ulimits, []string{"nofile=20000:40000", "nproc=65535:65535"}) || s.Sysctls["net.core.somaxconn"] != "1024" {
+		t.Errorf("ulimits %v, sysctls %v", s.Ulimits, s.Sysctls)
 	}
 	_, err = Convert(load(t, "app", "services:\n  b: {image: x, cap_add: [NOT_A_CAP]}\n"), "app")
 	if err == nil || !strings.Contains(err.Error(), `service b: capability "NOT_A_CAP" is unknown`) {

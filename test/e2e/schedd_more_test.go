@@ -986,12 +986,12 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "cron")
 	})
 
-	t.Run("Capabilities", func(t *testing.T) {
+	t.Run("ProcessOptions", func(t *testing.T) {
 		// --cap-add and --cap-drop reach the task's process: its
 		// effective set has NET_ADMIN (bit 12), which the default set
 		// lacks, and lacks CHOWN (bit 0), which the default set has.
 		c.mustCtl(1, "service", "create", "caps", "--image", img, "--cap-add", "net_admin", "--cap-drop", "CAP_CHOWN", "--stop-grace", "1s",
-			"--", "sleep", "1000000")
+			"--ulimit", "nofile=1024:2048", "--sysctl", "kernel.msgmax=65536", "--", "sleep", "1000000")
 		removeIfFailed(t, c.Cluster, 1, "caps")
 		cur := c.currentTasks("caps")
 		if len(cur) != 1 {
@@ -1009,6 +1009,14 @@ func TestSchedulerMore(t *testing.T) {
 		if v := capEff(cur[0].GetId()); v&(1<<12) == 0 || v&1 != 0 {
 			t.Errorf("caps's effective capabilities %#x: want NET_ADMIN (1<<12) and no CHOWN (1)", v)
 		}
+		// --ulimit and --sysctl too (msgmax is the task's IPC namespace's).
+		if out := c.mustCtl(3, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "ulimit -Sn; ulimit -Hn; cat /proc/sys/kernel/msgmax"); out != "1024\n2048\n65536\n" {
+			t.Errorf("caps's soft and hard nofile and msgmax: %q, want 1024, 2048, 65536", out)
+		}
+		_, errOut, code := c.ctl(2, "service", "create", "badsysctl", "--image", img, "--sysctl", "vm.swappiness=1", "--", "true")
+		if code != 2 || !strings.Contains(errOut, "sysctl vm.swappiness is not one of a task's own namespaces") {
+			t.Errorf("create with a node-wide sysctl: exit %d, stderr %q", code, errOut)
+		}
 		// An update of one list replaces the task, the other list kept.
 		c.mustCtlWithin(time.Minute, 3, "service", "update", "caps", "--cap-drop", "NET_RAW")
 		cur = c.currentTasks("caps")
@@ -1018,7 +1026,7 @@ func TestSchedulerMore(t *testing.T) {
 		if v := capEff(cur[0].GetId()); v&(1<<12) == 0 || v&1 == 0 || v&(1<<13) != 0 {
 			t.Errorf("caps's effective capabilities after --cap-drop NET_RAW %#x: want NET_ADMIN (1<<12) and CHOWN (1), no NET_RAW (1<<13)", v)
 		}
-		_, errOut, code := c.ctl(1, "service", "create", "badcap", "--image", img, "--cap-add", "FLY", "--", "true")
+		_, errOut, code = c.ctl(1, "service", "create", "badcap", "--image", img, "--cap-add", "FLY", "--", "true")
 		if code != 2 || !strings.Contains(errOut, `capability "FLY" is unknown`) {
 			t.Errorf("create with an unknown capability: exit %d, stderr %q", code, errOut)
 		}
