@@ -52,6 +52,7 @@ type specFlags struct {
 	mode                                                   string
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
+	envFiles                                               []string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -74,6 +75,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.cpu, "cpu", "", "CPUs reserved and limited per task: 0.5, 2 or 500m")
 	fs.StringVar(&f.memory, "memory", "", "memory reserved and limited per task: 256m, 1GiB")
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
+	fs.StringArrayVar(&f.envFiles, "env-file", nil, "read environment variables from a file: KEY=VALUE lines, # comments, a bare KEY taken from this shell (repeatable; --env entries come after)")
 	fs.StringArrayVar(&f.constraints, "constraint", nil, "placement constraint, e.g. node.labels.zone==eu (repeatable)")
 	fs.StringVar(&f.placement, "placement", "", "placement strategy: spread or binpack")
 	fs.IntVar(&f.maxPerNode, "replicas-max-per-node", 0, "at most this many tasks on one node (0: no bound)")
@@ -156,13 +158,21 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		}
 		spec.MemoryBytes = v
 	}
-	if fs.Changed("env") {
+	if fs.Changed("env") || fs.Changed("env-file") {
+		var env []string
+		for _, name := range f.envFiles {
+			entries, err := readEnvFile(name)
+			if err != nil {
+				return usageError{err}
+			}
+			env = append(env, entries...)
+		}
 		for _, e := range f.env {
 			if !strings.Contains(e, "=") {
 				return usageError{fmt.Errorf("--env %q: want KEY=VALUE", e)}
 			}
 		}
-		spec.Env = f.env
+		spec.Env = append(env, f.env...)
 	}
 	if fs.Changed("constraint") {
 		spec.Constraints = f.constraints
@@ -320,6 +330,36 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		spec.ForceUpdate++
 	}
 	return nil
+}
+
+// readEnvFile reads an environment file as Docker's --env-file does:
+// KEY=VALUE lines, the value taken as it is (no quotes removed); blank
+// lines and lines starting with # skipped; a bare KEY takes its value
+// from shoalctl's environment, or is left out when unset there.
+func readEnvFile(name string) ([]string, error) {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return nil, fmt.Errorf("--env-file: %w", err)
+	}
+	var out []string
+	for i, line := range strings.Split(string(data), "\n") {
+		line = strings.TrimLeft(strings.TrimSuffix(line, "\r"), " \t")
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, _, hasValue := strings.Cut(line, "=")
+		switch {
+		case key == "" || strings.ContainsAny(key, " \t"):
+			return nil, fmt.Errorf("--env-file %s:%d: %q: want KEY=VALUE or KEY, the KEY without spaces", name, i+1, line)
+		case hasValue:
+			out = append(out, line)
+		default:
+			if v, ok := os.LookupEnv(key); ok {
+				out = append(out, key+"="+v)
+			}
+		}
+	}
+	return out, nil
 }
 
 // parsePublish parses HOST:CONTAINER[/tcp|udp].

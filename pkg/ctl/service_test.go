@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -71,6 +72,11 @@ func ctlRun(t *testing.T, args ...string) (string, string, int) {
 
 func TestServiceCreateFlags(t *testing.T) {
 	dir, fake := startFakeSchedd(t)
+	envFile := filepath.Join(t.TempDir(), "app.env")
+	if err := os.WriteFile(envFile, []byte("# settings\nA=1\n\n  B=\"quoted\" as is\r\nFROM_SHELL\nUNSET_HERE\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("FROM_SHELL", "yes")
 	create := func(flags ...string) []string {
 		return append([]string{"--run-dir", dir, "service", "create", "web", "--image", "local/busybox:latest", "--detach"}, flags...)
 	}
@@ -114,6 +120,14 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"health http", []string{"--health-http", "8080/healthz"}, func(s sched.ServiceSpec) bool { return s.Health.HTTP == "8080/healthz" && s.Health.Cmd == nil }},
 		{"health tcp", []string{"--health-tcp", "5432"}, func(s sched.ServiceSpec) bool { return s.Health.TCP == 5432 }},
 		{"tmpfs", []string{"--tmpfs", "/tmp", "--tmpfs", "/cache:64m"}, func(s sched.ServiceSpec) bool { return strings.Join(s.Tmpfs, " ") == "/tmp /cache:64m" }},
+		{"env file, then --env", []string{"--env", "C=3", "--env-file", envFile}, func(s sched.ServiceSpec) bool {
+			return strings.Join(s.Env, "|") == `A=1|B="quoted" as is|FROM_SHELL=yes|C=3`
+		}},
+		{"capabilities, limits, sysctls", []string{"--cap-add", "NET_ADMIN", "--cap-drop", "ALL", "--ulimit", "nofile=1024:2048", "--sysctl", "net.core.somaxconn=1024"},
+			func(s sched.ServiceSpec) bool {
+				return strings.Join(s.CapAdd, "") == "NET_ADMIN" && strings.Join(s.CapDrop, "") == "ALL" && strings.Join(s.Ulimits, "") == "nofile=1024:2048" &&
+					len(s.Sysctls) == 1 && s.Sysctls["net.core.somaxconn"] == "1024"
+			}},
 		{"process", []string{"--entrypoint", "sh -c 'a b'", "-u", "app:app", "-w", "/srv", "--read-only"}, func(s sched.ServiceSpec) bool {
 			return strings.Join(s.Entrypoint, "|") == "sh|-c|a b" && s.User == "app:app" && s.WorkDir == "/srv" && s.ReadOnly
 		}},
@@ -159,6 +173,11 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--health-cmd", "true", "--health-start-period", "-1s"}, "health check durations must not be negative"},
 		{[]string{"--health-cmd", "true", "--health-start-period", "soon"}, `invalid argument "soon" for "--health-start-period" flag`},
 		{[]string{"--env", "NOEQUALS"}, `--env "NOEQUALS": want KEY=VALUE`},
+		{[]string{"--env-file", "/nonexistent/app.env"}, "--env-file: open /nonexistent/app.env"},
+		{[]string{"--sysctl", "net.core.somaxconn"}, `--sysctl "net.core.somaxconn": want KEY=VALUE`},
+		{[]string{"--sysctl", "vm.swappiness=1"}, "sysctl vm.swappiness is not one of a task's own namespaces"},
+		{[]string{"--cap-add", "FLY"}, `capability "FLY" is unknown`},
+		{[]string{"--ulimit", "nofile"}, `ulimit "nofile"`},
 		{[]string{"--health-cmd", "true", "--health-tcp", "80"}, "give one of --health-cmd, --health-http and --health-tcp"},
 		{[]string{"--health-http", "web/"}, `health check http "web/": want PORT or PORT/PATH`},
 		{[]string{"--entrypoint", "sh -c 'unclosed"}, `--entrypoint "sh -c 'unclosed"`},
