@@ -52,7 +52,7 @@ type specFlags struct {
 	mode                                                   string
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
-	envFiles                                               []string
+	envFiles, hosts                                        []string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -108,6 +108,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.capAdd, "cap-add", nil, "add a Linux capability to the default set, e.g. NET_ADMIN, or ALL (repeatable)")
 	fs.StringArrayVar(&f.capDrop, "cap-drop", nil, "drop a Linux capability from the default set, e.g. CHOWN, or ALL (repeatable)")
 	fs.StringArrayVar(&f.ulimits, "ulimit", nil, "resource limit NAME=SOFT[:HARD], e.g. nofile=1024:2048 (repeatable)")
+	fs.StringArrayVar(&f.hosts, "host", nil, "add HOST:IP to the tasks' /etc/hosts (repeatable)")
 	fs.StringArrayVar(&f.sysctls, "sysctl", nil, "kernel parameter of the task's namespaces KEY=VALUE: net.*, fs.mqueue.*, kernel.msg*, sem, shm* (repeatable)")
 	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
 	if !create {
@@ -303,6 +304,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("cap-drop") {
 		spec.CapDrop = f.capDrop
+	}
+	if fs.Changed("host") {
+		spec.Hosts = f.hosts
 	}
 	if fs.Changed("ulimit") {
 		spec.Ulimits = f.ulimits

@@ -123,6 +123,9 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"env file, then --env", []string{"--env", "C=3", "--env-file", envFile}, func(s sched.ServiceSpec) bool {
 			return strings.Join(s.Env, "|") == `A=1|B="quoted" as is|FROM_SHELL=yes|C=3`
 		}},
+		{"extra hosts", []string{"--host", "db:10.0.0.5", "--host", "v6:fd00::5"}, func(s sched.ServiceSpec) bool {
+			return strings.Join(s.Hosts, " ") == "db:10.0.0.5 v6:fd00::5"
+		}},
 		{"capabilities, limits, sysctls", []string{"--cap-add", "NET_ADMIN", "--cap-drop", "ALL", "--ulimit", "nofile=1024:2048", "--sysctl", "net.core.somaxconn=1024"},
 			func(s sched.ServiceSpec) bool {
 				return strings.Join(s.CapAdd, "") == "NET_ADMIN" && strings.Join(s.CapDrop, "") == "ALL" && strings.Join(s.Ulimits, "") == "nofile=1024:2048" &&

@@ -2,7 +2,10 @@ package runtime
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/containerd/containerd/v2/core/containers"
@@ -67,5 +70,19 @@ func TestLimitAndSysctlOpts(t *testing.T) {
 	}
 	if _, err := r.specOpts(nil, TaskSpec{ID: "c", Ulimits: []string{"nofile=x"}}, nil); err == nil {
 		t.Error("a ulimit that does not parse was taken")
+	}
+}
+
+// The /etc/hosts the runtime writes names the task and ends with the
+// spec's extra lines.
+func TestTaskFilesHosts(t *testing.T) {
+	dir := t.TempDir()
+	mounts, err := writeTaskFiles(dir, TaskSpec{ID: "web.1", Hosts: []string{"10.0.0.5\tdb.internal"}})
+	if err != nil || len(mounts) != 3 {
+		t.Fatalf("writeTaskFiles: %v, %v", mounts, err)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "hosts"))
+	if err != nil || !strings.HasSuffix(string(b), "127.0.1.1\tweb.1\n10.0.0.5\tdb.internal\n") {
+		t.Errorf("hosts %q, %v", b, err)
 	}
 }

@@ -273,7 +273,11 @@ func writeTaskFiles(dir string, spec TaskSpec) ([]specs.Mount, error) {
 	}{
 		{"/etc/hostname", func() ([]byte, error) { return []byte(hostname + "\n"), nil }},
 		{"/etc/hosts", func() ([]byte, error) {
-			return []byte("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"), nil
+			hosts := "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t" + hostname + "\n"
+			for _, h := range spec.Hosts {
+				hosts += h + "\n"
+			}
+			return []byte(hosts), nil
 		}},
 		{"/etc/resolv.conf", func() ([]byte, error) {
 			b, err := os.ReadFile("/etc/resolv.conf")

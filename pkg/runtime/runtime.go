@@ -151,6 +151,9 @@ type TaskSpec struct {
 	// Sysctls are set in the container's namespaces (runc refuses those
 	// that are not the container's own).
 	Sysctls map[string]string `json:"sysctls,omitempty"`
+	// Hosts are lines ("IP NAME") added to the /etc/hosts the runtime
+	// writes.
+	Hosts []string `json:"hosts,omitempty"`
 	// Env (KEY=VALUE) is added to the image's environment, replacing
 	// variables of the same name.
 	Env []string `json:"env,omitempty"`

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/netip"
 	"path"
 	"regexp"
 	"slices"
@@ -51,6 +52,9 @@ type ServiceSpec struct {
 	// Sysctls are kernel parameters of the task's own namespaces (see
 	// CheckSysctl), set when it starts.
 	Sysctls map[string]string `json:"sysctls,omitempty"`
+	// Hosts are lines added to the task's /etc/hosts, "HOST:IP" as
+	// Docker's --host takes them (see ParseHost).
+	Hosts []string `json:"hosts,omitempty"`
 	// Env holds KEY=VALUE entries, in order.
 	Env []string `json:"env,omitempty"`
 
@@ -541,6 +545,11 @@ func (s ServiceSpec) Validate() error {
 			add("ulimit %q: %v (want NAME=SOFT[:HARD], e.g. nofile=1024:2048)", u, err)
 		}
 	}
+	for _, h := range d.Hosts {
+		if _, _, err := ParseHost(h); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	for _, k := range slices.Sorted(maps.Keys(d.Sysctls)) {
 		if err := CheckSysctl(k, d.Network); err != nil {
 			errs = append(errs, err)
@@ -753,6 +762,17 @@ func Capability(name string) (string, error) {
 		return "", fmt.Errorf("capability %q is unknown: see capabilities(7), e.g. NET_ADMIN, or ALL", name)
 	}
 	return c, nil
+}
+
+// ParseHost parses an extra /etc/hosts entry "HOST:IP" (the first colon
+// ends the name, so IPv6 addresses need no brackets: db:fd00::5).
+func ParseHost(entry string) (string, netip.Addr, error) {
+	name, ip, ok := strings.Cut(entry, ":")
+	addr, err := netip.ParseAddr(strings.Trim(ip, "[]"))
+	if !ok || name == "" || strings.ContainsAny(name, " \t#") || err != nil {
+		return "", netip.Addr{}, fmt.Errorf("host %q: want HOST:IP, e.g. db.internal:10.0.0.5", entry)
+	}
+	return name, addr, nil
 }
 
 // ipcSysctls are the kernel.* parameters of an IPC namespace, which a

@@ -325,6 +325,17 @@ func capabilities(names []string) []string {
 	return out
 }
 
+// hostLines are a spec's extra hosts as /etc/hosts lines.
+func hostLines(entries []string) []string {
+	var out []string
+	for _, e := range entries {
+		if name, ip, err := sched.ParseHost(e); err == nil { // checked at create
+			out = append(out, ip.String()+"\t"+name)
+		}
+	}
+	return out
+}
+
 // taskSpec is the container spec of a task.
 func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 	ts := shoalrt.TaskSpec{
@@ -339,6 +350,7 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 		CapDrop:     capabilities(spec.CapDrop),
 		Ulimits:     spec.Ulimits,
 		Sysctls:     spec.Sysctls,
+		Hosts:       hostLines(spec.Hosts),
 		StopSignal:  spec.StopSignal,
 		Env:         spec.Env,
 		Labels:      map[string]string{labelTask: t.ID, labelService: t.Service, labelSlot: t.Slot},

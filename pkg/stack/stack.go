@@ -96,7 +96,7 @@ var (
 	// env_file is compose-go's: it merges the files into environment.
 	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "env_file", "stop_signal", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks", "cap_add", "cap_drop",
-		"ulimits", "sysctls"}
+		"ulimits", "sysctls", "extra_hosts"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
 )
@@ -191,6 +191,11 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 			soft, hard = u.Single, u.Single
 		}
 		spec.Ulimits = append(spec.Ulimits, fmt.Sprintf("%s=%d:%d", name, soft, hard))
+	}
+	for _, name := range slices.Sorted(maps.Keys(svc.ExtraHosts)) {
+		for _, ip := range svc.ExtraHosts[name] {
+			spec.Hosts = append(spec.Hosts, name+":"+ip)
+		}
 	}
 	if len(svc.Sysctls) > 0 {
 		spec.Sysctls = maps.Clone(map[string]string(svc.Sysctls))

@@ -249,7 +249,7 @@ services:
 	}
 }
 
-// cap_add, cap_drop, ulimits and sysctls map to the spec; an unknown capability is the
+// cap_add, cap_drop, ulimits, sysctls and extra_hosts map to the spec; an unknown capability is the
 // spec's error, naming its service.
 func TestConvertCapabilities(t *testing.T) {
 	plan, err := Convert(load(t, "app", `
@@ -260,6 +260,7 @@ services:
     cap_drop: [ALL]
     ulimits: {nproc: 65535, nofile: {soft: 20000, hard: 40000}}
     sysctls: {net.core.somaxconn: "1024"}
+    extra_hosts: ["db.internal:10.0.0.5", "cache=10.0.0.6"]
 `), "app")
 	if err != nil || len(plan.Services) != 1 {
 		t.Fatalf("Convert: %v", err)
@@ -269,6 +270,9 @@ services:
 	}
 	if s := plan.Services[0]; !slices.Equal(s.Ulimits, []string{"nofile=20000:40000", "nproc=65535:65535"}) || s.Sysctls["net.core.somaxconn"] != "1024" {
 		t.Errorf("ulimits %v, sysctls %v", s.Ulimits, s.Sysctls)
+	}
+	if s := plan.Services[0]; !slices.Equal(s.Hosts, []string{"cache:10.0.0.6", "db.internal:10.0.0.5"}) {
+		t.Errorf("extra hosts %v", s.Hosts)
 	}
 	_, err = Convert(load(t, "app", "services:\n  b: {image: x, cap_add: [NOT_A_CAP]}\n"), "app")
 	if err == nil || !strings.Contains(err.Error(), `service b: capability "NOT_A_CAP" is unknown`) {

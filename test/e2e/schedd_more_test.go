@@ -991,7 +991,7 @@ func TestSchedulerMore(t *testing.T) {
 		// effective set has NET_ADMIN (bit 12), which the default set
 		// lacks, and lacks CHOWN (bit 0), which the default set has.
 		c.mustCtl(1, "service", "create", "caps", "--image", img, "--cap-add", "net_admin", "--cap-drop", "CAP_CHOWN", "--stop-grace", "1s",
-			"--ulimit", "nofile=1024:2048", "--sysctl", "kernel.msgmax=65536", "--", "sleep", "1000000")
+			"--ulimit", "nofile=1024:2048", "--sysctl", "kernel.msgmax=65536", "--host", "db.internal:10.1.2.3", "--", "sleep", "1000000")
 		removeIfFailed(t, c.Cluster, 1, "caps")
 		cur := c.currentTasks("caps")
 		if len(cur) != 1 {
@@ -1009,9 +1009,10 @@ func TestSchedulerMore(t *testing.T) {
 		if v := capEff(cur[0].GetId()); v&(1<<12) == 0 || v&1 != 0 {
 			t.Errorf("caps's effective capabilities %#x: want NET_ADMIN (1<<12) and no CHOWN (1)", v)
 		}
-		// --ulimit and --sysctl too (msgmax is the task's IPC namespace's).
-		if out := c.mustCtl(3, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "ulimit -Sn; ulimit -Hn; cat /proc/sys/kernel/msgmax"); out != "1024\n2048\n65536\n" {
-			t.Errorf("caps's soft and hard nofile and msgmax: %q, want 1024, 2048, 65536", out)
+		// --ulimit, --sysctl (msgmax is the task's IPC namespace's) and
+		// --host too.
+		if out := c.mustCtl(3, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "ulimit -Sn; ulimit -Hn; cat /proc/sys/kernel/msgmax; tail -1 /etc/hosts"); out != "1024\n2048\n65536\n10.1.2.3\tdb.internal\n" {
+			t.Errorf("caps's soft and hard nofile, msgmax and last hosts line: %q, want 1024, 2048, 65536, 10.1.2.3 db.internal", out)
 		}
 		_, errOut, code := c.ctl(2, "service", "create", "badsysctl", "--image", img, "--sysctl", "vm.swappiness=1", "--", "true")
 		if code != 2 || !strings.Contains(errOut, "sysctl vm.swappiness is not one of a task's own namespaces") {
