@@ -22,6 +22,8 @@ require (
 	sigs.k8s.io/yaml v1.6.0
 )
 
+require golang.org/x/term v0.46.0
+
 require (
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/docker/go-connections v0.7.0 // indirect

@@ -6,11 +6,14 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/signal"
 	"sync"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -255,11 +258,15 @@ func (a *app) followService(ctx context.Context, c *client.Schedd, service strin
 }
 
 func (a *app) taskExec() *cobra.Command {
-	var interactive bool
+	var interactive, tty bool
 	cmd := &cobra.Command{
 		Use:   "exec ID -- CMD [ARGS...]",
 		Short: "Run a command in a task (from any node); exits with its status",
-		Args:  cobra.MinimumNArgs(2),
+		Long: `Runs a command in a running task, on whichever node runs it, and exits
+with its status. -i forwards stdin; -t gives the command a terminal (its
+output then comes as one stream), sized as this one and resized with it;
+-it runs an interactive shell: shoalctl task exec -it ID -- sh.`,
+		Args: cobra.MinimumNArgs(2),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := a.schedd()
 			if err != nil {
@@ -272,7 +279,21 @@ func (a *app) taskExec() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := stream.Send(&schedv1.ExecInput{Task: args[0], Args: args[1:], StdinClosed: !interactive}); err != nil {
+			var sendMu sync.Mutex // a gRPC stream takes one sender at a time
+			send := func(in *schedv1.ExecInput) error {
+				sendMu.Lock()
+				defer sendMu.Unlock()
+				return stream.Send(in)
+			}
+			first := &schedv1.ExecInput{Task: args[0], Args: args[1:], StdinClosed: !interactive, Tty: tty}
+			if tty {
+				restore, err := localTerminal(ctx, first, send, interactive)
+				if err != nil {
+					return err
+				}
+				defer restore()
+			}
+			if err := send(first); err != nil {
 				return err
 			}
 			if interactive {
@@ -281,12 +302,12 @@ func (a *app) taskExec() *cobra.Command {
 					for {
 						n, err := os.Stdin.Read(buf)
 						if n > 0 {
-							if stream.Send(&schedv1.ExecInput{Stdin: append([]byte(nil), buf[:n]...)}) != nil {
+							if send(&schedv1.ExecInput{Stdin: append([]byte(nil), buf[:n]...)}) != nil {
 								return
 							}
 						}
 						if err != nil {
-							stream.Send(&schedv1.ExecInput{StdinClosed: true})
+							send(&schedv1.ExecInput{StdinClosed: true})
 							return
 						}
 					}
@@ -309,7 +330,51 @@ func (a *app) taskExec() *cobra.Command {
 		},
 	}
 	cmd.Flags().BoolVarP(&interactive, "interactive", "i", false, "forward stdin to the command")
+	cmd.Flags().BoolVarP(&tty, "tty", "t", false, "give the command a terminal")
 	return cmd
+}
+
+// localTerminal prepares a -t exec when shoalctl's own stdin is a
+// terminal: it gives first its size and sends a resize whenever the
+// window changes (SIGWINCH) until ctx ends; with raw (-i too) it puts the
+// terminal in raw mode, so that keys reach the command as typed, Ctrl-C
+// included (as docker exec -it does). restore puts the terminal back.
+// Without a terminal on stdin (a pipe, a script) the command still gets
+// one, of the runtime's default size.
+func localTerminal(ctx context.Context, first *schedv1.ExecInput, send func(*schedv1.ExecInput) error, raw bool) (restore func(), err error) {
+	fd := int(os.Stdin.Fd())
+	if !term.IsTerminal(fd) {
+		return func() {}, nil
+	}
+	if w, h, err := term.GetSize(fd); err == nil {
+		first.Width, first.Height = uint32(w), uint32(h)
+	}
+	var state *term.State
+	if raw {
+		if state, err = term.MakeRaw(fd); err != nil {
+			return nil, fmt.Errorf("terminal: %w", err)
+		}
+	}
+	winch := make(chan os.Signal, 1)
+	signal.Notify(winch, syscall.SIGWINCH)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-winch:
+				if w, h, err := term.GetSize(fd); err == nil && send(&schedv1.ExecInput{Width: uint32(w), Height: uint32(h)}) != nil {
+					return
+				}
+			}
+		}
+	}()
+	return func() {
+		signal.Stop(winch)
+		if state != nil {
+			term.Restore(fd, state)
+		}
+	}, nil
 }
 
 // exitError makes shoalctl exit with a command's own status.

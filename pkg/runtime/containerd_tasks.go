@@ -598,7 +598,7 @@ func (r *Containerd) Wait(ctx context.Context, id string) (<-chan Exit, error) {
 }
 
 // Exec implements Runtime.
-func (r *Containerd) Exec(ctx context.Context, id string, args []string, stdin io.Reader, stdout, stderr io.Writer, tty bool) (int, error) {
+func (r *Containerd) Exec(ctx context.Context, id string, args []string, stdin io.Reader, stdout, stderr io.Writer, tty *Terminal) (int, error) {
 	if len(args) == 0 {
 		return -1, fmt.Errorf("exec in task %s: no command: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -625,8 +625,11 @@ func (r *Containerd) Exec(ctx context.Context, id string, args []string, stdin i
 	}
 	pspec := *spec.Process
 	pspec.Args = args
-	pspec.Terminal = tty
+	pspec.Terminal = tty != nil
 	pspec.ConsoleSize = nil
+	if tty != nil && tty.Width > 0 && tty.Height > 0 {
+		pspec.ConsoleSize = &specs.Box{Width: uint(tty.Width), Height: uint(tty.Height)}
+	}
 
 	// NB: the shim holds the stdin FIFO open for writing too, so the
 	// process sees EOF only after CloseIO. cio copies stdin before the
@@ -656,7 +659,7 @@ func (r *Containerd) Exec(ctx context.Context, id string, args []string, stdin i
 		stdout, stderr = &lockedWriter{mu: &mu, w: stdout}, &lockedWriter{mu: &mu, w: stderr}
 	}
 	opts := []cio.Opt{cio.WithStreams(stdin, stdout, stderr), cio.WithFIFODir(filepath.Join(r.cfg.StateDir, "fifo"))}
-	if tty {
+	if tty != nil {
 		opts = append(opts, cio.WithTerminal)
 	}
 	execID := "exec-" + randomHex(8)
@@ -683,6 +686,23 @@ func (r *Containerd) Exec(ctx context.Context, id string, args []string, stdin i
 	}
 	if err := p.Start(ctx); err != nil {
 		return -1, wrapf(err, "exec in task %s: start", id)
+	}
+	if tty != nil && tty.Resize != nil {
+		go func() {
+			for {
+				select {
+				case size, ok := <-tty.Resize:
+					if !ok {
+						return
+					}
+					if err := p.Resize(wctx, uint32(size.Width), uint32(size.Height)); err != nil {
+						r.log.Debug("resize exec terminal", "task", id, "err", err)
+					}
+				case <-wctx.Done():
+					return
+				}
+			}
+		}()
 	}
 	var es client.ExitStatus
 	select {

@@ -194,7 +194,7 @@ func testIsolation(t *testing.T, h harness) {
 	sh := func(id, script string) (string, int) {
 		t.Helper()
 		var out bytes.Buffer
-		code, err := rt.Exec(ctx, id, []string{"sh", "-c", script}, nil, &out, &out, false)
+		code, err := rt.Exec(ctx, id, []string{"sh", "-c", script}, nil, &out, &out, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -692,7 +692,7 @@ func (f *Fake) Wait(ctx context.Context, id string) (<-chan Exit, error) {
 }
 
 // Exec implements Runtime.
-func (f *Fake) Exec(ctx context.Context, id string, args []string, stdin io.Reader, stdout, stderr io.Writer, tty bool) (int, error) {
+func (f *Fake) Exec(ctx context.Context, id string, args []string, stdin io.Reader, stdout, stderr io.Writer, tty *Terminal) (int, error) {
 	if len(args) == 0 {
 		return -1, fmt.Errorf("exec in task %s: no command: %w", id, errdefs.ErrInvalidArgument)
 	}
@@ -713,7 +713,7 @@ func (f *Fake) Exec(ctx context.Context, id string, args []string, stdin io.Read
 	if status != StatusRunning {
 		return -1, fmt.Errorf("exec in task %s: task is %s: %w", id, status, errdefs.ErrFailedPrecondition)
 	}
-	if tty {
+	if tty != nil {
 		stderr = stdout
 	}
 	return run(spec, args, stdin, stdout, stderr), nil

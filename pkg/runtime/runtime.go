@@ -79,10 +79,10 @@ type Runtime interface {
 	Wait(ctx context.Context, id string) (<-chan Exit, error)
 	// Exec runs args in running task id and returns its exit code.
 	// stdin, stdout and stderr may be nil, and stdout and stderr the same
-	// writer; with tty, stderr is merged into stdout. The process gets EOF
+	// writer; with a tty (non-nil), stderr is merged into stdout. The process gets EOF
 	// on its stdin when stdin does. When ctx ends the process is killed.
 	// Exec in a task that is not running is FailedPrecondition.
-	Exec(ctx context.Context, id string, args []string, stdin io.Reader, stdout, stderr io.Writer, tty bool) (int, error)
+	Exec(ctx context.Context, id string, args []string, stdin io.Reader, stdout, stderr io.Writer, tty *Terminal) (int, error)
 
 	// Close releases the connection. Tasks keep running.
 	Close() error
@@ -115,6 +115,18 @@ type Mount struct {
 	Tmpfs     bool  `json:"tmpfs,omitempty"`
 	SizeBytes int64 `json:"size_bytes,omitempty"`
 }
+
+// Terminal asks Exec for a pseudo-terminal: Width and Height (in
+// characters; 0: the runtime's default) size it at the start, and each
+// size Resize sends later resizes it, until Resize closes or the process
+// exits.
+type Terminal struct {
+	Width, Height uint16
+	Resize        <-chan TerminalSize
+}
+
+// TerminalSize is a terminal's width and height in characters.
+type TerminalSize struct{ Width, Height uint16 }
 
 // TaskSpec describes a task for Run.
 type TaskSpec struct {

@@ -1,6 +1,7 @@
 package runtime_test
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -343,7 +344,11 @@ func testExec(t *testing.T, h harness) {
 	exec := func(stdin io.Reader, tty bool, args ...string) (string, string, int) {
 		t.Helper()
 		var out, errb bytes.Buffer
-		code, err := rt.Exec(ctx, "shell", args, stdin, &out, &errb, tty)
+		var term *runtime.Terminal
+		if tty {
+			term = &runtime.Terminal{}
+		}
+		code, err := rt.Exec(ctx, "shell", args, stdin, &out, &errb, term)
 		if err != nil {
 			t.Fatalf("exec %q: %v", args, err)
 		}
@@ -368,22 +373,23 @@ func testExec(t *testing.T, h harness) {
 		if out, errOut, _ := exec(nil, false, "sh", "-c", "echo out; echo err >&2"); out != "out\n" || errOut != "err\n" {
 			t.Errorf("stdout %q, stderr %q; want them apart", out, errOut)
 		}
+		testExecTerminal(t, rt)
 	}
-	if _, err := rt.Exec(ctx, "nothing", []string{"true"}, nil, nil, nil, false); !errdefs.IsNotFound(err) {
+	if _, err := rt.Exec(ctx, "nothing", []string{"true"}, nil, nil, nil, nil); !errdefs.IsNotFound(err) {
 		t.Errorf("exec in a missing task: %v, want NotFound", err)
 	}
 	// A cancelled exec is killed.
 	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	if h.real {
-		if _, err := rt.Exec(cctx, "shell", []string{"sleep", "1000"}, nil, nil, nil, false); !errors.Is(err, context.DeadlineExceeded) {
+		if _, err := rt.Exec(cctx, "shell", []string{"sleep", "1000"}, nil, nil, nil, nil); !errors.Is(err, context.DeadlineExceeded) {
 			t.Errorf("exec past its deadline: %v, want DeadlineExceeded", err)
 		}
 	}
 	if _, err := rt.Stop(ctx, "shell", 0); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := rt.Exec(ctx, "shell", []string{"true"}, nil, nil, nil, false); !errdefs.IsFailedPrecondition(err) {
+	if _, err := rt.Exec(ctx, "shell", []string{"true"}, nil, nil, nil, nil); !errdefs.IsFailedPrecondition(err) {
 		t.Errorf("exec in a stopped task: %v, want FailedPrecondition", err)
 	}
 }
@@ -679,5 +685,62 @@ func waitLog(t *testing.T, path, s string) {
 			t.Fatalf("log %s: no %q within 10s (it has %q)", path, s, data)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// testExecTerminal: a terminal has the size asked for at the start, and a
+// resize reaches it while the process runs.
+func testExecTerminal(t *testing.T, rt runtime.Runtime) {
+	ctx := context.Background()
+	var out bytes.Buffer
+	code, err := rt.Exec(ctx, "shell", []string{"busybox", "stty", "size"}, nil, &out, &out, &runtime.Terminal{Width: 100, Height: 30})
+	if err != nil || code != 0 || strings.TrimSpace(out.String()) != "30 100" {
+		t.Errorf("stty size on a 100x30 terminal: %q, exit %d, %v", out.String(), code, err)
+	}
+
+	// Each line in prints the size; q ends it.
+	resize := make(chan runtime.TerminalSize, 1)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		_, err := rt.Exec(ctx, "shell", []string{"sh", "-c", `while read x; do [ "$x" = q ] && exit 0; busybox stty size; done`}, inR, outW, outW,
+			&runtime.Terminal{Width: 80, Height: 24, Resize: resize})
+		outW.Close()
+		done <- err
+	}()
+	lines := make(chan string, 16)
+	go func() {
+		sc := bufio.NewScanner(outR)
+		for sc.Scan() {
+			lines <- strings.TrimSpace(sc.Text())
+		}
+		close(lines)
+	}()
+	size := func() string { // the next size line (the terminal echoes each x)
+		inW.Write([]byte("x\n"))
+		for l := range lines {
+			if l != "x" {
+				return l
+			}
+		}
+		return ""
+	}
+	if got := size(); got != "24 80" {
+		t.Errorf("first size %q, want 24 80", got)
+	}
+	resize <- runtime.TerminalSize{Width: 120, Height: 40}
+	got := ""
+	for range 200 { // the resize is applied apart from the input: ask again until it shows
+		if got = size(); got != "24 80" {
+			break
+		}
+	}
+	if got != "40 120" {
+		t.Errorf("size after a resize to 120x40: %q", got)
+	}
+	inW.Write([]byte("q\n"))
+	if err := <-done; err != nil {
+		t.Errorf("exec: %v", err)
 	}
 }

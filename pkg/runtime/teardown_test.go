@@ -137,7 +137,7 @@ func TestDevclusterContainerd(t *testing.T) {
 	}
 	for i := 1; i <= c.Nodes(); i++ {
 		var out bytes.Buffer
-		if _, err := rts[i].Exec(ctx, "web", []string{"ip", "-o", "-4", "addr"}, nil, &out, &out, false); err != nil {
+		if _, err := rts[i].Exec(ctx, "web", []string{"ip", "-o", "-4", "addr"}, nil, &out, &out, nil); err != nil {
 			t.Fatal(err)
 		}
 		if !strings.Contains(out.String(), c.Addr(i)+"/") {

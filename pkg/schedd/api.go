@@ -732,33 +732,23 @@ func (n *node) execWith(stream execStream, first *schedv1.ExecInput) error {
 		return fmt.Errorf("no command given: %w", errdefs.ErrInvalidArgument)
 	}
 	var stdin io.Reader
+	var pw *io.PipeWriter
 	if !first.GetStdinClosed() {
-		pr, pw := io.Pipe()
+		var pr *io.PipeReader
+		pr, pw = io.Pipe()
 		stdin = pr
-		go func() {
-			if len(first.GetStdin()) > 0 {
-				pw.Write(first.GetStdin())
-			}
-			for {
-				in, err := stream.Recv()
-				if err != nil {
-					pw.CloseWithError(err)
-					return
-				}
-				if len(in.GetStdin()) > 0 {
-					if _, err := pw.Write(in.GetStdin()); err != nil {
-						return
-					}
-				}
-				if in.GetStdinClosed() {
-					pw.Close()
-					return
-				}
-			}
-		}()
+	}
+	var tty *shoalrt.Terminal
+	var resize chan shoalrt.TerminalSize
+	if first.GetTty() {
+		resize = make(chan shoalrt.TerminalSize, 4)
+		tty = &shoalrt.Terminal{Width: clampSize(first.GetWidth()), Height: clampSize(first.GetHeight()), Resize: resize}
+	}
+	if pw != nil || resize != nil {
+		go execInput(stream, first, pw, resize)
 	}
 	out := &execWriter{send: stream.Send}
-	code, err := n.rt.Exec(stream.Context(), first.GetTask(), first.GetArgs(), stdin, out.stdout(), out.stderr(), first.GetTty())
+	code, err := n.rt.Exec(stream.Context(), first.GetTask(), first.GetArgs(), stdin, out.stdout(), out.stderr(), tty)
 	if err != nil {
 		return err
 	}
@@ -766,6 +756,52 @@ func (n *node) execWith(stream execStream, first *schedv1.ExecInput) error {
 	defer out.mu.Unlock()
 	return stream.Send(&schedv1.ExecOutput{Exited: true, ExitCode: int32(code)})
 }
+
+// execInput feeds what the client sends after its first message to an
+// exec: stdin bytes to pw (closed at stdin's end; nil: stdin closed from
+// the start) and terminal sizes to resize (nil: no terminal), until the
+// stream ends. A resize that finds resize full is dropped: a newer one
+// follows when the window changes again.
+func execInput(stream execStream, first *schedv1.ExecInput, pw *io.PipeWriter, resize chan<- shoalrt.TerminalSize) {
+	if resize != nil {
+		defer close(resize)
+	}
+	if pw != nil && len(first.GetStdin()) > 0 {
+		if _, err := pw.Write(first.GetStdin()); err != nil {
+			pw = nil
+		}
+	}
+	for {
+		in, err := stream.Recv()
+		if err != nil {
+			if pw != nil {
+				pw.CloseWithError(err)
+			}
+			return
+		}
+		if pw != nil && len(in.GetStdin()) > 0 {
+			if _, err := pw.Write(in.GetStdin()); err != nil {
+				pw = nil
+			}
+		}
+		if pw != nil && in.GetStdinClosed() {
+			pw.Close()
+			pw = nil
+		}
+		if resize != nil && in.GetWidth() > 0 && in.GetHeight() > 0 {
+			select {
+			case resize <- shoalrt.TerminalSize{Width: clampSize(in.GetWidth()), Height: clampSize(in.GetHeight())}:
+			default:
+			}
+		}
+		if pw == nil && resize == nil {
+			return
+		}
+	}
+}
+
+// clampSize fits a terminal dimension into the runtime's uint16.
+func clampSize(v uint32) uint16 { return uint16(min(v, 1<<16-1)) }
 
 // execWriter turns writes on stdout and stderr into stream messages; a
 // gRPC stream takes one sender at a time.

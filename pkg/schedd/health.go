@@ -18,7 +18,7 @@ import (
 // 127.0.0.1.
 func (n *node) checkHealth(ctx context.Context, id string, h sched.HealthCheck, overlay bool) bool {
 	if h.HTTP == "" && h.TCP == 0 {
-		code, err := n.rt.Exec(ctx, id, h.Cmd, nil, io.Discard, io.Discard, false)
+		code, err := n.rt.Exec(ctx, id, h.Cmd, nil, io.Discard, io.Discard, nil)
 		return err == nil && code == 0
 	}
 	addr := "127.0.0.1"

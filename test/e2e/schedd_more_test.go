@@ -1014,6 +1014,16 @@ func TestSchedulerMore(t *testing.T) {
 		if out := c.mustCtl(3, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "ulimit -Sn; ulimit -Hn; cat /proc/sys/kernel/msgmax; tail -1 /etc/hosts"); out != "1024\n2048\n65536\n10.1.2.3\tdb.internal\n" {
 			t.Errorf("caps's soft and hard nofile, msgmax and last hosts line: %q, want 1024, 2048, 65536, 10.1.2.3 db.internal", out)
 		}
+		// task exec -t gives the command a terminal, from every node (the
+		// task's own and relayed); without -t it has none.
+		for i := 1; i <= 3; i++ {
+			if out, _, _ := c.ctl(i, "task", "exec", "-t", cur[0].GetId(), "--", "busybox", "tty"); !strings.HasPrefix(out, "/dev/pts/") {
+				t.Errorf("task exec -t from node %d: tty says %q, want /dev/pts/N", i, out)
+			}
+		}
+		if out, _, code := c.ctl(2, "task", "exec", cur[0].GetId(), "--", "busybox", "tty"); code != 1 || !strings.Contains(out, "not a tty") {
+			t.Errorf("task exec without -t: tty says %q, exit %d; want not a tty, 1", out, code)
+		}
 		_, errOut, code := c.ctl(2, "service", "create", "badsysctl", "--image", img, "--sysctl", "vm.swappiness=1", "--", "true")
 		if code != 2 || !strings.Contains(errOut, "sysctl vm.swappiness is not one of a task's own namespaces") {
 			t.Errorf("create with a node-wide sysctl: exit %d, stderr %q", code, errOut)

@@ -981,11 +981,15 @@ func (x *LogChunk) GetTask() string {
 type ExecInput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The first message names the task and the command.
-	Task          string   `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
-	Args          []string `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
-	Tty           bool     `protobuf:"varint,3,opt,name=tty,proto3" json:"tty,omitempty"`
-	Stdin         []byte   `protobuf:"bytes,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
-	StdinClosed   bool     `protobuf:"varint,5,opt,name=stdin_closed,json=stdinClosed,proto3" json:"stdin_closed,omitempty"`
+	Task        string   `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	Args        []string `protobuf:"bytes,2,rep,name=args,proto3" json:"args,omitempty"`
+	Tty         bool     `protobuf:"varint,3,opt,name=tty,proto3" json:"tty,omitempty"`
+	Stdin       []byte   `protobuf:"bytes,4,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	StdinClosed bool     `protobuf:"varint,5,opt,name=stdin_closed,json=stdinClosed,proto3" json:"stdin_closed,omitempty"`
+	// width and height (in characters) size the terminal of a tty exec:
+	// set on the first message, its first size; on a later one, a resize.
+	Width         uint32 `protobuf:"varint,6,opt,name=width,proto3" json:"width,omitempty"`
+	Height        uint32 `protobuf:"varint,7,opt,name=height,proto3" json:"height,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1053,6 +1057,20 @@ func (x *ExecInput) GetStdinClosed() bool {
 		return x.StdinClosed
 	}
 	return false
+}
+
+func (x *ExecInput) GetWidth() uint32 {
+	if x != nil {
+		return x.Width
+	}
+	return 0
+}
+
+func (x *ExecInput) GetHeight() uint32 {
+	if x != nil {
+		return x.Height
+	}
+	return 0
 }
 
 type ExecOutput struct {
@@ -1843,13 +1861,15 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x04tail\x18\x03 \x01(\rR\x04tail\"2\n" +
 	"\bLogChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
-	"\x04task\x18\x02 \x01(\tR\x04task\"~\n" +
+	"\x04task\x18\x02 \x01(\tR\x04task\"\xac\x01\n" +
 	"\tExecInput\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
 	"\x03tty\x18\x03 \x01(\bR\x03tty\x12\x14\n" +
 	"\x05stdin\x18\x04 \x01(\fR\x05stdin\x12!\n" +
-	"\fstdin_closed\x18\x05 \x01(\bR\vstdinClosed\"q\n" +
+	"\fstdin_closed\x18\x05 \x01(\bR\vstdinClosed\x12\x14\n" +
+	"\x05width\x18\x06 \x01(\rR\x05width\x12\x16\n" +
+	"\x06height\x18\a \x01(\rR\x06height\"q\n" +
 	"\n" +
 	"ExecOutput\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
