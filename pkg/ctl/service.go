@@ -52,7 +52,7 @@ type specFlags struct {
 	mode                                                   string
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
-	envFiles, hosts                                        []string
+	envFiles, hosts, prefs                                 []string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -78,6 +78,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.envFiles, "env-file", nil, "read environment variables from a file: KEY=VALUE lines, # comments, a bare KEY taken from this shell (repeatable; --env entries come after)")
 	fs.StringArrayVar(&f.constraints, "constraint", nil, "placement constraint, e.g. node.labels.zone==eu (repeatable)")
 	fs.StringVar(&f.placement, "placement", "", "placement strategy: spread or binpack")
+	fs.StringArrayVar(&f.prefs, "placement-pref", nil, "spread the tasks evenly over a node label's values first: spread=node.labels.LABEL (repeatable, strongest first)")
 	fs.IntVar(&f.maxPerNode, "replicas-max-per-node", 0, "at most this many tasks on one node (0: no bound)")
 	fs.StringVar(&f.restart, "restart", "", "restart policy: always, on-failure or never")
 	fs.IntVar(&f.maxAttempts, "restart-max-attempts", 0, "restarts allowed per slot (0: unlimited)")
@@ -177,6 +178,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("constraint") {
 		spec.Constraints = f.constraints
+	}
+	if fs.Changed("placement-pref") {
+		spec.Preferences = f.prefs
 	}
 	if fs.Changed("placement") {
 		spec.Placement = sched.Strategy(f.placement)

@@ -123,6 +123,9 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"env file, then --env", []string{"--env", "C=3", "--env-file", envFile}, func(s sched.ServiceSpec) bool {
 			return strings.Join(s.Env, "|") == `A=1|B="quoted" as is|FROM_SHELL=yes|C=3`
 		}},
+		{"placement preferences", []string{"--placement-pref", "spread=node.labels.zone", "--placement-pref", "spread=node.labels.rack"}, func(s sched.ServiceSpec) bool {
+			return strings.Join(s.Preferences, " ") == "spread=node.labels.zone spread=node.labels.rack"
+		}},
 		{"extra hosts", []string{"--host", "db:10.0.0.5", "--host", "v6:fd00::5"}, func(s sched.ServiceSpec) bool {
 			return strings.Join(s.Hosts, " ") == "db:10.0.0.5 v6:fd00::5"
 		}},

@@ -26,6 +26,10 @@ type Request struct {
 	Tasks map[string]int
 	// MaxPerNode, if above 0, bounds the service's tasks on one node.
 	MaxPerNode int
+	// Spread are node label keys, strongest first: a node whose value of
+	// one (missing is a value too) has fewer of the service's tasks
+	// (Tasks) on all nodes sharing it ranks first, whatever its score.
+	Spread []string
 	// Near is, per node, the share of the task's volumes that the node
 	// holds a replica of (NearVolumes): a volume mounted there is served
 	// by its own replica, where elsewhere every operation is forwarded to
@@ -65,7 +69,16 @@ func NewRequest(spec ServiceSpec, slot string) (Request, error) {
 	if st == "" {
 		st = Spread
 	}
+	var spread []string
+	for _, p := range spec.Preferences {
+		label, err := ParsePreference(p)
+		if err != nil {
+			return Request{}, err
+		}
+		spread = append(spread, label)
+	}
 	return Request{
+		Spread:      spread,
 		Service:     spec.Name,
 		Slot:        slot,
 		Resources:   spec.Resources(),
@@ -291,13 +304,23 @@ func freeFraction(capacity, used Resources) float64 {
 // class, e.g. "3 nodes: 2 lack memory (need 512MiB, most free 256MiB),
 // 1 fails constraint node.labels.zone==eu".
 //
-// Equal scores are ordered by a rendezvous weight of (service/slot, node):
-// deterministic, yet different slots prefer different nodes.
+// req.Spread's label values with fewer of the service's tasks come first;
+// then the higher score; equal scores are ordered by a rendezvous weight
+// of (service/slot, node): deterministic, yet different slots prefer
+// different nodes.
 func Place(req Request, nodes []Node, usage Usage) (ranked []string, reason string) {
 	type cand struct {
-		id    string
-		score float64
-		tie   uint64
+		id     string
+		spread []int // the service's tasks on the nodes sharing each Spread label's value
+		score  float64
+		tie    uint64
+	}
+	groups := make([]map[string]int, len(req.Spread))
+	for i, key := range req.Spread {
+		groups[i] = map[string]int{}
+		for _, n := range nodes {
+			groups[i][n.Labels[key]] += req.Tasks[n.ID]
+		}
 	}
 	cands := make([]cand, 0, len(nodes))
 	var rejects []Reject
@@ -308,12 +331,19 @@ func Place(req Request, nodes []Node, usage Usage) (ranked []string, reason stri
 			rejects = append(rejects, r)
 			continue
 		}
-		cands = append(cands, cand{n.ID, Score(req, n, u), weight(h, n.ID)})
+		c := cand{id: n.ID, score: Score(req, n, u), tie: weight(h, n.ID)}
+		for i, key := range req.Spread {
+			c.spread = append(c.spread, groups[i][n.Labels[key]])
+		}
+		cands = append(cands, c)
 	}
 	if len(cands) == 0 {
 		return nil, SummarizeRejects(len(nodes), rejects)
 	}
 	slices.SortFunc(cands, func(a, b cand) int {
+		if c := slices.Compare(a.spread, b.spread); c != 0 {
+			return c
+		}
 		switch {
 		case a.score > b.score:
 			return -1

@@ -230,3 +230,34 @@ func TestUsageFromTasks(t *testing.T) {
 		t.Errorf("n2 uses %v", got)
 	}
 }
+
+// TestPlaceSpreadPreference: the zone with fewer of the service's tasks
+// comes first, whatever the nodes' scores; a node without the label is a
+// zone of its own; a second preference orders within the first's ties.
+func TestPlaceSpreadPreference(t *testing.T) {
+	nodes := []sched.Node{
+		node("a1", 1000, gib, "zone", "a", "rack", "1"), node("a2", 8000, 8*gib, "zone", "a", "rack", "2"),
+		node("b1", 1000, gib, "zone", "b", "rack", "1"), node("x1", 1000, gib),
+	}
+	req := request(t, sched.ServiceSpec{Name: "web", Image: "x", Preferences: []string{"spread=node.labels.zone", "spread=node.labels.rack"}})
+	if !slices.Equal(req.Spread, []string{"zone", "rack"}) {
+		t.Fatalf("Spread = %v", req.Spread)
+	}
+	// Zone a holds one task (on a1), zone b one, the unlabelled x1 none.
+	req.Tasks = map[string]int{"a1": 1, "b1": 1}
+	if ranked, _ := sched.Place(req, nodes, nil); ranked[0] != "x1" {
+		t.Fatalf("Place = %v, want x1 (the empty zone) first", ranked)
+	}
+	// x1 taken too: zones tie at one; rack 2 (a2) is the emptier rack.
+	req.Tasks["x1"] = 1
+	if ranked, _ := sched.Place(req, nodes, nil); ranked[0] != "a2" {
+		t.Fatalf("Place = %v, want a2 (rack 2 empty) first", ranked)
+	}
+	// Zone a full, b and the unlabelled empty: x1 (its rack empty too),
+	// then b1 (rack 1 holds a1's task), then zone a, though a2 scores
+	// higher than all.
+	req.Tasks = map[string]int{"a1": 1, "a2": 1}
+	if ranked, _ := sched.Place(req, nodes, nil); !slices.Equal(ranked[:2], []string{"x1", "b1"}) {
+		t.Fatalf("Place = %v, want x1, b1 first", ranked)
+	}
+}

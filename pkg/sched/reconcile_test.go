@@ -160,6 +160,27 @@ reserve web/2 task=new3 v1 as=task on=n1,n3,n2 fresh
 `,
 		},
 		{
+			// n3 alone in zone b takes half the tasks, as Swarm's
+			// --placement-pref spread=node.labels.zone does.
+			name: "spread over a label's values",
+			spec: func() sched.ServiceSpec {
+				s := webSpec(4)
+				s.Preferences = []string{"spread=node.labels.zone"}
+				return s
+			}(),
+			build: func(w *world) {
+				w.svc.Converged = 0
+				w.nodeRef("n1").Labels["zone"] = "a"
+				w.nodeRef("n2").Labels["zone"] = "a"
+				w.nodeRef("n3").Labels["zone"] = "b"
+			},
+			want: `reserve web/0 task=new1 v1 as=task on=n2,n3,n1 fresh
+reserve web/1 task=new2 v1 as=task on=n3,n1,n2 fresh
+reserve web/2 task=new3 v1 as=task on=n1,n3,n2 fresh
+reserve web/3 task=new4 v1 as=task on=n3,n2,n1 fresh
+`,
+		},
+		{
 			name:  "max per node: the slots beyond it stay unschedulable",
 			spec:  func() sched.ServiceSpec { s := webSpec(4); s.MaxPerNode = 1; return s }(),
 			build: func(w *world) { w.svc.Converged = 0 },

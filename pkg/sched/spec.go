@@ -91,6 +91,11 @@ type ServiceSpec struct {
 	Constraints []string `json:"constraints,omitempty"`
 	// Placement is the scoring strategy: spread (default) or binpack.
 	Placement Strategy `json:"placement,omitempty"`
+	// Preferences spread the tasks evenly over the values of node
+	// labels before the strategy picks among nodes, the first the
+	// strongest: "spread=node.labels.zone" (Swarm's --placement-pref).
+	// Nodes without the label are one more value.
+	Preferences []string `json:"placement_prefs,omitempty"`
 	// MaxPerNode, if above 0, bounds a replicated service's tasks on any
 	// one node (Swarm's --replicas-max-per-node): slots beyond what the
 	// eligible nodes can take stay unschedulable.
@@ -603,6 +608,11 @@ func (s ServiceSpec) Validate() error {
 			errs = append(errs, err)
 		}
 	}
+	for _, p := range d.Preferences {
+		if _, err := ParsePreference(p); err != nil {
+			errs = append(errs, err)
+		}
+	}
 	switch d.Placement {
 	case Spread, Binpack:
 	default:
@@ -762,6 +772,16 @@ func Capability(name string) (string, error) {
 		return "", fmt.Errorf("capability %q is unknown: see capabilities(7), e.g. NET_ADMIN, or ALL", name)
 	}
 	return c, nil
+}
+
+// ParsePreference returns the label a placement preference spreads over:
+// "zone" for "spread=node.labels.zone".
+func ParsePreference(p string) (string, error) {
+	label, ok := strings.CutPrefix(strings.TrimSpace(p), "spread=node.labels.")
+	if !ok || label == "" || strings.ContainsAny(label, " \t=") {
+		return "", fmt.Errorf("placement preference %q: want spread=node.labels.LABEL", p)
+	}
+	return label, nil
 }
 
 // ParseHost parses an extra /etc/hosts entry "HOST:IP" (the first colon

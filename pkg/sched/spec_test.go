@@ -45,6 +45,8 @@ func TestValidate(t *testing.T) {
 		{"limits and sysctls", func(s *sched.ServiceSpec) {
 			s.Ulimits, s.Sysctls = []string{"nofile=1024:2048", "core=-1"}, map[string]string{"net.ipv4.ip_unprivileged_port_start": "0", "kernel.msgmax": "65536", "fs.mqueue.msg_max": "20"}
 		}, ""},
+		{"placement preference", func(s *sched.ServiceSpec) { s.Preferences = []string{"spread=node.labels.zone"} }, ""},
+		{"bad placement preference", func(s *sched.ServiceSpec) { s.Preferences = []string{"spread=node.hostname"} }, `placement preference "spread=node.hostname": want spread=node.labels.LABEL`},
 		{"extra hosts", func(s *sched.ServiceSpec) { s.Hosts = []string{"db.internal:10.0.0.5", "v6:fd00::5", "b:[fd00::6]"} }, ""},
 		{"bad extra host", func(s *sched.ServiceSpec) { s.Hosts = []string{"gw:host-gateway"} }, `host "gw:host-gateway": want HOST:IP`},
 		{"bad ulimit", func(s *sched.ServiceSpec) { s.Ulimits = []string{"nofile=2048:1024"} }, `ulimit "nofile=2048:1024": ulimit soft limit must be less than or equal to hard limit`},

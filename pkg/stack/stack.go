@@ -401,8 +401,8 @@ func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ..
 		}
 	}
 	spec.Constraints = d.Placement.Constraints
-	if len(d.Placement.Preferences) > 0 {
-		warn("placement preferences are ignored (Shoal spreads by node, or binpacks)")
+	for _, p := range d.Placement.Preferences {
+		spec.Preferences = append(spec.Preferences, "spread="+p.Spread)
 	}
 	spec.MaxPerNode = int(min(d.Placement.MaxReplicas, math.MaxInt32))
 	if rp := d.RestartPolicy; rp != nil {

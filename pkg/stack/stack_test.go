@@ -49,7 +49,7 @@ services:
       replicas: 3
       labels: {tier: front}
       resources: {limits: {cpus: "0.5", memory: 64M}, reservations: {cpus: "0.25"}}
-      placement: {constraints: ["node.labels.zone==eu"], max_replicas_per_node: 2}
+      placement: {constraints: ["node.labels.zone==eu"], max_replicas_per_node: 2, preferences: [{spread: node.labels.rack}]}
       restart_policy: {condition: on-failure, delay: 2s, max_attempts: 4}
       update_config: {parallelism: 0, delay: 5s, order: start-first, failure_action: rollback, monitor: 10s}
   db:
@@ -87,7 +87,7 @@ configs:
 	want := sched.ServiceSpec{
 		Name: "app-web", Stack: "app", Image: "local/web:v2", Args: []string{"httpd", "-f", "-p", "80"},
 		Env: []string{"EMPTY=", "MODE=prod"}, Replicas: 3, CPUMillis: 500, MemoryBytes: 64 << 20,
-		Constraints: []string{"node.labels.zone==eu"}, MaxPerNode: 2, Labels: map[string]string{"tier": "front"},
+		Constraints: []string{"node.labels.zone==eu"}, Preferences: []string{"spread=node.labels.rack"}, MaxPerNode: 2, Labels: map[string]string{"tier": "front"},
 		Restart: sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: 4, Delay: sched.Duration(2e9)},
 		Health:  sched.HealthCheck{Cmd: []string{"sh", "-c", "wget -q -O- localhost"}, Interval: sched.Duration(5e9), Retries: 2},
 		Update: sched.UpdateConfig{Parallelism: 1<<31 - 1, Delay: sched.Duration(5e9), Order: sched.StartFirst,

@@ -277,6 +277,21 @@ type serviceJSON struct {
 	} `json:"spec"`
 }
 
+// waitLabel waits until every node's shoalctl shows node's label key
+// with value.
+func (c *moreCluster) waitLabel(t *testing.T, node, key, value string) {
+	t.Helper()
+	waitFor(t, 15*time.Second, fmt.Sprintf("label %s=%s of %s on every node", key, value, node), func() bool {
+		for i := 1; i <= 3; i++ {
+			var n struct{ Labels map[string]string }
+			if out, _, code := c.ctl(i, "node", "inspect", node, "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &n) != nil || n.Labels[key] != value {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 func (c *moreCluster) inspect(i int, name string) serviceJSON {
 	c.t.Helper()
 	out := c.mustCtl(i, "service", "inspect", name, "-o", "json")
@@ -460,15 +475,7 @@ func TestSchedulerMore(t *testing.T) {
 		// A constraint on a label set with `node label` narrows the nodes a
 		// global service runs on; every node's schedd must see the label.
 		c.mustCtl(3, "node", "label", "n1", "tier=edge")
-		waitFor(t, 15*time.Second, "label tier=edge of n1 on every node", func() bool {
-			for i := 1; i <= 3; i++ {
-				var n struct{ Labels map[string]string }
-				if out, _, code := c.ctl(i, "node", "inspect", "n1", "-o", "json"); code != 0 || json.Unmarshal([]byte(out), &n) != nil || n.Labels["tier"] != "edge" {
-					return false
-				}
-			}
-			return true
-		})
+		c.waitLabel(t, "n1", "tier", "edge")
 		c.mustCtl(2, "service", "create", "gone", "--image", img, "--global", "--constraint", "node.labels.tier==edge", "--stop-grace", "1s", "--", "sleep", "1000000")
 		removeIfFailed(t, c.Cluster, 2, "gone")
 		if got := c.perNode("gone", 1); got != [3]int{1, 0, 0} {
@@ -984,6 +991,30 @@ func TestSchedulerMore(t *testing.T) {
 			t.Errorf("inspect cron: last and next run %v, %v (%v)", view.LastRun, view.NextRun, err)
 		}
 		c.mustCtl(1, "service", "rm", "cron")
+	})
+
+	t.Run("PlacementPreference", func(t *testing.T) {
+		// Zones a (n1, n2) and b (n3): four replicas spread over the
+		// zones first put two on n3, where spreading over nodes puts one
+		// on each and the fourth anywhere.
+		for i, zone := range []string{"a", "a", "b"} {
+			c.mustCtl(1, "node", "label", fmt.Sprintf("n%d", i+1), "zone="+zone)
+		}
+		defer func() {
+			for i := 1; i <= 3; i++ {
+				c.ctl(1, "node", "label", fmt.Sprintf("n%d", i), "--rm", "zone")
+			}
+		}()
+		for i, zone := range []string{"a", "a", "b"} {
+			c.waitLabel(t, fmt.Sprintf("n%d", i+1), "zone", zone)
+		}
+		c.mustCtl(2, "service", "create", "zoned", "--image", img, "--replicas", "4", "--placement-pref", "spread=node.labels.zone",
+			"--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 2, "zoned")
+		if got := c.perNode("zoned", 4); got != [3]int{1, 1, 2} {
+			t.Errorf("zoned runs %v tasks per node, want 1/1/2 (two per zone)", got)
+		}
+		c.mustCtl(1, "service", "rm", "zoned")
 	})
 
 	t.Run("ProcessOptions", func(t *testing.T) {
