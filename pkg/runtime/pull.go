@@ -20,9 +20,13 @@ func (r *Containerd) Pull(ctx context.Context, ref string, opts PullOptions) (Im
 		return Image{}, err
 	}
 	ctx = r.WithNamespace(ctx)
-	hosts := docker.ConfigureDefaultRegistries(docker.WithPlainHTTP(func(host string) (bool, error) {
+	hostOpts := []docker.RegistryOpt{docker.WithPlainHTTP(func(host string) (bool, error) {
 		return plainHTTP(opts.PlainHTTP, host), nil
-	}))
+	})}
+	if opts.Auth != nil {
+		hostOpts = append(hostOpts, docker.WithAuthorizer(docker.NewDockerAuthorizer(docker.WithAuthCreds(opts.Auth))))
+	}
+	hosts := docker.ConfigureDefaultRegistries(hostOpts...)
 	img, err := r.client.Pull(ctx, name,
 		client.WithResolver(docker.NewResolver(docker.ResolverOptions{Hosts: hosts})),
 		client.WithPlatformMatcher(r.platform),

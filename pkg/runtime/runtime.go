@@ -258,4 +258,7 @@ type PullOptions struct {
 	// registry on a private network): hosts with or without a port, or
 	// CIDRs holding their addresses, as Docker's insecure-registries.
 	PlainHTTP []string
+	// Auth, if set, gives the user name and password (or token) for a
+	// registry host ("name[:port]") that asks for them; empty: none.
+	Auth func(host string) (user, secret string, err error)
 }

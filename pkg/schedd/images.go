@@ -200,7 +200,7 @@ func (n *node) ensureImage(ctx context.Context, ref string) error {
 	// from here rather than from the registry.
 	if _, perr := shoalrt.PullableRef(ref); perr == nil {
 		start := time.Now()
-		img, err := n.rt.Pull(ctx, ref, shoalrt.PullOptions{PlainHTTP: n.cfg.InsecureRegistries})
+		img, err := n.rt.Pull(ctx, ref, shoalrt.PullOptions{PlainHTTP: n.cfg.InsecureRegistries, Auth: shoalrt.DockerConfigAuth(n.cfg.RegistryAuth)})
 		if err == nil {
 			n.log.Info("image pulled from registry", "image", img.Name, "digest", img.Digest, "duration", time.Since(start).Round(time.Millisecond))
 			if err := n.publishImage(ctx, img); err != nil {

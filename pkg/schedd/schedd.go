@@ -52,6 +52,10 @@ type Config struct {
 	// InsecureRegistries are registries pulled from over plain http (a
 	// registry on a private network without TLS): host[:port] or a CIDR.
 	InsecureRegistries []string `toml:"insecure_registries"`
+	// RegistryAuth is a file of registry credentials in the format
+	// `docker login` writes (~/.docker/config.json's "auths"), read at
+	// each pull; missing: anonymous pulls.
+	RegistryAuth string `toml:"registry_auth"`
 	// CPUMillis and MemoryBytes are the capacity offered to tasks (default:
 	// the machine's CPUs and memory less a reserve for the system).
 	CPUMillis   int64 `toml:"cpu_millis"`
@@ -88,6 +92,7 @@ and runs the task on containerd. It serves the shoal.sched.v1 API on
 				Tick:           daemon.Duration(250 * time.Millisecond),
 				ReservationTTL: daemon.Duration(sched.DefaultTTL),
 				TaskNetwork:    "netd",
+				RegistryAuth:   "/etc/shoal/registry-auth.json",
 			}
 		},
 		Flags: func(fs *pflag.FlagSet, cfg any) {
@@ -97,6 +102,7 @@ and runs the task on containerd. It serves the shoal.sched.v1 API on
 			fs.StringVar(&c.RuncRoot, "runc-root", c.RuncRoot, "runc state directory (distinct per node when nodes share a machine)")
 			fs.StringVar(&c.CgroupParent, "cgroup-parent", c.CgroupParent, "cgroup parent of the containers (default /<namespace>)")
 			fs.Uint32Var(&c.PeerPort, "peer-port", c.PeerPort, "TCP port of the scheduler peer API")
+			fs.StringVar(&c.RegistryAuth, "registry-auth", c.RegistryAuth, "file of registry credentials in the format docker login writes (~/.docker/config.json), read at each pull")
 			fs.StringSliceVar(&c.InsecureRegistries, "insecure-registry", c.InsecureRegistries, "registry host[:port] or CIDR to pull images from over plain http (repeatable)")
 			fs.Int64Var(&c.CPUMillis, "cpu-millis", c.CPUMillis, "CPU offered to tasks in millicores (default: all CPUs)")
 			fs.Int64Var(&c.MemoryBytes, "memory-bytes", c.MemoryBytes, "memory offered to tasks in bytes (default: 90% of RAM)")

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"io/fs"
 	"log"
 	"maps"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -502,9 +504,19 @@ func TestSchedulerMore(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		var pulls atomic.Int32
+		// Once the image is pushed, it asks for a password, which the
+		// schedds find in their --registry-auth file.
+		var pulls, refused atomic.Int32
+		var requireAuth atomic.Bool
+		password := fmt.Sprintf("pw-%d", rand.Int64())
 		reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if user, pass, ok := r.BasicAuth(); requireAuth.Load() && (!ok || user != "puller" || pass != password) {
+				refused.Add(1)
+				w.Header().Set("WWW-Authenticate", `Basic realm="shoal-e2e"`)
+				http.Error(w, "unauthorized", http.StatusUnauthorized)
+				return
+			}
 			if r.Method == http.MethodGet || r.Method == http.MethodHead {
 				pulls.Add(1)
 			}
@@ -515,6 +527,11 @@ func TestSchedulerMore(t *testing.T) {
 		ref := lis.Addr().String() + "/shoal/busybox:reg"
 		pushTestImage(t, lis.Addr().String(), "shoal/busybox", "reg")
 		pulls.Store(0)
+		requireAuth.Store(true)
+		auth := base64.StdEncoding.EncodeToString([]byte("puller:" + password))
+		if err := os.WriteFile(c.registryAuth, []byte(`{"auths": {"`+lis.Addr().String()+`": {"auth": "`+auth+`"}}}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
 		t.Cleanup(func() { c.ctl(1, "service", "rm", "pulled") })
 		// Not loaded anywhere: the first node pulls it from the registry and
 		// the others from the registry or from that node.
@@ -523,8 +540,8 @@ func TestSchedulerMore(t *testing.T) {
 		if got := c.perNode("pulled", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("pulled image service runs %v per node, want 1/1/1", got)
 		}
-		if pulls.Load() == 0 {
-			t.Fatal("no node fetched anything from the registry")
+		if pulls.Load() == 0 || refused.Load() == 0 {
+			t.Fatalf("%d fetches from the registry with the password, %d refused without it: want both", pulls.Load(), refused.Load())
 		}
 		c.mustCtl(1, "service", "rm", "pulled")
 	})

@@ -29,11 +29,15 @@ type schedCluster struct {
 	t     *testing.T
 	ids   []string // node IDs, index 0 is node 1
 	image string   // path of the test image archive
+	// registryAuth is the schedds' --registry-auth file (absent until a
+	// test writes it).
+	registryAuth string
 }
 
 func newSchedCluster(t *testing.T) *schedCluster {
 	t.Helper()
 	name := fmt.Sprintf("s%d", rand.IntN(1_000_000))
+	registryAuth := filepath.Join(t.TempDir(), "registry-auth.json")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	c, err := devcluster.Up(ctx, devcluster.Spec{
@@ -45,13 +49,13 @@ func newSchedCluster(t *testing.T) *schedCluster {
 		Extra:   []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
 		Args: map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": append(devcluster.ScheddArgs(), "--task-network", "host",
 			// The registry of RegistryPull listens on the bridge, over http.
-			"--insecure-registry", "10.99.0.0/16")},
+			"--insecure-registry", "10.99.0.0/16", "--registry-auth", registryAuth)},
 		Bootstrap: true,
 	})
 	if err != nil {
 		t.Fatalf("dev cluster up: %v", err)
 	}
-	sc := &schedCluster{Cluster: c, t: t}
+	sc := &schedCluster{Cluster: c, t: t, registryAuth: registryAuth}
 	t.Cleanup(func() {
 		if t.Failed() || os.Getenv("SHOAL_E2E_LOGS") != "" {
 			for i := 1; i <= c.Nodes(); i++ {
