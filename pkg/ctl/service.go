@@ -60,6 +60,7 @@ type specFlags struct {
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts, maxPerNode    int
 	updateDelay, monitor, stopGrace                        time.Duration
+	restartDelay, restartMaxDelay                          time.Duration
 	force                                                  bool
 }
 
@@ -82,6 +83,8 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.IntVar(&f.maxPerNode, "replicas-max-per-node", 0, "at most this many tasks on one node (0: no bound)")
 	fs.StringVar(&f.restart, "restart", "", "restart policy: always, on-failure or never")
 	fs.IntVar(&f.maxAttempts, "restart-max-attempts", 0, "restarts allowed per slot (0: unlimited)")
+	fs.DurationVar(&f.restartDelay, "restart-delay", 0, "wait before the first restart, doubled at each next one (default 1s)")
+	fs.DurationVar(&f.restartMaxDelay, "restart-max-delay", 0, "longest wait between restarts (default 30s)")
 	fs.StringVar(&f.healthCmd, "health-cmd", "", "health check command, run with sh -c in the container")
 	fs.StringVar(&f.healthHTTP, "health-http", "", "health check: the node GETs PORT[/PATH] of the task; 200-399 is healthy")
 	fs.IntVar(&f.healthTCP, "health-tcp", 0, "health check: the node connects to PORT of the task")
@@ -196,6 +199,12 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("restart") {
 		spec.Restart.Policy = sched.RestartCondition(f.restart)
+	}
+	if fs.Changed("restart-delay") {
+		spec.Restart.Delay = sched.Duration(f.restartDelay)
+	}
+	if fs.Changed("restart-max-delay") {
+		spec.Restart.MaxDelay = sched.Duration(f.restartMaxDelay)
 	}
 	if fs.Changed("restart-max-attempts") {
 		spec.Restart.MaxAttempts = f.maxAttempts

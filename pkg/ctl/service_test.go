@@ -94,8 +94,8 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"placement", []string{"--placement", "binpack"}, func(s sched.ServiceSpec) bool { return s.Placement == sched.Binpack }},
 		{"max per node", []string{"--replicas-max-per-node", "2"}, func(s sched.ServiceSpec) bool { return s.MaxPerNode == 2 }},
 		{"stop signal", []string{"--stop-signal", "SIGQUIT"}, func(s sched.ServiceSpec) bool { return s.StopSignal == "SIGQUIT" }},
-		{"restart", []string{"--restart", "on-failure", "--restart-max-attempts", "3"}, func(s sched.ServiceSpec) bool {
-			return s.Restart.Policy == sched.RestartOnFailure && s.Restart.MaxAttempts == 3
+		{"restart", []string{"--restart", "on-failure", "--restart-max-attempts", "3", "--restart-delay", "2s", "--restart-max-delay", "1m"}, func(s sched.ServiceSpec) bool {
+			return s.Restart.Policy == sched.RestartOnFailure && s.Restart.MaxAttempts == 3 && s.Restart.Delay.D() == 2*time.Second && s.Restart.MaxDelay.D() == time.Minute
 		}},
 		{"labels", []string{"--label", "team=web", "--label", "tier=", "--label", "x=a=b"}, func(s sched.ServiceSpec) bool {
 			return len(s.Labels) == 3 && s.Labels["team"] == "web" && s.Labels["tier"] == "" && s.Labels["x"] == "a=b"
@@ -180,6 +180,8 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--health-cmd", "true", "--health-start-period", "soon"}, `invalid argument "soon" for "--health-start-period" flag`},
 		{[]string{"--env", "NOEQUALS"}, `--env "NOEQUALS": want KEY=VALUE`},
 		{[]string{"--env-file", "/nonexistent/app.env"}, "--env-file: open /nonexistent/app.env"},
+		{[]string{"--restart-delay", "-1s"}, "restart delays must not be negative"},
+		{[]string{"--restart-delay", "1m", "--restart-max-delay", "10s"}, "restart max delay 10s is shorter than the delay 1m0s"},
 		{[]string{"--sysctl", "net.core.somaxconn"}, `--sysctl "net.core.somaxconn": want KEY=VALUE`},
 		{[]string{"--sysctl", "vm.swappiness=1"}, "sysctl vm.swappiness is not one of a task's own namespaces"},
 		{[]string{"--cap-add", "FLY"}, `capability "FLY" is unknown`},
