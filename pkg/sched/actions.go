@@ -156,12 +156,13 @@ type SetServiceState struct {
 
 // ScheduledRun is a scheduled job's run: its scheduled time, the new
 // version of the service, which the run's tasks carry, and for a
-// replicated job its replica count (what a scale-up adds waits for the
-// next run).
+// replicated job its replica count, for a global one its nodes (what a
+// scale-up or a new node adds waits for the next run).
 type ScheduledRun struct {
 	At      time.Time
 	Version int64
 	Slots   int64
+	Nodes   []string
 }
 
 // Rollback is the service update a rollback writes: the previous spec
@@ -184,6 +185,9 @@ func (s SetServiceState) String() string {
 		out += fmt.Sprintf(" run %s as v%d", s.Run.At.UTC().Format(time.TimeOnly), s.Run.Version)
 		if s.Run.Slots > 0 {
 			out += fmt.Sprintf(" of %d slots", s.Run.Slots)
+		}
+		if len(s.Run.Nodes) > 0 {
+			out += " on " + strings.Join(s.Run.Nodes, ",")
 		}
 	}
 	if s.Reason != "" {

@@ -53,6 +53,7 @@ const (
 	fRun        = "run"
 	fRunVersion = "run_version"
 	fRunSlots   = "run_slots"
+	fRunNodes   = "run_nodes"
 )
 
 // ServiceFromDoc decodes a service document; nil (and no error) when the
@@ -82,6 +83,9 @@ func ServiceFromDoc(name string, d crdt.Doc) (*Service, error) {
 	s.Converged, _ = f[fConverged].AsInt()
 	s.RunVersion, _ = f[fRunVersion].AsInt()
 	s.RunSlots, _ = f[fRunSlots].AsInt()
+	if nodes, _ := f[fRunNodes].AsString(); nodes != "" {
+		s.RunNodes = strings.Split(nodes, ",")
+	}
 	s.Run = timeField(f, fRun)
 	if st, ok := f[fState].AsString(); ok && st != "" {
 		s.State = ServiceState(st)
@@ -109,6 +113,7 @@ func ServiceFields(s Service) map[string]crdt.Value {
 		f[fCreated] = timeValue(s.Updated)
 		f[fRunVersion] = crdt.Int(0)
 		f[fRunSlots] = crdt.Int(0)
+		f[fRunNodes] = crdt.String("")
 	}
 	return f
 }
@@ -138,6 +143,7 @@ func (a SetServiceState) Fields(now time.Time) map[string]crdt.Value {
 		f[fRun] = timeValue(run.At)
 		f[fRunVersion] = crdt.Int(run.Version)
 		f[fRunSlots] = crdt.Int(run.Slots)
+		f[fRunNodes] = crdt.String(strings.Join(run.Nodes, ","))
 		f[fVersion] = crdt.Int(run.Version)
 	}
 	if rb := a.Rollback; rb != nil {

@@ -2,6 +2,7 @@ package sched_test
 
 import (
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -31,14 +32,14 @@ func TestDocsRoundTrip(t *testing.T) {
 		t.Fatalf("after rollback: %+v", svc)
 	}
 	// A scheduled job's run, then a create of the same name over it.
-	run := sched.SetServiceState{Service: "web", State: sched.ServiceActive, Run: &sched.ScheduledRun{At: t0.Add(time.Minute), Version: 6, Slots: 3}}
+	run := sched.SetServiceState{Service: "web", State: sched.ServiceActive, Run: &sched.ScheduledRun{At: t0.Add(time.Minute), Version: 6, Slots: 3, Nodes: []string{"n1", "n2"}}}
 	runDoc := crdt.Merge(svcDoc, crdt.Set(run.Fields(t0.Add(2*time.Minute)), at(2*time.Minute, "n1")))
 	svc, _ = sched.ServiceFromDoc("web", runDoc)
-	if !svc.Run.Equal(t0.Add(time.Minute)) || svc.RunVersion != 6 || svc.RunSlots != 3 || svc.Version != 6 {
+	if !svc.Run.Equal(t0.Add(time.Minute)) || svc.RunVersion != 6 || svc.RunSlots != 3 || !slices.Equal(svc.RunNodes, []string{"n1", "n2"}) || svc.Version != 6 {
 		t.Fatalf("after a run: %+v", svc)
 	}
 	runDoc = crdt.Merge(runDoc, crdt.Set(sched.ServiceFields(sched.Service{Name: "web", Spec: spec, Version: 1, Updated: t0}), at(3*time.Minute, "cli")))
-	if svc, _ = sched.ServiceFromDoc("web", runDoc); svc.RunVersion != 0 || svc.RunSlots != 0 {
+	if svc, _ = sched.ServiceFromDoc("web", runDoc); svc.RunVersion != 0 || svc.RunSlots != 0 || svc.RunNodes != nil {
 		t.Fatalf("a create kept the old run: %+v", svc)
 	}
 	if s, err := sched.ServiceFromDoc("web", crdt.Merge(svcDoc, crdt.DeleteDoc(at(time.Hour, "cli")))); s != nil || err != nil {

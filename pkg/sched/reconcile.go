@@ -386,16 +386,30 @@ func (r *reconciler) desiredSlots() []desiredSlot {
 		return out
 	}
 	var out []desiredSlot
+	for _, id := range r.eligibleNodes() {
+		if r.spec.Schedule != "" && len(r.svc.RunNodes) > 0 && !slices.Contains(r.svc.RunNodes, id) {
+			continue // eligible since the run: from the next one
+		}
+		out = append(out, desiredSlot{name: id, pin: id})
+	}
+	return out
+}
+
+// eligibleNodes are the nodes a global service has a slot on, sorted:
+// not drained, its constraints hold, and not paused unless the slot still
+// names a task there (a paused node keeps its task and gets none).
+func (r *reconciler) eligibleNodes() []string {
+	var out []string
 	for _, n := range r.nodeList {
 		if n.Availability == Drain || !r.matches(&n) {
 			continue
 		}
 		if d := r.docs[n.ID]; n.Availability == Pause && (d == nil || d.Task == "") {
-			continue // a paused node keeps the task it runs, and gets none
+			continue
 		}
-		out = append(out, desiredSlot{name: n.ID, pin: n.ID})
+		out = append(out, n.ID)
 	}
-	slices.SortFunc(out, func(a, b desiredSlot) int { return strings.Compare(a.name, b.name) })
+	slices.Sort(out)
 	return out
 }
 
@@ -917,6 +931,8 @@ func (r *reconciler) runDue() bool {
 	run := &ScheduledRun{At: next, Version: v}
 	if !r.spec.Global {
 		run.Slots = int64(r.spec.Replicas)
+	} else {
+		run.Nodes = r.eligibleNodes()
 	}
 	r.emit(SetServiceState{Service: r.svc.Name, State: r.svc.State, Run: run,
 		Reason: fmt.Sprintf("scheduled run of %s (%s) as version %d", next.UTC().Format(time.RFC3339), r.spec.Schedule, v)})

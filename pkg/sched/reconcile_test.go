@@ -117,6 +117,17 @@ func ranTwoScaledToThree(w *world) {
 	w.update(func(s *sched.ServiceSpec) { s.Replicas = 3 })
 }
 
+// globalJobRanOnTwo makes the world's global service a job run every 10
+// s whose run (v1, ago before t0) completed on n1 and n2; n4 (zone eu)
+// has joined since.
+func globalJobRanOnTwo(w *world, ago time.Duration) {
+	w.svc.Spec.Job, w.svc.Spec.Schedule, w.svc.Spec.Restart.Policy = true, "@every 10s", sched.RestartOnFailure
+	w.finished("n1", "n1", sched.TaskExited, 0)
+	w.finished("n2", "n2", sched.TaskExited, 0)
+	w.svc.Version, w.svc.RunVersion, w.svc.RunNodes, w.svc.Run = 1, 1, []string{"n1", "n2"}, t0.Add(-ago)
+	w.nodes = append(w.nodes, node("n4", 1000, 2*gib, "zone", "eu"))
+}
+
 // running adds a running task of the current version named by its slot.
 func (w *world) running(slot, node string) {
 	id := "t" + slot
@@ -1088,6 +1099,18 @@ func TestReconcileGlobal(t *testing.T) {
 				w.nodeRef("n3").Availability = sched.Pause
 			},
 			want: ``,
+		},
+		{
+			// The global counterpart of a scale-up: n4 eligible since
+			// the run (n1, n2) runs at the next.
+			name:  "global scheduled job: a node that joins waits for the next run",
+			build: func(w *world) { globalJobRanOnTwo(w, 5*time.Second) },
+			want:  "requeue at 00:00:05.000 (next scheduled run)\n",
+		},
+		{
+			name:  "global scheduled job: the run records its nodes",
+			build: func(w *world) { globalJobRanOnTwo(w, 15*time.Second) },
+			want:  "service web state=active run 23:59:55 as v2 on n1,n2,n4: scheduled run of 2024-12-31T23:59:55Z (@every 10s) as version 2\n",
 		},
 		{
 			name: "a dead node keeps its slot and gets no replacement",

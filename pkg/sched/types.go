@@ -281,6 +281,10 @@ type Service struct {
 	// run (0: global, or written before the field existed): slots beyond
 	// it, added by a scale-up since, wait for the next run.
 	RunSlots int64
+	// RunNodes are the nodes a global scheduled job's last run ran on
+	// (empty: replicated, or written before the field existed): a node
+	// that became eligible since waits for the next run.
+	RunNodes []string
 	Updated  time.Time
 	// Created is the stamp of the create's write (zero for a service
 	// written before the field existed): the older of two services
