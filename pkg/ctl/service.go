@@ -179,35 +179,48 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		}
 		spec.Env = append(env, f.env...)
 	}
-	if fs.Changed("constraint") {
-		spec.Constraints = f.constraints
-	}
-	if fs.Changed("placement-pref") {
-		spec.Preferences = f.prefs
-	}
-	if fs.Changed("placement") {
-		spec.Placement = sched.Strategy(f.placement)
-	}
-	if fs.Changed("schedule") {
-		spec.Schedule = f.schedule
-	}
-	if fs.Changed("max-concurrent") {
-		spec.MaxConcurrent = f.maxConcurrent
-	}
-	if fs.Changed("replicas-max-per-node") {
-		spec.MaxPerNode = f.maxPerNode
-	}
-	if fs.Changed("restart") {
-		spec.Restart.Policy = sched.RestartCondition(f.restart)
-	}
-	if fs.Changed("restart-delay") {
-		spec.Restart.Delay = sched.Duration(f.restartDelay)
-	}
-	if fs.Changed("restart-max-delay") {
-		spec.Restart.MaxDelay = sched.Duration(f.restartMaxDelay)
-	}
-	if fs.Changed("restart-max-attempts") {
-		spec.Restart.MaxAttempts = f.maxAttempts
+	// Flags that set one field as given.
+	for _, fl := range []struct {
+		name  string
+		apply func()
+	}{
+		{"constraint", func() { spec.Constraints = f.constraints }},
+		{"placement-pref", func() { spec.Preferences = f.prefs }},
+		{"placement", func() { spec.Placement = sched.Strategy(f.placement) }},
+		{"schedule", func() { spec.Schedule = f.schedule }},
+		{"max-concurrent", func() { spec.MaxConcurrent = f.maxConcurrent }},
+		{"replicas-max-per-node", func() { spec.MaxPerNode = f.maxPerNode }},
+		{"restart", func() { spec.Restart.Policy = sched.RestartCondition(f.restart) }},
+		{"restart-delay", func() { spec.Restart.Delay = sched.Duration(f.restartDelay) }},
+		{"restart-max-delay", func() { spec.Restart.MaxDelay = sched.Duration(f.restartMaxDelay) }},
+		{"restart-max-attempts", func() { spec.Restart.MaxAttempts = f.maxAttempts }},
+		{"health-interval", func() { spec.Health.Interval = sched.Duration(f.healthInterval) }},
+		{"health-timeout", func() { spec.Health.Timeout = sched.Duration(f.healthTimeout) }},
+		{"health-retries", func() { spec.Health.Retries = f.healthRetries }},
+		{"health-start-period", func() { spec.Health.StartPeriod = sched.Duration(f.healthStart) }},
+		{"update-parallelism", func() { spec.Update.Parallelism = f.parallelism }},
+		{"update-delay", func() { spec.Update.Delay = sched.Duration(f.updateDelay) }},
+		{"update-order", func() { spec.Update.Order = sched.UpdateOrder(f.order) }},
+		{"update-failure-action", func() { spec.Update.FailureAction = sched.FailureAction(f.failure) }},
+		{"update-monitor", func() { spec.Update.Monitor = sched.Duration(f.monitor) }},
+		{"stop-grace", func() { spec.StopGrace = sched.Duration(f.stopGrace) }},
+		{"stop-signal", func() { spec.StopSignal = f.stopSignal }},
+		{"volume", func() { spec.Volumes = f.volumes }},
+		{"secret", func() { spec.Secrets = f.secrets }},
+		{"config", func() { spec.Configs = f.configs }},
+		{"tmpfs", func() { spec.Tmpfs = f.tmpfs }},
+		{"user", func() { spec.User = f.user }},
+		{"workdir", func() { spec.WorkDir = f.workdir }},
+		{"read-only", func() { spec.ReadOnly = f.readOnly }},
+		{"cap-add", func() { spec.CapAdd = f.capAdd }},
+		{"cap-drop", func() { spec.CapDrop = f.capDrop }},
+		{"host", func() { spec.Hosts = f.hosts }},
+		{"ulimit", func() { spec.Ulimits = f.ulimits }},
+		{"network", func() { spec.Network = f.network }},
+	} {
+		if fs.Changed(fl.name) {
+			fl.apply()
+		}
 	}
 	// One kind of check at a time: the one given replaces the others.
 	kinds := 0
@@ -231,39 +244,6 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	if fs.Changed("health-tcp") {
 		spec.Health.Cmd, spec.Health.HTTP, spec.Health.TCP = nil, "", f.healthTCP
 	}
-	if fs.Changed("health-interval") {
-		spec.Health.Interval = sched.Duration(f.healthInterval)
-	}
-	if fs.Changed("health-timeout") {
-		spec.Health.Timeout = sched.Duration(f.healthTimeout)
-	}
-	if fs.Changed("health-retries") {
-		spec.Health.Retries = f.healthRetries
-	}
-	if fs.Changed("health-start-period") {
-		spec.Health.StartPeriod = sched.Duration(f.healthStart)
-	}
-	if fs.Changed("update-parallelism") {
-		spec.Update.Parallelism = f.parallelism
-	}
-	if fs.Changed("update-delay") {
-		spec.Update.Delay = sched.Duration(f.updateDelay)
-	}
-	if fs.Changed("update-order") {
-		spec.Update.Order = sched.UpdateOrder(f.order)
-	}
-	if fs.Changed("update-failure-action") {
-		spec.Update.FailureAction = sched.FailureAction(f.failure)
-	}
-	if fs.Changed("update-monitor") {
-		spec.Update.Monitor = sched.Duration(f.monitor)
-	}
-	if fs.Changed("stop-grace") {
-		spec.StopGrace = sched.Duration(f.stopGrace)
-	}
-	if fs.Changed("stop-signal") {
-		spec.StopSignal = f.stopSignal
-	}
 	if fs.Changed("label") {
 		spec.Labels = map[string]string{}
 		for _, l := range f.labels {
@@ -284,45 +264,12 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 			spec.Ports = append(spec.Ports, port)
 		}
 	}
-	if fs.Changed("volume") {
-		spec.Volumes = f.volumes
-	}
-	if fs.Changed("secret") {
-		spec.Secrets = f.secrets
-	}
-	if fs.Changed("config") {
-		spec.Configs = f.configs
-	}
-	if fs.Changed("tmpfs") {
-		spec.Tmpfs = f.tmpfs
-	}
 	if fs.Changed("entrypoint") {
 		words, err := shellwords.Parse(f.entrypoint)
 		if err != nil {
 			return usageError{fmt.Errorf("--entrypoint %q: %w", f.entrypoint, err)}
 		}
 		spec.Entrypoint = words
-	}
-	if fs.Changed("user") {
-		spec.User = f.user
-	}
-	if fs.Changed("workdir") {
-		spec.WorkDir = f.workdir
-	}
-	if fs.Changed("read-only") {
-		spec.ReadOnly = f.readOnly
-	}
-	if fs.Changed("cap-add") {
-		spec.CapAdd = f.capAdd
-	}
-	if fs.Changed("cap-drop") {
-		spec.CapDrop = f.capDrop
-	}
-	if fs.Changed("host") {
-		spec.Hosts = f.hosts
-	}
-	if fs.Changed("ulimit") {
-		spec.Ulimits = f.ulimits
 	}
 	if fs.Changed("sysctl") {
 		spec.Sysctls = nil
@@ -336,9 +283,6 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 			}
 			spec.Sysctls[k] = v
 		}
-	}
-	if fs.Changed("network") {
-		spec.Network = f.network
 	}
 	if len(args) > 0 {
 		spec.Args = args
