@@ -128,6 +128,13 @@ func globalJobRanOnTwo(w *world, ago time.Duration) {
 	w.nodes = append(w.nodes, node("n4", 1000, 2*gib, "zone", "eu"))
 }
 
+// runningOnEach runs slots 0, 1 and 2 on n1, n2 and n3.
+func runningOnEach(w *world) {
+	w.running("0", "n1")
+	w.running("1", "n2")
+	w.running("2", "n3")
+}
+
 // running adds a running task of the current version named by its slot.
 func (w *world) running(slot, node string) {
 	id := "t" + slot
@@ -377,9 +384,7 @@ requeue at 00:00:09.000 (next scheduled run)
 			name: "rollout converged",
 			build: func(w *world) {
 				w.svc.Converged = 0
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 			},
 			want: "service web state=active converged=v1: every slot runs version 1\n",
 		},
@@ -396,9 +401,7 @@ requeue at 00:00:09.000 (next scheduled run)
 			name: "scale up adds slots on the emptiest nodes",
 			spec: webSpec(5),
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.running("3", "n1")
 			},
 			want: "reserve web/4 task=new1 v1 as=task on=n3,n2,n1 fresh\n",
@@ -415,9 +418,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "dead node: replace elsewhere, keep the restart count",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.tasks[1].Restarts = 2
 				w.nodeRef("n2").Alive = false
 			},
@@ -426,9 +427,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "dead node while views converge after a node came back: wait",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.nodeRef("n2").Alive = false
 				w.rejoined = t0.Add(-time.Second) // n3 or n1 was just seen alive again
 			},
@@ -460,9 +459,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "dead node, the last node came back long ago: replace at once",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.nodeRef("n2").Alive = false
 				w.rejoined = t0.Add(-sched.DefaultSettle)
 			},
@@ -471,9 +468,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "replaced as lost, claimed back after the heal: the older task keeps the slot",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
 				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute)).Lost = "t1"
 				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
@@ -486,9 +481,7 @@ requeue at 00:00:09.000 (next scheduled run)
 			// nothing of it (fresh) and whose newer write won after the heal.
 			name: "fresh write claimed back by the task the slot had named: the older task keeps the slot",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
 				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute)).Fresh = true
 				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
@@ -509,9 +502,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "fresh write claimed by a task from before the service was created again: the fresh write's task keeps it",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.svc.Created = stampAt(t0.Add(-2*time.Minute), "n1")
 				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
 				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute)).Fresh = true
@@ -522,9 +513,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "a claim against a write neither lost nor fresh: nothing to settle",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.task("x", "1", "n3", sched.TaskRunning, t0.Add(-time.Minute))
 				w.slot("1", "x", "n3", 1, t0.Add(-time.Minute))
 				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
@@ -534,9 +523,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "claimed back by an outdated task: the replacement keeps the slot, without lost",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.update(func(s *sched.ServiceSpec) { s.Image = "img:2" })
 				w.svc.Converged = 2
 				for i := range w.tasks {
@@ -564,9 +551,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "claimed back, its node still seen dead here: neither revert nor replace",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.slot("1", "t1", "n2", 1, t0.Add(-time.Second))
 				w.tasks[1].Claim, w.tasks[1].ClaimedAt = "x", t0.Add(-time.Second)
 				w.nodeRef("n2").Alive = false
@@ -672,9 +657,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "drained node: start the replacement first",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.nodeRef("n3").Availability = sched.Drain
 			},
 			want: "reserve web/2 task=new1 v1 as=next on=n1,n2\n",
@@ -684,9 +667,7 @@ requeue at 00:00:09.000 (next scheduled run)
 			name: "paused node: its task stays, a scale-up goes elsewhere",
 			spec: webSpec(4),
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.nodeRef("n3").Availability = sched.Pause
 			},
 			want: "reserve web/3 task=new1 v1 as=task on=n2,n1 fresh\n",
@@ -713,9 +694,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "replacement pending: wait",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.nodeRef("n3").Availability = sched.Drain
 				w.task("r2", "2", "n1", sched.TaskStarting, t0.Add(-time.Second))
 				w.slots[2].Next, w.slots[2].NextNode, w.slots[2].NextVersion = "r2", "n1", 1
@@ -725,9 +704,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "replacement running: it takes the slot",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.nodeRef("n3").Availability = sched.Drain
 				w.task("r2", "2", "n1", sched.TaskRunning, t0.Add(-time.Second))
 				w.slots[2].Next, w.slots[2].NextNode, w.slots[2].NextVersion = "r2", "n1", 1
@@ -737,9 +714,7 @@ requeue at 00:00:09.000 (next scheduled run)
 		{
 			name: "replacement failed: try again",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.nodeRef("n3").Availability = sched.Drain
 				w.task("r2", "2", "n1", sched.TaskFailed, t0.Add(-time.Second))
 				w.slots[2].Next, w.slots[2].NextNode, w.slots[2].NextVersion = "r2", "n1", 1
@@ -1036,9 +1011,7 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 		{
 			name: "a lost replacement next to a fine task: drop it",
 			build: func(w *world) {
-				w.running("0", "n1")
-				w.running("1", "n2")
-				w.running("2", "n3")
+				runningOnEach(w)
 				w.update(func(s *sched.ServiceSpec) {})
 				w.svc.Converged = w.svc.Version
 				w.taskOf(v1, 1, "r", "0", "n2", sched.TaskFailed, t0.Add(-time.Hour))
