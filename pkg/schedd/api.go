@@ -760,9 +760,9 @@ func (n *node) execWith(stream execStream, first *schedv1.ExecInput) error {
 // execInput feeds what the client sends after its first message to an
 // exec: stdin bytes to pw (closed at stdin's end; nil: stdin closed from
 // the start) and terminal sizes to resize (nil: no terminal), until the
-// stream ends. A resize that finds resize full is dropped: a newer one
-// follows when the window changes again.
-func execInput(stream execStream, first *schedv1.ExecInput, pw *io.PipeWriter, resize chan<- shoalrt.TerminalSize) {
+// stream ends. A resize that finds resize full replaces the oldest
+// waiting there, so the last size the client sent is the one that stays.
+func execInput(stream execStream, first *schedv1.ExecInput, pw *io.PipeWriter, resize chan shoalrt.TerminalSize) {
 	if resize != nil {
 		defer close(resize)
 	}
@@ -789,9 +789,18 @@ func execInput(stream execStream, first *schedv1.ExecInput, pw *io.PipeWriter, r
 			pw = nil
 		}
 		if resize != nil && in.GetWidth() > 0 && in.GetHeight() > 0 {
+			size := shoalrt.TerminalSize{Width: clampSize(in.GetWidth()), Height: clampSize(in.GetHeight())}
 			select {
-			case resize <- shoalrt.TerminalSize{Width: clampSize(in.GetWidth()), Height: clampSize(in.GetHeight())}:
-			default:
+			case resize <- size:
+			default: // full: the oldest size goes, the newest counts
+				select {
+				case <-resize:
+				default:
+				}
+				select {
+				case resize <- size:
+				default:
+				}
 			}
 		}
 		if pw == nil && resize == nil {
