@@ -7,7 +7,9 @@ UNITDIR ?= /etc/systemd/system
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/shoal-dev/shoal/pkg/buildinfo.Version=$(VERSION)
 DAEMONS := statd schedd netd vold
-BINS := $(addprefix bin/shoal-,$(DAEMONS)) bin/shoalctl
+# shoal-logger is no daemon: containerd's shim runs one beside each task
+# schedd starts, to write the task's log.
+BINS := $(addprefix bin/shoal-,$(DAEMONS)) bin/shoal-logger bin/shoalctl
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 STATICCHECK_VERSION := v0.8.2
@@ -26,7 +28,7 @@ DEBIAN_MIRROR ?= http://deb.debian.org/debian
 .PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image nspawn-root upgrade-check upgrade-check-ci
 
 help:
-	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold} and bin/shoalctl"
+	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold,logger} and bin/shoalctl"
 	@echo "make test    - everything CI runs: checks, unit/property tests, fuzzing, e2e, upgrade check"
 	@echo "make demo    - start a local Shoal and show state converging"
 	@echo "make bench   - run the benchmarks and write docs/BENCHMARKS.md"
@@ -99,7 +101,7 @@ unit:
 	$(GO) test -count=1 -timeout 15m ./pkg/... ./bench/... ./test/units/...
 
 # Each fuzz target runs briefly: go test allows one target per run.
-FUZZ_TARGETS := pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/store:FuzzDecodeIndexOp pkg/pki:FuzzParseToken pkg/overlay:FuzzIPAMUnmarshal \
+FUZZ_TARGETS := pkg/tasklog:FuzzParse pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/store:FuzzDecodeIndexOp pkg/pki:FuzzParseToken pkg/overlay:FuzzIPAMUnmarshal \
 	pkg/raftgroup:FuzzUnmarshalBatch pkg/raftgroup:FuzzDecodeEnvelope pkg/volfs:FuzzDecodeOp pkg/volfs:FuzzApply
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh $(FUZZ_TARGETS)

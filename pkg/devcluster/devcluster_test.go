@@ -60,8 +60,9 @@ func TestMain(m *testing.M) {
 
 func buildBinaries(dir string) error {
 	var wg sync.WaitGroup
-	errs := make([]error, 5)
-	for k, d := range []string{"statd", "schedd", "netd", "vold", "ctl"} {
+	daemons := []string{"statd", "schedd", "netd", "vold", "logger", "ctl"}
+	errs := make([]error, len(daemons))
+	for k, d := range daemons {
 		wg.Go(func() {
 			out := filepath.Join(dir, "shoal-"+d)
 			if d == "ctl" {

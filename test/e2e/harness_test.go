@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 			os.Exit(1)
 		}
 		cleanup = func() { os.RemoveAll(dir) }
-		for _, d := range []string{"statd", "schedd", "netd", "vold", "ctl"} {
+		for _, d := range []string{"statd", "schedd", "netd", "vold", "logger", "ctl"} {
 			out := filepath.Join(dir, "shoal-"+d)
 			if d == "ctl" {
 				out = filepath.Join(dir, "shoalctl")
