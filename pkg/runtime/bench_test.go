@@ -4,18 +4,27 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/runtime/runtimetest"
+	"github.com/shoal-dev/shoal/pkg/tasklog"
 )
 
 // BenchmarkContainerdRun measures Run (create the container and its task
 // and start it) of a long-running task against a real containerd, and
-// Remove separately. As root:
+// Remove separately, for a task whose output is discarded, appended by
+// the shim to a file, and written by shoal-logger (the shim starts it
+// and waits until it is ready, and stops it at Remove); it reports the
+// logger's resident memory. As root:
 //
-//	go test ./pkg/runtime -run '^$' -bench ContainerdRun -benchtime 30x
+//	go test ./pkg/runtime -run '^$' -bench ContainerdRun -benchtime 20x
 func BenchmarkContainerdRun(b *testing.B) {
 	d := runtimetest.Start(b)
 	rt := d.Runtime(b, nil)
@@ -24,20 +33,66 @@ func BenchmarkContainerdRun(b *testing.B) {
 	if _, err := rt.Import(ctx, bytes.NewReader(oci)); err != nil {
 		b.Fatal(err)
 	}
-	var run, remove time.Duration
-	for i := 0; b.Loop(); i++ {
-		id := fmt.Sprintf("bench-%d", i)
-		t0 := time.Now()
-		if err := rt.Run(ctx, runtime.TaskSpec{ID: id, Image: "local/busybox:latest", Args: sleepArgs}); err != nil {
-			b.Fatal(err)
-		}
-		t1 := time.Now()
-		if err := rt.Remove(ctx, id); err != nil {
-			b.Fatal(err)
-		}
-		run += t1.Sub(t0)
-		remove += time.Since(t1)
+	dir := b.TempDir()
+	logger := buildLogger(b, dir)
+	for _, mode := range []string{"discarded", "file", "logger"} {
+		b.Run(mode, func(b *testing.B) {
+			var run, remove time.Duration
+			var rssKiB, rssN int64
+			for i := 0; b.Loop(); i++ {
+				id := fmt.Sprintf("bench-%s-%d", mode, i)
+				spec := runtime.TaskSpec{ID: id, Image: "local/busybox:latest", Args: []string{"sh", "-c", "echo started; exec sleep 1000000"}}
+				switch mode {
+				case "file":
+					spec.LogPath = filepath.Join(dir, id+".log")
+				case "logger":
+					spec.LogPath, spec.LogBinary = filepath.Join(dir, id+".log"), logger
+					spec.LogArgs = tasklog.LoggerArgs(spec.LogPath, tasklog.DefaultLimits)
+				}
+				t0 := time.Now()
+				if err := rt.Run(ctx, spec); err != nil {
+					b.Fatal(err)
+				}
+				t1 := time.Now()
+				if mode == "logger" {
+					if kib := loggerRSS(spec.LogPath); kib > 0 {
+						rssKiB += kib
+						rssN++
+					}
+				}
+				t2 := time.Now()
+				if err := rt.Remove(ctx, id); err != nil {
+					b.Fatal(err)
+				}
+				run += t1.Sub(t0)
+				remove += time.Since(t2)
+			}
+			b.ReportMetric(float64(run.Microseconds())/1000/float64(b.N), "run-ms/op")
+			b.ReportMetric(float64(remove.Microseconds())/1000/float64(b.N), "remove-ms/op")
+			if rssN > 0 {
+				b.ReportMetric(float64(rssKiB)/float64(rssN), "logger-rss-KiB")
+			}
+		})
 	}
-	b.ReportMetric(float64(run.Microseconds())/1000/float64(b.N), "run-ms/op")
-	b.ReportMetric(float64(remove.Microseconds())/1000/float64(b.N), "remove-ms/op")
+}
+
+// loggerRSS is the VmRSS in KiB of the logger writing path, 0 if not
+// found.
+func loggerRSS(path string) int64 {
+	out, err := exec.Command("pgrep", "-f", "--", path).Output()
+	if err != nil {
+		return 0
+	}
+	pid := strings.Fields(string(out))[0]
+	status, err := os.ReadFile("/proc/" + pid + "/status")
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(status), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kib, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			return kib
+		}
+	}
+	return 0
 }

@@ -134,7 +134,10 @@ func (r *Containerd) Run(ctx context.Context, spec TaskSpec) (retErr error) {
 	t1 := time.Now()
 
 	ioc := cio.NullIO
-	if spec.LogPath != "" {
+	switch {
+	case spec.LogBinary != "":
+		ioc = cio.BinaryIO(spec.LogBinary, spec.LogArgs)
+	case spec.LogPath != "":
 		ioc = cio.LogFile(spec.LogPath)
 	}
 	task, err := c.NewTask(ctx, ioc)
@@ -336,6 +339,9 @@ func validateSpec(spec TaskSpec) error {
 	}
 	if spec.LogPath != "" && !filepath.IsAbs(spec.LogPath) {
 		return bad("log path %q is not absolute", spec.LogPath)
+	}
+	if spec.LogBinary != "" && !filepath.IsAbs(spec.LogBinary) {
+		return bad("log binary %q is not absolute", spec.LogBinary)
 	}
 	if spec.NetNSPath != "" && !filepath.IsAbs(spec.NetNSPath) {
 		return bad("netns path %q is not absolute", spec.NetNSPath)

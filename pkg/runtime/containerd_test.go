@@ -13,11 +13,13 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/errdefs"
 
 	"github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/runtime/runtimetest"
+	"github.com/shoal-dev/shoal/pkg/tasklog"
 )
 
 // TestContainerd runs the suite against real containerds (as root).
@@ -69,6 +71,7 @@ func TestContainerd(t *testing.T) {
 	t.Run("Limits", func(t *testing.T) { testLimits(t, h) })
 	t.Run("Isolation", func(t *testing.T) { testIsolation(t, h) })
 	t.Run("Process", func(t *testing.T) { testProcess(t, h) })
+	t.Run("BinaryLog", func(t *testing.T) { testBinaryLog(t, h) })
 	runSuite(t, h)
 }
 
@@ -114,6 +117,59 @@ func testProcess(t *testing.T, h harness) {
 	if err := rt.Run(ctx, runtime.TaskSpec{ID: "process-bad", Image: "local/busybox:latest", WorkDir: "tmp"}); !errdefs.IsInvalidArgument(err) {
 		t.Errorf("a relative working directory: %v, want invalid argument", err)
 	}
+}
+
+// testBinaryLog runs a task whose output goes through shoal-logger, as
+// schedd's do: the shim starts the logger, which stamps each line with
+// its stream, and the logger ends with the task.
+func testBinaryLog(t *testing.T, h harness) {
+	ctx := context.Background()
+	rt := h.node(t, "a")
+	importOCI(t, rt)
+	dir := t.TempDir()
+	logger := buildLogger(t, dir)
+	spec := runtime.TaskSpec{ID: "binary-log", Image: "local/busybox:latest",
+		Args:      []string{"sh", "-c", "echo out; echo err >&2; echo -n end"},
+		LogPath:   filepath.Join(dir, "binary-log.log"),
+		LogBinary: logger,
+	}
+	spec.LogArgs = tasklog.LoggerArgs(spec.LogPath, tasklog.DefaultLimits)
+	start := time.Now()
+	if err := rt.Run(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	waitExit(t, rt, spec.ID)
+	removeTask(t, rt, spec.ID)
+	// Remove closes the task's I/O: the shim stops the logger, which
+	// first writes what the pipes still held.
+	var got []string
+	err := tasklog.Read(ctx, spec.LogPath, tasklog.ReadOptions{}, func(r tasklog.Record) error {
+		if r.Time.Before(start.Add(-time.Second)) || r.Time.After(time.Now()) {
+			t.Errorf("record %+v stamped outside the task's run", r)
+		}
+		got = append(got, fmt.Sprintf("%s:%s:%v", r.Stream, r.Content, r.Partial))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.Sort(got)
+	if want := []string{"stderr:err:false", "stdout:end:true", "stdout:out:false"}; !slices.Equal(got, want) {
+		t.Fatalf("records %q, want %q", got, want)
+	}
+	if out, err := exec.Command("pgrep", "-f", logger).Output(); err == nil {
+		t.Fatalf("the logger still runs after the task's removal: %s", out)
+	}
+}
+
+// buildLogger builds shoal-logger into dir and returns its path.
+func buildLogger(tb testing.TB, dir string) string {
+	tb.Helper()
+	logger := filepath.Join(dir, "shoal-logger")
+	if out, err := exec.Command("go", "build", "-o", logger, "github.com/shoal-dev/shoal/cmd/logger").CombinedOutput(); err != nil {
+		tb.Fatalf("build shoal-logger: %v\n%s", err, out)
+	}
+	return logger
 }
 
 // testLimits checks that CPU and memory limits reach the task's cgroup

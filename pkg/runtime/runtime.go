@@ -182,6 +182,13 @@ type TaskSpec struct {
 	// appended by the runtime (containerd's shim), so logging goes on
 	// while schedd restarts. Empty: output is discarded.
 	LogPath string `json:"log_path,omitempty"`
+	// LogBinary, an absolute path, is a program containerd's shim starts
+	// for the task to take its output instead (containerd's binary
+	// logging: stdout and stderr on its descriptors 3 and 4), with
+	// LogArgs, each key and its value, as arguments. It runs as long as
+	// the task, apart from schedd. LogPath is then only recorded.
+	LogBinary string            `json:"log_binary,omitempty"`
+	LogArgs   map[string]string `json:"log_args,omitempty"`
 	// NetNSPath is the network namespace to join (e.g.
 	// /var/run/netns/NAME); empty: the node's network namespace (that of
 	// the runtime's daemon).
