@@ -22,8 +22,9 @@ import (
 // create, so tests see what the flags turned into.
 type fakeSchedd struct {
 	schedv1.UnimplementedSchedulerServer
-	mu    sync.Mutex
-	specs []sched.ServiceSpec
+	mu          sync.Mutex
+	specs       []sched.ServiceSpec
+	logRequests []*schedv1.TaskLogsRequest
 }
 
 func (f *fakeSchedd) CreateService(_ context.Context, req *schedv1.CreateServiceRequest) (*schedv1.Service, error) {

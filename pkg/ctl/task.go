@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/signal"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"golang.org/x/term"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
@@ -86,90 +86,53 @@ func (a *app) taskInspect() *cobra.Command {
 	return cmd
 }
 
-// streamLogs copies one task's log to w until the stream ends.
-func streamLogs(ctx context.Context, c *client.Schedd, task string, follow bool, tail uint32, w io.Writer) error {
-	stream, err := c.TaskLogs(ctx, &schedv1.TaskLogsRequest{Task: task, Follow: follow, Tail: tail})
-	if err != nil {
-		return err
-	}
-	for {
-		chunk, err := stream.Recv()
-		if errors.Is(err, io.EOF) {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if _, err := w.Write(chunk.GetData()); err != nil {
-			return err
-		}
-	}
-}
-
 func (a *app) taskLogs() *cobra.Command {
-	var follow bool
-	var tail uint32
+	var opts logOptions
 	cmd := &cobra.Command{
 		Use:   "logs ID",
-		Short: "Print a task's log (from any node)",
+		Short: "Print a task's log (from any node): its output on stdout, its errors on stderr",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := opts.request(args[0], time.Now())
+			if err != nil {
+				return usageError{err}
+			}
 			c, err := a.schedd()
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			return streamLogs(cmd.Context(), c, args[0], follow, tail, a.out)
+			return streamLogs(cmd.Context(), c, req, a.out, a.errOut)
 		},
 	}
-	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output")
-	cmd.Flags().Uint32Var(&tail, "tail", 0, "only the last N lines (0: all)")
+	opts.register(cmd.Flags(), "keep printing new output", "only the last N lines (0: all)")
 	return cmd
 }
 
-// prefixWriter prefixes every line with a task's name; the lock keeps
-// lines of concurrent tasks whole.
-type prefixWriter struct {
-	mu     *sync.Mutex
-	w      io.Writer
-	prefix string
-	bol    bool
-}
-
-func (p *prefixWriter) Write(b []byte) (int, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range b {
-		if p.bol {
-			io.WriteString(p.w, p.prefix)
-		}
-		p.w.Write([]byte{c})
-		p.bol = c == '\n'
-	}
-	return len(b), nil
-}
-
 func (a *app) serviceLogs() *cobra.Command {
-	var follow bool
-	var tail uint32
+	var opts logOptions
 	cmd := &cobra.Command{
 		Use:   "logs NAME",
 		Short: "Print the logs of a service's tasks, each line prefixed with its task",
 		Long: `Print the logs of a service's current tasks, each line prefixed with
-service.slot@node. With -f, keep printing, including the output of tasks
-that replace them (restarts elsewhere, updates, scaling), until interrupted.`,
+service.slot@node: their output on stdout, their errors on stderr. With -f,
+keep printing, including the output of tasks that replace them (restarts
+elsewhere, updates, scaling), until interrupted.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			req, err := opts.request("", time.Now())
+			if err != nil {
+				return usageError{err}
+			}
 			c, err := a.schedd()
 			if err != nil {
 				return err
 			}
 			defer c.Close()
-			return a.followService(cmd.Context(), c, args[0], follow, tail)
+			return a.followService(cmd.Context(), c, args[0], req)
 		},
 	}
-	cmd.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new output, of new tasks too")
-	cmd.Flags().Uint32Var(&tail, "tail", 0, "only the last N lines of each task (0: all)")
+	opts.register(cmd.Flags(), "keep printing new output, of new tasks too", "only the last N lines of each task (0: all)")
 	return cmd
 }
 
@@ -199,11 +162,12 @@ func awaitService(ctx context.Context, c *client.Schedd, service string) error {
 	}
 }
 
-// followService streams the logs of a service's current tasks to a.out.
-// With follow it keeps looking for tasks that start later and streams
-// theirs as well, until ctx ends; each task's stream ends by itself once
-// the task has finished.
-func (a *app) followService(ctx context.Context, c *client.Schedd, service string, follow bool, tail uint32) error {
+// followService streams the logs of a service's current tasks to a.out
+// and a.errOut, asking each as req does. With req.Follow it keeps looking
+// for tasks that start later and streams theirs as well, until ctx ends;
+// each task's stream ends by itself once the task has finished.
+func (a *app) followService(ctx context.Context, c *client.Schedd, service string, req *schedv1.TaskLogsRequest) error {
+	follow := req.GetFollow()
 	// An empty listing would not tell a typo from a service without
 	// tasks.
 	if err := awaitService(ctx, c, service); err != nil {
@@ -230,8 +194,12 @@ func (a *app) followService(ctx context.Context, c *client.Schedd, service strin
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					w := &prefixWriter{mu: &mu, w: a.out, prefix: fmt.Sprintf("%s.%s@%s | ", t.GetService(), t.GetSlot(), t.GetNode()), bol: true}
-					if err := streamLogs(ctx, c, t.GetId(), follow, tail, w); err != nil && ctx.Err() == nil {
+					prefix := fmt.Sprintf("%s.%s@%s | ", t.GetService(), t.GetSlot(), t.GetNode())
+					stdout := &prefixWriter{mu: &mu, w: a.out, prefix: prefix, bol: true}
+					stderr := &prefixWriter{mu: &mu, w: a.errOut, prefix: prefix, bol: true}
+					treq := proto.Clone(req).(*schedv1.TaskLogsRequest)
+					treq.Task = t.GetId()
+					if err := streamLogs(ctx, c, treq, stdout, stderr); err != nil && ctx.Err() == nil {
 						err = fmt.Errorf("task %s: %w", t.GetId(), err)
 						mu.Lock()
 						if follow {

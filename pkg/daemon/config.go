@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"time"
 
+	units "github.com/docker/go-units"
 	"github.com/pelletier/go-toml/v2"
 	"github.com/spf13/pflag"
 )
@@ -154,3 +155,40 @@ func (d Duration) String() string { return time.Duration(d).String() }
 
 // Type implements pflag.Value.
 func (d Duration) Type() string { return "duration" }
+
+// Size is a number of bytes written as "10MiB", "512k" or "1048576" in
+// TOML files and flags (binary units, as Docker's --log-opt max-size).
+type Size int64
+
+// UnmarshalText implements encoding.TextUnmarshaler (TOML).
+func (s *Size) UnmarshalText(b []byte) error { return s.Set(string(b)) }
+
+// MarshalText implements encoding.TextMarshaler.
+func (s Size) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// Set implements pflag.Value.
+func (s *Size) Set(v string) error {
+	n, err := units.RAMInBytes(v)
+	if err != nil || n < 0 {
+		return fmt.Errorf("size %q: want e.g. 10MiB, 512k, 1048576", v)
+	}
+	*s = Size(n)
+	return nil
+}
+
+// String implements pflag.Value: exact, in the largest binary unit that
+// divides it.
+func (s Size) String() string {
+	for _, u := range []struct {
+		suffix string
+		n      Size
+	}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if s != 0 && s%u.n == 0 {
+			return fmt.Sprintf("%d%s", s/u.n, u.suffix)
+		}
+	}
+	return fmt.Sprintf("%d", int64(s))
+}
+
+// Type implements pflag.Value.
+func (s Size) Type() string { return "size" }

@@ -15,6 +15,7 @@ import (
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
+	"github.com/shoal-dev/shoal/pkg/tasklog"
 	netv1 "github.com/shoal-dev/shoal/proto/shoal/net/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
@@ -65,7 +66,17 @@ func replaceFile(path string, data []byte) error {
 	return os.Rename(tmp, path)
 }
 
-func (n *node) logPath(id string) string { return filepath.Join(n.cfg.StateDir, "logs", id+".log") }
+// rawLogPath is the log of a task whose output the shim appends as
+// printed (no shoal-logger, or a task started before it);
+// recordLogPath that of one whose output shoal-logger writes as records
+// (tasklog). A task has one or the other.
+func (n *node) rawLogPath(id string) string {
+	return filepath.Join(n.cfg.StateDir, "logs", id+".log")
+}
+
+func (n *node) recordLogPath(id string) string {
+	return filepath.Join(n.cfg.StateDir, "logs", id+".records.log")
+}
 
 // acceptReserve is the target side of a Reserve: decide atomically against
 // the ledger, and on accept write the task document and remember the task.
@@ -205,7 +216,10 @@ func (n *node) execAgent(ctx context.Context, a sched.AgentAction) {
 		n.unmountSecrets(a.TaskID)
 		n.statd.Delete(ctx, &statev1.DeleteRequest{Key: sched.TaskKey(a.TaskID)})
 		os.Remove(n.recordPath(a.TaskID))
-		os.Remove(n.logPath(a.TaskID))
+		os.Remove(n.rawLogPath(a.TaskID))
+		if err := tasklog.Remove(n.recordLogPath(a.TaskID)); err != nil {
+			n.log.Warn("remove task log", "task", a.TaskID, "err", err)
+		}
 	}
 }
 
@@ -356,8 +370,12 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 		Labels:      map[string]string{labelTask: t.ID, labelService: t.Service, labelSlot: t.Slot},
 		CPUMillis:   spec.CPUMillis,
 		MemoryBytes: spec.MemoryBytes,
-		LogPath:     n.logPath(t.ID),
+		LogPath:     n.rawLogPath(t.ID),
 		Hostname:    strings.ReplaceAll(t.Service+"-"+t.Slot, ".", "-"),
+	}
+	if n.logger != "" {
+		ts.LogPath, ts.LogBinary = n.recordLogPath(t.ID), n.logger
+		ts.LogArgs = tasklog.LoggerArgs(ts.LogPath, n.logLimits)
 	}
 	for _, e := range spec.Tmpfs {
 		if m, err := sched.ParseTmpfs(e); err == nil { // validated on create

@@ -20,6 +20,7 @@ import (
 
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/tasklog"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
@@ -550,24 +551,96 @@ func (s *api) TaskLogs(req *schedv1.TaskLogsRequest, stream schedv1.Scheduler_Ta
 	}
 }
 
-// localLogs sends a local task's log file, following it if asked.
+// localLogs sends a local task's log, following it if asked: a log of
+// records (shoal-logger's) as req asks, a raw one (the shim's, of a task
+// started without shoal-logger) as it is.
 func (n *node) localLogs(ctx context.Context, req *schedv1.TaskLogsRequest, send func(*schedv1.LogChunk) error) error {
-	f, err := os.Open(n.logPath(req.GetTask()))
-	if os.IsNotExist(err) {
-		if _, ok := n.localTask(req.GetTask()); !ok {
-			return fmt.Errorf("task %s does not run on this node: %w", req.GetTask(), errdefs.ErrNotFound)
+	id := req.GetTask()
+	records, raw := n.recordLogPath(id), n.rawLogPath(id)
+	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
+	for !exists(records) && !exists(raw) {
+		if _, ok := n.localTask(id); !ok {
+			return fmt.Errorf("task %s does not run on this node: %w", id, errdefs.ErrNotFound)
 		}
-		if !req.GetFollow() {
+		if !req.GetFollow() || n.taskFinished(id) {
+			return nil // it has printed nothing, or never started and will not
+		}
+		select {
+		case <-ctx.Done():
 			return nil
-		}
-		for os.IsNotExist(err) && ctx.Err() == nil {
-			if n.taskFinished(req.GetTask()) {
-				return nil // it never started, and will not
-			}
-			time.Sleep(200 * time.Millisecond)
-			f, err = os.Open(n.logPath(req.GetTask()))
+		case <-time.After(200 * time.Millisecond):
 		}
 	}
+	if exists(records) {
+		return n.sendRecords(ctx, records, req, send)
+	}
+	if req.GetSince() != nil || req.GetUntil() != nil {
+		return nil // a raw log has no times: no line is known to be in the window
+	}
+	return n.sendRaw(ctx, raw, req, send)
+}
+
+// logChunkMax is about the most a LogChunk carries.
+const logChunkMax = 32 << 10
+
+// sendRecords sends the log of records at path, the lines of a stream
+// gathered into chunks.
+func (n *node) sendRecords(ctx context.Context, path string, req *schedv1.TaskLogsRequest, send func(*schedv1.LogChunk) error) error {
+	id := req.GetTask()
+	var (
+		buf    []byte
+		stderr bool
+		// midLine: the stream's last record was a line's first part.
+		midLine = map[bool]bool{}
+	)
+	flush := func() error {
+		if len(buf) == 0 {
+			return nil
+		}
+		err := send(&schedv1.LogChunk{Data: buf, Task: id, Stderr: stderr})
+		buf = nil
+		return err
+	}
+	opt := tasklog.ReadOptions{
+		Tail:     int(req.GetTail()),
+		Follow:   req.GetFollow(),
+		Finished: func() bool { return n.taskFinished(id) },
+		AtEnd:    flush,
+	}
+	if ts := req.GetSince(); ts != nil {
+		opt.Since = ts.AsTime()
+	}
+	if ts := req.GetUntil(); ts != nil {
+		opt.Until = ts.AsTime()
+	}
+	err := tasklog.Read(ctx, path, opt, func(r tasklog.Record) error {
+		isErr := r.Stream == tasklog.Stderr
+		if isErr != stderr || len(buf) >= logChunkMax {
+			if err := flush(); err != nil {
+				return err
+			}
+			stderr = isErr
+		}
+		if req.GetTimestamps() && !midLine[isErr] && !r.Time.IsZero() {
+			buf = r.Time.UTC().AppendFormat(buf, tasklog.TimeLayout)
+			buf = append(buf, ' ')
+		}
+		buf = append(buf, r.Content...)
+		if !r.Partial {
+			buf = append(buf, '\n')
+		}
+		midLine[isErr] = r.Partial
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	return flush()
+}
+
+// sendRaw sends the raw log at path.
+func (n *node) sendRaw(ctx context.Context, path string, req *schedv1.TaskLogsRequest, send func(*schedv1.LogChunk) error) error {
+	f, err := os.Open(path)
 	if err != nil {
 		return err
 	}

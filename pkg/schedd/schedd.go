@@ -33,6 +33,7 @@ import (
 	"github.com/shoal-dev/shoal/pkg/peerauth"
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/tasklog"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
@@ -64,9 +65,46 @@ type Config struct {
 	Tick daemon.Duration `toml:"tick"`
 	// ReservationTTL is how long a reservation waits for its slot.
 	ReservationTTL daemon.Duration `toml:"reservation_ttl"`
+	// Logger is shoal-logger, which containerd's shim starts beside each
+	// task to write its output to the task's log, each line stamped with
+	// its time and stream, rotated at LogMaxSize with LogMaxFiles files
+	// kept (the current one included). Default: shoal-logger beside this
+	// binary; "none", or none there: the shim appends the output to the
+	// log as it comes (no times, no rotation), as schedds before it did.
+	Logger      string      `toml:"logger"`
+	LogMaxSize  daemon.Size `toml:"log_max_size"`
+	LogMaxFiles int         `toml:"log_max_files"`
 	// TaskNetwork is netd (a namespace per task from shoal-netd) or host
 	// (every task in the node's namespace, for nodes without netd).
 	TaskNetwork string `toml:"task_network"`
+}
+
+// taskLogger resolves Config.Logger: the binary's absolute path, or ""
+// for raw logs.
+func (c *Config) taskLogger() (string, error) {
+	switch c.Logger {
+	case "none":
+		return "", nil
+	case "":
+		exe, err := os.Executable()
+		if err != nil {
+			return "", nil
+		}
+		p := filepath.Join(filepath.Dir(exe), "shoal-logger")
+		if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+			return "", nil
+		}
+		return p, nil
+	}
+	if !filepath.IsAbs(c.Logger) {
+		return "", fmt.Errorf("logger %q: want an absolute path, or none", c.Logger)
+	}
+	if st, err := os.Stat(c.Logger); err != nil {
+		return "", fmt.Errorf("logger: %w", err)
+	} else if st.IsDir() || st.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("logger %s is not an executable file", c.Logger)
+	}
+	return c.Logger, nil
 }
 
 // DefaultPeerPort is the scheduler peer API's default port.
@@ -93,6 +131,8 @@ and runs the task on containerd. It serves the shoal.sched.v1 API on
 				ReservationTTL: daemon.Duration(sched.DefaultTTL),
 				TaskNetwork:    "netd",
 				RegistryAuth:   "/etc/shoal/registry-auth.json",
+				LogMaxSize:     daemon.Size(tasklog.DefaultLimits.MaxSize),
+				LogMaxFiles:    tasklog.DefaultLimits.MaxFiles,
 			}
 		},
 		Flags: func(fs *pflag.FlagSet, cfg any) {
@@ -108,6 +148,9 @@ and runs the task on containerd. It serves the shoal.sched.v1 API on
 			fs.Int64Var(&c.MemoryBytes, "memory-bytes", c.MemoryBytes, "memory offered to tasks in bytes (default: 90% of RAM)")
 			fs.Var(&c.Tick, "tick", "reconcile interval")
 			fs.Var(&c.ReservationTTL, "reservation-ttl", "how long a reservation waits for its slot document")
+			fs.StringVar(&c.Logger, "logger", c.Logger, "shoal-logger binary for task logs (default: beside shoal-schedd; none: raw logs)")
+			fs.Var(&c.LogMaxSize, "log-max-size", "rotate a task's log at this size")
+			fs.IntVar(&c.LogMaxFiles, "log-max-files", c.LogMaxFiles, "files of a task's log kept, the current one included")
 			fs.StringVar(&c.TaskNetwork, "task-network", c.TaskNetwork, "netd: a network namespace per task from shoal-netd; host: tasks share the node's")
 		},
 		Start: start,
@@ -161,6 +204,11 @@ type node struct {
 	observed map[string]sched.Observation         // node -> free capacity a Reserve answer reported
 	unsched  map[string]map[string]string         // service -> slot -> reason
 
+	// logger is the shoal-logger binary that writes task logs ("": the
+	// shim appends them raw), logLimits its rotation.
+	logger    string
+	logLimits tasklog.Limits
+
 	// Agent side (guarded by amu).
 	amu   sync.Mutex
 	local map[string]*localTask
@@ -188,6 +236,19 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		cr.Close()
 		return nil, fmt.Errorf("task_network %q: want netd or host", cfg.TaskNetwork)
 	}
+	logLimits := tasklog.Limits{MaxSize: int64(cfg.LogMaxSize), MaxFiles: cfg.LogMaxFiles}
+	if err := logLimits.Check(); err != nil {
+		cr.Close()
+		return nil, err
+	}
+	logger, err := cfg.taskLogger()
+	if err != nil {
+		cr.Close()
+		return nil, err
+	}
+	if logger == "" {
+		rt.Log.Warn("no shoal-logger: task logs are kept as printed, without times or rotation", "logger", cfg.Logger)
+	}
 	st, err := client.NewStatd(cfg.RunDir, client.Retry{})
 	if err != nil {
 		cr.Close()
@@ -213,6 +274,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 		observed: map[string]sched.Observation{},
 		unsched:  map[string]map[string]string{},
 		local:    map[string]*localTask{},
+		logger:   logger, logLimits: logLimits,
 	}
 	n.releases = &volumeReleases{vold: n.vold, log: rt.Log.With("component", "volumes"), path: filepath.Join(cfg.StateDir, "volume-releases.json")}
 	if err := n.releases.load(); err != nil {

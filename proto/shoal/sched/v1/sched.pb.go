@@ -870,7 +870,16 @@ type TaskLogsRequest struct {
 	Task   string                 `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
 	Follow bool                   `protobuf:"varint,2,opt,name=follow,proto3" json:"follow,omitempty"`
 	// tail: last lines only (0: all).
-	Tail          uint32 `protobuf:"varint,3,opt,name=tail,proto3" json:"tail,omitempty"`
+	Tail uint32 `protobuf:"varint,3,opt,name=tail,proto3" json:"tail,omitempty"`
+	// since and until, when set, keep the lines the task printed at or
+	// after since and not after until (a follow ends past until). A task
+	// whose log has no times (one started by a schedd without shoal-logger)
+	// has no lines between them.
+	Since *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=since,proto3" json:"since,omitempty"`
+	Until *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=until,proto3" json:"until,omitempty"`
+	// timestamps starts every line with the time it was printed (RFC 3339
+	// with nanoseconds, then a space).
+	Timestamps    bool `protobuf:"varint,6,opt,name=timestamps,proto3" json:"timestamps,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -926,10 +935,34 @@ func (x *TaskLogsRequest) GetTail() uint32 {
 	return 0
 }
 
+func (x *TaskLogsRequest) GetSince() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Since
+	}
+	return nil
+}
+
+func (x *TaskLogsRequest) GetUntil() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Until
+	}
+	return nil
+}
+
+func (x *TaskLogsRequest) GetTimestamps() bool {
+	if x != nil {
+		return x.Timestamps
+	}
+	return false
+}
+
 type LogChunk struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
-	Task          string                 `protobuf:"bytes,2,opt,name=task,proto3" json:"task,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Data  []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Task  string                 `protobuf:"bytes,2,opt,name=task,proto3" json:"task,omitempty"`
+	// stderr: data is of the task's standard error, else of its standard
+	// output (a chunk holds one stream's).
+	Stderr        bool `protobuf:"varint,3,opt,name=stderr,proto3" json:"stderr,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -976,6 +1009,13 @@ func (x *LogChunk) GetTask() string {
 		return x.Task
 	}
 	return ""
+}
+
+func (x *LogChunk) GetStderr() bool {
+	if x != nil {
+		return x.Stderr
+	}
+	return false
 }
 
 type ExecInput struct {
@@ -1854,14 +1894,20 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x11ListTasksResponse\x12*\n" +
 	"\x05tasks\x18\x01 \x03(\v2\x14.shoal.sched.v1.TaskR\x05tasks\" \n" +
 	"\x0eGetTaskRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"Q\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xd5\x01\n" +
 	"\x0fTaskLogsRequest\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x16\n" +
 	"\x06follow\x18\x02 \x01(\bR\x06follow\x12\x12\n" +
-	"\x04tail\x18\x03 \x01(\rR\x04tail\"2\n" +
+	"\x04tail\x18\x03 \x01(\rR\x04tail\x120\n" +
+	"\x05since\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\x05since\x120\n" +
+	"\x05until\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x05until\x12\x1e\n" +
+	"\n" +
+	"timestamps\x18\x06 \x01(\bR\n" +
+	"timestamps\"J\n" +
 	"\bLogChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
-	"\x04task\x18\x02 \x01(\tR\x04task\"\xac\x01\n" +
+	"\x04task\x18\x02 \x01(\tR\x04task\x12\x16\n" +
+	"\x06stderr\x18\x03 \x01(\bR\x06stderr\"\xac\x01\n" +
 	"\tExecInput\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -1990,52 +2036,54 @@ var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
 	30, // 5: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
 	30, // 6: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
 	9,  // 7: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
-	18, // 8: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
-	18, // 9: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	31, // 10: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 11: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
-	2,  // 12: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	2,  // 13: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	3,  // 14: shoal.sched.v1.Scheduler.CheckDeploy:input_type -> shoal.sched.v1.CheckDeployRequest
-	4,  // 15: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
-	5,  // 16: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
-	7,  // 17: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
-	4,  // 18: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
-	4,  // 19: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
-	10, // 20: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
-	12, // 21: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
-	13, // 22: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
-	15, // 23: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
-	17, // 24: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
-	20, // 25: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
-	22, // 26: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
-	24, // 27: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
-	28, // 28: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	26, // 29: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
-	0,  // 30: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 31: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 32: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 33: shoal.sched.v1.Scheduler.CheckDeploy:output_type -> shoal.sched.v1.Service
-	0,  // 34: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	6,  // 35: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 36: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 37: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	8,  // 38: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	11, // 39: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	9,  // 40: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	14, // 41: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	16, // 42: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	19, // 43: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	21, // 44: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	23, // 45: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
-	25, // 46: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
-	29, // 47: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	27, // 48: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
-	30, // [30:49] is the sub-list for method output_type
-	11, // [11:30] is the sub-list for method input_type
-	11, // [11:11] is the sub-list for extension type_name
-	11, // [11:11] is the sub-list for extension extendee
-	0,  // [0:11] is the sub-list for field type_name
+	30, // 8: shoal.sched.v1.TaskLogsRequest.since:type_name -> google.protobuf.Timestamp
+	30, // 9: shoal.sched.v1.TaskLogsRequest.until:type_name -> google.protobuf.Timestamp
+	18, // 10: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
+	18, // 11: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
+	31, // 12: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 13: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
+	2,  // 14: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	2,  // 15: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	3,  // 16: shoal.sched.v1.Scheduler.CheckDeploy:input_type -> shoal.sched.v1.CheckDeployRequest
+	4,  // 17: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
+	5,  // 18: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
+	7,  // 19: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
+	4,  // 20: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
+	4,  // 21: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
+	10, // 22: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
+	12, // 23: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
+	13, // 24: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
+	15, // 25: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
+	17, // 26: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
+	20, // 27: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
+	22, // 28: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
+	24, // 29: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
+	28, // 30: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	26, // 31: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
+	0,  // 32: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 33: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 34: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 35: shoal.sched.v1.Scheduler.CheckDeploy:output_type -> shoal.sched.v1.Service
+	0,  // 36: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	6,  // 37: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 38: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 39: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	8,  // 40: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	11, // 41: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	9,  // 42: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	14, // 43: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	16, // 44: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	19, // 45: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	21, // 46: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	23, // 47: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
+	25, // 48: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
+	29, // 49: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	27, // 50: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
+	32, // [32:51] is the sub-list for method output_type
+	13, // [13:32] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_shoal_sched_v1_sched_proto_init() }
