@@ -1321,6 +1321,87 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "lf")
 	})
 
+	t.Run("LogsTimesAndRotation", func(t *testing.T) {
+		// The task's lines go through shoal-logger: stamped, by stream, in
+		// a log rotated at 64 KiB with two files kept (newSchedCluster).
+		c.mustCtl(1, "service", "create", "lt", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--",
+			"sh", "-c", "echo first; echo oops >&2; sleep 1; echo second; while [ ! -e /tmp/fill ]; do sleep 0.1; done; "+
+				"i=0; while [ $i -lt 4000 ]; do echo fill-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done; echo last; exec sleep 1000000")
+		removeIfFailed(t, c.Cluster, 1, "lt")
+		cur := c.currentTasks("lt")
+		if len(cur) != 1 {
+			t.Fatalf("%d current tasks, want 1", len(cur))
+		}
+		id, home := cur[0].GetId(), c.nodeIndex(cur[0].GetNode())
+		other := home%3 + 1 // relayed through another node's schedd
+		waitFor(t, 15*time.Second, "second in the task's log", func() bool {
+			return strings.Contains(c.mustCtl(other, "task", "logs", id), "second")
+		})
+		out, errOut, code := c.ctl(other, "task", "logs", id)
+		if code != 0 || out != "first\nsecond\n" || errOut != "oops\n" {
+			t.Fatalf("task logs: exit %d, stdout %q, stderr %q; want the output on stdout and the error on stderr", code, out, errOut)
+		}
+		out, errOut, _ = c.ctl(other, "task", "logs", "--timestamps", id)
+		stamped := regexp.MustCompile(`^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{9}Z) (\S+)$`)
+		stamps := map[string]string{}
+		for _, line := range strings.Split(strings.TrimSpace(out)+"\n"+strings.TrimSpace(errOut), "\n") {
+			m := stamped.FindStringSubmatch(line)
+			if m == nil {
+				t.Fatalf("task logs --timestamps line %q is not a time and the line", line)
+			}
+			stamps[m[2]] = m[1]
+		}
+		if len(stamps) != 3 || !(stamps["first"] < stamps["second"]) {
+			t.Fatalf("stamps %v: want first, oops and second, second after first", stamps)
+		}
+		// --since the second line's time: only it; --until the first's:
+		// only it on stdout.
+		if out, errOut, _ := c.ctl(other, "task", "logs", "--since", stamps["second"], id); out != "second\n" || errOut != "" {
+			t.Errorf("--since %s: stdout %q, stderr %q; want only second", stamps["second"], out, errOut)
+		}
+		if out, _, _ := c.ctl(other, "task", "logs", "--until", stamps["first"], id); out != "first\n" {
+			t.Errorf("--until %s: stdout %q, want only first", stamps["first"], out)
+		}
+		out = c.mustCtl(home, "service", "logs", "--timestamps", "--since", stamps["second"], "lt")
+		if want := fmt.Sprintf("lt.0@%s | %s second\n", cur[0].GetNode(), stamps["second"]); out != want {
+			t.Errorf("service logs --timestamps --since: %q, want %q", out, want)
+		}
+
+		// 4,000 lines of about 100 bytes a record: the log is rotated
+		// six times and keeps its newest two files.
+		c.mustCtl(other, "task", "exec", id, "--", "touch", "/tmp/fill")
+		waitFor(t, 30*time.Second, "the last line in the task's log", func() bool {
+			return c.mustCtl(other, "task", "logs", "--tail", "1", id) == "last\n"
+		})
+		files, _ := filepath.Glob(filepath.Join(c.StateDir(home, "schedd"), "logs", id+"*"))
+		var total int64
+		for _, f := range files {
+			if st, err := os.Stat(f); err == nil {
+				total += st.Size()
+			}
+		}
+		if len(files) != 2 || total > 2*64<<10+200 {
+			t.Errorf("the task's log is %d files of %d bytes (%v), want 2 of at most 64 KiB each", len(files), total, files)
+		}
+		out = c.mustCtl(other, "task", "logs", id)
+		lines := strings.Split(strings.TrimSuffix(out, "\n"), "\n")
+		var firstKept int
+		if _, err := fmt.Sscanf(lines[0], "fill-%d-", &firstKept); err != nil || strings.Contains(out, "first") {
+			t.Fatalf("after the rotations the log begins with %q, want a fill line (the oldest gone)", lines[0])
+		}
+		if want := 4000 - firstKept + 1; len(lines) != want || lines[len(lines)-1] != "last" || firstKept < 2000 {
+			t.Errorf("the log holds %d lines from fill-%d, want the %d from there to last, about 1,300", len(lines), firstKept, want)
+		}
+		if out := c.mustCtl(other, "task", "logs", "--tail", "2", id); !strings.HasPrefix(out, "fill-3999-") || !strings.HasSuffix(out, "\nlast\n") {
+			t.Errorf("--tail 2: %q", out)
+		}
+		c.mustCtl(1, "service", "rm", "lt")
+		waitFor(t, 30*time.Second, "the task's log removed with it", func() bool {
+			files, _ := filepath.Glob(filepath.Join(c.StateDir(home, "schedd"), "logs", id+"*"))
+			return len(files) == 0
+		})
+	})
+
 	t.Run("DeclarativeDeploy", func(t *testing.T) {
 		file := filepath.Join(c.NodeDir(2), "web.yaml")
 		spec := func(color string) {

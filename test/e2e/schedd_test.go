@@ -49,7 +49,10 @@ func newSchedCluster(t *testing.T) *schedCluster {
 		Extra:   []devcluster.ProcessSpec{devcluster.ContainerdProcess("")},
 		Args: map[string][]string{"statd": {"--node-name", "n{node}"}, "schedd": append(devcluster.ScheddArgs(), "--task-network", "host",
 			// The registry of RegistryPull listens on the bridge, over http.
-			"--insecure-registry", "10.99.0.0/16", "--registry-auth", registryAuth)},
+			"--insecure-registry", "10.99.0.0/16", "--registry-auth", registryAuth,
+			// Small task logs, so that TestSchedulerMore/LogsTimesAndRotation
+			// rotates one quickly.
+			"--log-max-size", "64KiB", "--log-max-files", "2")},
 		Bootstrap: true,
 	})
 	if err != nil {
