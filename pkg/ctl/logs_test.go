@@ -5,6 +5,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/pflag"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 )
 
@@ -64,5 +67,39 @@ func TestParseLogTime(t *testing.T) {
 		if _, err := parseLogTime(bad, now); err == nil {
 			t.Errorf("parseLogTime(%q) accepted", bad)
 		}
+	}
+}
+
+// TestApplyLogOnUpdate: on update, options given replace the service's,
+// a driver alone keeps them unless it changes.
+func TestApplyLogOnUpdate(t *testing.T) {
+	rotated := sched.LogConfig{MaxSize: 1 << 20, MaxFiles: 2}
+	for _, tc := range []struct {
+		args []string
+		want sched.LogConfig
+	}{
+		{[]string{"--log-opt", "max-file=4"}, sched.LogConfig{MaxFiles: 4}},
+		{[]string{"--log-driver", "json-file"}, rotated},
+		{[]string{"--log-driver", "none"}, sched.LogConfig{Driver: sched.LogDriverNone}},
+	} {
+		var f specFlags
+		fs := pflag.NewFlagSet("update", pflag.ContinueOnError)
+		f.bind(fs, false)
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		spec := sched.ServiceSpec{Log: rotated}
+		if err := f.applyLog(fs, &spec); err != nil || spec.Log != tc.want {
+			t.Errorf("%v on %+v: %+v, %v; want %+v", tc.args, rotated, spec.Log, err, tc.want)
+		}
+	}
+	// And from none back to the node's log.
+	var f specFlags
+	fs := pflag.NewFlagSet("update", pflag.ContinueOnError)
+	f.bind(fs, false)
+	fs.Parse([]string{"--log-driver", "local"})
+	spec := sched.ServiceSpec{Log: sched.LogConfig{Driver: sched.LogDriverNone}}
+	if err := f.applyLog(fs, &spec); err != nil || spec.Log != (sched.LogConfig{}) {
+		t.Errorf("--log-driver local on a discarding service: %+v, %v", spec.Log, err)
 	}
 }

@@ -52,7 +52,8 @@ type specFlags struct {
 	mode                                                   string
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
-	envFiles, hosts, prefs                                 []string
+	envFiles, hosts, prefs, logOpts                        []string
+	logDriver                                              string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -114,6 +115,8 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.ulimits, "ulimit", nil, "resource limit NAME=SOFT[:HARD], e.g. nofile=1024:2048 (repeatable)")
 	fs.StringArrayVar(&f.hosts, "host", nil, "add HOST:IP to the tasks' /etc/hosts (repeatable)")
 	fs.StringArrayVar(&f.sysctls, "sysctl", nil, "kernel parameter of the task's namespaces KEY=VALUE: net.*, fs.mqueue.*, kernel.msg*, sem, shm* (repeatable)")
+	fs.StringVar(&f.logDriver, "log-driver", "", "json-file (default: the task's log on its node, rotated) or none (output discarded)")
+	fs.StringArrayVar(&f.logOpts, "log-opt", nil, "log option KEY=VALUE: max-size=10m (rotate at), max-file=5 (files kept) (repeatable; default: the node's)")
 	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
@@ -284,12 +287,54 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 			spec.Sysctls[k] = v
 		}
 	}
+	if fs.Changed("log-driver") || fs.Changed("log-opt") {
+		if err := f.applyLog(fs, spec); err != nil {
+			return usageError{err}
+		}
+	}
 	if len(args) > 0 {
 		spec.Args = args
 	}
 	if f.force {
 		spec.ForceUpdate++
 	}
+	return nil
+}
+
+// applyLog sets spec's log configuration from --log-driver and
+// --log-opt: options given replace the service's; a new driver without
+// options drops the old ones.
+func (f *specFlags) applyLog(fs *pflag.FlagSet, spec *sched.ServiceSpec) error {
+	driver := spec.Log.Driver
+	if fs.Changed("log-driver") {
+		driver = f.logDriver
+		if driver == "json-file" || driver == "local" {
+			driver = "" // Docker's names for the log Shoal keeps
+		}
+	}
+	opts := map[string]string{}
+	switch {
+	case fs.Changed("log-opt"):
+		for _, kv := range f.logOpts {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("--log-opt %q: want KEY=VALUE", kv)
+			}
+			opts[k] = v
+		}
+	case !fs.Changed("log-driver") || driver == spec.Log.Driver:
+		if spec.Log.MaxSize > 0 {
+			opts["max-size"] = strconv.FormatInt(spec.Log.MaxSize, 10)
+		}
+		if spec.Log.MaxFiles > 0 {
+			opts["max-file"] = strconv.Itoa(spec.Log.MaxFiles)
+		}
+	}
+	l, err := sched.ParseLogConfig(driver, opts)
+	if err != nil {
+		return err
+	}
+	spec.Log = l
 	return nil
 }
 

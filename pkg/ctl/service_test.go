@@ -135,6 +135,13 @@ func TestServiceCreateFlags(t *testing.T) {
 				return strings.Join(s.CapAdd, "") == "NET_ADMIN" && strings.Join(s.CapDrop, "") == "ALL" && strings.Join(s.Ulimits, "") == "nofile=1024:2048" &&
 					len(s.Sysctls) == 1 && s.Sysctls["net.core.somaxconn"] == "1024"
 			}},
+		{"log options", []string{"--log-opt", "max-size=10m", "--log-opt", "max-file=3"}, func(s sched.ServiceSpec) bool {
+			return s.Log == sched.LogConfig{MaxSize: 10 << 20, MaxFiles: 3}
+		}},
+		{"log driver json-file", []string{"--log-driver", "json-file", "--log-opt", "max-size=64k"}, func(s sched.ServiceSpec) bool {
+			return s.Log == sched.LogConfig{MaxSize: 64 << 10}
+		}},
+		{"log driver none", []string{"--log-driver", "none"}, func(s sched.ServiceSpec) bool { return s.Log == sched.LogConfig{Driver: sched.LogDriverNone} }},
 		{"process", []string{"--entrypoint", "sh -c 'a b'", "-u", "app:app", "-w", "/srv", "--read-only"}, func(s sched.ServiceSpec) bool {
 			return strings.Join(s.Entrypoint, "|") == "sh|-c|a b" && s.User == "app:app" && s.WorkDir == "/srv" && s.ReadOnly
 		}},
@@ -196,6 +203,12 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--mode", "global", "--global"}, "--global and --mode: give one"},
 		{[]string{"--mode", "replicated-job", "--restart", "always"}, "a job runs to completion: restart policy always"},
 		{[]string{"--max-concurrent", "2"}, "max concurrent bounds a replicated job's tasks"},
+		{[]string{"--log-driver", "syslog"}, `log driver "syslog" is not supported`},
+		{[]string{"--log-opt", "max-size"}, `--log-opt "max-size": want KEY=VALUE`},
+		{[]string{"--log-opt", "compress=true"}, `log option "compress" is not supported`},
+		{[]string{"--log-opt", "max-size=1k"}, "log max-size 1024: want at least 4096 bytes"},
+		{[]string{"--log-opt", "max-file=0"}, "log option max-file=0: want a count of files"},
+		{[]string{"--log-driver", "none", "--log-opt", "max-file=2"}, "log driver none keeps nothing"},
 	} {
 		t.Run(strings.Join(tc.flags, " "), func(t *testing.T) {
 			args := append([]string{"--run-dir", dir, "service", "create", "web", "--image", "local/busybox:latest", "--detach"}, tc.flags...)

@@ -126,6 +126,9 @@ type ServiceSpec struct {
 	// "/path:SIZE" (see ParseTmpfs): scratch space, which a read-only
 	// root needs.
 	Tmpfs []string `json:"tmpfs,omitempty"`
+	// Log chooses what becomes of a task's output (Docker's --log-driver
+	// and --log-opt).
+	Log LogConfig `json:"log,omitzero"`
 	// Stack is the stack (shoalctl stack deploy) the service belongs to,
 	// "" for none. A stack's service is named <stack>-<name> and also
 	// answers DNS as <name>.<stack>.shoal, which its stack's tasks reach
@@ -539,6 +542,9 @@ func (s ServiceSpec) Validate() error {
 	}
 	if d.WorkDir != "" && !path.IsAbs(d.WorkDir) {
 		add("working directory %q must be absolute", d.WorkDir)
+	}
+	if err := d.Log.check(); err != nil {
+		errs = append(errs, err)
 	}
 	for _, c := range slices.Concat(d.CapAdd, d.CapDrop) {
 		if _, err := Capability(c); err != nil {

@@ -33,6 +33,12 @@ func TestValidate(t *testing.T) {
 			s.Ports = []sched.Port{{Host: 8080, Container: 80}, {Host: 8080, Container: 80, Protocol: "udp"}}
 		}, ""},
 		{"replicated job", func(s *sched.ServiceSpec) { s.Job, s.MaxConcurrent = true, 2 }, ""},
+		{"log rotation", func(s *sched.ServiceSpec) { s.Log = sched.LogConfig{MaxSize: 1 << 20, MaxFiles: 2} }, ""},
+		{"log discarded", func(s *sched.ServiceSpec) { s.Log.Driver = sched.LogDriverNone }, ""},
+		{"log driver unknown", func(s *sched.ServiceSpec) { s.Log.Driver = "syslog" }, `log driver "syslog": want json-file`},
+		{"log file too small", func(s *sched.ServiceSpec) { s.Log.MaxSize = 100 }, "log max-size 100: want at least 4096"},
+		{"log files", func(s *sched.ServiceSpec) { s.Log.MaxFiles = 101 }, "log max-file 101: want 1 to 100"},
+		{"log discarded and rotated", func(s *sched.ServiceSpec) { s.Log = sched.LogConfig{Driver: sched.LogDriverNone, MaxFiles: 2} }, "log driver none keeps nothing"},
 		{"global job", func(s *sched.ServiceSpec) { s.Replicas, s.Global, s.Job = 0, true, true }, ""},
 		{"job that restarts always", func(s *sched.ServiceSpec) { s.Job, s.Restart.Policy = true, sched.RestartAlways },
 			"a job runs to completion: restart policy always"},

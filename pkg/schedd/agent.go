@@ -373,9 +373,19 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 		LogPath:     n.rawLogPath(t.ID),
 		Hostname:    strings.ReplaceAll(t.Service+"-"+t.Slot, ".", "-"),
 	}
-	if n.logger != "" {
+	switch {
+	case spec.Log.Driver == sched.LogDriverNone:
+		ts.LogPath = ""
+	case n.logger != "":
+		limits := n.logLimits
+		if spec.Log.MaxSize > 0 {
+			limits.MaxSize = spec.Log.MaxSize
+		}
+		if spec.Log.MaxFiles > 0 {
+			limits.MaxFiles = spec.Log.MaxFiles
+		}
 		ts.LogPath, ts.LogBinary = n.recordLogPath(t.ID), n.logger
-		ts.LogArgs = tasklog.LoggerArgs(ts.LogPath, n.logLimits)
+		ts.LogArgs = tasklog.LoggerArgs(ts.LogPath, limits)
 	}
 	for _, e := range spec.Tmpfs {
 		if m, err := sched.ParseTmpfs(e); err == nil { // validated on create

@@ -556,6 +556,9 @@ func (s *api) TaskLogs(req *schedv1.TaskLogsRequest, stream schedv1.Scheduler_Ta
 // started without shoal-logger) as it is.
 func (n *node) localLogs(ctx context.Context, req *schedv1.TaskLogsRequest, send func(*schedv1.LogChunk) error) error {
 	id := req.GetTask()
+	if lt, ok := n.localTask(id); ok && lt.Spec.Log.Driver == sched.LogDriverNone {
+		return fmt.Errorf("task %s keeps no log: its service discards its output (log driver none): %w", id, errdefs.ErrFailedPrecondition)
+	}
 	records, raw := n.recordLogPath(id), n.rawLogPath(id)
 	exists := func(p string) bool { _, err := os.Stat(p); return err == nil }
 	for !exists(records) && !exists(raw) {

@@ -11,6 +11,7 @@ import (
 	"github.com/containerd/errdefs"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/tasklog"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 )
@@ -89,6 +90,12 @@ func TestLocalLogs(t *testing.T) {
 	// nothing yet.
 	if _, _, _, err := logsOf(t, n, &schedv1.TaskLogsRequest{Task: "nope"}); !errdefs.IsNotFound(err) {
 		t.Errorf("unknown task: %v, want not found", err)
+	}
+	discarded := &localTask{}
+	discarded.Spec.Log.Driver = sched.LogDriverNone
+	n.local["discarded"] = discarded
+	if _, _, _, err := logsOf(t, n, &schedv1.TaskLogsRequest{Task: "discarded"}); !errdefs.IsFailedPrecondition(err) || !strings.Contains(err.Error(), "log driver none") {
+		t.Errorf("a task whose output is discarded: %v, want failed precondition", err)
 	}
 	n.local["quiet"] = &localTask{}
 	if out, _, _, err := logsOf(t, n, &schedv1.TaskLogsRequest{Task: "quiet"}); err != nil || out != "" {

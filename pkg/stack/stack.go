@@ -96,9 +96,9 @@ var (
 	// env_file is compose-go's: it merges the files into environment.
 	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "env_file", "stop_signal", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks", "cap_add", "cap_drop",
-		"ulimits", "sysctls", "extra_hosts"}
+		"ulimits", "sysctls", "extra_hosts", "logging"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
-		"logging", "labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
+		"labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
 )
 
 // Convert maps project p to stack stack.
@@ -191,6 +191,15 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 			soft, hard = u.Single, u.Single
 		}
 		spec.Ulimits = append(spec.Ulimits, fmt.Sprintf("%s=%d:%d", name, soft, hard))
+	}
+	if l := svc.Logging; l != nil {
+		// A Swarm file's syslog or fluentd logging deploys all the same:
+		// the tasks' logs stay on their nodes.
+		if cfg, err := sched.ParseLogConfig(l.Driver, l.Options); err != nil {
+			warn("logging is ignored (the task's log is kept on its node, rotated as the node says): %v", err)
+		} else {
+			spec.Log = cfg
+		}
 	}
 	for _, name := range slices.Sorted(maps.Keys(svc.ExtraHosts)) {
 		for _, ip := range svc.ExtraHosts[name] {

@@ -3,6 +3,7 @@ package stack
 import (
 	"context"
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -277,5 +278,36 @@ services:
 	_, err = Convert(load(t, "app", "services:\n  b: {image: x, cap_add: [NOT_A_CAP]}\n"), "app")
 	if err == nil || !strings.Contains(err.Error(), `service b: capability "NOT_A_CAP" is unknown`) {
 		t.Errorf("unknown capability: %v", err)
+	}
+}
+
+// logging's json-file or local options set the tasks' log rotation, none
+// discards their output, and another driver is ignored with a warning.
+func TestConvertLogging(t *testing.T) {
+	plan, err := Convert(load(t, "app", `
+services:
+  rotated:
+    image: x
+    logging: {driver: json-file, options: {max-size: 200k, max-file: "10"}}
+  quiet:
+    image: x
+    logging: {driver: none}
+  remote:
+    image: x
+    logging: {driver: syslog, options: {syslog-address: "udp://10.0.0.1:514"}}
+`), "app")
+	if err != nil || len(plan.Services) != 3 {
+		t.Fatalf("Convert: %v", err)
+	}
+	got := map[string]sched.LogConfig{}
+	for _, s := range plan.Services {
+		got[s.Name] = s.Log
+	}
+	want := map[string]sched.LogConfig{"app-rotated": {MaxSize: 200 << 10, MaxFiles: 10}, "app-quiet": {Driver: sched.LogDriverNone}, "app-remote": {}}
+	if !maps.Equal(got, want) {
+		t.Errorf("log configs %+v, want %+v", got, want)
+	}
+	if len(plan.Warnings) != 1 || !strings.Contains(plan.Warnings[0], `service remote: logging is ignored`) || !strings.Contains(plan.Warnings[0], `"syslog"`) {
+		t.Errorf("warnings %q, want one for remote's syslog", plan.Warnings)
 	}
 }

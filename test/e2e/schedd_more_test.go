@@ -1400,6 +1400,33 @@ func TestSchedulerMore(t *testing.T) {
 			files, _ := filepath.Glob(filepath.Join(c.StateDir(home, "schedd"), "logs", id+"*"))
 			return len(files) == 0
 		})
+
+		// A service's own rotation replaces the node's; log driver none
+		// keeps nothing.
+		c.mustCtl(1, "service", "create", "lo", "--image", img, "--stop-grace", "1s", "--log-opt", "max-size=16k", "--log-opt", "max-file=3", "--",
+			"sh", "-c", "i=0; while [ $i -lt 2000 ]; do echo own-$i-xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx; i=$((i+1)); done; echo last; exec sleep 1000000")
+		removeIfFailed(t, c.Cluster, 1, "lo")
+		c.mustCtl(1, "service", "create", "ln", "--image", img, "--stop-grace", "1s", "--log-driver", "none", "--", "sh", "-c", "echo unseen; exec sleep 1000000")
+		removeIfFailed(t, c.Cluster, 1, "ln")
+		own := c.currentTasks("lo")[0]
+		waitFor(t, 30*time.Second, "the last line in lo's log", func() bool {
+			return c.mustCtl(1, "task", "logs", "--tail", "1", own.GetId()) == "last\n"
+		})
+		files, _ = filepath.Glob(filepath.Join(c.StateDir(c.nodeIndex(own.GetNode()), "schedd"), "logs", own.GetId()+"*"))
+		for _, f := range files {
+			if st, err := os.Stat(f); err != nil || st.Size() > 16<<10+200 {
+				t.Errorf("lo's log file %s: %v bytes, want at most 16 KiB", f, st.Size())
+			}
+		}
+		if len(files) != 3 {
+			t.Errorf("lo's log is %d files, want 3 (--log-opt max-file=3)", len(files))
+		}
+		quiet := c.currentTasks("ln")[0]
+		if out, errOut, code := c.ctl(2, "task", "logs", quiet.GetId()); code == 0 || out != "" || !strings.Contains(errOut, "log driver none") {
+			t.Errorf("task logs of a task whose output is discarded: exit %d, stdout %q, stderr %q", code, out, errOut)
+		}
+		c.mustCtl(1, "service", "rm", "lo")
+		c.mustCtl(1, "service", "rm", "ln")
 	})
 
 	t.Run("DeclarativeDeploy", func(t *testing.T) {
