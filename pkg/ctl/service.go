@@ -57,7 +57,7 @@ type specFlags struct {
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
-	readOnly                                               bool
+	readOnly, noHealthcheck                                bool
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts, maxPerNode    int
 	updateDelay, monitor, stopGrace                        time.Duration
@@ -93,6 +93,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.DurationVar(&f.healthTimeout, "health-timeout", 0, "time a health check may take")
 	fs.IntVar(&f.healthRetries, "health-retries", 0, "consecutive failures that make a task unhealthy")
 	fs.DurationVar(&f.healthStart, "health-start-period", 0, "grace period after start during which failures do not count")
+	fs.BoolVar(&f.noHealthcheck, "no-healthcheck", false, "run no health check, not even the image's HEALTHCHECK")
 	fs.IntVar(&f.parallelism, "update-parallelism", 0, "tasks updated at a time")
 	fs.DurationVar(&f.updateDelay, "update-delay", 0, "pause between update batches")
 	fs.StringVar(&f.order, "update-order", "", "update order: stop-first or start-first")
@@ -246,6 +247,24 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	}
 	if fs.Changed("health-tcp") {
 		spec.Health.Cmd, spec.Health.HTTP, spec.Health.TCP = nil, "", f.healthTCP
+	}
+	if kinds > 0 {
+		spec.Health.Disable = false
+	}
+	if fs.Changed("no-healthcheck") {
+		if f.noHealthcheck && kinds > 0 {
+			return usageError{errors.New("--no-healthcheck and a health check: give one")}
+		}
+		for _, name := range []string{"health-interval", "health-timeout", "health-retries", "health-start-period"} {
+			if f.noHealthcheck && fs.Changed(name) {
+				return usageError{fmt.Errorf("--no-healthcheck and --%s: a disabled check has no settings", name)}
+			}
+		}
+		if f.noHealthcheck {
+			spec.Health = sched.HealthCheck{Disable: true}
+		} else {
+			spec.Health.Disable = false // the image's check again
+		}
 	}
 	if fs.Changed("label") {
 		spec.Labels = map[string]string{}

@@ -135,6 +135,7 @@ func TestServiceCreateFlags(t *testing.T) {
 				return strings.Join(s.CapAdd, "") == "NET_ADMIN" && strings.Join(s.CapDrop, "") == "ALL" && strings.Join(s.Ulimits, "") == "nofile=1024:2048" &&
 					len(s.Sysctls) == 1 && s.Sysctls["net.core.somaxconn"] == "1024"
 			}},
+		{"no health check", []string{"--no-healthcheck"}, func(s sched.ServiceSpec) bool { return s.Health.Disable && !s.Health.Enabled() }},
 		{"log options", []string{"--log-opt", "max-size=10m", "--log-opt", "max-file=3"}, func(s sched.ServiceSpec) bool {
 			return s.Log == sched.LogConfig{MaxSize: 10 << 20, MaxFiles: 3}
 		}},
@@ -203,6 +204,8 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--mode", "global", "--global"}, "--global and --mode: give one"},
 		{[]string{"--mode", "replicated-job", "--restart", "always"}, "a job runs to completion: restart policy always"},
 		{[]string{"--max-concurrent", "2"}, "max concurrent bounds a replicated job's tasks"},
+		{[]string{"--no-healthcheck", "--health-cmd", "true"}, "--no-healthcheck and a health check: give one"},
+		{[]string{"--no-healthcheck", "--health-retries", "2"}, "--no-healthcheck and --health-retries: a disabled check has no settings"},
 		{[]string{"--log-driver", "syslog"}, `log driver "syslog" is not supported`},
 		{[]string{"--log-opt", "max-size"}, `--log-opt "max-size": want KEY=VALUE`},
 		{[]string{"--log-opt", "compress=true"}, `log option "compress" is not supported`},

@@ -64,8 +64,15 @@ func (r *Containerd) toImage(ctx context.Context, rec images.Image) Image {
 	if size, err := img.Size(ctx); err == nil {
 		out.Size = size
 	}
-	if spec, err := img.Spec(ctx); err == nil && spec.Created != nil && !spec.Created.IsZero() {
-		out.Created = *spec.Created
+	if desc, err := img.Config(ctx); err == nil {
+		if data, err := content.ReadBlob(ctx, r.client.ContentStore(), desc); err == nil {
+			if created, hc, err := parseImageConfig(data); err == nil {
+				if !created.IsZero() {
+					out.Created = created
+				}
+				out.Healthcheck = hc
+			}
+		}
 	}
 	return out
 }

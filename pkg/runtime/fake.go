@@ -330,8 +330,18 @@ func (b *fakeBackend) toImageLocked(rec fakeImageRec) Image {
 	for _, d := range descs {
 		out.Size += d.Size
 	}
-	if cfg, ok := imageConfig(descs, b.getLocked); ok && cfg.Created != nil && !cfg.Created.IsZero() {
-		out.Created = *cfg.Created
+	for _, d := range descs {
+		if !images.IsConfigType(d.MediaType) {
+			continue
+		}
+		if data, ok := b.getLocked(d.Digest); ok {
+			if created, hc, err := parseImageConfig(data); err == nil {
+				if !created.IsZero() {
+					out.Created = created
+				}
+				out.Healthcheck = hc
+			}
+		}
 	}
 	return out
 }

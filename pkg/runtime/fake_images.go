@@ -197,24 +197,6 @@ func pickManifest(ms []ocispec.Descriptor) (ocispec.Descriptor, bool) {
 	return ocispec.Descriptor{}, false
 }
 
-// imageConfig returns the config of an image, from its blobs.
-func imageConfig(blobs []ocispec.Descriptor, get func(digest.Digest) ([]byte, bool)) (ocispec.Image, bool) {
-	for _, b := range blobs {
-		if images.IsConfigType(b.MediaType) {
-			data, ok := get(b.Digest)
-			if !ok {
-				return ocispec.Image{}, false
-			}
-			var img ocispec.Image
-			if json.Unmarshal(data, &img) != nil {
-				return ocispec.Image{}, false
-			}
-			return img, true
-		}
-	}
-	return ocispec.Image{}, false
-}
-
 func verifyBlob(desc ocispec.Descriptor, data []byte) error {
 	if int64(len(data)) != desc.Size {
 		return fmt.Errorf("blob %s: got %s bytes, want %d: %w", desc.Digest, atLeast(int64(len(data)), desc.Size), desc.Size, errdefs.ErrDataLoss)

@@ -2,6 +2,7 @@ package runtime
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"time"
 
@@ -101,6 +102,41 @@ type Image struct {
 	// Created comes from the image config (so it is the same on every
 	// node), or is when the image was stored here if the config has none.
 	Created time.Time `json:"created"`
+	// Healthcheck is the image's HEALTHCHECK, if its config has one
+	// (Docker's image config; OCI's has no such field, but images built
+	// by Docker or BuildKit carry it).
+	Healthcheck *Healthcheck `json:"healthcheck,omitempty"`
+}
+
+// Healthcheck is a health check as Docker stores it in an image config.
+type Healthcheck struct {
+	// Test is [NONE], [CMD, args...] or [CMD-SHELL, command].
+	Test        []string      `json:"Test"`
+	Interval    time.Duration `json:"Interval,omitempty"`
+	Timeout     time.Duration `json:"Timeout,omitempty"`
+	StartPeriod time.Duration `json:"StartPeriod,omitempty"`
+	Retries     int           `json:"Retries,omitempty"`
+}
+
+// parseImageConfig reads what Image reports from an image config's JSON:
+// its creation time (zero if none) and health check.
+func parseImageConfig(data []byte) (created time.Time, hc *Healthcheck, err error) {
+	var cfg struct {
+		Created *time.Time `json:"created"`
+		Config  struct {
+			Healthcheck *Healthcheck `json:"Healthcheck"`
+		} `json:"config"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return time.Time{}, nil, err
+	}
+	if cfg.Created != nil {
+		created = *cfg.Created
+	}
+	if h := cfg.Config.Healthcheck; h != nil && len(h.Test) > 0 {
+		hc = h
+	}
+	return created, hc, nil
 }
 
 // Mount is a bind mount of a host path into a task, or a tmpfs of its

@@ -85,9 +85,47 @@ func importOCI(t *testing.T, rt runtime.Runtime) []runtime.Image {
 	return imgs
 }
 
+// testImageHealthcheck: an image's HEALTHCHECK (Docker's config field,
+// in an OCI and a docker-save archive) is reported with the image; an
+// image without one has none.
+func testImageHealthcheck(t *testing.T, h harness) {
+	ctx := context.Background()
+	rt := h.node(t, "health")
+	hc := &testimage.Healthcheck{Test: []string{"CMD-SHELL", "test -e /tmp/ok"}, Interval: 2 * time.Second, Timeout: time.Second, StartPeriod: 5 * time.Second, Retries: 4}
+	for _, format := range []string{"oci", "docker"} {
+		name := "local/health-" + format + ":1"
+		path := filepath.Join(t.TempDir(), "image.tar")
+		if _, err := testimage.WriteFile(path, format, testimage.Spec{Name: name, Healthcheck: hc}, testimage.Spec{Name: "local/plain-" + format + ":1"}); err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = rt.Import(ctx, f)
+		f.Close()
+		if err != nil {
+			t.Fatalf("%s: import: %v", format, err)
+		}
+		img, err := rt.Image(ctx, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := runtime.Healthcheck{Test: hc.Test, Interval: hc.Interval, Timeout: hc.Timeout, StartPeriod: hc.StartPeriod, Retries: hc.Retries}
+		if img.Healthcheck == nil || !slices.Equal(img.Healthcheck.Test, want.Test) || img.Healthcheck.Interval != want.Interval ||
+			img.Healthcheck.Timeout != want.Timeout || img.Healthcheck.StartPeriod != want.StartPeriod || img.Healthcheck.Retries != want.Retries {
+			t.Errorf("%s: healthcheck %+v, want %+v", format, img.Healthcheck, want)
+		}
+		if plain, err := rt.Image(ctx, "local/plain-"+format+":1"); err != nil || plain.Healthcheck != nil {
+			t.Errorf("%s: an image without a HEALTHCHECK: %+v, %v", format, plain.Healthcheck, err)
+		}
+	}
+}
+
 func runSuite(t *testing.T, h harness) {
 	t.Run("ImportOCI", func(t *testing.T) { testImportOCI(t, h) })
 	t.Run("ImportDocker", func(t *testing.T) { testImportDocker(t, h) })
+	t.Run("ImageHealthcheck", func(t *testing.T) { testImageHealthcheck(t, h) })
 	t.Run("RunEcho", func(t *testing.T) { testRunEcho(t, h) })
 	t.Run("Readopt", func(t *testing.T) { testReadopt(t, h) })
 	t.Run("StopKillsAfterGrace", func(t *testing.T) { testStopKill(t, h) })

@@ -203,6 +203,10 @@ type HealthCheck struct {
 	// StartPeriod is a grace period after the container starts during
 	// which failures are not counted (a success still counts).
 	StartPeriod Duration `json:"start_period,omitempty"`
+	// Disable turns off the image's health check (Docker's
+	// --no-healthcheck): without a check of its own, a task runs the
+	// HEALTHCHECK its image declares, if any.
+	Disable bool `json:"disable,omitempty"`
 }
 
 // Enabled reports whether the spec has a health check.
@@ -663,6 +667,9 @@ func (s ServiceSpec) Validate() error {
 		}
 	} else if d.Health.Interval != 0 || d.Health.Timeout != 0 || d.Health.Retries != 0 || d.Health.StartPeriod != 0 {
 		add("health check settings are given without a health check command")
+	}
+	if d.Health.Disable && d.Health.Enabled() {
+		add("health check: a check is given and disabled (--no-healthcheck) at once")
 	}
 	if d.Update.Parallelism < 0 {
 		add("update parallelism is %d; it must be 1 or more", d.Update.Parallelism)

@@ -33,6 +33,8 @@ func TestValidate(t *testing.T) {
 			s.Ports = []sched.Port{{Host: 8080, Container: 80}, {Host: 8080, Container: 80, Protocol: "udp"}}
 		}, ""},
 		{"replicated job", func(s *sched.ServiceSpec) { s.Job, s.MaxConcurrent = true, 2 }, ""},
+		{"image check disabled", func(s *sched.ServiceSpec) { s.Health.Disable = true }, ""},
+		{"check disabled and given", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{Disable: true, TCP: 80} }, "a check is given and disabled"},
 		{"log rotation", func(s *sched.ServiceSpec) { s.Log = sched.LogConfig{MaxSize: 1 << 20, MaxFiles: 2} }, ""},
 		{"log discarded", func(s *sched.ServiceSpec) { s.Log.Driver = sched.LogDriverNone }, ""},
 		{"log driver unknown", func(s *sched.ServiceSpec) { s.Log.Driver = "syslog" }, `log driver "syslog": want json-file`},
@@ -388,5 +390,42 @@ func TestModes(t *testing.T) {
 	k.MaxConcurrent, k.Schedule = 1, "@hourly"
 	if j.Digest() != k.Digest() {
 		t.Error("max concurrent or the schedule changes the digest")
+	}
+}
+
+func TestDockerHealthTest(t *testing.T) {
+	for _, tc := range []struct {
+		test []string
+		cmd  string
+		none bool
+		bad  bool
+	}{
+		{nil, "", false, false},
+		{[]string{"NONE"}, "", true, false},
+		{[]string{"CMD", "curl", "-f", "http://localhost/"}, "curl|-f|http://localhost/", false, false},
+		{[]string{"CMD-SHELL", "test -e /ok"}, "sh|-c|test -e /ok", false, false},
+		{[]string{"CMD"}, "", false, true},
+		{[]string{"RUN", "x"}, "", false, true},
+	} {
+		cmd, none, err := sched.DockerHealthTest(tc.test)
+		if strings.Join(cmd, "|") != tc.cmd || none != tc.none || (err != nil) != tc.bad {
+			t.Errorf("DockerHealthTest(%q) = %q, %v, %v", tc.test, cmd, none, err)
+		}
+	}
+	image := func(h sched.HealthCheck) sched.HealthCheck {
+		return h.ImageHealthCheck([]string{"CMD-SHELL", "test -e /ok"}, time.Second, 2*time.Second, 3*time.Second, 4)
+	}
+	if h := image(sched.HealthCheck{}); strings.Join(h.Cmd, " ") != "sh -c test -e /ok" || h.Interval.D() != time.Second || h.Timeout.D() != 2*time.Second ||
+		h.StartPeriod.D() != 3*time.Second || h.Retries != 4 {
+		t.Errorf("no check of its own: %+v, want the image's", h)
+	}
+	if h := image(sched.HealthCheck{TCP: 80}); h.TCP != 80 || h.Cmd != nil {
+		t.Errorf("a check of its own: %+v, want it kept", h)
+	}
+	if h := image(sched.HealthCheck{Disable: true}); h.Enabled() {
+		t.Errorf("disabled: %+v, want no check", h)
+	}
+	if h := (sched.HealthCheck{}).ImageHealthCheck([]string{"NONE"}, 0, 0, 0, 0); h.Enabled() {
+		t.Errorf("an image's HEALTHCHECK NONE: %+v", h)
 	}
 }

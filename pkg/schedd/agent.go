@@ -257,6 +257,10 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 
 	go func() {
 		err := n.ensureImage(ctx, spec.Image)
+		health := spec.Health
+		if err == nil {
+			health = n.imageHealth(ctx, spec)
+		}
 		if err == nil && restart {
 			err = n.rt.Remove(ctx, id)
 		}
@@ -299,11 +303,34 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 			return
 		}
 		lt.Runtime = sched.Runtime{State: sched.RuntimeRunning, StartedAt: now}
+		if health.Enabled() && !lt.Spec.Health.Enabled() {
+			// The image's check, kept with the task's spec: its restarts,
+			// and a schedd restarted meanwhile, run the same.
+			lt.Spec.Health = health
+			if err := n.saveRecord(lt); err != nil {
+				n.log.Warn("save task record", "task", id, "err", err)
+			}
+		}
 		n.watchTask(ctx, lt)
 		n.amu.Unlock()
 		n.log.Info("task started", "task", id, "service", task.Service, "slot", task.Slot)
 		n.wake()
 	}()
+}
+
+// imageHealth is the health check a task of spec runs: its own, or,
+// unless it disables it, its image's HEALTHCHECK (as Docker and Swarm
+// run it).
+func (n *node) imageHealth(ctx context.Context, spec sched.ServiceSpec) sched.HealthCheck {
+	if spec.Health.Enabled() || spec.Health.Disable {
+		return spec.Health
+	}
+	img, err := n.rt.Image(ctx, spec.Image)
+	if err != nil || img.Healthcheck == nil {
+		return spec.Health
+	}
+	h := img.Healthcheck
+	return spec.Health.ImageHealthCheck(h.Test, h.Interval, h.Timeout, h.StartPeriod, h.Retries)
 }
 
 // usesNetd reports whether a task gets its network namespace from netd.

@@ -246,7 +246,9 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 		// A job's default, written out (see ServiceSpec.Job).
 		spec.Restart.Policy = sched.RestartOnFailure
 	}
-	if h := svc.HealthCheck; h != nil && !h.Disable {
+	if h := svc.HealthCheck; h != nil && h.Disable {
+		spec.Health.Disable = true // the image's HEALTHCHECK too
+	} else if h != nil {
 		errs = append(errs, health(h, &spec)...)
 	}
 	for _, port := range svc.Ports {
@@ -471,19 +473,17 @@ func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ..
 }
 
 func health(h *types.HealthCheckConfig, spec *sched.ServiceSpec) []error {
-	if len(h.Test) == 0 {
+	cmd, none, err := sched.DockerHealthTest(h.Test)
+	switch {
+	case err != nil:
+		return []error{err}
+	case none:
+		spec.Health.Disable = true // the image's HEALTHCHECK too
+		return nil
+	case cmd == nil:
 		return nil
 	}
-	switch h.Test[0] {
-	case "NONE":
-		return nil
-	case "CMD":
-		spec.Health.Cmd = slices.Clone(h.Test[1:])
-	case "CMD-SHELL":
-		spec.Health.Cmd = []string{"sh", "-c", strings.Join(h.Test[1:], " ")}
-	default:
-		return []error{fmt.Errorf("healthcheck: test %q: want [CMD, ...], [CMD-SHELL, command] or a command string", h.Test)}
-	}
+	spec.Health.Cmd = cmd
 	dur := func(d *types.Duration) sched.Duration {
 		if d == nil {
 			return 0

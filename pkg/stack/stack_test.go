@@ -311,3 +311,28 @@ services:
 		t.Errorf("warnings %q, want one for remote's syslog", plan.Warnings)
 	}
 }
+
+// healthcheck disable (or test NONE) turns off the image's HEALTHCHECK.
+func TestConvertHealthcheckDisable(t *testing.T) {
+	plan, err := Convert(load(t, "app", `
+services:
+  off:
+    image: x
+    healthcheck: {disable: true}
+  none:
+    image: x
+    healthcheck: {test: ["NONE"]}
+  own:
+    image: x
+    healthcheck: {test: "test -e /ok", interval: 5s}
+`), "app")
+	if err != nil || len(plan.Services) != 3 {
+		t.Fatalf("Convert: %v", err)
+	}
+	for _, s := range plan.Services {
+		want := s.Name != "app-own"
+		if s.Health.Disable != want || (s.Name == "app-own") != s.Health.Enabled() {
+			t.Errorf("%s: health %+v", s.Name, s.Health)
+		}
+	}
+}

@@ -88,6 +88,9 @@ type Spec struct {
 	Env []string
 	// StopSignal of the image config ("" for none).
 	StopSignal string
+	// Healthcheck, if set, is the HEALTHCHECK of the image config, as
+	// Docker writes it (OCI's config has no such field).
+	Healthcheck *Healthcheck
 	// Arch is the image's architecture (default: this machine's, GOARCH).
 	Arch string
 }
@@ -108,6 +111,17 @@ func V2() Spec {
 			"www/index.html":    "shoal test image v2\n",
 		},
 	}
+}
+
+// Healthcheck is a HEALTHCHECK in Docker's image config: Test is [NONE],
+// [CMD, args...] or [CMD-SHELL, command]; durations are written in
+// nanoseconds.
+type Healthcheck struct {
+	Test        []string      `json:"Test"`
+	Interval    time.Duration `json:"Interval,omitempty"`
+	Timeout     time.Duration `json:"Timeout,omitempty"`
+	StartPeriod time.Duration `json:"StartPeriod,omitempty"`
+	Retries     int           `json:"Retries,omitempty"`
 }
 
 // Built describes an image that was written.
@@ -398,7 +412,24 @@ func build(s Spec, busybox []byte) (*image, error) {
 		RootFS:  ocispec.RootFS{Type: "layers", DiffIDs: diffIDs},
 		History: history,
 	}
-	cfgJSON, err := json.Marshal(cfg)
+	var cfgJSON []byte
+	var err error
+	if s.Healthcheck == nil {
+		cfgJSON, err = json.Marshal(cfg)
+	} else {
+		// The outer config shadows the OCI one: an image without a
+		// health check keeps its config (and digest) byte for byte.
+		cfgJSON, err = json.Marshal(struct {
+			ocispec.Image
+			Config struct {
+				ocispec.ImageConfig
+				Healthcheck *Healthcheck `json:"Healthcheck"`
+			} `json:"config"`
+		}{Image: cfg, Config: struct {
+			ocispec.ImageConfig
+			Healthcheck *Healthcheck `json:"Healthcheck"`
+		}{cfg.Config, s.Healthcheck}})
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -829,6 +829,45 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "hchttp", "hctcp", "hcsick")
 	})
 
+	t.Run("ImageHealthcheck", func(t *testing.T) {
+		// An image's HEALTHCHECK runs when the service gives no check of
+		// its own, as in Swarm; --no-healthcheck turns it off.
+		tarball := filepath.Join(t.TempDir(), "healthy.tar")
+		hc := &testimage.Healthcheck{Test: []string{"CMD-SHELL", "test -e /tmp/ok"}, Interval: 500 * time.Millisecond, Retries: 1000}
+		if _, err := testimage.WriteFile(tarball, "docker", testimage.Spec{Name: "local/healthy:1", Healthcheck: hc}); err != nil {
+			t.Fatal(err)
+		}
+		c.mustCtl(1, "image", "load", tarball)
+		c.mustCtl(1, "service", "create", "ih", "--image", "local/healthy:1", "--stop-grace", "1s", "-d", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "ih")
+		c.mustCtl(2, "service", "create", "ihoff", "--image", "local/healthy:1", "--no-healthcheck", "--stop-grace", "1s", "-d", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 2, "ihoff")
+		var task *schedv1.Task
+		waitFor(t, 30*time.Second, "ih's task started, its image's check not passed", func() bool {
+			ts := c.currentTasks("ih")
+			if len(ts) == 1 && ts[0].GetHealth() == "starting" && ts[0].GetStarted() != nil {
+				task = ts[0]
+				return true
+			}
+			return false
+		})
+		// Six checks' time: none can pass without the file.
+		time.Sleep(3 * time.Second)
+		if ts := c.currentTasks("ih"); len(ts) != 1 || ts[0].GetHealth() != "starting" {
+			t.Fatalf("ih's task without /tmp/ok: %v, want it still starting", ts)
+		}
+		c.mustCtl(3, "task", "exec", task.GetId(), "--", "touch", "/tmp/ok")
+		waitFor(t, 30*time.Second, "ih's task healthy by its image's check", func() bool {
+			ts := c.currentTasks("ih")
+			return len(ts) == 1 && ts[0].GetHealth() == "healthy" && ts[0].GetId() == task.GetId()
+		})
+		waitFor(t, 30*time.Second, "ihoff's task running without a check", func() bool {
+			ts := c.currentTasks("ihoff")
+			return len(ts) == 1 && ts[0].GetState() == "running" && ts[0].GetHealth() == ""
+		})
+		c.mustCtl(1, "service", "rm", "ih", "ihoff")
+	})
+
 	t.Run("MaxPerNode", func(t *testing.T) {
 		// Four replicas, at most one per node, on three nodes: three run,
 		// one on each, and the fourth says why it waits.
