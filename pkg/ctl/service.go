@@ -53,7 +53,7 @@ type specFlags struct {
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
 	envFiles, hosts, prefs, logOpts                        []string
-	logDriver                                              string
+	logDriver, hostname                                    string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -110,6 +110,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.entrypoint, "entrypoint", "", "replace the image's entrypoint (and its default command), split as a shell would: \"sh -c\"")
 	fs.StringVarP(&f.user, "user", "u", "", "run as user, uid, user:group or uid:gid")
 	fs.StringVarP(&f.workdir, "workdir", "w", "", "working directory inside the container")
+	fs.StringVar(&f.hostname, "hostname", "", "the tasks' hostname (default service-slot); like --env values, a template: {{.Service.Name}}, {{.Task.Slot}}, {{.Task.ID}}, {{.Node.ID}}, {{.Node.Hostname}}")
 	fs.BoolVar(&f.readOnly, "read-only", false, "mount the container's root file system read-only")
 	fs.StringArrayVar(&f.capAdd, "cap-add", nil, "add a Linux capability to the default set, e.g. NET_ADMIN, or ALL (repeatable)")
 	fs.StringArrayVar(&f.capDrop, "cap-drop", nil, "drop a Linux capability from the default set, e.g. CHOWN, or ALL (repeatable)")
@@ -215,6 +216,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"tmpfs", func() { spec.Tmpfs = f.tmpfs }},
 		{"user", func() { spec.User = f.user }},
 		{"workdir", func() { spec.WorkDir = f.workdir }},
+		{"hostname", func() { spec.Hostname = f.hostname }},
 		{"read-only", func() { spec.ReadOnly = f.readOnly }},
 		{"cap-add", func() { spec.CapAdd = f.capAdd }},
 		{"cap-drop", func() { spec.CapDrop = f.capDrop }},

@@ -135,6 +135,9 @@ func TestServiceCreateFlags(t *testing.T) {
 				return strings.Join(s.CapAdd, "") == "NET_ADMIN" && strings.Join(s.CapDrop, "") == "ALL" && strings.Join(s.Ulimits, "") == "nofile=1024:2048" &&
 					len(s.Sysctls) == 1 && s.Sysctls["net.core.somaxconn"] == "1024"
 			}},
+		{"hostname template", []string{"--hostname", "{{.Service.Name}}-{{.Task.Slot}}", "--env", "NODE={{.Node.Hostname}}"}, func(s sched.ServiceSpec) bool {
+			return s.Hostname == "{{.Service.Name}}-{{.Task.Slot}}" && strings.Join(s.Env, "") == "NODE={{.Node.Hostname}}"
+		}},
 		{"no health check", []string{"--no-healthcheck"}, func(s sched.ServiceSpec) bool { return s.Health.Disable && !s.Health.Enabled() }},
 		{"log options", []string{"--log-opt", "max-size=10m", "--log-opt", "max-file=3"}, func(s sched.ServiceSpec) bool {
 			return s.Log == sched.LogConfig{MaxSize: 10 << 20, MaxFiles: 3}
@@ -206,6 +209,8 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--max-concurrent", "2"}, "max concurrent bounds a replicated job's tasks"},
 		{[]string{"--no-healthcheck", "--health-cmd", "true"}, "--no-healthcheck and a health check: give one"},
 		{[]string{"--no-healthcheck", "--health-retries", "2"}, "--no-healthcheck and --health-retries: a disabled check has no settings"},
+		{[]string{"--hostname", "web_1"}, `hostname "web_1" (from "web_1") is not a hostname`},
+		{[]string{"--env", "A={{.Node.Name}}"}, `env A: template "{{.Node.Name}}"`},
 		{[]string{"--log-driver", "syslog"}, `log driver "syslog" is not supported`},
 		{[]string{"--log-opt", "max-size"}, `--log-opt "max-size": want KEY=VALUE`},
 		{[]string{"--log-opt", "compress=true"}, `log option "compress" is not supported`},

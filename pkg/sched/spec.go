@@ -126,6 +126,9 @@ type ServiceSpec struct {
 	// "/path:SIZE" (see ParseTmpfs): scratch space, which a read-only
 	// root needs.
 	Tmpfs []string `json:"tmpfs,omitempty"`
+	// Hostname is the tasks' hostname (default: service-slot), a
+	// template like their environment's values (TemplateContext).
+	Hostname string `json:"hostname,omitempty"`
 	// Log chooses what becomes of a task's output (Docker's --log-driver
 	// and --log-opt).
 	Log LogConfig `json:"log,omitzero"`
@@ -548,6 +551,13 @@ func (s ServiceSpec) Validate() error {
 		add("working directory %q must be absolute", d.WorkDir)
 	}
 	if err := d.Log.check(); err != nil {
+		errs = append(errs, err)
+	}
+	sample := sampleContext(d)
+	if _, err := d.TaskHostname(sample); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := d.TaskEnv(sample); err != nil {
 		errs = append(errs, err)
 	}
 	for _, c := range slices.Concat(d.CapAdd, d.CapDrop) {

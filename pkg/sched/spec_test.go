@@ -429,3 +429,39 @@ func TestDockerHealthTest(t *testing.T) {
 		t.Errorf("an image's HEALTHCHECK NONE: %+v", h)
 	}
 }
+
+func TestTemplates(t *testing.T) {
+	spec := sched.ServiceSpec{Name: "web", Image: "x", Replicas: 1, Labels: map[string]string{"tier": "front"},
+		Hostname: "{{.Service.Name}}-{{.Task.Slot}}.{{.Node.ID}}",
+		Env:      []string{"PLAIN=a {b}", "WHERE={{.Node.Hostname}}", "TIER={{index .Service.Labels \"tier\"}}", "TASK={{.Task.Name}}"}}
+	c := sched.NewTemplateContext(spec, sched.Task{ID: "abc123", Service: "web", Slot: "2"}, sched.Node{ID: "n0de", Name: "n1", Hostname: "host-a"})
+	if h, err := spec.TaskHostname(c); err != nil || h != "web-2.n0de" {
+		t.Errorf("hostname %q, %v", h, err)
+	}
+	env, err := spec.TaskEnv(c)
+	if want := "PLAIN=a {b}|WHERE=host-a|TIER=front|TASK=web.2.abc123"; err != nil || strings.Join(env, "|") != want {
+		t.Errorf("env %q, %v; want %q", env, err, want)
+	}
+	// A node without a hostname in its document gives its name.
+	if env, _ := spec.TaskEnv(sched.NewTemplateContext(spec, sched.Task{}, sched.Node{Name: "n1"})); env[1] != "WHERE=n1" {
+		t.Errorf("env without a node hostname: %q", env)
+	}
+	if h, _ := (sched.ServiceSpec{}).TaskHostname(c); h != "" {
+		t.Errorf("no hostname given: %q, want the default", h)
+	}
+	for _, tc := range []struct {
+		change func(*sched.ServiceSpec)
+		want   string
+	}{
+		{func(s *sched.ServiceSpec) { s.Hostname = "{{.Node.Nope}}" }, `hostname: template "{{.Node.Nope}}"`},
+		{func(s *sched.ServiceSpec) { s.Hostname = "{{.Task.Slot" }, `hostname: template "{{.Task.Slot"`},
+		{func(s *sched.ServiceSpec) { s.Hostname = "web_{{.Task.Slot}}" }, `hostname "web_0" (from "web_{{.Task.Slot}}") is not a hostname`},
+		{func(s *sched.ServiceSpec) { s.Env = []string{"A={{.Task.Missing}}"} }, `env A: template "{{.Task.Missing}}"`},
+	} {
+		s := sched.ServiceSpec{Name: "web", Image: "x", Replicas: 1}
+		tc.change(&s)
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %q", s, err, tc.want)
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package schedd
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -264,7 +265,10 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 		if err == nil && restart {
 			err = n.rt.Remove(ctx, id)
 		}
-		ts := n.taskSpec(task, spec)
+		var ts shoalrt.TaskSpec
+		if err == nil {
+			ts, err = n.taskSpec(task, spec)
+		}
 		if err == nil {
 			err = n.attach(ctx, task, spec, &ts)
 		}
@@ -378,7 +382,20 @@ func hostLines(entries []string) []string {
 }
 
 // taskSpec is the container spec of a task.
-func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
+func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) (shoalrt.TaskSpec, error) {
+	var self sched.Node
+	if d := n.mirror.Get(sched.NodeKey(n.id)); d != nil {
+		self = sched.NodeFromDoc(n.id, statepb.FromDocument(d), true)
+	}
+	tc := sched.NewTemplateContext(spec, t, self)
+	hostname, err := spec.TaskHostname(tc)
+	if err != nil {
+		return shoalrt.TaskSpec{}, err
+	}
+	env, err := spec.TaskEnv(tc)
+	if err != nil {
+		return shoalrt.TaskSpec{}, err
+	}
 	ts := shoalrt.TaskSpec{
 		ID:          t.ID,
 		Image:       spec.Image,
@@ -393,12 +410,12 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 		Sysctls:     spec.Sysctls,
 		Hosts:       hostLines(spec.Hosts),
 		StopSignal:  spec.StopSignal,
-		Env:         spec.Env,
+		Env:         env,
 		Labels:      map[string]string{labelTask: t.ID, labelService: t.Service, labelSlot: t.Slot},
 		CPUMillis:   spec.CPUMillis,
 		MemoryBytes: spec.MemoryBytes,
 		LogPath:     n.rawLogPath(t.ID),
-		Hostname:    strings.ReplaceAll(t.Service+"-"+t.Slot, ".", "-"),
+		Hostname:    cmp.Or(hostname, strings.ReplaceAll(t.Service+"-"+t.Slot, ".", "-")),
 	}
 	switch {
 	case spec.Log.Driver == sched.LogDriverNone:
@@ -419,7 +436,7 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) shoalrt.TaskSpec {
 			ts.Mounts = append(ts.Mounts, shoalrt.Mount{Target: m.Target, Tmpfs: true, SizeBytes: m.SizeBytes})
 		}
 	}
-	return ts
+	return ts, nil
 }
 
 // watchTask follows a running container: its exit, and its health checks.

@@ -96,9 +96,9 @@ var (
 	// env_file is compose-go's: it merges the files into environment.
 	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "env_file", "stop_signal", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks", "cap_add", "cap_drop",
-		"ulimits", "sysctls", "extra_hosts", "logging"}
+		"ulimits", "sysctls", "extra_hosts", "logging", "hostname"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
-		"labels", "profiles", "pull_policy", "stdin_open", "tty", "hostname"}
+		"labels", "profiles", "pull_policy", "stdin_open", "tty"}
 )
 
 // Convert maps project p to stack stack.
@@ -182,7 +182,7 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	}
 	spec.Args = []string(svc.Command)
 	spec.Entrypoint = []string(svc.Entrypoint)
-	spec.User, spec.WorkDir, spec.ReadOnly = svc.User, svc.WorkingDir, svc.ReadOnly
+	spec.User, spec.WorkDir, spec.ReadOnly, spec.Hostname = svc.User, svc.WorkingDir, svc.ReadOnly, svc.Hostname
 	spec.CapAdd, spec.CapDrop = svc.CapAdd, svc.CapDrop
 	for _, name := range slices.Sorted(maps.Keys(svc.Ulimits)) {
 		u := svc.Ulimits[name]

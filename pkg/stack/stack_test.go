@@ -336,3 +336,15 @@ services:
 		}
 	}
 }
+
+// hostname maps to the tasks' hostname, templates included.
+func TestConvertHostname(t *testing.T) {
+	_, err := Convert(load(t, "app", "services:\n  a: {image: x, hostname: \"{{.Task.Slot}}.a\"}\n  b: {image: x, hostname: \"bad_name\"}\n"), "app")
+	if err == nil || !strings.Contains(err.Error(), `service b: hostname "bad_name"`) {
+		t.Fatalf("Convert: %v, want b's hostname refused", err)
+	}
+	plan, err := Convert(load(t, "app", "services:\n  a: {image: x, hostname: \"{{.Task.Slot}}.a\"}\n"), "app")
+	if err != nil || plan.Services[0].Hostname != "{{.Task.Slot}}.a" || len(plan.Warnings) != 0 {
+		t.Fatalf("Convert: %+v, %v", plan, err)
+	}
+}

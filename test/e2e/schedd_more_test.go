@@ -1131,6 +1131,32 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "caps")
 	})
 
+	t.Run("Templates", func(t *testing.T) {
+		// Swarm's service templates: the hostname and environment values
+		// are expanded on the node that starts each task.
+		c.mustCtl(1, "service", "create", "tpl", "--image", img, "--replicas", "2", "--stop-grace", "1s",
+			"--hostname", "{{.Service.Name}}-{{.Task.Slot}}-{{.Node.ID}}", "--env", "NODE_HOST={{.Node.Hostname}}", "--env", "TASK={{.Task.ID}}",
+			"--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "tpl")
+		statd := nodeClient(t, c.Cluster, 1)
+		for _, tk := range c.currentTasks("tpl") {
+			host, ok := getField(statd, "/nodes/"+tk.GetNode(), "hostname")
+			if !ok {
+				t.Fatalf("node %s has no hostname in its document", tk.GetNode())
+			}
+			want := fmt.Sprintf("tpl-%s-%s\n%s\n%s\n", tk.GetSlot(), tk.GetNode(), host, tk.GetId())
+			if out := c.mustCtl(2, "task", "exec", tk.GetId(), "--", "sh", "-c", "hostname; echo $NODE_HOST; echo $TASK"); out != want {
+				t.Errorf("task %s: hostname, node and task %q, want %q", tk.GetId(), out, want)
+			}
+		}
+		// A template that cannot be expanded is refused before anything
+		// changes.
+		if _, errOut, code := c.ctl(1, "service", "update", "tpl", "--hostname", "{{.Node.Name}}"); code == 0 || !strings.Contains(errOut, "hostname: template") {
+			t.Errorf("update with a bad template: exit %d, %q", code, errOut)
+		}
+		c.mustCtl(1, "service", "rm", "tpl")
+	})
+
 	t.Run("StopSignal", func(t *testing.T) {
 		// --stop-signal reaches the task: its trap for SIGUSR1 ends it with
 		// status 0, where the default signal would have been ignored (the
