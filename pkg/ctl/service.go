@@ -54,6 +54,8 @@ type specFlags struct {
 	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
 	envFiles, hosts, prefs, logOpts                        []string
 	logDriver, hostname                                    string
+	limitCPU, reserveCPU, limitMemory, reserveMemory       string
+	mounts                                                 []string
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -76,13 +78,22 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.schedule, "schedule", "", "run the job at these times, not now: 5 cron fields (\"0 3 * * *\"), @hourly, @daily or @every 30m (UTC; prefix CRON_TZ=Europe/Paris for another zone)")
 	fs.StringVar(&f.cpu, "cpu", "", "CPUs reserved and limited per task: 0.5, 2 or 500m")
 	fs.StringVar(&f.memory, "memory", "", "memory reserved and limited per task: 256m, 1GiB")
+	// Docker's names: Shoal reserves what it limits.
+	fs.StringVar(&f.limitCPU, "limit-cpu", "", "--cpu, by Docker's name")
+	fs.StringVar(&f.reserveCPU, "reserve-cpu", "", "--cpu, by Docker's name")
+	fs.StringVar(&f.limitMemory, "limit-memory", "", "--memory, by Docker's name")
+	fs.StringVar(&f.reserveMemory, "reserve-memory", "", "--memory, by Docker's name")
+	normalizeDockerNames(fs)
+	if create {
+		fs.StringArrayVar(&f.mounts, "mount", nil, "Docker's mount syntax for a volume (type=volume,source=NAME,target=/path[,readonly]) or a tmpfs (type=tmpfs,target=/path[,tmpfs-size=64m]) (repeatable)")
+	}
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	fs.StringArrayVar(&f.envFiles, "env-file", nil, "read environment variables from a file: KEY=VALUE lines, # comments, a bare KEY taken from this shell (repeatable; --env entries come after)")
 	fs.StringArrayVar(&f.constraints, "constraint", nil, "placement constraint, e.g. node.labels.zone==eu (repeatable)")
 	fs.StringVar(&f.placement, "placement", "", "placement strategy: spread or binpack")
 	fs.StringArrayVar(&f.prefs, "placement-pref", nil, "spread the tasks evenly over a node label's values first: spread=node.labels.LABEL (repeatable, strongest first)")
 	fs.IntVar(&f.maxPerNode, "replicas-max-per-node", 0, "at most this many tasks on one node (0: no bound)")
-	fs.StringVar(&f.restart, "restart", "", "restart policy: always, on-failure or never")
+	fs.StringVar(&f.restart, "restart", "", "restart policy: always, on-failure or never (--restart-condition any, on-failure, none: Docker's)")
 	fs.IntVar(&f.maxAttempts, "restart-max-attempts", 0, "restarts allowed per slot (0: unlimited)")
 	fs.DurationVar(&f.restartDelay, "restart-delay", 0, "wait before the first restart, doubled at each next one (default 1s)")
 	fs.DurationVar(&f.restartMaxDelay, "restart-max-delay", 0, "longest wait between restarts (default 30s)")
@@ -99,7 +110,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.order, "update-order", "", "update order: stop-first or start-first")
 	fs.StringVar(&f.failure, "update-failure-action", "", "on a failed update: pause or rollback")
 	fs.DurationVar(&f.monitor, "update-monitor", 0, "time after a task starts during which its failure fails the update")
-	fs.DurationVar(&f.stopGrace, "stop-grace", 0, "time between SIGTERM and SIGKILL when stopping a task")
+	fs.DurationVar(&f.stopGrace, "stop-grace", 0, "time between SIGTERM and SIGKILL when stopping a task (also --stop-grace-period)")
 	fs.StringVar(&f.stopSignal, "stop-signal", "", "signal that stops a task before the grace ends in SIGKILL (default: the image's, else SIGTERM)")
 	fs.StringArrayVar(&f.labels, "label", nil, "service label KEY=VALUE (repeatable)")
 	fs.StringArrayVarP(&f.publish, "publish", "p", nil, "publish a port HOST:CONTAINER[/tcp|udp] (repeatable)")
@@ -154,19 +165,23 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	if set("replicas") {
 		spec.Replicas = f.replicas
 	}
-	if fs.Changed("cpu") {
-		v, err := parseCPU(f.cpu)
-		if err != nil {
-			return usageError{err}
-		}
-		spec.CPUMillis = v
+	cpu, ok, err := oneValue(fs, []string{"cpu", "limit-cpu", "reserve-cpu"}, []string{f.cpu, f.limitCPU, f.reserveCPU}, parseCPU)
+	if err != nil {
+		return usageError{err}
+	} else if ok {
+		spec.CPUMillis = cpu
 	}
-	if fs.Changed("memory") {
-		v, err := sched.ParseBytes(f.memory)
+	memory, ok, err := oneValue(fs, []string{"memory", "limit-memory", "reserve-memory"}, []string{f.memory, f.limitMemory, f.reserveMemory}, func(s string) (int64, error) {
+		v, err := sched.ParseBytes(s)
 		if err != nil {
-			return usageError{fmt.Errorf("memory %w", err)}
+			return 0, fmt.Errorf("memory %w", err)
 		}
-		spec.MemoryBytes = v
+		return v, nil
+	})
+	if err != nil {
+		return usageError{err}
+	} else if ok {
+		spec.MemoryBytes = memory
 	}
 	if fs.Changed("env") || fs.Changed("env-file") {
 		var env []string
@@ -195,7 +210,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"schedule", func() { spec.Schedule = f.schedule }},
 		{"max-concurrent", func() { spec.MaxConcurrent = f.maxConcurrent }},
 		{"replicas-max-per-node", func() { spec.MaxPerNode = f.maxPerNode }},
-		{"restart", func() { spec.Restart.Policy = sched.RestartCondition(f.restart) }},
+		{"restart", func() { spec.Restart.Policy = sched.RestartCondition(dockerRestart(f.restart)) }},
 		{"restart-delay", func() { spec.Restart.Delay = sched.Duration(f.restartDelay) }},
 		{"restart-max-delay", func() { spec.Restart.MaxDelay = sched.Duration(f.restartMaxDelay) }},
 		{"restart-max-attempts", func() { spec.Restart.MaxAttempts = f.maxAttempts }},
@@ -308,6 +323,17 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 			spec.Sysctls[k] = v
 		}
 	}
+	for _, m := range f.mounts {
+		volume, tmpfs, err := parseMount(m)
+		if err != nil {
+			return usageError{err}
+		}
+		if volume != "" {
+			spec.Volumes = append(spec.Volumes, volume)
+		} else {
+			spec.Tmpfs = append(spec.Tmpfs, tmpfs)
+		}
+	}
 	if fs.Changed("log-driver") || fs.Changed("log-opt") {
 		if err := f.applyLog(fs, spec); err != nil {
 			return usageError{err}
@@ -391,12 +417,15 @@ func readEnvFile(name string) ([]string, error) {
 
 // parsePublish parses HOST:CONTAINER[/tcp|udp].
 func parsePublish(s string) (sched.Port, error) {
+	if strings.Contains(s, "=") {
+		return parseLongPublish(s)
+	}
 	spec, proto, _ := strings.Cut(s, "/")
 	h, c, ok := strings.Cut(spec, ":")
 	host, err1 := strconv.Atoi(h)
 	ctr, err2 := strconv.Atoi(c)
 	if !ok || err1 != nil || err2 != nil {
-		return sched.Port{}, fmt.Errorf("--publish %q: want HOST:CONTAINER[/tcp|udp], e.g. 8080:80", s)
+		return sched.Port{}, fmt.Errorf("--publish %q: want HOST:CONTAINER[/tcp|udp], e.g. 8080:80, or published=8080,target=80", s)
 	}
 	return sched.Port{Host: host, Container: ctr, Protocol: proto}, nil
 }

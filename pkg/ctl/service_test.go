@@ -138,6 +138,18 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"hostname template", []string{"--hostname", "{{.Service.Name}}-{{.Task.Slot}}", "--env", "NODE={{.Node.Hostname}}"}, func(s sched.ServiceSpec) bool {
 			return s.Hostname == "{{.Service.Name}}-{{.Task.Slot}}" && strings.Join(s.Env, "") == "NODE={{.Node.Hostname}}"
 		}},
+		{"docker's flag names", []string{"--limit-cpu", "0.5", "--reserve-cpu", "500m", "--limit-memory", "256m", "--stop-grace-period", "5s", "--restart-condition", "any"},
+			func(s sched.ServiceSpec) bool {
+				return s.CPUMillis == 500 && s.MemoryBytes == 256<<20 && s.StopGrace.D() == 5*time.Second && s.Restart.Policy == sched.RestartAlways
+			}},
+		{"docker's restart none", []string{"--restart-condition", "none"}, func(s sched.ServiceSpec) bool { return s.Restart.Policy == sched.RestartNever }},
+		{"docker's mounts", []string{"--mount", "type=volume,source=data,target=/data,readonly", "--mount", "type=tmpfs,target=/tmp,tmpfs-size=64m", "--mount", "src=logs,dst=/logs", "--volume", "more:/more"},
+			func(s sched.ServiceSpec) bool {
+				return strings.Join(s.Volumes, " ") == "more:/more data:/data:ro logs:/logs" && strings.Join(s.Tmpfs, " ") == "/tmp:64m"
+			}},
+		{"docker's long publish", []string{"--publish", "published=8080,target=80,protocol=udp", "--publish", "8081:81"}, func(s sched.ServiceSpec) bool {
+			return len(s.Ports) == 2 && s.Ports[0] == sched.Port{Host: 8080, Container: 80, Protocol: "udp"} && s.Ports[1].Host == 8081
+		}},
 		{"no health check", []string{"--no-healthcheck"}, func(s sched.ServiceSpec) bool { return s.Health.Disable && !s.Health.Enabled() }},
 		{"log options", []string{"--log-opt", "max-size=10m", "--log-opt", "max-file=3"}, func(s sched.ServiceSpec) bool {
 			return s.Log == sched.LogConfig{MaxSize: 10 << 20, MaxFiles: 3}
@@ -211,6 +223,15 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--no-healthcheck", "--health-retries", "2"}, "--no-healthcheck and --health-retries: a disabled check has no settings"},
 		{[]string{"--hostname", "web_1"}, `hostname "web_1" (from "web_1") is not a hostname`},
 		{[]string{"--env", "A={{.Node.Name}}"}, `env A: template "{{.Node.Name}}"`},
+		{[]string{"--limit-memory", "256m", "--reserve-memory", "128m"}, "--limit-memory 256m and --reserve-memory 128m differ: Shoal reserves what it limits"},
+		{[]string{"--cpu", "1", "--limit-cpu", "2"}, "--cpu 1 and --limit-cpu 2 differ"},
+		{[]string{"--mount", "type=bind,source=/srv,target=/srv"}, "host paths are not mounted into tasks"},
+		{[]string{"--mount", "type=volume,target=/data"}, "a volume needs its source"},
+		{[]string{"--mount", "type=volume,source=x,target=/d,volume-driver=local"}, "volume-driver is not supported"},
+		{[]string{"--mount", "source=x"}, "target is missing"},
+		{[]string{"--publish", "published=8080,target=80,mode=host"}, "mode=host: Shoal publishes a port on every node"},
+		{[]string{"--publish", "published=8080"}, "want published=HOST,target=CONTAINER"},
+		{[]string{"--restart-condition", "sometimes"}, `restart policy "sometimes" is unknown`},
 		{[]string{"--log-driver", "syslog"}, `log driver "syslog" is not supported`},
 		{[]string{"--log-opt", "max-size"}, `--log-opt "max-size": want KEY=VALUE`},
 		{[]string{"--log-opt", "compress=true"}, `log option "compress" is not supported`},

@@ -1,0 +1,166 @@
+package ctl
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/pflag"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+)
+
+// dockerAliases are `docker service create` flag names that mean the
+// same as one of shoalctl's, so that a Swarm user's commands and scripts
+// run as they are.
+var dockerAliases = map[string]string{
+	"stop-grace-period": "stop-grace",
+	"restart-condition": "restart",
+}
+
+// normalizeDockerNames makes dockerAliases' names work on fs.
+func normalizeDockerNames(fs *pflag.FlagSet) {
+	fs.SetNormalizeFunc(func(_ *pflag.FlagSet, name string) pflag.NormalizedName {
+		if to, ok := dockerAliases[name]; ok {
+			return pflag.NormalizedName(to)
+		}
+		return pflag.NormalizedName(name)
+	})
+}
+
+// dockerRestart maps Docker's restart conditions to Shoal's policies.
+func dockerRestart(s string) string {
+	switch s {
+	case "any":
+		return string(sched.RestartAlways)
+	case "none":
+		return string(sched.RestartNever)
+	}
+	return s
+}
+
+// oneValue reads a resource given by any of several flags (Shoal's
+// --cpu, Docker's --limit-cpu and --reserve-cpu): Shoal reserves what it
+// limits, so every value given must be the same. ok is false when none
+// was given.
+func oneValue(fs *pflag.FlagSet, names []string, values []string, parse func(string) (int64, error)) (v int64, ok bool, err error) {
+	first := ""
+	for i, name := range names {
+		if !fs.Changed(name) {
+			continue
+		}
+		x, err := parse(values[i])
+		if err != nil {
+			return 0, false, err
+		}
+		if ok && x != v {
+			return 0, false, fmt.Errorf("--%s %s and --%s %s differ: Shoal reserves what it limits, give one value", first, values[slices.Index(names, first)], name, values[i])
+		}
+		if !ok {
+			first = name
+		}
+		v, ok = x, true
+	}
+	return v, ok, nil
+}
+
+// parseMount reads Docker's --mount for what Shoal mounts: a replicated
+// volume (type=volume, the default) or a tmpfs, as a --volume or --tmpfs
+// entry.
+func parseMount(s string) (volume, tmpfs string, err error) {
+	kind, src, dst, size := "volume", "", "", ""
+	readOnly := false
+	for _, field := range strings.Split(s, ",") {
+		k, v, hasValue := strings.Cut(field, "=")
+		switch strings.ToLower(k) {
+		case "type":
+			kind = v
+		case "source", "src":
+			src = v
+		case "target", "destination", "dst":
+			dst = v
+		case "readonly", "ro":
+			if !hasValue {
+				readOnly = true
+				break
+			}
+			b, perr := strconv.ParseBool(v)
+			if perr != nil {
+				return "", "", fmt.Errorf("--mount %q: readonly=%s: want true or false", s, v)
+			}
+			readOnly = b
+		case "tmpfs-size":
+			size = v
+		case "volume-driver", "volume-opt", "volume-label", "volume-nocopy", "tmpfs-mode", "consistency", "bind-propagation":
+			return "", "", fmt.Errorf("--mount %q: %s is not supported (Shoal's volumes are its own replicated volumes: see shoalctl volume create)", s, k)
+		default:
+			return "", "", fmt.Errorf("--mount %q: unknown field %q: want type, source, target, readonly or tmpfs-size", s, k)
+		}
+	}
+	if dst == "" {
+		return "", "", fmt.Errorf("--mount %q: target is missing", s)
+	}
+	switch kind {
+	case "volume":
+		if src == "" {
+			return "", "", fmt.Errorf("--mount %q: a volume needs its source (Shoal makes no anonymous volumes)", s)
+		}
+		volume = src + ":" + dst
+		if readOnly {
+			volume += ":ro"
+		}
+		return volume, "", nil
+	case "tmpfs":
+		if src != "" || readOnly {
+			return "", "", fmt.Errorf("--mount %q: a tmpfs has no source and is writable", s)
+		}
+		tmpfs = dst
+		if size != "" {
+			tmpfs += ":" + size
+		}
+		return "", tmpfs, nil
+	case "bind":
+		return "", "", errors.New("--mount type=bind: host paths are not mounted into tasks (a task may run on any node); use a volume, a config or a secret")
+	}
+	return "", "", fmt.Errorf("--mount %q: type %q: want volume or tmpfs", s, kind)
+}
+
+// parseLongPublish reads Docker's long --publish syntax:
+// published=8080,target=80[,protocol=udp][,mode=ingress].
+func parseLongPublish(s string) (sched.Port, error) {
+	var p sched.Port
+	bad := func(format string, args ...any) (sched.Port, error) {
+		return sched.Port{}, fmt.Errorf("--publish %q: "+format, append([]any{s}, args...)...)
+	}
+	for _, field := range strings.Split(s, ",") {
+		k, v, _ := strings.Cut(field, "=")
+		switch k {
+		case "published":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return bad("published=%s: want a port", v)
+			}
+			p.Host = n
+		case "target":
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				return bad("target=%s: want a port", v)
+			}
+			p.Container = n
+		case "protocol":
+			p.Protocol = v
+		case "mode":
+			if v != "ingress" {
+				return bad("mode=%s: Shoal publishes a port on every node (mode=ingress)", v)
+			}
+		default:
+			return bad("unknown field %q: want published, target, protocol or mode", k)
+		}
+	}
+	if p.Host == 0 || p.Container == 0 {
+		return bad("want published=HOST,target=CONTAINER")
+	}
+	return p, nil
+}
