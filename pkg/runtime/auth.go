@@ -28,35 +28,46 @@ func DockerConfigAuth(path string) func(host string) (string, string, error) {
 		if err != nil {
 			return "", "", fmt.Errorf("registry credentials: %w", err)
 		}
-		var cfg struct {
-			Auths map[string]struct {
-				Auth     string `json:"auth"`
-				Username string `json:"username"`
-				Password string `json:"password"`
-			} `json:"auths"`
-		}
-		if err := json.Unmarshal(data, &cfg); err != nil {
+		user, pass, _, err := DockerConfigCredentials(data, host)
+		if err != nil {
 			return "", "", fmt.Errorf("registry credentials %s: %w", path, err)
 		}
-		keys := []string{host, "https://" + host, "http://" + host}
-		if host == "registry-1.docker.io" || host == "docker.io" {
-			keys = append(keys, "https://index.docker.io/v1/", "docker.io", "index.docker.io")
-		}
-		for _, k := range keys {
-			a, ok := cfg.Auths[k]
-			if !ok {
-				continue
-			}
-			if a.Auth == "" {
-				return a.Username, a.Password, nil
-			}
-			raw, err := base64.StdEncoding.DecodeString(a.Auth)
-			user, pass, found := strings.Cut(string(raw), ":")
-			if err != nil || !found {
-				return "", "", fmt.Errorf("registry credentials %s: the auth of %s is not base64 of USER:PASSWORD", path, k)
-			}
-			return user, pass, nil
-		}
-		return "", "", nil
+		return user, pass, nil
 	}
+}
+
+// DockerConfigCredentials finds host's credentials in data, a file in
+// the format `docker login` writes; found is false if it names no such
+// host.
+func DockerConfigCredentials(data []byte, host string) (user, pass string, found bool, err error) {
+	var cfg struct {
+		Auths map[string]struct {
+			Auth     string `json:"auth"`
+			Username string `json:"username"`
+			Password string `json:"password"`
+		} `json:"auths"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return "", "", false, err
+	}
+	keys := []string{host, "https://" + host, "http://" + host}
+	if host == "registry-1.docker.io" || host == "docker.io" {
+		keys = append(keys, "https://index.docker.io/v1/", "docker.io", "index.docker.io")
+	}
+	for _, k := range keys {
+		a, ok := cfg.Auths[k]
+		if !ok {
+			continue
+		}
+		if a.Auth == "" {
+			return a.Username, a.Password, true, nil
+		}
+		raw, err := base64.StdEncoding.DecodeString(a.Auth)
+		user, pass, ok := strings.Cut(string(raw), ":")
+		if err != nil || !ok {
+			return "", "", false, fmt.Errorf("the auth of %s is not base64 of USER:PASSWORD", k)
+		}
+		return user, pass, true, nil
+	}
+	return "", "", false, nil
 }

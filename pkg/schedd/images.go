@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +18,8 @@ import (
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
+	"github.com/shoal-dev/shoal/pkg/secret"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
@@ -200,7 +203,7 @@ func (n *node) ensureImage(ctx context.Context, ref string) error {
 	// from here rather than from the registry.
 	if _, perr := shoalrt.PullableRef(ref); perr == nil {
 		start := time.Now()
-		img, err := n.rt.Pull(ctx, ref, shoalrt.PullOptions{PlainHTTP: n.cfg.InsecureRegistries, Auth: shoalrt.DockerConfigAuth(n.cfg.RegistryAuth)})
+		img, err := n.rt.Pull(ctx, ref, shoalrt.PullOptions{PlainHTTP: n.cfg.InsecureRegistries, Auth: n.registryAuth(ctx)})
 		if err == nil {
 			n.log.Info("image pulled from registry", "image", img.Name, "digest", img.Digest, "duration", time.Since(start).Round(time.Millisecond))
 			if err := n.publishImage(ctx, img); err != nil {
@@ -375,4 +378,37 @@ func (n *node) loadImage(ctx context.Context, recv func() ([]byte, error)) ([]sh
 		}
 	}
 	return imgs, nil
+}
+
+// registryAuth gives a pull the credentials of a registry host: those
+// `shoalctl registry login` stored for the whole cluster (a secret
+// labelled secret.RegistryLabel), else those of the node's
+// registry_auth file, else none (an anonymous pull).
+func (n *node) registryAuth(ctx context.Context) func(host string) (string, string, error) {
+	fromFile := shoalrt.DockerConfigAuth(n.cfg.RegistryAuth)
+	return func(host string) (string, string, error) {
+		list, err := n.statd.Secrets.ListSecrets(ctx, &clusterv1.ListSecretsRequest{})
+		if err != nil {
+			n.log.Warn("registry credentials of the cluster not read: the node's file only", "registry", host, "err", err)
+			return fromFile(host)
+		}
+		for _, info := range list.GetSecrets() {
+			if info.GetLabels()[secret.RegistryLabel] != host {
+				continue
+			}
+			resp, err := n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: info.GetName()})
+			if err != nil {
+				return "", "", fmt.Errorf("registry credentials of %s (secret %s): %w", host, info.GetName(), err)
+			}
+			user, pass, found, err := shoalrt.DockerConfigCredentials(resp.GetData(), host)
+			if err == nil && !found {
+				err = errors.New("they do not name it")
+			}
+			if err != nil {
+				return "", "", fmt.Errorf("registry credentials of %s (secret %s): %w", host, info.GetName(), err)
+			}
+			return user, pass, nil
+		}
+		return fromFile(host)
+	}
 }

@@ -78,3 +78,20 @@ func TestValidName(t *testing.T) {
 		}
 	}
 }
+
+func TestRegistryName(t *testing.T) {
+	for host, want := range map[string]string{
+		"ghcr.io":              "registry.ghcr.io",
+		"10.99.0.1:5000":       "registry.10.99.0.1_5000",
+		"[fd00::1]:5000":       "registry.fd00__1__5000",
+		"registry.example.com": "registry.registry.example.com",
+	} {
+		if got := RegistryName(host); got != want {
+			t.Errorf("RegistryName(%q) = %q, want %q", host, got, want)
+		}
+	}
+	long := strings.Repeat("a", 60) + ".example.com"
+	if got := RegistryName(long); ValidName(got) != nil || len(got) > 64 || got == RegistryName(long+"x") {
+		t.Errorf("RegistryName of a long host: %q", got)
+	}
+}

@@ -509,9 +509,11 @@ func TestSchedulerMore(t *testing.T) {
 		var pulls, refused atomic.Int32
 		var requireAuth atomic.Bool
 		password := fmt.Sprintf("pw-%d", rand.Int64())
+		var want atomic.Pointer[string] // the password the registry takes
+		want.Store(&password)
 		reg := registry.New(registry.Logger(log.New(io.Discard, "", 0)))
 		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if user, pass, ok := r.BasicAuth(); requireAuth.Load() && (!ok || user != "puller" || pass != password) {
+			if user, pass, ok := r.BasicAuth(); requireAuth.Load() && (!ok || user != "puller" || pass != *want.Load()) {
 				refused.Add(1)
 				w.Header().Set("WWW-Authenticate", `Basic realm="shoal-e2e"`)
 				http.Error(w, "unauthorized", http.StatusUnauthorized)
@@ -544,6 +546,43 @@ func TestSchedulerMore(t *testing.T) {
 			t.Fatalf("%d fetches from the registry with the password, %d refused without it: want both", pulls.Load(), refused.Load())
 		}
 		c.mustCtl(1, "service", "rm", "pulled")
+
+		// The password changes; the nodes' files keep the old one. Stored
+		// once for the cluster with registry login, the new one is what
+		// every node pulls with.
+		requireAuth.Store(false)
+		ref2 := lis.Addr().String() + "/shoal/busybox:reg2"
+		pushTestImage(t, lis.Addr().String(), "shoal/busybox", "reg2")
+		password2 := fmt.Sprintf("pw2-%d", rand.Int64())
+		want.Store(&password2)
+		requireAuth.Store(true)
+		pulls.Store(0)
+		host := lis.Addr().String()
+		if out := c.mustCtl(3, "registry", "login", host, "-u", "puller", "-p", password2); !strings.Contains(out, "credentials of "+host+" stored") {
+			t.Fatalf("registry login: %q", out)
+		}
+		t.Cleanup(func() { c.ctl(1, "registry", "logout", host) })
+		var listed []struct{ Host, Secret string }
+		if err := json.Unmarshal([]byte(c.mustCtl(1, "registry", "ls", "-o", "json")), &listed); err != nil || len(listed) != 1 || listed[0].Host != host {
+			t.Fatalf("registry ls: %+v, %v", listed, err)
+		}
+		if out := c.mustCtl(2, "secret", "ls"); strings.Contains(out, password2) {
+			t.Fatalf("secret ls shows the password:\n%s", out)
+		}
+		t.Cleanup(func() { c.ctl(1, "service", "rm", "pulled2") })
+		c.mustCtl(1, "service", "create", "pulled2", "--image", ref2, "--replicas", "3", "--replicas-max-per-node", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "pulled2")
+		if got := c.perNode("pulled2", 3); got != [3]int{1, 1, 1} || pulls.Load() == 0 {
+			t.Fatalf("pulled2 runs %v per node after %d fetches with the cluster's password, want 1/1/1", got, pulls.Load())
+		}
+		c.mustCtl(1, "service", "rm", "pulled2")
+		c.mustCtl(2, "registry", "logout", host)
+		if out := c.mustCtl(1, "registry", "ls"); strings.Contains(out, host) {
+			t.Errorf("registry ls after logout:\n%s", out)
+		}
+		if _, errOut, code := c.ctl(1, "registry", "logout", host); code != 3 || !strings.Contains(errOut, "no credentials") {
+			t.Errorf("a second logout: exit %d, %q; want 3, no credentials", code, errOut)
+		}
 	})
 
 	t.Run("DockerSaveLoad", func(t *testing.T) {
