@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"os"
@@ -10,6 +11,9 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"golang.org/x/term"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
@@ -17,7 +21,7 @@ import (
 
 func (a *app) imageCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "image", Short: "Load, list and remove images (no registry needed)"}
-	cmd.AddCommand(a.imageLoad(), a.imageLs(), a.imageRm())
+	cmd.AddCommand(a.imageLoad(), a.imageLs(), a.imageRm(), a.imagePrune())
 	return cmd
 }
 
@@ -181,4 +185,90 @@ func nodesText(ids []string) string {
 		return "no node"
 	}
 	return strings.Join(ids, ", ")
+}
+
+// prunedImagesView is what image prune did.
+type prunedImagesView struct {
+	Removed []removedImageView `json:"removed"`
+	// Kept are the images a service still names, with why.
+	Kept []keptImageView `json:"kept"`
+}
+
+type keptImageView struct {
+	Name   string `json:"name"`
+	Digest string `json:"digest"`
+	Reason string `json:"reason"`
+}
+
+func (a *app) imagePrune() *cobra.Command {
+	var format string
+	var force bool
+	cmd := &cobra.Command{
+		Use:   "prune",
+		Short: "Remove every image no service names, from every node",
+		Long: `Removes, as image rm does, every image of the cluster that no service's
+spec (nor the previous spec a rollback returns to) names; the others are
+kept and listed. Asks first on a terminal; -f does not ask (needed when
+stdin is not a terminal).`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			if !force {
+				if !term.IsTerminal(int(os.Stdin.Fd())) {
+					return usageError{fmt.Errorf("image prune removes images from every node: give -f to confirm (stdin is not a terminal to ask)")}
+				}
+				fmt.Fprint(a.errOut, "Remove every image no service names, from every node? [y/N] ")
+				var answer string
+				fmt.Fscanln(os.Stdin, &answer)
+				if ans := strings.ToLower(strings.TrimSpace(answer)); ans != "y" && ans != "yes" {
+					return fmt.Errorf("nothing removed")
+				}
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.ListImages(ctx, &schedv1.ListImagesRequest{})
+			if err != nil {
+				return err
+			}
+			wait := min(10*time.Second, max(a.timeout-2*time.Second, a.timeout/2))
+			view := prunedImagesView{Removed: []removedImageView{}, Kept: []keptImageView{}}
+			var failed error
+			for _, img := range resp.GetImages() {
+				r, err := c.RemoveImage(ctx, &schedv1.RemoveImageRequest{Ref: img.GetDigest(), Wait: durationpb.New(wait)})
+				switch {
+				case status.Code(err) == codes.FailedPrecondition:
+					view.Kept = append(view.Kept, keptImageView{Name: img.GetName(), Digest: img.GetDigest(), Reason: status.Convert(err).Message()})
+				case status.Code(err) == codes.NotFound:
+					// Removed meanwhile.
+				case err != nil:
+					fmt.Fprintf(a.errOut, "error: %s: %s\n", img.GetName(), describe(err))
+					failed = cmp.Or(failed, error(exitError{code: exitCode(err)}))
+				default:
+					view.Removed = append(view.Removed, removedImageView{Name: r.GetName(), Digest: r.GetDigest(), RemovedFrom: nonNil(r.GetRemovedFrom()), Pending: r.GetPending()})
+				}
+			}
+			if err := render(a.out, format, view, func(tw *tabwriter.Writer) {
+				for _, v := range view.Removed {
+					fmt.Fprintf(tw, "removed %s (%s) from %s\n", v.Name, short(v.Digest), nodesText(v.RemovedFrom))
+				}
+				for _, v := range view.Kept {
+					fmt.Fprintf(tw, "kept %s (%s): in use\n", v.Name, short(v.Digest))
+				}
+				if len(view.Removed) == 0 {
+					fmt.Fprintln(tw, "no image to remove")
+				}
+			}); err != nil {
+				return err
+			}
+			return failed
+		},
+	}
+	cmd.Flags().BoolVarP(&force, "force", "f", false, "do not ask")
+	outputFlag(cmd, &format)
+	return cmd
 }

@@ -699,6 +699,26 @@ func TestSchedulerMore(t *testing.T) {
 			t.Errorf("the loaded-again image's file in the task on n1: %q", out)
 		}
 		c.mustCtl(1, "service", "rm", "back")
+
+		// image prune removes what no service names (ref, now), and keeps
+		// what one does (the test image, under a service made for it).
+		c.mustCtl(1, "service", "create", "keeper", "--image", img, "--stop-grace", "1s", "-d", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "keeper")
+		if _, errOut, code := c.ctl(3, "image", "prune"); code != 2 || !strings.Contains(errOut, "give -f") {
+			t.Errorf("image prune without -f and without a terminal: exit %d, %q", code, errOut)
+		}
+		out = c.mustCtl(3, "image", "prune", "-f", "-o", "json")
+		var pruned struct {
+			Removed []struct{ Name string }
+			Kept    []struct{ Name, Reason string }
+		}
+		decode(t, out, &pruned)
+		if !slices.ContainsFunc(pruned.Removed, func(x struct{ Name string }) bool { return x.Name == ref }) ||
+			!slices.ContainsFunc(pruned.Kept, func(x struct{ Name, Reason string }) bool { return x.Name == img && strings.Contains(x.Reason, "keeper") }) {
+			t.Errorf("image prune: %s; want %s removed and %s kept for keeper", out, ref, img)
+		}
+		waitFor(t, 30*time.Second, "every node drops the pruned image", func() bool { return !held(1) && !held(2) && !held(3) })
+		c.mustCtl(1, "service", "rm", "keeper")
 	})
 
 	t.Run("Secrets", func(t *testing.T) {
