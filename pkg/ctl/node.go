@@ -20,7 +20,53 @@ import (
 func (a *app) nodeCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Short: "List, inspect, label, pause, drain and remove cluster nodes"}
 	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel(), a.nodeAvailability("drain"), a.nodeAvailability("pause"),
-		a.nodeAvailability("activate"), a.nodeRm())
+		a.nodeAvailability("activate"), a.nodeRm(), a.nodePs())
+	return cmd
+}
+
+// nodePs is Docker's node ps: task ls --node.
+func (a *app) nodePs() *cobra.Command {
+	var format string
+	var all bool
+	cmd := &cobra.Command{
+		Use:   "ps [NODE]",
+		Short: "List the tasks of a node (default: this one); task ls --node",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := checkFormat(format); err != nil {
+				return err
+			}
+			node := ""
+			if len(args) == 1 {
+				node = args[0]
+			} else {
+				st, ctx, done, err := a.statdCall(cmd)
+				if err != nil {
+					return err
+				}
+				resp, err := st.Cluster.Status(ctx, &clusterv1.StatusRequest{})
+				done()
+				if err != nil {
+					return err
+				}
+				if node = resp.GetNodeId(); node == "" {
+					return fmt.Errorf("this node is in no cluster: name a node")
+				}
+			}
+			c, ctx, done, err := a.scheddCall(cmd)
+			if err != nil {
+				return err
+			}
+			defer done()
+			resp, err := c.ListTasks(ctx, &schedv1.ListTasksRequest{Node: node, All: all})
+			if err != nil {
+				return err
+			}
+			return renderTasks(a, format, resp.GetTasks())
+		},
+	}
+	outputFlag(cmd, &format)
+	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
 	return cmd
 }
 

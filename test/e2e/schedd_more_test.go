@@ -1207,6 +1207,16 @@ func TestSchedulerMore(t *testing.T) {
 			if out := c.mustCtl(2, "task", "exec", tk.GetId(), "--", "sh", "-c", "hostname; echo $NODE_HOST; echo $TASK"); out != want {
 				t.Errorf("task %s: hostname, node and task %q, want %q", tk.GetId(), out, want)
 			}
+			// node ps lists it, named or (on its node) not.
+			home := c.nodeIndex(tk.GetNode())
+			for _, args := range [][]string{{"node", "ps", tk.GetNode(), "-o", "json"}, {"node", "ps", "-o", "json"}} {
+				var listed []struct{ ID, Node string }
+				decode(t, c.mustCtl(home, args...), &listed)
+				if !slices.ContainsFunc(listed, func(x struct{ ID, Node string }) bool { return x.ID == tk.GetId() }) ||
+					slices.ContainsFunc(listed, func(x struct{ ID, Node string }) bool { return x.Node != tk.GetNode() }) {
+					t.Errorf("%v on node %d: %+v, want %s's tasks with %s", args, home, listed, tk.GetNode(), tk.GetId())
+				}
+			}
 		}
 		// A template that cannot be expanded is refused before anything
 		// changes.
