@@ -128,7 +128,7 @@ func parseMount(s string) (volume, tmpfs string, err error) {
 }
 
 // parseLongPublish reads Docker's long --publish syntax:
-// published=8080,target=80[,protocol=udp][,mode=ingress].
+// published=8080,target=80[,protocol=udp][,mode=ingress|host].
 func parseLongPublish(s string) (sched.Port, error) {
 	var p sched.Port
 	bad := func(format string, args ...any) (sched.Port, error) {
@@ -152,9 +152,10 @@ func parseLongPublish(s string) (sched.Port, error) {
 		case "protocol":
 			p.Protocol = v
 		case "mode":
-			if v != "ingress" {
-				return bad("mode=%s: Shoal publishes a port on every node (mode=ingress)", v)
+			if v != "ingress" && v != "host" {
+				return bad("mode=%s: want ingress (every node) or host (the task's node)", v)
 			}
+			p.Mode = v
 		default:
 			return bad("unknown field %q: want published, target, protocol or mode", k)
 		}

@@ -147,8 +147,9 @@ func TestServiceCreateFlags(t *testing.T) {
 			func(s sched.ServiceSpec) bool {
 				return strings.Join(s.Volumes, " ") == "more:/more data:/data:ro logs:/logs" && strings.Join(s.Tmpfs, " ") == "/tmp:64m"
 			}},
-		{"docker's long publish", []string{"--publish", "published=8080,target=80,protocol=udp", "--publish", "8081:81"}, func(s sched.ServiceSpec) bool {
-			return len(s.Ports) == 2 && s.Ports[0] == sched.Port{Host: 8080, Container: 80, Protocol: "udp"} && s.Ports[1].Host == 8081
+		{"docker's long publish", []string{"--publish", "published=8080,target=80,protocol=udp", "--publish", "8081:81", "--publish", "published=9090,target=90,mode=host"}, func(s sched.ServiceSpec) bool {
+			return len(s.Ports) == 3 && s.Ports[0] == sched.Port{Host: 8080, Container: 80, Protocol: "udp"} && s.Ports[1].Host == 8081 &&
+				s.Ports[2] == sched.Port{Host: 9090, Container: 90, Mode: "host"}
 		}},
 		{"no health check", []string{"--no-healthcheck"}, func(s sched.ServiceSpec) bool { return s.Health.Disable && !s.Health.Enabled() }},
 		{"log options", []string{"--log-opt", "max-size=10m", "--log-opt", "max-file=3"}, func(s sched.ServiceSpec) bool {
@@ -229,7 +230,7 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--mount", "type=volume,target=/data"}, "a volume needs its source"},
 		{[]string{"--mount", "type=volume,source=x,target=/d,volume-driver=local"}, "volume-driver is not supported"},
 		{[]string{"--mount", "source=x"}, "target is missing"},
-		{[]string{"--publish", "published=8080,target=80,mode=host"}, "mode=host: Shoal publishes a port on every node"},
+		{[]string{"--publish", "published=8080,target=80,mode=vip"}, "mode=vip: want ingress (every node) or host (the task's node)"},
 		{[]string{"--publish", "published=8080"}, "want published=HOST,target=CONTAINER"},
 		{[]string{"--restart-condition", "sometimes"}, `restart policy "sometimes" is unknown`},
 		{[]string{"--log-driver", "syslog"}, `log driver "syslog" is not supported`},
