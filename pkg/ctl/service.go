@@ -60,6 +60,7 @@ type specFlags struct {
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
 	readOnly, noHealthcheck                                bool
+	maxFailureRatio                                        float64
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts, maxPerNode    int
 	updateDelay, monitor, stopGrace                        time.Duration
@@ -110,6 +111,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.order, "update-order", "", "update order: stop-first or start-first")
 	fs.StringVar(&f.failure, "update-failure-action", "", "on a failed update: pause or rollback")
 	fs.DurationVar(&f.monitor, "update-monitor", 0, "time after a task starts during which its failure fails the update")
+	fs.Float64Var(&f.maxFailureRatio, "update-max-failure-ratio", 0, "fraction of the slots whose new tasks may fail before the update fails (0 to 1; default 0: the first failure)")
 	fs.DurationVar(&f.stopGrace, "stop-grace", 0, "time between SIGTERM and SIGKILL when stopping a task (also --stop-grace-period)")
 	fs.StringVar(&f.stopSignal, "stop-signal", "", "signal that stops a task before the grace ends in SIGKILL (default: the image's, else SIGTERM)")
 	fs.StringArrayVar(&f.labels, "label", nil, "service label KEY=VALUE (repeatable)")
@@ -223,6 +225,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"update-order", func() { spec.Update.Order = sched.UpdateOrder(f.order) }},
 		{"update-failure-action", func() { spec.Update.FailureAction = sched.FailureAction(f.failure) }},
 		{"update-monitor", func() { spec.Update.Monitor = sched.Duration(f.monitor) }},
+		{"update-max-failure-ratio", func() { spec.Update.MaxFailureRatio = f.maxFailureRatio }},
 		{"stop-grace", func() { spec.StopGrace = sched.Duration(f.stopGrace) }},
 		{"stop-signal", func() { spec.StopSignal = f.stopSignal }},
 		{"volume", func() { spec.Volumes = f.volumes }},

@@ -101,8 +101,8 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"labels", []string{"--label", "team=web", "--label", "tier=", "--label", "x=a=b"}, func(s sched.ServiceSpec) bool {
 			return len(s.Labels) == 3 && s.Labels["team"] == "web" && s.Labels["tier"] == "" && s.Labels["x"] == "a=b"
 		}},
-		{"update delay", []string{"--update-delay", "3s", "--update-parallelism", "2"}, func(s sched.ServiceSpec) bool {
-			return s.Update.Delay.D() == 3*time.Second && s.Update.Parallelism == 2
+		{"update delay", []string{"--update-delay", "3s", "--update-parallelism", "2", "--update-max-failure-ratio", "0.25"}, func(s sched.ServiceSpec) bool {
+			return s.Update.Delay.D() == 3*time.Second && s.Update.Parallelism == 2 && s.Update.MaxFailureRatio == 0.25
 		}},
 		{"health start period", []string{"--health-cmd", "test -f /ok", "--health-start-period", "5s", "--health-retries", "2"}, func(s sched.ServiceSpec) bool {
 			return s.Health.StartPeriod.D() == 5*time.Second && s.Health.Retries == 2 && strings.Join(s.Health.Cmd, " ") == "sh -c test -f /ok"
@@ -200,6 +200,7 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--label", "=v"}, `--label "=v": want KEY=VALUE`},
 		{[]string{"--update-delay", "5"}, `invalid argument "5" for "--update-delay" flag`},
 		{[]string{"--update-delay", "-1s"}, "update delay and monitor must not be negative"},
+		{[]string{"--update-max-failure-ratio", "1.5"}, "update max failure ratio 1.5: want 0 to 1"},
 		{[]string{"--health-start-period", "5s"}, "health check settings are given without a health check command"},
 		{[]string{"--health-cmd", "true", "--health-start-period", "-1s"}, "health check durations must not be negative"},
 		{[]string{"--health-cmd", "true", "--health-start-period", "soon"}, `invalid argument "soon" for "--health-start-period" flag`},

@@ -285,7 +285,7 @@ func (r *reconciler) run() {
 	rolling := r.svc.Converged < r.svc.Version
 	// A job's failed task is its restart policy's business, not a
 	// failed update's (Swarm ignores a job's update config).
-	if rolling && r.svc.State != ServicePaused && !r.spec.Job && r.checkUpdateFailure() {
+	if rolling && r.svc.State != ServicePaused && !r.spec.Job && r.checkUpdateFailure(len(desired)) {
 		return
 	}
 	var outdated []*slotInfo
@@ -473,14 +473,16 @@ func (r *reconciler) classify(name, pin string) *slotInfo {
 }
 
 // checkUpdateFailure applies the update's failure action when a task of
-// the current version failed within the monitor period. It reports whether
+// the current version failed within the monitor period (more of them than
+// MaxFailureRatio of the service's slots tolerates). It reports whether
 // it did (then nothing else happens this round).
-func (r *reconciler) checkUpdateFailure() bool {
+func (r *reconciler) checkUpdateFailure(slots int) bool {
 	if r.prev == nil {
 		return false // a creation, not an update
 	}
 	monitor := r.spec.Update.Monitor.D()
 	var bad *Task
+	failures := 0 // of this version's tasks, replaced ones included
 	for _, t := range r.tasksSorted() {
 		if t.Version != r.svc.Version || !r.current(t) {
 			continue
@@ -491,11 +493,18 @@ func (r *reconciler) checkUpdateFailure() bool {
 			continue
 		}
 		if t.Started.IsZero() || t.Finished.Sub(t.Started) < monitor {
-			bad = t
-			break
+			failures++
+			if bad == nil {
+				bad = t
+			}
 		}
 	}
 	if bad == nil {
+		return false
+	}
+	// Swarm's max_failure_ratio: so many failed slots are tolerated (and
+	// repaired as any failed task is) before the update fails.
+	if ratio := r.spec.Update.MaxFailureRatio; ratio > 0 && float64(failures) <= ratio*float64(max(1, slots)) {
 		return false
 	}
 	why := fmt.Sprintf("task %s (slot %s) is %s", bad.ID, bad.Slot, bad.State)

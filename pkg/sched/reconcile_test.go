@@ -958,6 +958,30 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 			want: "service web state=paused: update to version 2 paused: task new0 (slot 0) is restarting (exit code 1)\n",
 		},
 		{
+			name: "a failure within the max failure ratio: repaired, the update goes on",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.MaxFailureRatio = 0.34 })
+				nt := w.task("new0", "0", "n1", sched.TaskFailed, t0.Add(-3*time.Second))
+				nt.Finished, nt.ExitCode = nt.Started.Add(time.Second), 2
+				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
+			},
+			want: "reserve web/0 task=new1 v2 as=task on=n1,n2,n3 restarts=1\nassign web/1 task=-\n",
+		},
+		{
+			name: "failures past the max failure ratio: pause",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.MaxFailureRatio = 0.34 })
+				// Slot 0's first new task failed and was replaced; its
+				// replacement failed too: two of three slots' worth.
+				old := w.task("new0", "0", "n1", sched.TaskFailed, t0.Add(-9*time.Second))
+				old.Finished, old.ExitCode = old.Started.Add(time.Second), 2
+				nt := w.task("new1", "0", "n2", sched.TaskFailed, t0.Add(-3*time.Second))
+				nt.Finished, nt.ExitCode = nt.Started.Add(time.Second), 2
+				w.slot("0", "new1", "n2", 2, t0.Add(-3*time.Second))
+			},
+			want: "service web state=paused: update to version 2 paused: task new0 (slot 0) is failed (exit code 2)\n",
+		},
+		{
 			name: "a failure after the monitor period is no update failure",
 			build: func(w *world) {
 				settled(w, img2)

@@ -239,6 +239,10 @@ type UpdateConfig struct {
 	// Monitor is how long after it starts a new task's failure counts as
 	// a failure of the update (default 5s).
 	Monitor Duration `json:"monitor,omitempty"`
+	// MaxFailureRatio is the fraction of the service's slots whose new
+	// tasks may fail (within Monitor) before the failure action is taken
+	// (Swarm's; default 0: the first failure).
+	MaxFailureRatio float64 `json:"max_failure_ratio,omitempty"`
 }
 
 // UpdateOrder says whether the old task stops before or after its
@@ -683,6 +687,9 @@ func (s ServiceSpec) Validate() error {
 	}
 	if d.Update.Parallelism < 0 {
 		add("update parallelism is %d; it must be 1 or more", d.Update.Parallelism)
+	}
+	if d.Update.MaxFailureRatio < 0 || d.Update.MaxFailureRatio > 1 {
+		add("update max failure ratio %g: want 0 to 1", d.Update.MaxFailureRatio)
 	}
 	if d.Update.Delay < 0 || d.Update.Monitor < 0 {
 		add("update delay and monitor must not be negative")

@@ -457,9 +457,8 @@ func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ..
 		default:
 			fail("update_config: failure_action %q: want pause or rollback", u.FailureAction)
 		}
-		if u.MaxFailureRatio != 0 {
-			warn("deploy: update_config: max_failure_ratio is ignored (any failure fails the update)")
-		}
+		// compose-go's float32: 0.2 stays 0.2, not 0.20000000298.
+		spec.Update.MaxFailureRatio, _ = strconv.ParseFloat(strconv.FormatFloat(float64(u.MaxFailureRatio), 'g', -1, 32), 64)
 	}
 	if d.RollbackConfig != nil {
 		warn("deploy: rollback_config is ignored (a rollback uses update_config)")

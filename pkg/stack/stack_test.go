@@ -52,7 +52,7 @@ services:
       resources: {limits: {cpus: "0.5", memory: 64M}, reservations: {cpus: "0.25"}}
       placement: {constraints: ["node.labels.zone==eu"], max_replicas_per_node: 2, preferences: [{spread: node.labels.rack}]}
       restart_policy: {condition: on-failure, delay: 2s, max_attempts: 4}
-      update_config: {parallelism: 0, delay: 5s, order: start-first, failure_action: rollback, monitor: 10s}
+      update_config: {parallelism: 0, delay: 5s, order: start-first, failure_action: rollback, monitor: 10s, max_failure_ratio: 0.2}
   db:
     image: local/db:1
     entrypoint: /docker-entrypoint.sh
@@ -92,7 +92,7 @@ configs:
 		Restart: sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: 4, Delay: sched.Duration(2e9)},
 		Health:  sched.HealthCheck{Cmd: []string{"sh", "-c", "wget -q -O- localhost"}, Interval: sched.Duration(5e9), Retries: 2},
 		Update: sched.UpdateConfig{Parallelism: 1<<31 - 1, Delay: sched.Duration(5e9), Order: sched.StartFirst,
-			FailureAction: sched.ActionRollback, Monitor: sched.Duration(10e9)},
+			FailureAction: sched.ActionRollback, Monitor: sched.Duration(10e9), MaxFailureRatio: 0.2},
 		StopGrace: sched.Duration(20e9), StopSignal: "SIGQUIT",
 		Ports: []sched.Port{{Host: 8080, Container: 80, Protocol: "tcp", Mode: "ingress"},
 			{Host: 5353, Container: 53, Protocol: "udp", Mode: "host"}},
