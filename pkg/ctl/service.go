@@ -60,7 +60,10 @@ type specFlags struct {
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
 	readOnly, noHealthcheck                                bool
-	maxFailureRatio                                        float64
+	maxFailureRatio, rbMaxFailureRatio                     float64
+	rbParallelism                                          int
+	rbDelay, rbMonitor                                     time.Duration
+	rbOrder, rbFailure                                     string
 	healthInterval, healthTimeout, healthStart             time.Duration
 	healthRetries, parallelism, maxAttempts, maxPerNode    int
 	updateDelay, monitor, stopGrace                        time.Duration
@@ -112,6 +115,12 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.failure, "update-failure-action", "", "on a failed update: pause or rollback")
 	fs.DurationVar(&f.monitor, "update-monitor", 0, "time after a task starts during which its failure fails the update")
 	fs.Float64Var(&f.maxFailureRatio, "update-max-failure-ratio", 0, "fraction of the slots whose new tasks may fail before the update fails (0 to 1; default 0: the first failure)")
+	fs.IntVar(&f.rbParallelism, "rollback-parallelism", 0, "tasks rolled back at a time (the --rollback-* flags set how a rollback walks back; without them it walks as the update)")
+	fs.DurationVar(&f.rbDelay, "rollback-delay", 0, "pause between rollback batches")
+	fs.StringVar(&f.rbOrder, "rollback-order", "", "rollback order: stop-first or start-first")
+	fs.StringVar(&f.rbFailure, "rollback-failure-action", "", "on a failed rollback: pause")
+	fs.DurationVar(&f.rbMonitor, "rollback-monitor", 0, "time after a task starts during which its failure fails the rollback")
+	fs.Float64Var(&f.rbMaxFailureRatio, "rollback-max-failure-ratio", 0, "fraction of the slots whose tasks may fail before the rollback fails")
 	fs.DurationVar(&f.stopGrace, "stop-grace", 0, "time between SIGTERM and SIGKILL when stopping a task (also --stop-grace-period)")
 	fs.StringVar(&f.stopSignal, "stop-signal", "", "signal that stops a task before the grace ends in SIGKILL (default: the image's, else SIGTERM)")
 	fs.StringArrayVar(&f.labels, "label", nil, "service label KEY=VALUE (repeatable)")
@@ -324,6 +333,27 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 				spec.Sysctls = map[string]string{}
 			}
 			spec.Sysctls[k] = v
+		}
+	}
+	rollback := func() *sched.UpdateConfig {
+		if spec.Rollback == nil {
+			spec.Rollback = &sched.UpdateConfig{}
+		}
+		return spec.Rollback
+	}
+	for _, fl := range []struct {
+		name  string
+		apply func()
+	}{
+		{"rollback-parallelism", func() { rollback().Parallelism = f.rbParallelism }},
+		{"rollback-delay", func() { rollback().Delay = sched.Duration(f.rbDelay) }},
+		{"rollback-order", func() { rollback().Order = sched.UpdateOrder(f.rbOrder) }},
+		{"rollback-failure-action", func() { rollback().FailureAction = sched.FailureAction(f.rbFailure) }},
+		{"rollback-monitor", func() { rollback().Monitor = sched.Duration(f.rbMonitor) }},
+		{"rollback-max-failure-ratio", func() { rollback().MaxFailureRatio = f.rbMaxFailureRatio }},
+	} {
+		if fs.Changed(fl.name) {
+			fl.apply()
 		}
 	}
 	for _, m := range f.mounts {

@@ -151,6 +151,9 @@ func TestServiceCreateFlags(t *testing.T) {
 			return len(s.Ports) == 3 && s.Ports[0] == sched.Port{Host: 8080, Container: 80, Protocol: "udp"} && s.Ports[1].Host == 8081 &&
 				s.Ports[2] == sched.Port{Host: 9090, Container: 90, Mode: "host"}
 		}},
+		{"rollback settings", []string{"--rollback-parallelism", "3", "--rollback-order", "start-first", "--rollback-monitor", "2s"}, func(s sched.ServiceSpec) bool {
+			return s.Rollback != nil && *s.Rollback == sched.UpdateConfig{Parallelism: 3, Order: sched.StartFirst, Monitor: sched.Duration(2 * time.Second)}
+		}},
 		{"no health check", []string{"--no-healthcheck"}, func(s sched.ServiceSpec) bool { return s.Health.Disable && !s.Health.Enabled() }},
 		{"log options", []string{"--log-opt", "max-size=10m", "--log-opt", "max-file=3"}, func(s sched.ServiceSpec) bool {
 			return s.Log == sched.LogConfig{MaxSize: 10 << 20, MaxFiles: 3}
@@ -234,6 +237,8 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--publish", "published=8080,target=80,mode=vip"}, "mode=vip: want ingress (every node) or host (the task's node)"},
 		{[]string{"--publish", "published=8080"}, "want published=HOST,target=CONTAINER"},
 		{[]string{"--restart-condition", "sometimes"}, `restart policy "sometimes" is unknown`},
+		{[]string{"--rollback-failure-action", "rollback"}, `rollback failure action "rollback" is unknown: use pause`},
+		{[]string{"--rollback-parallelism", "-1"}, "rollback parallelism is -1"},
 		{[]string{"--log-driver", "syslog"}, `log driver "syslog" is not supported`},
 		{[]string{"--log-opt", "max-size"}, `--log-opt "max-size": want KEY=VALUE`},
 		{[]string{"--log-opt", "compress=true"}, `log option "compress" is not supported`},

@@ -480,7 +480,7 @@ func (r *reconciler) checkUpdateFailure(slots int) bool {
 	if r.prev == nil {
 		return false // a creation, not an update
 	}
-	monitor := r.spec.Update.Monitor.D()
+	monitor := r.walk().Monitor.D()
 	var bad *Task
 	failures := 0 // of this version's tasks, replaced ones included
 	for _, t := range r.tasksSorted() {
@@ -504,7 +504,7 @@ func (r *reconciler) checkUpdateFailure(slots int) bool {
 	}
 	// Swarm's max_failure_ratio: so many failed slots are tolerated (and
 	// repaired as any failed task is) before the update fails.
-	if ratio := r.spec.Update.MaxFailureRatio; ratio > 0 && float64(failures) <= ratio*float64(max(1, slots)) {
+	if ratio := r.walk().MaxFailureRatio; ratio > 0 && float64(failures) <= ratio*float64(max(1, slots)) {
 		return false
 	}
 	why := fmt.Sprintf("task %s (slot %s) is %s", bad.ID, bad.Slot, bad.State)
@@ -705,7 +705,7 @@ func (r *reconciler) monitored(t *Task) bool {
 	if t.Version != r.svc.Version || r.svc.Converged >= r.svc.Version {
 		return true
 	}
-	end := t.Started.Add(r.spec.Update.Monitor.D())
+	end := t.Started.Add(r.walk().Monitor.D())
 	if r.now.Before(end) {
 		r.wakeAt(end, "monitoring new task")
 		return false
@@ -982,9 +982,19 @@ func (r *reconciler) keepPrev(t *Task) bool {
 		t.SpecDigest == r.prevDigest && r.prevDigest != r.digest
 }
 
+// walk is how the rollout goes: the update's settings, or during a
+// rollback the rollback's if the spec has them (the spec rolled back to,
+// as Swarm takes them).
+func (r *reconciler) walk() UpdateConfig {
+	if r.svc.State == ServiceRollingBack && r.spec.Rollback != nil {
+		return *r.spec.Rollback
+	}
+	return r.spec.Update
+}
+
 // rollout starts the next batch of the rolling update.
 func (r *reconciler) rollout(outdated []*slotInfo, busy int) {
-	u := r.spec.Update
+	u := r.walk()
 	var last time.Time
 	for _, t := range r.tasks {
 		if t.Version == r.svc.Version && r.current(t) && t.Started.After(last) {

@@ -1013,6 +1013,25 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 			want: "service web state=active converged=v3: every slot runs version 3\n",
 		},
 		{
+			name: "rolling back: the rollback's parallelism",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Rollback = &sched.UpdateConfig{Parallelism: 2} })
+				// The rollback wrote the spec it returns to (its own
+				// rollback settings included) under version 3.
+				back := webSpec(3)
+				back.Image, back.Rollback = "img:0", &sched.UpdateConfig{Parallelism: 2}
+				w.svc.Spec, w.svc.Version, w.svc.State = back, 3, sched.ServiceRollingBack
+			},
+			want: "assign web/0 task=-\nassign web/1 task=-\n",
+		},
+		{
+			name: "updating: the rollback's settings wait for a rollback",
+			build: func(w *world) {
+				settled(w, img2, func(s *sched.ServiceSpec) { s.Rollback = &sched.UpdateConfig{Parallelism: 2} })
+			},
+			want: "assign web/0 task=-\n",
+		},
+		{
 			name: "failure during a rollback: pause",
 			build: func(w *world) {
 				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.FailureAction = sched.ActionRollback })

@@ -104,6 +104,11 @@ type ServiceSpec struct {
 	Restart RestartPolicy `json:"restart,omitzero"`
 	Health  HealthCheck   `json:"health,omitzero"`
 	Update  UpdateConfig  `json:"update,omitzero"`
+	// Rollback, when set, is how a rollback walks back to the previous
+	// spec (Swarm's rollback_config): its parallelism, delay, order,
+	// monitor and max failure ratio; a rollback that fails pauses. Unset:
+	// the update's settings walk back.
+	Rollback *UpdateConfig `json:"rollback,omitempty"`
 	// StopGrace is how long a stop waits after SIGTERM before SIGKILL.
 	StopGrace Duration `json:"stop_grace,omitempty"`
 	// StopSignal is sent first instead of the image's stop signal (or
@@ -243,6 +248,51 @@ type UpdateConfig struct {
 	// tasks may fail (within Monitor) before the failure action is taken
 	// (Swarm's; default 0: the first failure).
 	MaxFailureRatio float64 `json:"max_failure_ratio,omitempty"`
+}
+
+func (u UpdateConfig) withDefaults() UpdateConfig {
+	if u.Parallelism == 0 {
+		u.Parallelism = 1
+	}
+	if u.Order == "" {
+		u.Order = StopFirst
+	}
+	if u.FailureAction == "" {
+		u.FailureAction = ActionPause
+	}
+	if u.Monitor == 0 {
+		u.Monitor = Duration(DefaultMonitor)
+	}
+	return u
+}
+
+// check reports u's problems, what ("update" or "rollback") first; the
+// failure actions allowed are actions.
+func (u UpdateConfig) check(what string, actions ...FailureAction) []error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(what+" "+format, args...)) }
+	if u.Parallelism < 0 {
+		add("parallelism is %d; it must be 1 or more", u.Parallelism)
+	}
+	if u.MaxFailureRatio < 0 || u.MaxFailureRatio > 1 {
+		add("max failure ratio %g: want 0 to 1", u.MaxFailureRatio)
+	}
+	if u.Delay < 0 || u.Monitor < 0 {
+		add("delay and monitor must not be negative")
+	}
+	switch u.Order {
+	case StopFirst, StartFirst:
+	default:
+		add("order %q is unknown: use stop-first or start-first", u.Order)
+	}
+	if !slices.Contains(actions, u.FailureAction) {
+		var names []string
+		for _, a := range actions {
+			names = append(names, string(a))
+		}
+		add("failure action %q is unknown: use %s", u.FailureAction, strings.Join(names, " or "))
+	}
+	return errs
 }
 
 // UpdateOrder says whether the old task stops before or after its
@@ -468,17 +518,10 @@ func (s ServiceSpec) WithDefaults() ServiceSpec {
 			s.Health.Retries = DefaultHealthRetries
 		}
 	}
-	if s.Update.Parallelism == 0 {
-		s.Update.Parallelism = 1
-	}
-	if s.Update.Order == "" {
-		s.Update.Order = StopFirst
-	}
-	if s.Update.FailureAction == "" {
-		s.Update.FailureAction = ActionPause
-	}
-	if s.Update.Monitor == 0 {
-		s.Update.Monitor = Duration(DefaultMonitor)
+	s.Update = s.Update.withDefaults()
+	if s.Rollback != nil {
+		r := s.Rollback.withDefaults()
+		s.Rollback = &r
 	}
 	if s.StopGrace == 0 {
 		s.StopGrace = Duration(DefaultStopGrace)
@@ -685,24 +728,9 @@ func (s ServiceSpec) Validate() error {
 	if d.Health.Disable && d.Health.Enabled() {
 		add("health check: a check is given and disabled (--no-healthcheck) at once")
 	}
-	if d.Update.Parallelism < 0 {
-		add("update parallelism is %d; it must be 1 or more", d.Update.Parallelism)
-	}
-	if d.Update.MaxFailureRatio < 0 || d.Update.MaxFailureRatio > 1 {
-		add("update max failure ratio %g: want 0 to 1", d.Update.MaxFailureRatio)
-	}
-	if d.Update.Delay < 0 || d.Update.Monitor < 0 {
-		add("update delay and monitor must not be negative")
-	}
-	switch d.Update.Order {
-	case StopFirst, StartFirst:
-	default:
-		add("update order %q is unknown: use stop-first or start-first", d.Update.Order)
-	}
-	switch d.Update.FailureAction {
-	case ActionPause, ActionRollback:
-	default:
-		add("update failure action %q is unknown: use pause or rollback", d.Update.FailureAction)
+	errs = append(errs, d.Update.check("update", ActionPause, ActionRollback)...)
+	if d.Rollback != nil {
+		errs = append(errs, d.Rollback.check("rollback", ActionPause)...)
 	}
 	if d.StopGrace < 0 {
 		add("stop grace period must not be negative")

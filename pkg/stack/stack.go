@@ -439,29 +439,11 @@ func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ..
 		}
 	}
 	if u := d.UpdateConfig; u != nil {
-		if u.Parallelism != nil {
-			// Swarm's 0 is "all at once".
-			spec.Update.Parallelism = int(min(*u.Parallelism, math.MaxInt32))
-			if *u.Parallelism == 0 {
-				spec.Update.Parallelism = math.MaxInt32
-			}
-		}
-		spec.Update.Delay = sched.Duration(u.Delay)
-		spec.Update.Monitor = sched.Duration(u.Monitor)
-		spec.Update.Order = sched.UpdateOrder(u.Order)
-		switch u.FailureAction {
-		case "", "pause":
-			spec.Update.FailureAction = sched.ActionPause
-		case "rollback":
-			spec.Update.FailureAction = sched.ActionRollback
-		default:
-			fail("update_config: failure_action %q: want pause or rollback", u.FailureAction)
-		}
-		// compose-go's float32: 0.2 stays 0.2, not 0.20000000298.
-		spec.Update.MaxFailureRatio, _ = strconv.ParseFloat(strconv.FormatFloat(float64(u.MaxFailureRatio), 'g', -1, 32), 64)
+		spec.Update = walkConfig(u, "update_config", fail, warn)
 	}
-	if d.RollbackConfig != nil {
-		warn("deploy: rollback_config is ignored (a rollback uses update_config)")
+	if u := d.RollbackConfig; u != nil {
+		r := walkConfig(u, "rollback_config", fail, warn)
+		spec.Rollback = &r
 	}
 	switch d.EndpointMode {
 	case "", "vip", "dnsrr":
@@ -494,6 +476,37 @@ func health(h *types.HealthCheckConfig, spec *sched.ServiceSpec) []error {
 		spec.Health.Retries = int(*h.Retries)
 	}
 	return nil
+}
+
+// walkConfig maps an update_config or rollback_config (key).
+func walkConfig(u *types.UpdateConfig, key string, fail, warn func(string, ...any)) sched.UpdateConfig {
+	var c sched.UpdateConfig
+	if u.Parallelism != nil {
+		// Swarm's 0 is "all at once".
+		c.Parallelism = int(min(*u.Parallelism, math.MaxInt32))
+		if *u.Parallelism == 0 {
+			c.Parallelism = math.MaxInt32
+		}
+	}
+	c.Delay = sched.Duration(u.Delay)
+	c.Monitor = sched.Duration(u.Monitor)
+	c.Order = sched.UpdateOrder(u.Order)
+	switch {
+	case u.FailureAction == "" || u.FailureAction == "pause":
+		c.FailureAction = sched.ActionPause
+	case u.FailureAction == "rollback" && key == "update_config":
+		c.FailureAction = sched.ActionRollback
+	case u.FailureAction == "continue":
+		warn("deploy: %s: failure_action continue is taken as pause (Shoal stops at a failed %s)", key, strings.TrimSuffix(key, "_config"))
+		c.FailureAction = sched.ActionPause
+	case key == "update_config":
+		fail("%s: failure_action %q: want pause or rollback", key, u.FailureAction)
+	default:
+		fail("%s: failure_action %q: want pause", key, u.FailureAction)
+	}
+	// compose-go's float32: 0.2 stays 0.2, not 0.20000000298.
+	c.MaxFailureRatio, _ = strconv.ParseFloat(strconv.FormatFloat(float64(u.MaxFailureRatio), 'g', -1, 32), 64)
+	return c
 }
 
 func portOf(p types.ServicePortConfig) (sched.Port, error) {

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/compose-spec/compose-go/v2/loader"
 	"github.com/compose-spec/compose-go/v2/types"
@@ -346,5 +347,32 @@ func TestConvertHostname(t *testing.T) {
 	plan, err := Convert(load(t, "app", "services:\n  a: {image: x, hostname: \"{{.Task.Slot}}.a\"}\n"), "app")
 	if err != nil || plan.Services[0].Hostname != "{{.Task.Slot}}.a" || len(plan.Warnings) != 0 {
 		t.Fatalf("Convert: %+v, %v", plan, err)
+	}
+}
+
+// rollback_config sets how a rollback walks back; continue is taken as
+// pause, with a warning; rollback makes no sense there.
+func TestConvertRollbackConfig(t *testing.T) {
+	plan, err := Convert(load(t, "app", `
+services:
+  a:
+    image: x
+    deploy:
+      rollback_config: {parallelism: 2, delay: 1s, monitor: 3s, order: start-first, failure_action: continue, max_failure_ratio: 0.5}
+`), "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := sched.UpdateConfig{Parallelism: 2, Delay: sched.Duration(time.Second), Monitor: sched.Duration(3 * time.Second), Order: sched.StartFirst,
+		FailureAction: sched.ActionPause, MaxFailureRatio: 0.5}
+	if r := plan.Services[0].Rollback; r == nil || *r != want {
+		t.Errorf("rollback %+v, want %+v", r, want)
+	}
+	if len(plan.Warnings) != 1 || !strings.Contains(plan.Warnings[0], "failure_action continue is taken as pause") {
+		t.Errorf("warnings %q", plan.Warnings)
+	}
+	_, err = Convert(load(t, "app", "services:\n  a:\n    image: x\n    deploy: {rollback_config: {failure_action: rollback}}\n"), "app")
+	if err == nil || !strings.Contains(err.Error(), `rollback_config: failure_action "rollback": want pause`) {
+		t.Errorf("rollback_config failure_action rollback: %v", err)
 	}
 }
