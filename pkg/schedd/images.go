@@ -17,6 +17,7 @@ import (
 	"github.com/opencontainers/go-digest"
 	ocispec "github.com/opencontainers/image-spec/specs-go/v1"
 
+	"github.com/shoal-dev/shoal/pkg/dockerauth"
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/secret"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
@@ -385,7 +386,7 @@ func (n *node) loadImage(ctx context.Context, recv func() ([]byte, error)) ([]sh
 // labelled secret.RegistryLabel), else those of the node's
 // registry_auth file, else none (an anonymous pull).
 func (n *node) registryAuth(ctx context.Context) func(host string) (string, string, error) {
-	fromFile := shoalrt.DockerConfigAuth(n.cfg.RegistryAuth)
+	fromFile := dockerauth.File(n.cfg.RegistryAuth)
 	return func(host string) (string, string, error) {
 		list, err := n.statd.Secrets.ListSecrets(ctx, &clusterv1.ListSecretsRequest{})
 		if err != nil {
@@ -393,14 +394,14 @@ func (n *node) registryAuth(ctx context.Context) func(host string) (string, stri
 			return fromFile(host)
 		}
 		for _, info := range list.GetSecrets() {
-			if info.GetLabels()[secret.RegistryLabel] != host {
+			if !dockerauth.SameRegistry(info.GetLabels()[secret.RegistryLabel], host) {
 				continue
 			}
 			resp, err := n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: info.GetName()})
 			if err != nil {
 				return "", "", fmt.Errorf("registry credentials of %s (secret %s): %w", host, info.GetName(), err)
 			}
-			user, pass, found, err := shoalrt.DockerConfigCredentials(resp.GetData(), host)
+			user, pass, found, err := dockerauth.Credentials(resp.GetData(), host)
 			if err == nil && !found {
 				err = errors.New("they do not name it")
 			}

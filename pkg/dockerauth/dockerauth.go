@@ -1,4 +1,8 @@
-package runtime
+// Package dockerauth reads registry credentials in the format `docker
+// login` writes (~/.docker/config.json's "auths"): for schedd's pulls,
+// from its registry_auth file or the cluster's stored credentials, and
+// for shoalctl's --with-registry-auth, from the user's own file.
+package dockerauth
 
 import (
 	"encoding/base64"
@@ -7,10 +11,11 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path/filepath"
 	"strings"
 )
 
-// DockerConfigAuth returns credentials for registry hosts from the file at
+// File returns credentials for registry hosts from the file at
 // path, in the format `docker login` writes (~/.docker/config.json:
 // {"auths": {"HOST[:PORT]": {"auth": base64("USER:PASSWORD")}}}, or
 // "username" and "password" in place of "auth"), so an operator can copy
@@ -19,7 +24,7 @@ import (
 // host it does not name, gives no credentials (an anonymous pull).
 // Docker Hub's entry may be keyed as Docker writes it,
 // "https://index.docker.io/v1/".
-func DockerConfigAuth(path string) func(host string) (string, string, error) {
+func File(path string) func(host string) (string, string, error) {
 	return func(host string) (string, string, error) {
 		data, err := os.ReadFile(path)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -28,7 +33,7 @@ func DockerConfigAuth(path string) func(host string) (string, string, error) {
 		if err != nil {
 			return "", "", fmt.Errorf("registry credentials: %w", err)
 		}
-		user, pass, _, err := DockerConfigCredentials(data, host)
+		user, pass, _, err := Credentials(data, host)
 		if err != nil {
 			return "", "", fmt.Errorf("registry credentials %s: %w", path, err)
 		}
@@ -36,10 +41,10 @@ func DockerConfigAuth(path string) func(host string) (string, string, error) {
 	}
 }
 
-// DockerConfigCredentials finds host's credentials in data, a file in
+// Credentials finds host's credentials in data, a file in
 // the format `docker login` writes; found is false if it names no such
 // host.
-func DockerConfigCredentials(data []byte, host string) (user, pass string, found bool, err error) {
+func Credentials(data []byte, host string) (user, pass string, found bool, err error) {
 	var cfg struct {
 		Auths map[string]struct {
 			Auth     string `json:"auth"`
@@ -51,8 +56,8 @@ func DockerConfigCredentials(data []byte, host string) (user, pass string, found
 		return "", "", false, err
 	}
 	keys := []string{host, "https://" + host, "http://" + host}
-	if host == "registry-1.docker.io" || host == "docker.io" {
-		keys = append(keys, "https://index.docker.io/v1/", "docker.io", "index.docker.io")
+	if IsDockerHub(host) {
+		keys = append(keys, "https://index.docker.io/v1/", "docker.io", "index.docker.io", "registry-1.docker.io")
 	}
 	for _, k := range keys {
 		a, ok := cfg.Auths[k]
@@ -70,4 +75,31 @@ func DockerConfigCredentials(data []byte, host string) (user, pass string, found
 		return user, pass, true, nil
 	}
 	return "", "", false, nil
+}
+
+// IsDockerHub reports whether host is one of Docker Hub's names: a pull
+// from docker.io asks registry-1.docker.io, and docker login keys it
+// https://index.docker.io/v1/.
+func IsDockerHub(host string) bool {
+	switch host {
+	case "docker.io", "index.docker.io", "registry-1.docker.io", "https://index.docker.io/v1/":
+		return true
+	}
+	return false
+}
+
+// SameRegistry reports whether a and b name one registry.
+func SameRegistry(a, b string) bool { return a == b || (IsDockerHub(a) && IsDockerHub(b)) }
+
+// ConfigPath is the docker login file of this user: $DOCKER_CONFIG/config.json,
+// else ~/.docker/config.json.
+func ConfigPath() (string, error) {
+	if dir := os.Getenv("DOCKER_CONFIG"); dir != "" {
+		return filepath.Join(dir, "config.json"), nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(home, ".docker", "config.json"), nil
 }

@@ -1,4 +1,4 @@
-package runtime
+package dockerauth
 
 import (
 	"os"
@@ -6,9 +6,9 @@ import (
 	"testing"
 )
 
-func TestDockerConfigAuth(t *testing.T) {
+func TestFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "config.json")
-	auth := DockerConfigAuth(path)
+	auth := File(path)
 	if u, p, err := auth("reg.example:5000"); u != "" || p != "" || err != nil {
 		t.Fatalf("no file: %q %q %v, want anonymous", u, p, err)
 	}
@@ -39,5 +39,22 @@ func TestDockerConfigAuth(t *testing.T) {
 	}
 	if _, _, err := auth("reg.example:5000"); err == nil {
 		t.Error("a file that is not JSON gave no error")
+	}
+}
+
+func TestSameRegistry(t *testing.T) {
+	for _, tc := range []struct {
+		a, b string
+		same bool
+	}{
+		{"docker.io", "registry-1.docker.io", true},
+		{"index.docker.io", "docker.io", true},
+		{"ghcr.io", "ghcr.io", true},
+		{"ghcr.io", "docker.io", false},
+		{"10.0.0.5:5000", "10.0.0.5", false},
+	} {
+		if got := SameRegistry(tc.a, tc.b); got != tc.same {
+			t.Errorf("SameRegistry(%q, %q) = %v", tc.a, tc.b, got)
+		}
 	}
 }
