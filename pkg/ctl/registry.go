@@ -14,6 +14,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/shoal-dev/shoal/pkg/dockerauth"
 	"github.com/shoal-dev/shoal/pkg/secret"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
@@ -80,6 +81,81 @@ func (a *app) removeRegistrySecrets(cmd *cobra.Command, secrets []*clusterv1.Sec
 	return nil
 }
 
+// storeRegistryCredentials stores host's credentials for every node's
+// pulls, replacing those stored before; it returns the secret's name.
+func (a *app) storeRegistryCredentials(cmd *cobra.Command, host, user, password string) (string, error) {
+	data, err := json.Marshal(map[string]any{"auths": map[string]any{host: map[string]string{
+		"auth": base64.StdEncoding.EncodeToString([]byte(user + ":" + password))}}})
+	if err != nil {
+		return "", err
+	}
+	old, err := a.registrySecrets(cmd, host)
+	if err != nil {
+		return "", err
+	}
+	// A secret cannot change: the old one goes first, so a pull
+	// meanwhile goes without (and its task retries).
+	if err := a.removeRegistrySecrets(cmd, old); err != nil {
+		return "", err
+	}
+	c, ctx, done, err := a.statdCall(cmd)
+	if err != nil {
+		return "", err
+	}
+	defer done()
+	name := secret.RegistryName(host)
+	if _, err := c.Secrets.CreateSecret(ctx, &clusterv1.CreateSecretRequest{Name: name, Data: data,
+		Labels: map[string]string{secret.RegistryLabel: host}}); err != nil {
+		return "", fmt.Errorf("store the credentials (secret %s): %w", name, err)
+	}
+	return name, nil
+}
+
+// registryOf is the registry an image reference names, if it names one
+// (a bare name is local to the cluster, never pulled).
+func registryOf(ref string) (string, bool) {
+	first, _, ok := strings.Cut(ref, "/")
+	if !ok || (!strings.ContainsAny(first, ".:") && first != "localhost") {
+		return "", false
+	}
+	return first, true
+}
+
+// forwardRegistryAuth is --with-registry-auth: the credentials this
+// user's docker login saved for the registries of images are stored for
+// every node's pulls, as registry login would.
+func (a *app) forwardRegistryAuth(cmd *cobra.Command, images []string) error {
+	path, err := dockerauth.ConfigPath()
+	if err != nil {
+		return err
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return usageError{fmt.Errorf("--with-registry-auth: %w (log in with docker login, or use shoalctl registry login)", err)}
+	}
+	seen := map[string]bool{}
+	for _, ref := range images {
+		host, ok := registryOf(ref)
+		if !ok || seen[host] {
+			continue
+		}
+		seen[host] = true
+		user, password, found, err := dockerauth.Credentials(data, host)
+		if err != nil {
+			return usageError{fmt.Errorf("--with-registry-auth: %s: %w", path, err)}
+		}
+		if !found || user == "" {
+			fmt.Fprintf(a.errOut, "warning: --with-registry-auth: %s holds no credentials of %s (credential helpers are not read); the cluster's stay as they are\n", path, host)
+			continue
+		}
+		if _, err := a.storeRegistryCredentials(cmd, host, user, password); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.errOut, "credentials of %s from %s stored for every node's pulls\n", host, path)
+	}
+	return nil
+}
+
 func (a *app) registryLogin() *cobra.Command {
 	var user, password string
 	var passwordStdin bool
@@ -109,29 +185,9 @@ func (a *app) registryLogin() *cobra.Command {
 			if password == "" {
 				return usageError{errors.New("no password: give --password-stdin (or --password)")}
 			}
-			data, err := json.Marshal(map[string]any{"auths": map[string]any{host: map[string]string{
-				"auth": base64.StdEncoding.EncodeToString([]byte(user + ":" + password))}}})
+			name, err := a.storeRegistryCredentials(cmd, host, user, password)
 			if err != nil {
 				return err
-			}
-			old, err := a.registrySecrets(cmd, host)
-			if err != nil {
-				return err
-			}
-			// A secret cannot change: the old one goes first, so a pull
-			// meanwhile goes without (and its task retries).
-			if err := a.removeRegistrySecrets(cmd, old); err != nil {
-				return err
-			}
-			c, ctx, done, err := a.statdCall(cmd)
-			if err != nil {
-				return err
-			}
-			defer done()
-			name := secret.RegistryName(host)
-			if _, err := c.Secrets.CreateSecret(ctx, &clusterv1.CreateSecretRequest{Name: name, Data: data,
-				Labels: map[string]string{secret.RegistryLabel: host}}); err != nil {
-				return fmt.Errorf("store the credentials (secret %s): %w", name, err)
 			}
 			fmt.Fprintf(a.out, "credentials of %s stored for every node's pulls (secret %s)\n", host, name)
 			return nil

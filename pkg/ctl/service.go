@@ -56,6 +56,7 @@ type specFlags struct {
 	logDriver, hostname                                    string
 	limitCPU, reserveCPU, limitMemory, reserveMemory       string
 	mounts                                                 []string
+	withRegistryAuth                                       bool
 	healthCmd, network, entrypoint, user, workdir          string
 	healthHTTP, stopSignal, schedule                       string
 	healthTCP                                              int
@@ -88,6 +89,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.limitMemory, "limit-memory", "", "--memory, by Docker's name")
 	fs.StringVar(&f.reserveMemory, "reserve-memory", "", "--memory, by Docker's name")
 	normalizeDockerNames(fs)
+	fs.BoolVar(&f.withRegistryAuth, "with-registry-auth", false, "store the credentials docker login saved here (~/.docker/config.json) for the image's registry, for every node's pulls (as shoalctl registry login)")
 	if create {
 		fs.StringArrayVar(&f.mounts, "mount", nil, "Docker's mount syntax for a volume (type=volume,source=NAME,target=/path[,readonly]) or a tmpfs (type=tmpfs,target=/path[,tmpfs-size=64m]) (repeatable)")
 	}
@@ -490,6 +492,11 @@ func (a *app) serviceCreate() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			if f.withRegistryAuth {
+				if err := a.forwardRegistryAuth(cmd, []string{spec.Image}); err != nil {
+					return err
+				}
+			}
 			c, ctx, done, err := a.scheddCall(cmd)
 			if err != nil {
 				return err
@@ -598,6 +605,11 @@ func (a *app) serviceUpdate() *cobra.Command {
 			data, err := checkSpec(spec)
 			if err != nil {
 				return err
+			}
+			if f.withRegistryAuth {
+				if err := a.forwardRegistryAuth(cmd, []string{spec.Image}); err != nil {
+					return err
+				}
 			}
 			svc, err := c.UpdateService(ctx, &schedv1.UpdateServiceRequest{Spec: data})
 			if err != nil {

@@ -42,7 +42,7 @@ configs and named volumes the file defines are created with the stack
 
 func (a *app) stackDeploy() *cobra.Command {
 	var files []string
-	var prune, dryRun bool
+	var prune, dryRun, withRegistryAuth bool
 	var w waitFlags
 	cmd := &cobra.Command{
 		Use:   "deploy NAME -c FILE [-c FILE...]",
@@ -118,6 +118,15 @@ not exist), for every service, still before anything is changed.
 			if dryRun {
 				return d.printPlan(newSecrets, newConfigs, newVolumes, checked, prune)
 			}
+			if withRegistryAuth {
+				var images []string
+				for _, s := range plan.Services {
+					images = append(images, s.Image)
+				}
+				if err := a.forwardRegistryAuth(cmd, images); err != nil {
+					return err
+				}
+			}
 			if err := d.createFiles(secretObject, newSecrets, secrets); err != nil {
 				return err
 			}
@@ -142,6 +151,7 @@ not exist), for every service, still before anything is changed.
 	cmd.Flags().StringArrayVarP(&files, "compose-file", "c", nil, "Compose file (repeatable; - reads stdin)")
 	cmd.Flags().BoolVar(&prune, "prune", false, "remove the stack's services the files no longer name")
 	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "check everything and print what the deploy would do, changing nothing")
+	cmd.Flags().BoolVar(&withRegistryAuth, "with-registry-auth", false, "store the credentials docker login saved here for the images' registries, for every node's pulls (as shoalctl registry login)")
 	w.bind(cmd.Flags())
 	return cmd
 }

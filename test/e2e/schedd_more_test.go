@@ -576,6 +576,30 @@ func TestSchedulerMore(t *testing.T) {
 			t.Fatalf("pulled2 runs %v per node after %d fetches with the cluster's password, want 1/1/1", got, pulls.Load())
 		}
 		c.mustCtl(1, "service", "rm", "pulled2")
+
+		// A third password, in the user's docker login file:
+		// --with-registry-auth stores it for the cluster, as Swarm's.
+		requireAuth.Store(false)
+		ref3 := host + "/shoal/busybox:reg3"
+		pushTestImage(t, host, "shoal/busybox", "reg3")
+		password3 := fmt.Sprintf("pw3-%d", rand.Int64())
+		want.Store(&password3)
+		requireAuth.Store(true)
+		dockerDir := t.TempDir()
+		login := base64.StdEncoding.EncodeToString([]byte("puller:" + password3))
+		if err := os.WriteFile(filepath.Join(dockerDir, "config.json"), []byte(`{"auths": {"`+host+`": {"auth": "`+login+`"}}}`), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.ctl(1, "service", "rm", "pulled3") })
+		out, errOut, code, err := c.Exec(context.Background(), 2, []string{bin("shoalctl"), "service", "create", "pulled3", "--image", ref3, "--with-registry-auth",
+			"--replicas", "3", "--replicas-max-per-node", "1", "--stop-grace", "1s", "--", "sleep", "1000000"}, []string{"DOCKER_CONFIG=" + dockerDir})
+		if err != nil || code != 0 || !strings.Contains(errOut, "credentials of "+host+" from "+dockerDir) {
+			t.Fatalf("service create --with-registry-auth: exit %d, %v\n%s%s", code, err, out, errOut)
+		}
+		if got := c.perNode("pulled3", 3); got != [3]int{1, 1, 1} {
+			t.Fatalf("pulled3 runs %v per node, want 1/1/1", got)
+		}
+		c.mustCtl(1, "service", "rm", "pulled3")
 		c.mustCtl(2, "registry", "logout", host)
 		if out := c.mustCtl(1, "registry", "ls"); strings.Contains(out, host) {
 			t.Errorf("registry ls after logout:\n%s", out)
