@@ -738,7 +738,9 @@ func TestSchedulerMore(t *testing.T) {
 		}
 		decode(t, out, &pruned)
 		if !slices.ContainsFunc(pruned.Removed, func(x struct{ Name string }) bool { return x.Name == ref }) ||
-			!slices.ContainsFunc(pruned.Kept, func(x struct{ Name, Reason string }) bool { return x.Name == img && strings.Contains(x.Reason, "keeper") }) {
+			!slices.ContainsFunc(pruned.Kept, func(x struct{ Name, Reason string }) bool {
+				return x.Name == img && strings.Contains(x.Reason, "keeper")
+			}) {
 			t.Errorf("image prune: %s; want %s removed and %s kept for keeper", out, ref, img)
 		}
 		waitFor(t, 30*time.Second, "every node drops the pruned image", func() bool { return !held(1) && !held(2) && !held(3) })
