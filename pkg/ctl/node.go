@@ -20,7 +20,7 @@ import (
 func (a *app) nodeCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "node", Short: "List, inspect, label, pause, drain and remove cluster nodes"}
 	cmd.AddCommand(a.nodeLs(), a.nodeInspect(), a.nodeLabel(), a.nodeAvailability("drain"), a.nodeAvailability("pause"),
-		a.nodeAvailability("activate"), a.nodeRm(), a.nodePs())
+		a.nodeAvailability("activate"), a.nodeRm(), a.nodePs(), a.nodeUpdate())
 	return cmd
 }
 
@@ -266,48 +266,58 @@ func (a *app) nodeLabel() *cobra.Command {
 		Example: "  shoalctl node label n2 zone=eu disk=ssd\n  shoalctl node label n2 --rm disk",
 		Args:    cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			set := map[string]*statev1.Value{}
-			for _, kv := range args[1:] {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok || k == "" {
-					return usageError{fmt.Errorf("label %q: want KEY=VALUE", kv)}
-				}
-				set["label."+k] = &statev1.Value{Kind: &statev1.Value_StringValue{StringValue: v}}
-			}
-			if len(set) == 0 && len(rm) == 0 {
+			if len(args) == 1 && len(rm) == 0 {
 				return usageError{fmt.Errorf("nothing to do: give KEY=VALUE labels or --rm KEY")}
 			}
-			c, nodes, err := a.statdNodes(cmd)
+			id, err := a.setNodeLabels(cmd, args[0], args[1:], rm)
 			if err != nil {
 				return err
 			}
-			defer c.Close()
-			n, err := findNode(nodes, args[0])
-			if err != nil {
-				return err
-			}
-			ctx, cancel := a.ctx(cmd)
-			defer cancel()
-			if len(set) > 0 {
-				if _, err := c.Put(ctx, &statev1.PutRequest{Key: "/nodes/" + n.ID, Fields: set}); err != nil {
-					return err
-				}
-			}
-			if len(rm) > 0 {
-				var fields []string
-				for _, k := range rm {
-					fields = append(fields, "label."+k)
-				}
-				if _, err := c.Delete(ctx, &statev1.DeleteRequest{Key: "/nodes/" + n.ID, Fields: fields}); err != nil {
-					return err
-				}
-			}
-			fmt.Fprintf(a.out, "node %s labels updated\n", n.ID)
+			fmt.Fprintf(a.out, "node %s labels updated\n", id)
 			return nil
 		},
 	}
 	cmd.Flags().StringSliceVar(&rm, "rm", nil, "label keys to remove")
 	return cmd
+}
+
+// setNodeLabels sets labels (KEY=VALUE) of the node ref names and removes
+// the keys rm; it returns the node's ID.
+func (a *app) setNodeLabels(cmd *cobra.Command, ref string, labels, rm []string) (string, error) {
+	set := map[string]*statev1.Value{}
+	for _, kv := range labels {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return "", usageError{fmt.Errorf("label %q: want KEY=VALUE", kv)}
+		}
+		set["label."+k] = &statev1.Value{Kind: &statev1.Value_StringValue{StringValue: v}}
+	}
+	c, nodes, err := a.statdNodes(cmd)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	n, err := findNode(nodes, ref)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := a.ctx(cmd)
+	defer cancel()
+	if len(set) > 0 {
+		if _, err := c.Put(ctx, &statev1.PutRequest{Key: "/nodes/" + n.ID, Fields: set}); err != nil {
+			return "", err
+		}
+	}
+	if len(rm) > 0 {
+		var fields []string
+		for _, k := range rm {
+			fields = append(fields, "label."+k)
+		}
+		if _, err := c.Delete(ctx, &statev1.DeleteRequest{Key: "/nodes/" + n.ID, Fields: fields}); err != nil {
+			return "", err
+		}
+	}
+	return n.ID, nil
 }
 
 func (a *app) nodeAvailability(verb string) *cobra.Command {
@@ -325,38 +335,81 @@ func (a *app) nodeAvailability(verb string) *cobra.Command {
 		Short: short,
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			st, nodes, err := a.statdNodes(cmd)
-			if err != nil {
-				return err
-			}
-			defer st.Close()
-			n, err := findNode(nodes, args[0])
-			if err != nil {
-				return err
-			}
-			c, err := a.schedd()
-			if err != nil {
-				return err
-			}
-			defer c.Close()
-			resp, err := c.SetNodeAvailability(cmd.Context(), &schedv1.SetNodeAvailabilityRequest{Node: n.ID, Availability: availability, Wait: !noWait && verb == "drain"})
-			if err != nil {
-				return err
-			}
-			switch verb {
-			case "drain":
-				fmt.Fprintf(a.out, "node %s drained (%d tasks moved)\n", n.ID, resp.GetMoved())
-			case "pause":
-				fmt.Fprintf(a.out, "node %s paused: no new tasks; its tasks keep running\n", n.ID)
-			default:
-				fmt.Fprintf(a.out, "node %s active\n", n.ID)
-			}
-			return nil
+			return a.setAvailability(cmd, args[0], availability, !noWait)
 		},
 	}
 	if verb == "drain" {
 		cmd.Flags().BoolVar(&noWait, "detach", false, "return without waiting for the tasks to move")
 	}
+	return cmd
+}
+
+// setAvailability sets the availability of the node ref names (a drain
+// waits for its tasks to move if wait is set) and says what it did.
+func (a *app) setAvailability(cmd *cobra.Command, ref, availability string, wait bool) error {
+	st, nodes, err := a.statdNodes(cmd)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	n, err := findNode(nodes, ref)
+	if err != nil {
+		return err
+	}
+	c, err := a.schedd()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	resp, err := c.SetNodeAvailability(cmd.Context(), &schedv1.SetNodeAvailabilityRequest{Node: n.ID, Availability: availability, Wait: wait && availability == "drain"})
+	if err != nil {
+		return err
+	}
+	switch availability {
+	case "drain":
+		fmt.Fprintf(a.out, "node %s drained (%d tasks moved)\n", n.ID, resp.GetMoved())
+	case "pause":
+		fmt.Fprintf(a.out, "node %s paused: no new tasks; its tasks keep running\n", n.ID)
+	default:
+		fmt.Fprintf(a.out, "node %s active\n", n.ID)
+	}
+	return nil
+}
+
+// nodeUpdate is Docker's node update: labels and availability at once.
+func (a *app) nodeUpdate() *cobra.Command {
+	var add, rm []string
+	var availability string
+	cmd := &cobra.Command{
+		Use:     "update NODE [--label-add KEY=VALUE]... [--label-rm KEY]... [--availability active|pause|drain]",
+		Short:   "Change a node's labels and availability (docker node update's flags)",
+		Example: "  shoalctl node update n2 --label-add zone=eu --availability drain",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch availability {
+			case "", "active", "pause", "drain":
+			default:
+				return usageError{fmt.Errorf("--availability %q: want active, pause or drain", availability)}
+			}
+			if len(add) == 0 && len(rm) == 0 && availability == "" {
+				return usageError{fmt.Errorf("nothing to do: give --label-add, --label-rm or --availability")}
+			}
+			if len(add) > 0 || len(rm) > 0 {
+				id, err := a.setNodeLabels(cmd, args[0], add, rm)
+				if err != nil {
+					return err
+				}
+				fmt.Fprintf(a.out, "node %s labels updated\n", id)
+			}
+			if availability != "" {
+				return a.setAvailability(cmd, args[0], availability, true)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringArrayVar(&add, "label-add", nil, "add or change a label KEY=VALUE (repeatable)")
+	cmd.Flags().StringArrayVar(&rm, "label-rm", nil, "remove a label KEY (repeatable)")
+	cmd.Flags().StringVar(&availability, "availability", "", "active, pause or drain (a drain waits for the tasks to move)")
 	return cmd
 }
 

@@ -470,7 +470,10 @@ func TestSchedulerMore(t *testing.T) {
 			g, g2 := c.inspect(3, "g"), c.inspect(3, "g2")
 			return g.Desired == 3 && g.Running == 3 && g2.Desired == 2 && g2.Running == 2
 		})
-		c.mustCtl(3, "node", "activate", "n3")
+		// By docker node update's spelling.
+		if out := c.mustCtl(3, "node", "update", "n3", "--availability", "active"); !strings.Contains(out, "active") {
+			t.Errorf("node update --availability active output %q", out)
+		}
 		waitFor(t, 30*time.Second, "g2 on n3 once it is active", func() bool { return c.perNode("g2", 3) == [3]int{1, 1, 1} })
 		c.mustCtl(1, "service", "rm", "g2")
 
@@ -1138,12 +1141,13 @@ func TestSchedulerMore(t *testing.T) {
 		// Zones a (n1, n2) and b (n3): four replicas spread over the
 		// zones first put two on n3, where spreading over nodes puts one
 		// on each and the fourth anywhere.
-		for i, zone := range []string{"a", "a", "b"} {
-			c.mustCtl(1, "node", "label", fmt.Sprintf("n%d", i+1), "zone="+zone)
-		}
+		// n3 by docker node update's spelling.
+		c.mustCtl(1, "node", "label", "n1", "zone=a")
+		c.mustCtl(1, "node", "label", "n2", "zone=a")
+		c.mustCtl(1, "node", "update", "n3", "--label-add", "zone=b", "--label-add", "spare=1")
 		defer func() {
 			for i := 1; i <= 3; i++ {
-				c.ctl(1, "node", "label", fmt.Sprintf("n%d", i), "--rm", "zone")
+				c.ctl(1, "node", "update", fmt.Sprintf("n%d", i), "--label-rm", "zone", "--label-rm", "spare")
 			}
 		}()
 		for i, zone := range []string{"a", "a", "b"} {
