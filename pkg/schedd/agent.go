@@ -383,7 +383,7 @@ func hostLines(entries []string) []string {
 
 // taskSpec is the container spec of a task.
 func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) (shoalrt.TaskSpec, error) {
-	var self sched.Node
+	self := sched.Node{ID: n.id}
 	if d := n.mirror.Get(sched.NodeKey(n.id)); d != nil {
 		self = sched.NodeFromDoc(n.id, statepb.FromDocument(d), true)
 	}
