@@ -165,3 +165,45 @@ func parseLongPublish(s string) (sched.Port, error) {
 	}
 	return p, nil
 }
+
+// longFileMount reads Docker's long --secret/--config syntax
+// (source=NAME[,target=PATH][,uid=…,gid=…,mode=…]) as Shoal's NAME or
+// NAME:TARGET. A task's secret and config files are root's with mode
+// 0444, so other ownership or modes are reported as ignored.
+func longFileMount(flag, s string) (entry, ignored string, err error) {
+	if !strings.Contains(s, "=") {
+		return s, "", nil
+	}
+	var src, dst string
+	var dropped []string
+	for _, field := range strings.Split(s, ",") {
+		k, v, _ := strings.Cut(field, "=")
+		switch k {
+		case "source", "src":
+			src = v
+		case "target", "dst", "destination":
+			dst = v
+		case "uid", "gid":
+			if v != "0" {
+				dropped = append(dropped, field)
+			}
+		case "mode":
+			if m, err := strconv.ParseUint(v, 8, 32); err != nil || m != 0o444 {
+				dropped = append(dropped, field)
+			}
+		default:
+			return "", "", fmt.Errorf("--%s %q: unknown field %q: want source, target, uid, gid or mode", flag, s, k)
+		}
+	}
+	if src == "" {
+		return "", "", fmt.Errorf("--%s %q: source is missing", flag, s)
+	}
+	entry = src
+	if dst != "" {
+		entry += ":" + dst
+	}
+	if len(dropped) > 0 {
+		ignored = fmt.Sprintf("--%s %s: %s ignored (the file is root's, mode 0444)", flag, src, strings.Join(dropped, ","))
+	}
+	return entry, ignored, nil
+}

@@ -57,19 +57,21 @@ type specFlags struct {
 	limitCPU, reserveCPU, limitMemory, reserveMemory       string
 	mounts                                                 []string
 	withRegistryAuth                                       bool
-	healthCmd, network, entrypoint, user, workdir          string
-	healthHTTP, stopSignal, schedule                       string
-	healthTCP                                              int
-	readOnly, noHealthcheck                                bool
-	maxFailureRatio, rbMaxFailureRatio                     float64
-	rbParallelism                                          int
-	rbDelay, rbMonitor                                     time.Duration
-	rbOrder, rbFailure                                     string
-	healthInterval, healthTimeout, healthStart             time.Duration
-	healthRetries, parallelism, maxAttempts, maxPerNode    int
-	updateDelay, monitor, stopGrace                        time.Duration
-	restartDelay, restartMaxDelay                          time.Duration
-	force                                                  bool
+	// warnings are what apply took as given but ignored in part.
+	warnings                                            []string
+	healthCmd, network, entrypoint, user, workdir       string
+	healthHTTP, stopSignal, schedule                    string
+	healthTCP                                           int
+	readOnly, noHealthcheck                             bool
+	maxFailureRatio, rbMaxFailureRatio                  float64
+	rbParallelism                                       int
+	rbDelay, rbMonitor                                  time.Duration
+	rbOrder, rbFailure                                  string
+	healthInterval, healthTimeout, healthStart          time.Duration
+	healthRetries, parallelism, maxAttempts, maxPerNode int
+	updateDelay, monitor, stopGrace                     time.Duration
+	restartDelay, restartMaxDelay                       time.Duration
+	force                                               bool
 }
 
 func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
@@ -240,8 +242,6 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"stop-grace", func() { spec.StopGrace = sched.Duration(f.stopGrace) }},
 		{"stop-signal", func() { spec.StopSignal = f.stopSignal }},
 		{"volume", func() { spec.Volumes = f.volumes }},
-		{"secret", func() { spec.Secrets = f.secrets }},
-		{"config", func() { spec.Configs = f.configs }},
 		{"tmpfs", func() { spec.Tmpfs = f.tmpfs }},
 		{"user", func() { spec.User = f.user }},
 		{"workdir", func() { spec.WorkDir = f.workdir }},
@@ -337,6 +337,26 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 			spec.Sysctls[k] = v
 		}
 	}
+	for _, fm := range []struct {
+		flag    string
+		entries []string
+		to      *[]string
+	}{{"secret", f.secrets, &spec.Secrets}, {"config", f.configs, &spec.Configs}} {
+		if !fs.Changed(fm.flag) {
+			continue
+		}
+		*fm.to = nil
+		for _, e := range fm.entries {
+			entry, ignored, err := longFileMount(fm.flag, e)
+			if err != nil {
+				return usageError{err}
+			}
+			if ignored != "" {
+				f.warnings = append(f.warnings, ignored)
+			}
+			*fm.to = append(*fm.to, entry)
+		}
+	}
 	rollback := func() *sched.UpdateConfig {
 		if spec.Rollback == nil {
 			spec.Rollback = &sched.UpdateConfig{}
@@ -381,6 +401,12 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		spec.ForceUpdate++
 	}
 	return nil
+}
+
+func (f *specFlags) printWarnings(w io.Writer) {
+	for _, warning := range f.warnings {
+		fmt.Fprintf(w, "warning: %s\n", warning)
+	}
 }
 
 // applyLog sets spec's log configuration from --log-driver and
@@ -488,6 +514,7 @@ func (a *app) serviceCreate() *cobra.Command {
 			if err := f.apply(cmd.Flags(), &spec, args[1:], true); err != nil {
 				return err
 			}
+			f.printWarnings(a.errOut)
 			data, err := checkSpec(spec)
 			if err != nil {
 				return err
@@ -602,6 +629,7 @@ func (a *app) serviceUpdate() *cobra.Command {
 			if err := f.apply(cmd.Flags(), &spec, args[1:], false); err != nil {
 				return err
 			}
+			f.printWarnings(a.errOut)
 			data, err := checkSpec(spec)
 			if err != nil {
 				return err

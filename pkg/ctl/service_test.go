@@ -154,6 +154,10 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"rollback settings", []string{"--rollback-parallelism", "3", "--rollback-order", "start-first", "--rollback-monitor", "2s"}, func(s sched.ServiceSpec) bool {
 			return s.Rollback != nil && *s.Rollback == sched.UpdateConfig{Parallelism: 3, Order: sched.StartFirst, Monitor: sched.Duration(2 * time.Second)}
 		}},
+		{"docker's long secret and config syntax", []string{"--secret", "source=db-pass,target=/etc/db/pw,mode=0400", "--secret", "tls", "--config", "src=site,target=site.conf"},
+			func(s sched.ServiceSpec) bool {
+				return strings.Join(s.Secrets, " ") == "db-pass:/etc/db/pw tls" && strings.Join(s.Configs, " ") == "site:site.conf"
+			}},
 		{"no health check", []string{"--no-healthcheck"}, func(s sched.ServiceSpec) bool { return s.Health.Disable && !s.Health.Enabled() }},
 		{"log options", []string{"--log-opt", "max-size=10m", "--log-opt", "max-file=3"}, func(s sched.ServiceSpec) bool {
 			return s.Log == sched.LogConfig{MaxSize: 10 << 20, MaxFiles: 3}
@@ -239,6 +243,8 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--restart-condition", "sometimes"}, `restart policy "sometimes" is unknown`},
 		{[]string{"--rollback-failure-action", "rollback"}, `rollback failure action "rollback" is unknown: use pause`},
 		{[]string{"--rollback-parallelism", "-1"}, "rollback parallelism is -1"},
+		{[]string{"--secret", "target=/x"}, `--secret "target=/x": source is missing`},
+		{[]string{"--config", "source=a,owner=me"}, `unknown field "owner"`},
 		{[]string{"--log-driver", "syslog"}, `log driver "syslog" is not supported`},
 		{[]string{"--log-opt", "max-size"}, `--log-opt "max-size": want KEY=VALUE`},
 		{[]string{"--log-opt", "compress=true"}, `log option "compress" is not supported`},
