@@ -121,6 +121,13 @@ func (a *app) imageLs() *cobra.Command {
 	return cmd
 }
 
+// removeWait is how long RemoveImage may wait for the holders: the
+// server's default, less if --timeout is short, leaving the answer time to
+// come back before the call ends.
+func (a *app) removeWait() time.Duration {
+	return min(10*time.Second, max(a.timeout-2*time.Second, a.timeout/2))
+}
+
 type removedImageView struct {
 	Name        string   `json:"name"`
 	Digest      string   `json:"digest"`
@@ -147,9 +154,7 @@ the image. A node that is down drops its copy when it runs again.`,
 				return err
 			}
 			defer done()
-			// The server's default wait, less if --timeout is short: leave
-			// the answer time to come back before it ends.
-			wait := min(10*time.Second, max(a.timeout-2*time.Second, a.timeout/2))
+			wait := a.removeWait()
 			views := []removedImageView{}
 			failed := a.eachName(args, func(ref string) error {
 				resp, err := c.RemoveImage(ctx, &schedv1.RemoveImageRequest{Ref: ref, Wait: durationpb.New(wait)})
@@ -235,7 +240,7 @@ stdin is not a terminal).`,
 			if err != nil {
 				return err
 			}
-			wait := min(10*time.Second, max(a.timeout-2*time.Second, a.timeout/2))
+			wait := a.removeWait()
 			view := prunedImagesView{Removed: []removedImageView{}, Kept: []keptImageView{}}
 			var failed error
 			for _, img := range resp.GetImages() {
