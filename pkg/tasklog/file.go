@@ -54,10 +54,6 @@ type File struct {
 	f    *os.File
 	size int64
 	buf  []byte
-	// failed counts records lost to write errors (a full disk): the
-	// writer goes on reading the task's output, whose writes would block
-	// or fail otherwise.
-	failed int64
 }
 
 // Create opens path for appending (creating it), its records stamped
@@ -91,9 +87,9 @@ func (l *File) open() error {
 }
 
 // Copy writes r's lines as records of stream until r ends, and returns
-// nil then: write errors lose records (counted by Failed) but never stop
-// the copy, since the task would block on a full pipe. Only r's errors
-// are returned.
+// nil then: write errors (a full disk) lose records but never stop the
+// copy, since the task would block on a full pipe. Only r's errors are
+// returned.
 func (l *File) Copy(stream string, r io.Reader) error {
 	br := bufio.NewReaderSize(r, MaxLine)
 	for {
@@ -124,16 +120,12 @@ func (l *File) write(rec Record) {
 	if l.f == nil {
 		// The last rotation could not open a new file: try again.
 		if err := l.open(); err != nil {
-			l.failed++
 			return
 		}
 	}
 	l.buf = rec.AppendTo(l.buf[:0])
-	n, err := l.f.Write(l.buf)
+	n, _ := l.f.Write(l.buf) // a record lost; the next may fit
 	l.size += int64(n)
-	if err != nil {
-		l.failed++
-	}
 	if l.size >= l.limits.MaxSize {
 		l.rotate()
 	}
@@ -158,13 +150,6 @@ func (l *File) rotate() {
 	if err := l.open(); err != nil {
 		l.f = nil
 	}
-}
-
-// Failed is the number of records lost to write errors.
-func (l *File) Failed() int64 {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.failed
 }
 
 // Close closes the file.
