@@ -63,6 +63,13 @@ func (w *world) task(id, slot, node string, st sched.TaskState, created time.Tim
 	return w.taskOf(w.svc.Spec, w.svc.Version, id, slot, node, st, created)
 }
 
+// crashed adds a task of the current version that exited with code a
+// second after it started (within any monitor period), in state st.
+func (w *world) crashed(id, slot, node string, st sched.TaskState, created time.Time, code int) {
+	t := w.task(id, slot, node, st, created)
+	t.Finished, t.ExitCode = t.Started.Add(time.Second), code
+}
+
 func (w *world) taskOf(spec sched.ServiceSpec, version int64, id, slot, node string, st sched.TaskState, created time.Time) *sched.Task {
 	t := sched.Task{ID: id, Service: "web", Slot: slot, Node: node, Version: version, SpecDigest: spec.Digest(),
 		State: st, Created: stampAt(created, node), Resources: spec.Resources()}
@@ -941,8 +948,7 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 			name: "new task failed within the monitor period: roll back",
 			build: func(w *world) {
 				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.FailureAction = sched.ActionRollback })
-				nt := w.task("new0", "0", "n1", sched.TaskFailed, t0.Add(-3*time.Second))
-				nt.Finished, nt.ExitCode = nt.Started.Add(time.Second), 2
+				w.crashed("new0", "0", "n1", sched.TaskFailed, t0.Add(-3*time.Second), 2)
 				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
 			},
 			want: "service web state=rolling-back rollback to v3: update to version 2 failed: task new0 (slot 0) is failed (exit code 2); rolling back\n",
@@ -951,8 +957,7 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 			name: "new task crash-looping: pause",
 			build: func(w *world) {
 				settled(w, img2)
-				nt := w.task("new0", "0", "n1", sched.TaskRestarting, t0.Add(-3*time.Second))
-				nt.Finished, nt.ExitCode = nt.Started.Add(time.Second), 1
+				w.crashed("new0", "0", "n1", sched.TaskRestarting, t0.Add(-3*time.Second), 1)
 				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
 			},
 			want: "service web state=paused: update to version 2 paused: task new0 (slot 0) is restarting (exit code 1)\n",
@@ -961,8 +966,7 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 			name: "a failure within the max failure ratio: repaired, the update goes on",
 			build: func(w *world) {
 				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.MaxFailureRatio = 0.34 })
-				nt := w.task("new0", "0", "n1", sched.TaskFailed, t0.Add(-3*time.Second))
-				nt.Finished, nt.ExitCode = nt.Started.Add(time.Second), 2
+				w.crashed("new0", "0", "n1", sched.TaskFailed, t0.Add(-3*time.Second), 2)
 				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
 			},
 			want: "reserve web/0 task=new1 v2 as=task on=n1,n2,n3 restarts=1\nassign web/1 task=-\n",
@@ -973,10 +977,8 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 				settled(w, img2, func(s *sched.ServiceSpec) { s.Update.MaxFailureRatio = 0.34 })
 				// Slot 0's first new task failed and was replaced; its
 				// replacement failed too: two of three slots' worth.
-				old := w.task("new0", "0", "n1", sched.TaskFailed, t0.Add(-9*time.Second))
-				old.Finished, old.ExitCode = old.Started.Add(time.Second), 2
-				nt := w.task("new1", "0", "n2", sched.TaskFailed, t0.Add(-3*time.Second))
-				nt.Finished, nt.ExitCode = nt.Started.Add(time.Second), 2
+				w.crashed("new0", "0", "n1", sched.TaskFailed, t0.Add(-9*time.Second), 2)
+				w.crashed("new1", "0", "n2", sched.TaskFailed, t0.Add(-3*time.Second), 2)
 				w.slot("0", "new1", "n2", 2, t0.Add(-3*time.Second))
 			},
 			want: "service web state=paused: update to version 2 paused: task new0 (slot 0) is failed (exit code 2)\n",
