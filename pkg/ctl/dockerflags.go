@@ -3,7 +3,6 @@ package ctl
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
 
@@ -46,7 +45,7 @@ func dockerRestart(s string) string {
 // limits, so every value given must be the same. ok is false when none
 // was given.
 func oneValue(fs *pflag.FlagSet, names []string, values []string, parse func(string) (int64, error)) (v int64, ok bool, err error) {
-	first := ""
+	first := -1 // the first flag given
 	for i, name := range names {
 		if !fs.Changed(name) {
 			continue
@@ -55,11 +54,11 @@ func oneValue(fs *pflag.FlagSet, names []string, values []string, parse func(str
 		if err != nil {
 			return 0, false, err
 		}
-		if ok && x != v {
-			return 0, false, fmt.Errorf("--%s %s and --%s %s differ: Shoal reserves what it limits, give one value", first, values[slices.Index(names, first)], name, values[i])
+		if first >= 0 && x != v {
+			return 0, false, fmt.Errorf("--%s %s and --%s %s differ: Shoal reserves what it limits, give one value", names[first], values[first], name, values[i])
 		}
-		if !ok {
-			first = name
+		if first < 0 {
+			first = i
 		}
 		v, ok = x, true
 	}
