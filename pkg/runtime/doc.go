@@ -26,7 +26,11 @@
 //
 // Output goes to TaskSpec.LogPath, appended by containerd's shim (not by
 // schedd), so logs go on while schedd restarts. Exec runs a command in a
-// running task with streams (and a tty) of the caller's.
+// running task with streams (and a tty) of the caller's. Stats samples a
+// running task's resource use: CPU, memory, pids and block I/O from its
+// cgroup (v1 or v2, as containerd reports it), network traffic from its
+// network namespace's /proc/<pid>/net/dev (none for a task on the node's
+// own network: those figures would be the node's).
 //
 // Containerd applies, per task: CPU (CFS quota over a 100 ms period, and
 // shares) and memory limits in cgroup <CgroupParent>/<id>; runc state in
@@ -63,9 +67,10 @@
 // github.com/containerd/errdefs, for callers to test with errdefs.IsX and
 // for the gRPC boundary to map to codes: NotFound (no such task, image or
 // blob), AlreadyExists (task ID in use), InvalidArgument (bad spec, bad
-// tar, bad digest), FailedPrecondition (exec in a stopped task), DataLoss
-// (a blob that does not match its descriptor), Unavailable (containerd is
-// not reachable: retry; the same Runtime works again once it is back).
+// tar, bad digest), FailedPrecondition (exec in, or stats of, a stopped
+// task), DataLoss (a blob that does not match its descriptor),
+// Unavailable (containerd is not reachable: retry; the same Runtime works
+// again once it is back).
 //
 // # One machine, several nodes
 //

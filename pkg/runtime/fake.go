@@ -737,3 +737,41 @@ func (f *Fake) Pull(ctx context.Context, ref string, _ PullOptions) (Image, erro
 	}
 	return Image{}, fmt.Errorf("pull image %s: the fake runtime reaches no registry: %w", ref, errdefs.ErrUnavailable)
 }
+
+// Fake tasks used fakeStartCPU to start, then use fakeCPUShare of a core,
+// and fakeMemory bytes (less if their limit is lower).
+const (
+	fakeStartCPU = time.Millisecond
+	fakeCPUShare = 0.01
+	fakeMemory   = 4 << 20
+)
+
+// Stats implements Runtime: the sample of a task that idles, with a
+// counter that grows and gauges that stay.
+func (f *Fake) Stats(ctx context.Context, id string) (Stats, error) {
+	if err := f.enter(ctx, "Stats"); err != nil {
+		return Stats{}, err
+	}
+	defer f.b.mu.Unlock()
+	t, ok := f.b.tasks[id]
+	if !ok {
+		return Stats{}, fmt.Errorf("stats of task %s: %w", id, errdefs.ErrNotFound)
+	}
+	if t.status != StatusRunning {
+		return Stats{}, fmt.Errorf("stats of task %s: task is %s: %w", id, t.status, errdefs.ErrFailedPrecondition)
+	}
+	now := time.Now()
+	// NB: t.started has no monotonic reading (UTC strips it): a clock
+	// stepped back must not make the counter wrap.
+	s := Stats{
+		Time:             now,
+		CPUNanos:         uint64(fakeStartCPU + time.Duration(float64(max(0, now.Sub(t.started)))*fakeCPUShare)),
+		MemoryBytes:      fakeMemory,
+		MemoryLimitBytes: uint64(t.spec.MemoryBytes),
+		Pids:             1,
+	}
+	if s.MemoryLimitBytes > 0 {
+		s.MemoryBytes = min(s.MemoryBytes, s.MemoryLimitBytes)
+	}
+	return s, nil
+}

@@ -19,6 +19,8 @@ func fakeProgram(spec runtime.TaskSpec) runtime.Program {
 		return runtime.Program{Output: "ready\n", OnSignal: map[syscall.Signal]int{syscall.SIGTERM: 42}}
 	case slices.Equal(spec.Args, usr1Args):
 		return runtime.Program{Output: "ready\n", OnSignal: map[syscall.Signal]int{syscall.SIGUSR1: 7}}
+	case slices.Equal(spec.Args, statsArgs):
+		return runtime.Program{Output: "done\n"}
 	}
 	return runtime.DefaultProgram(spec)
 }
@@ -94,5 +96,43 @@ func TestFakeInjection(t *testing.T) {
 	}
 	if e, err := g.Stop(ctx, "t3", 10*time.Second); err != nil || e.Code != 0 {
 		t.Errorf("Stop of a task that exits during the grace period: %+v, %v", e, err)
+	}
+}
+
+// TestFakeStats covers the fake's samples: CPU that grows, memory within
+// the limit, and injected failures.
+func TestFakeStats(t *testing.T) {
+	ctx := context.Background()
+	f := runtime.NewFake()
+	importOCI(t, f)
+	if err := f.Run(ctx, runtime.TaskSpec{ID: "small", Image: "local/busybox:latest", Args: sleepArgs, MemoryBytes: 1 << 20}); err != nil {
+		t.Fatal(err)
+	}
+	s1, err := f.Stats(ctx, "small")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(20 * time.Millisecond)
+	s2, err := f.Stats(ctx, "small")
+	if err != nil || s2.CPUNanos <= s1.CPUNanos || !s2.Time.After(s1.Time) {
+		t.Errorf("samples %+v then %+v, %v: want CPU to grow", s1, s2, err)
+	}
+	if s2.MemoryLimitBytes != 1<<20 || s2.MemoryBytes == 0 || s2.MemoryBytes > 1<<20 || s2.Pids != 1 {
+		t.Errorf("sample %+v: want memory within the 1 MiB limit, one process", s2)
+	}
+	f.FailNext("Stats", errdefs.ErrResourceExhausted)
+	if _, err := f.Stats(ctx, "small"); !errdefs.IsResourceExhausted(err) {
+		t.Errorf("Stats after FailNext: %v", err)
+	}
+	f.SetUnavailable(true)
+	if _, err := f.Stats(ctx, "small"); !errdefs.IsUnavailable(err) {
+		t.Errorf("Stats while down: %v", err)
+	}
+	f.SetUnavailable(false)
+	if err := f.Exit("small", 137); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Stats(ctx, "small"); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Stats of a crashed task: %v, want FailedPrecondition", err)
 	}
 }

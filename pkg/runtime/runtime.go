@@ -84,6 +84,10 @@ type Runtime interface {
 	// on its stdin when stdin does. When ctx ends the process is killed.
 	// Exec in a task that is not running is FailedPrecondition.
 	Exec(ctx context.Context, id string, args []string, stdin io.Reader, stdout, stderr io.Writer, tty *Terminal) (int, error)
+	// Stats samples the resource use of running task id: counters since
+	// it started and gauges as they are now. A task that is not running
+	// is FailedPrecondition; a missing one NotFound.
+	Stats(ctx context.Context, id string) (Stats, error)
 
 	// Close releases the connection. Tasks keep running.
 	Close() error
@@ -272,6 +276,31 @@ type TaskInfo struct {
 	// signal N exits with 128+N.
 	ExitCode int       `json:"exit_code"`
 	ExitedAt time.Time `json:"exited_at,omitzero"`
+}
+
+// Stats is one sample of a running task's resource use, as docker stats
+// shows it. The counters grow from the task's start; rates (CPU %, bytes a
+// second) come from two samples.
+type Stats struct {
+	// Time is when the sample was taken.
+	Time time.Time `json:"time"`
+	// CPUNanos is the CPU time the task's processes used, user and system.
+	CPUNanos uint64 `json:"cpu_nanos"`
+	// MemoryBytes is the memory the task uses, less its inactive page
+	// cache (what the kernel reclaims first), as docker stats counts it.
+	MemoryBytes uint64 `json:"memory_bytes"`
+	// MemoryLimitBytes is the task's memory limit; 0 when it has none.
+	MemoryLimitBytes uint64 `json:"memory_limit_bytes,omitempty"`
+	// Pids is how many processes and threads the task has.
+	Pids uint64 `json:"pids"`
+	// NetRxBytes and NetTxBytes are what the task's network namespace
+	// received and sent on its interfaces other than loopback; 0 for a
+	// task in the node's own namespace.
+	NetRxBytes uint64 `json:"net_rx_bytes"`
+	NetTxBytes uint64 `json:"net_tx_bytes"`
+	// BlockReadBytes and BlockWriteBytes are the task's block device I/O.
+	BlockReadBytes  uint64 `json:"block_read_bytes"`
+	BlockWriteBytes uint64 `json:"block_write_bytes"`
 }
 
 // Exit is how a task (or an exec'd process) ended.

@@ -51,6 +51,10 @@ var (
 	usr1Args = []string{"sh", "-c", "trap 'exit 7' USR1; echo ready; while :; do sleep 0.05; done"}
 	// sleepArgs runs until killed: pid 1 ignores SIGTERM without a trap.
 	sleepArgs = []string{"sleep", "1000"}
+	// statsArgs burns some 0.2 s of CPU, fills 8 MiB of the tmpfs at
+	// /scratch (memory, charged to the task), says "done" and waits.
+	statsArgs = []string{"sh", "-c", "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; " +
+		"dd if=/dev/zero of=/scratch/f bs=1M count=8 2>/dev/null; echo done; exec sleep 1000"}
 )
 
 // testImages returns the test images as an OCI tar (latest and v2) and a
@@ -131,6 +135,7 @@ func runSuite(t *testing.T, h harness) {
 	t.Run("StopKillsAfterGrace", func(t *testing.T) { testStopKill(t, h) })
 	t.Run("StopSignal", func(t *testing.T) { testStopSignal(t, h) })
 	t.Run("Exec", func(t *testing.T) { testExec(t, h) })
+	t.Run("Stats", func(t *testing.T) { testStats(t, h) })
 	t.Run("BlobTransfer", func(t *testing.T) { testBlobTransfer(t, h) })
 	t.Run("Errors", func(t *testing.T) { testErrors(t, h) })
 	// Last: it stops node a's backend.
@@ -432,6 +437,65 @@ func testExec(t *testing.T, h harness) {
 	}
 }
 
+// testStats samples a task that has done some work, under a memory
+// limit, and one without a limit.
+func testStats(t *testing.T, h harness) {
+	ctx := context.Background()
+	rt := h.node(t, "a")
+	importOCI(t, rt)
+	const limit = 64 << 20
+	log := filepath.Join(t.TempDir(), "stats.log")
+	spec := runtime.TaskSpec{ID: "stats", Image: "local/busybox:latest", Args: statsArgs, MemoryBytes: limit, LogPath: log,
+		Mounts: []runtime.Mount{{Target: "/scratch", Tmpfs: true}}}
+	if err := rt.Run(ctx, spec); err != nil {
+		t.Fatal(err)
+	}
+	waitLog(t, log, "done")
+	before := time.Now()
+	s, err := rt.Stats(ctx, "stats")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("sample: %+v", s)
+	if s.Time.Before(before) || s.Time.After(time.Now()) {
+		t.Errorf("sample taken at %v, not during the call (from %v)", s.Time, before)
+	}
+	if s.CPUNanos == 0 || s.MemoryBytes == 0 || s.MemoryBytes > limit || s.MemoryLimitBytes != limit || s.Pids < 1 {
+		t.Errorf("sample %+v: want CPU, memory within the limit %d, the limit, a process", s, limit)
+	}
+	if h.real {
+		if s.CPUNanos < uint64(50*time.Millisecond) {
+			t.Errorf("CPU %v, want the loop's 50ms at least", time.Duration(s.CPUNanos))
+		}
+		if s.MemoryBytes < 8<<20 {
+			t.Errorf("memory %d, want the tmpfs's 8 MiB at least", s.MemoryBytes)
+		}
+	}
+	s2, err := rt.Stats(ctx, "stats")
+	if err != nil || s2.CPUNanos < s.CPUNanos || s2.Time.Before(s.Time) {
+		t.Errorf("second sample %+v, %v: want the counters and time on from %+v", s2, err, s)
+	}
+
+	if err := rt.Run(ctx, runtime.TaskSpec{ID: "stats-unlimited", Image: "local/busybox:latest", Args: sleepArgs}); err != nil {
+		t.Fatal(err)
+	}
+	if u, err := rt.Stats(ctx, "stats-unlimited"); err != nil || u.MemoryLimitBytes != 0 || u.Pids < 1 {
+		t.Errorf("task without a limit: %+v, %v; want no limit", u, err)
+	}
+	removeTask(t, rt, "stats-unlimited")
+
+	if _, err := rt.Stop(ctx, "stats", 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rt.Stats(ctx, "stats"); !errdefs.IsFailedPrecondition(err) {
+		t.Errorf("Stats of a stopped task: %v, want FailedPrecondition", err)
+	}
+	removeTask(t, rt, "stats")
+	if _, err := rt.Stats(ctx, "stats"); !errdefs.IsNotFound(err) {
+		t.Errorf("Stats of a removed task: %v, want NotFound", err)
+	}
+}
+
 func testBlobTransfer(t *testing.T, h harness) {
 	ctx := context.Background()
 	a := h.node(t, "a")
@@ -612,6 +676,7 @@ func testUnavailable(t *testing.T, h harness) {
 		"Images": second(rt.Images(ctx)),
 		"Run":    rt.Run(ctx, runtime.TaskSpec{ID: "x", Image: "local/busybox:latest"}),
 		"Stop":   second(rt.Stop(ctx, "survivor", time.Second)),
+		"Stats":  second(rt.Stats(ctx, "survivor")),
 	} {
 		if !errdefs.IsUnavailable(err) {
 			t.Errorf("%s while containerd is down: %v, want Unavailable", name, err)
