@@ -79,6 +79,14 @@ func (s *peerServer) TaskExec(stream schedv1.SchedPeer_TaskExecServer) error {
 	return s.n.localExec(stream)
 }
 
+func (s *peerServer) TaskStats(req *schedv1.TaskStatsRequest, stream schedv1.SchedPeer_TaskStatsServer) error {
+	interval := req.GetInterval().AsDuration()
+	if req.GetInterval() != nil && interval < minStatsInterval {
+		return fmt.Errorf("stats interval %v is below %v: %w", interval, minStatsInterval, errdefs.ErrInvalidArgument)
+	}
+	return s.n.localStats(stream.Context(), req.GetTasks(), interval, req.GetCount(), stream.Send)
+}
+
 // peerPool keeps one connection per node's scheduler peer API.
 type peerPool struct {
 	n     *node

@@ -5,7 +5,7 @@
 // source: shoal/sched/v1/peer.proto
 
 // shoal.sched.v1.SchedPeer is spoken between the schedd daemons of a
-// cluster over mutual TLS: reservations, image blobs, log and exec relay.
+// cluster over mutual TLS: reservations, image blobs, log, exec and stats relay.
 
 package schedv1
 
@@ -440,14 +440,15 @@ const file_shoal_sched_v1_peer_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
 	"\x12ImageBlobsResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
-	"\x05blobs\x18\x02 \x03(\v2\x1a.shoal.sched.v1.DescriptorR\x05blobs2\x84\x03\n" +
+	"\x05blobs\x18\x02 \x03(\v2\x1a.shoal.sched.v1.DescriptorR\x05blobs2\xd5\x03\n" +
 	"\tSchedPeer\x12J\n" +
 	"\aReserve\x12\x1e.shoal.sched.v1.ReserveRequest\x1a\x1f.shoal.sched.v1.ReserveResponse\x12F\n" +
 	"\aGetBlob\x12\x1e.shoal.sched.v1.GetBlobRequest\x1a\x19.shoal.sched.v1.BlobChunk0\x01\x12S\n" +
 	"\n" +
 	"ImageBlobs\x12!.shoal.sched.v1.ImageBlobsRequest\x1a\".shoal.sched.v1.ImageBlobsResponse\x12G\n" +
 	"\bTaskLogs\x12\x1f.shoal.sched.v1.TaskLogsRequest\x1a\x18.shoal.sched.v1.LogChunk0\x01\x12E\n" +
-	"\bTaskExec\x12\x19.shoal.sched.v1.ExecInput\x1a\x1a.shoal.sched.v1.ExecOutput(\x010\x01B9Z7github.com/shoal-dev/shoal/proto/shoal/sched/v1;schedv1b\x06proto3"
+	"\bTaskExec\x12\x19.shoal.sched.v1.ExecInput\x1a\x1a.shoal.sched.v1.ExecOutput(\x010\x01\x12O\n" +
+	"\tTaskStats\x12 .shoal.sched.v1.TaskStatsRequest\x1a\x1e.shoal.sched.v1.TaskStatsReply0\x01B9Z7github.com/shoal-dev/shoal/proto/shoal/sched/v1;schedv1b\x06proto3"
 
 var (
 	file_shoal_sched_v1_peer_proto_rawDescOnce sync.Once
@@ -473,8 +474,10 @@ var file_shoal_sched_v1_peer_proto_goTypes = []any{
 	nil,                        // 7: shoal.sched.v1.Descriptor.AnnotationsEntry
 	(*TaskLogsRequest)(nil),    // 8: shoal.sched.v1.TaskLogsRequest
 	(*ExecInput)(nil),          // 9: shoal.sched.v1.ExecInput
-	(*LogChunk)(nil),           // 10: shoal.sched.v1.LogChunk
-	(*ExecOutput)(nil),         // 11: shoal.sched.v1.ExecOutput
+	(*TaskStatsRequest)(nil),   // 10: shoal.sched.v1.TaskStatsRequest
+	(*LogChunk)(nil),           // 11: shoal.sched.v1.LogChunk
+	(*ExecOutput)(nil),         // 12: shoal.sched.v1.ExecOutput
+	(*TaskStatsReply)(nil),     // 13: shoal.sched.v1.TaskStatsReply
 }
 var file_shoal_sched_v1_peer_proto_depIdxs = []int32{
 	7,  // 0: shoal.sched.v1.Descriptor.annotations:type_name -> shoal.sched.v1.Descriptor.AnnotationsEntry
@@ -484,13 +487,15 @@ var file_shoal_sched_v1_peer_proto_depIdxs = []int32{
 	4,  // 4: shoal.sched.v1.SchedPeer.ImageBlobs:input_type -> shoal.sched.v1.ImageBlobsRequest
 	8,  // 5: shoal.sched.v1.SchedPeer.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
 	9,  // 6: shoal.sched.v1.SchedPeer.TaskExec:input_type -> shoal.sched.v1.ExecInput
-	1,  // 7: shoal.sched.v1.SchedPeer.Reserve:output_type -> shoal.sched.v1.ReserveResponse
-	3,  // 8: shoal.sched.v1.SchedPeer.GetBlob:output_type -> shoal.sched.v1.BlobChunk
-	6,  // 9: shoal.sched.v1.SchedPeer.ImageBlobs:output_type -> shoal.sched.v1.ImageBlobsResponse
-	10, // 10: shoal.sched.v1.SchedPeer.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	11, // 11: shoal.sched.v1.SchedPeer.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	7,  // [7:12] is the sub-list for method output_type
-	2,  // [2:7] is the sub-list for method input_type
+	10, // 7: shoal.sched.v1.SchedPeer.TaskStats:input_type -> shoal.sched.v1.TaskStatsRequest
+	1,  // 8: shoal.sched.v1.SchedPeer.Reserve:output_type -> shoal.sched.v1.ReserveResponse
+	3,  // 9: shoal.sched.v1.SchedPeer.GetBlob:output_type -> shoal.sched.v1.BlobChunk
+	6,  // 10: shoal.sched.v1.SchedPeer.ImageBlobs:output_type -> shoal.sched.v1.ImageBlobsResponse
+	11, // 11: shoal.sched.v1.SchedPeer.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	12, // 12: shoal.sched.v1.SchedPeer.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	13, // 13: shoal.sched.v1.SchedPeer.TaskStats:output_type -> shoal.sched.v1.TaskStatsReply
+	8,  // [8:14] is the sub-list for method output_type
+	2,  // [2:8] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name

@@ -5,7 +5,7 @@
 // source: shoal/sched/v1/peer.proto
 
 // shoal.sched.v1.SchedPeer is spoken between the schedd daemons of a
-// cluster over mutual TLS: reservations, image blobs, log and exec relay.
+// cluster over mutual TLS: reservations, image blobs, log, exec and stats relay.
 
 package schedv1
 
@@ -27,6 +27,7 @@ const (
 	SchedPeer_ImageBlobs_FullMethodName = "/shoal.sched.v1.SchedPeer/ImageBlobs"
 	SchedPeer_TaskLogs_FullMethodName   = "/shoal.sched.v1.SchedPeer/TaskLogs"
 	SchedPeer_TaskExec_FullMethodName   = "/shoal.sched.v1.SchedPeer/TaskExec"
+	SchedPeer_TaskStats_FullMethodName  = "/shoal.sched.v1.SchedPeer/TaskStats"
 )
 
 // SchedPeerClient is the client API for SchedPeer service.
@@ -43,6 +44,8 @@ type SchedPeerClient interface {
 	ImageBlobs(ctx context.Context, in *ImageBlobsRequest, opts ...grpc.CallOption) (*ImageBlobsResponse, error)
 	TaskLogs(ctx context.Context, in *TaskLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LogChunk], error)
 	TaskExec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecInput, ExecOutput], error)
+	// TaskStats samples the receiver's own tasks named by ID.
+	TaskStats(ctx context.Context, in *TaskStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TaskStatsReply], error)
 }
 
 type schedPeerClient struct {
@@ -124,6 +127,25 @@ func (c *schedPeerClient) TaskExec(ctx context.Context, opts ...grpc.CallOption)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SchedPeer_TaskExecClient = grpc.BidiStreamingClient[ExecInput, ExecOutput]
 
+func (c *schedPeerClient) TaskStats(ctx context.Context, in *TaskStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TaskStatsReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SchedPeer_ServiceDesc.Streams[3], SchedPeer_TaskStats_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TaskStatsRequest, TaskStatsReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SchedPeer_TaskStatsClient = grpc.ServerStreamingClient[TaskStatsReply]
+
 // SchedPeerServer is the server API for SchedPeer service.
 // All implementations must embed UnimplementedSchedPeerServer
 // for forward compatibility.
@@ -138,6 +160,8 @@ type SchedPeerServer interface {
 	ImageBlobs(context.Context, *ImageBlobsRequest) (*ImageBlobsResponse, error)
 	TaskLogs(*TaskLogsRequest, grpc.ServerStreamingServer[LogChunk]) error
 	TaskExec(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error
+	// TaskStats samples the receiver's own tasks named by ID.
+	TaskStats(*TaskStatsRequest, grpc.ServerStreamingServer[TaskStatsReply]) error
 	mustEmbedUnimplementedSchedPeerServer()
 }
 
@@ -162,6 +186,9 @@ func (UnimplementedSchedPeerServer) TaskLogs(*TaskLogsRequest, grpc.ServerStream
 }
 func (UnimplementedSchedPeerServer) TaskExec(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error {
 	return status.Error(codes.Unimplemented, "method TaskExec not implemented")
+}
+func (UnimplementedSchedPeerServer) TaskStats(*TaskStatsRequest, grpc.ServerStreamingServer[TaskStatsReply]) error {
+	return status.Error(codes.Unimplemented, "method TaskStats not implemented")
 }
 func (UnimplementedSchedPeerServer) mustEmbedUnimplementedSchedPeerServer() {}
 func (UnimplementedSchedPeerServer) testEmbeddedByValue()                   {}
@@ -249,6 +276,17 @@ func _SchedPeer_TaskExec_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SchedPeer_TaskExecServer = grpc.BidiStreamingServer[ExecInput, ExecOutput]
 
+func _SchedPeer_TaskStats_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(TaskStatsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SchedPeerServer).TaskStats(m, &grpc.GenericServerStream[TaskStatsRequest, TaskStatsReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SchedPeer_TaskStatsServer = grpc.ServerStreamingServer[TaskStatsReply]
+
 // SchedPeer_ServiceDesc is the grpc.ServiceDesc for SchedPeer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -281,6 +319,11 @@ var SchedPeer_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _SchedPeer_TaskExec_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "TaskStats",
+			Handler:       _SchedPeer_TaskStats_Handler,
+			ServerStreams: true,
 		},
 	},
 	Metadata: "shoal/sched/v1/peer.proto",

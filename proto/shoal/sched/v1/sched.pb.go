@@ -1018,6 +1018,286 @@ func (x *LogChunk) GetStderr() bool {
 	return false
 }
 
+type TaskStatsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// tasks: IDs or unique ID prefixes. With none, every running task of
+	// service if set, on node (a name or an ID) if set, else of the cluster.
+	Tasks   []string `protobuf:"bytes,1,rep,name=tasks,proto3" json:"tasks,omitempty"`
+	Service string   `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
+	Node    string   `protobuf:"bytes,3,opt,name=node,proto3" json:"node,omitempty"`
+	// interval between samples (at least 100ms); unset: one sample of each
+	// task, then the stream ends.
+	Interval *durationpb.Duration `protobuf:"bytes,4,opt,name=interval,proto3" json:"interval,omitempty"`
+	// count: with an interval, how many samples of each task before the
+	// stream ends (0: until the call ends). Rates need two.
+	Count         uint32 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskStatsRequest) Reset() {
+	*x = TaskStatsRequest{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskStatsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskStatsRequest) ProtoMessage() {}
+
+func (x *TaskStatsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskStatsRequest.ProtoReflect.Descriptor instead.
+func (*TaskStatsRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *TaskStatsRequest) GetTasks() []string {
+	if x != nil {
+		return x.Tasks
+	}
+	return nil
+}
+
+func (x *TaskStatsRequest) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *TaskStatsRequest) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *TaskStatsRequest) GetInterval() *durationpb.Duration {
+	if x != nil {
+		return x.Interval
+	}
+	return nil
+}
+
+func (x *TaskStatsRequest) GetCount() uint32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// TaskStat is one sample of a task's resource use (runtime.Stats): counters
+// since the task started and gauges as they were at time.
+type TaskStat struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Task     string                 `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	Service  string                 `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
+	Slot     string                 `protobuf:"bytes,3,opt,name=slot,proto3" json:"slot,omitempty"`
+	Node     string                 `protobuf:"bytes,4,opt,name=node,proto3" json:"node,omitempty"`
+	Time     *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=time,proto3" json:"time,omitempty"`
+	CpuNanos uint64                 `protobuf:"varint,6,opt,name=cpu_nanos,json=cpuNanos,proto3" json:"cpu_nanos,omitempty"`
+	// memory_bytes: in use less the inactive page cache (docker stats').
+	MemoryBytes uint64 `protobuf:"varint,7,opt,name=memory_bytes,json=memoryBytes,proto3" json:"memory_bytes,omitempty"`
+	// memory_limit_bytes: 0 when the task has no limit.
+	MemoryLimitBytes uint64 `protobuf:"varint,8,opt,name=memory_limit_bytes,json=memoryLimitBytes,proto3" json:"memory_limit_bytes,omitempty"`
+	Pids             uint64 `protobuf:"varint,9,opt,name=pids,proto3" json:"pids,omitempty"`
+	NetRxBytes       uint64 `protobuf:"varint,10,opt,name=net_rx_bytes,json=netRxBytes,proto3" json:"net_rx_bytes,omitempty"`
+	NetTxBytes       uint64 `protobuf:"varint,11,opt,name=net_tx_bytes,json=netTxBytes,proto3" json:"net_tx_bytes,omitempty"`
+	BlockReadBytes   uint64 `protobuf:"varint,12,opt,name=block_read_bytes,json=blockReadBytes,proto3" json:"block_read_bytes,omitempty"`
+	BlockWriteBytes  uint64 `protobuf:"varint,13,opt,name=block_write_bytes,json=blockWriteBytes,proto3" json:"block_write_bytes,omitempty"`
+	// error: why the task was not sampled this round (it no longer runs,
+	// its node did not answer); the figures are then unset.
+	Error         string `protobuf:"bytes,14,opt,name=error,proto3" json:"error,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskStat) Reset() {
+	*x = TaskStat{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskStat) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskStat) ProtoMessage() {}
+
+func (x *TaskStat) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskStat.ProtoReflect.Descriptor instead.
+func (*TaskStat) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *TaskStat) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *TaskStat) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
+}
+
+func (x *TaskStat) GetSlot() string {
+	if x != nil {
+		return x.Slot
+	}
+	return ""
+}
+
+func (x *TaskStat) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
+}
+
+func (x *TaskStat) GetTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Time
+	}
+	return nil
+}
+
+func (x *TaskStat) GetCpuNanos() uint64 {
+	if x != nil {
+		return x.CpuNanos
+	}
+	return 0
+}
+
+func (x *TaskStat) GetMemoryBytes() uint64 {
+	if x != nil {
+		return x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *TaskStat) GetMemoryLimitBytes() uint64 {
+	if x != nil {
+		return x.MemoryLimitBytes
+	}
+	return 0
+}
+
+func (x *TaskStat) GetPids() uint64 {
+	if x != nil {
+		return x.Pids
+	}
+	return 0
+}
+
+func (x *TaskStat) GetNetRxBytes() uint64 {
+	if x != nil {
+		return x.NetRxBytes
+	}
+	return 0
+}
+
+func (x *TaskStat) GetNetTxBytes() uint64 {
+	if x != nil {
+		return x.NetTxBytes
+	}
+	return 0
+}
+
+func (x *TaskStat) GetBlockReadBytes() uint64 {
+	if x != nil {
+		return x.BlockReadBytes
+	}
+	return 0
+}
+
+func (x *TaskStat) GetBlockWriteBytes() uint64 {
+	if x != nil {
+		return x.BlockWriteBytes
+	}
+	return 0
+}
+
+func (x *TaskStat) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+type TaskStatsReply struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stats         []*TaskStat            `protobuf:"bytes,1,rep,name=stats,proto3" json:"stats,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskStatsReply) Reset() {
+	*x = TaskStatsReply{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskStatsReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskStatsReply) ProtoMessage() {}
+
+func (x *TaskStatsReply) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskStatsReply.ProtoReflect.Descriptor instead.
+func (*TaskStatsReply) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *TaskStatsReply) GetStats() []*TaskStat {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
 type ExecInput struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The first message names the task and the command.
@@ -1036,7 +1316,7 @@ type ExecInput struct {
 
 func (x *ExecInput) Reset() {
 	*x = ExecInput{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[15]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1048,7 +1328,7 @@ func (x *ExecInput) String() string {
 func (*ExecInput) ProtoMessage() {}
 
 func (x *ExecInput) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[15]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1061,7 +1341,7 @@ func (x *ExecInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecInput.ProtoReflect.Descriptor instead.
 func (*ExecInput) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{15}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ExecInput) GetTask() string {
@@ -1126,7 +1406,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[16]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1138,7 +1418,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[16]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1151,7 +1431,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{16}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ExecOutput) GetStdout() []byte {
@@ -1191,7 +1471,7 @@ type ImageChunk struct {
 
 func (x *ImageChunk) Reset() {
 	*x = ImageChunk{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[17]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1203,7 +1483,7 @@ func (x *ImageChunk) String() string {
 func (*ImageChunk) ProtoMessage() {}
 
 func (x *ImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[17]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1216,7 +1496,7 @@ func (x *ImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
 func (*ImageChunk) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{17}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ImageChunk) GetData() []byte {
@@ -1239,7 +1519,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[18]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1251,7 +1531,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[18]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1264,7 +1544,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{18}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *Image) GetName() string {
@@ -1304,7 +1584,7 @@ type LoadImageResponse struct {
 
 func (x *LoadImageResponse) Reset() {
 	*x = LoadImageResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1316,7 +1596,7 @@ func (x *LoadImageResponse) String() string {
 func (*LoadImageResponse) ProtoMessage() {}
 
 func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1329,7 +1609,7 @@ func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadImageResponse.ProtoReflect.Descriptor instead.
 func (*LoadImageResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{19}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *LoadImageResponse) GetImages() []*Image {
@@ -1347,7 +1627,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1359,7 +1639,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1372,7 +1652,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{20}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
 }
 
 type ListImagesResponse struct {
@@ -1384,7 +1664,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1396,7 +1676,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1409,7 +1689,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{21}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -1432,7 +1712,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1444,7 +1724,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1457,7 +1737,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{22}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *RemoveImageRequest) GetRef() string {
@@ -1489,7 +1769,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1501,7 +1781,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1514,7 +1794,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *RemoveImageResponse) GetName() string {
@@ -1556,7 +1836,7 @@ type RemoveSecretRequest struct {
 
 func (x *RemoveSecretRequest) Reset() {
 	*x = RemoveSecretRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1848,7 @@ func (x *RemoveSecretRequest) String() string {
 func (*RemoveSecretRequest) ProtoMessage() {}
 
 func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1861,7 @@ func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSecretRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *RemoveSecretRequest) GetName() string {
@@ -1606,7 +1886,7 @@ type RemoveSecretResponse struct {
 
 func (x *RemoveSecretResponse) Reset() {
 	*x = RemoveSecretResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1618,7 +1898,7 @@ func (x *RemoveSecretResponse) String() string {
 func (*RemoveSecretResponse) ProtoMessage() {}
 
 func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1631,7 +1911,7 @@ func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSecretResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{28}
 }
 
 type ForgetNodeTasksRequest struct {
@@ -1643,7 +1923,7 @@ type ForgetNodeTasksRequest struct {
 
 func (x *ForgetNodeTasksRequest) Reset() {
 	*x = ForgetNodeTasksRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1655,7 +1935,7 @@ func (x *ForgetNodeTasksRequest) String() string {
 func (*ForgetNodeTasksRequest) ProtoMessage() {}
 
 func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1668,7 +1948,7 @@ func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetNodeTasksRequest.ProtoReflect.Descriptor instead.
 func (*ForgetNodeTasksRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ForgetNodeTasksRequest) GetNodeId() string {
@@ -1688,7 +1968,7 @@ type ForgetNodeTasksResponse struct {
 
 func (x *ForgetNodeTasksResponse) Reset() {
 	*x = ForgetNodeTasksResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1700,7 +1980,7 @@ func (x *ForgetNodeTasksResponse) String() string {
 func (*ForgetNodeTasksResponse) ProtoMessage() {}
 
 func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1713,7 +1993,7 @@ func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetNodeTasksResponse.ProtoReflect.Descriptor instead.
 func (*ForgetNodeTasksResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{27}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForgetNodeTasksResponse) GetForgotten() uint32 {
@@ -1736,7 +2016,7 @@ type SetNodeAvailabilityRequest struct {
 
 func (x *SetNodeAvailabilityRequest) Reset() {
 	*x = SetNodeAvailabilityRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1748,7 +2028,7 @@ func (x *SetNodeAvailabilityRequest) String() string {
 func (*SetNodeAvailabilityRequest) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1761,7 +2041,7 @@ func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{28}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *SetNodeAvailabilityRequest) GetNode() string {
@@ -1794,7 +2074,7 @@ type SetNodeAvailabilityResponse struct {
 
 func (x *SetNodeAvailabilityResponse) Reset() {
 	*x = SetNodeAvailabilityResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1806,7 +2086,7 @@ func (x *SetNodeAvailabilityResponse) String() string {
 func (*SetNodeAvailabilityResponse) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1819,7 +2099,7 @@ func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{29}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SetNodeAvailabilityResponse) GetMoved() uint32 {
@@ -1907,7 +2187,33 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\bLogChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04task\x18\x02 \x01(\tR\x04task\x12\x16\n" +
-	"\x06stderr\x18\x03 \x01(\bR\x06stderr\"\xac\x01\n" +
+	"\x06stderr\x18\x03 \x01(\bR\x06stderr\"\xa3\x01\n" +
+	"\x10TaskStatsRequest\x12\x14\n" +
+	"\x05tasks\x18\x01 \x03(\tR\x05tasks\x12\x18\n" +
+	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
+	"\x04node\x18\x03 \x01(\tR\x04node\x125\n" +
+	"\binterval\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\binterval\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\rR\x05count\"\xc2\x03\n" +
+	"\bTaskStat\x12\x12\n" +
+	"\x04task\x18\x01 \x01(\tR\x04task\x12\x18\n" +
+	"\aservice\x18\x02 \x01(\tR\aservice\x12\x12\n" +
+	"\x04slot\x18\x03 \x01(\tR\x04slot\x12\x12\n" +
+	"\x04node\x18\x04 \x01(\tR\x04node\x12.\n" +
+	"\x04time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\x04time\x12\x1b\n" +
+	"\tcpu_nanos\x18\x06 \x01(\x04R\bcpuNanos\x12!\n" +
+	"\fmemory_bytes\x18\a \x01(\x04R\vmemoryBytes\x12,\n" +
+	"\x12memory_limit_bytes\x18\b \x01(\x04R\x10memoryLimitBytes\x12\x12\n" +
+	"\x04pids\x18\t \x01(\x04R\x04pids\x12 \n" +
+	"\fnet_rx_bytes\x18\n" +
+	" \x01(\x04R\n" +
+	"netRxBytes\x12 \n" +
+	"\fnet_tx_bytes\x18\v \x01(\x04R\n" +
+	"netTxBytes\x12(\n" +
+	"\x10block_read_bytes\x18\f \x01(\x04R\x0eblockReadBytes\x12*\n" +
+	"\x11block_write_bytes\x18\r \x01(\x04R\x0fblockWriteBytes\x12\x14\n" +
+	"\x05error\x18\x0e \x01(\tR\x05error\"@\n" +
+	"\x0eTaskStatsReply\x12.\n" +
+	"\x05stats\x18\x01 \x03(\v2\x18.shoal.sched.v1.TaskStatR\x05stats\"\xac\x01\n" +
 	"\tExecInput\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
@@ -1956,7 +2262,7 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\favailability\x18\x02 \x01(\tR\favailability\x12\x12\n" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\"3\n" +
 	"\x1bSetNodeAvailabilityResponse\x12\x14\n" +
-	"\x05moved\x18\x01 \x01(\rR\x05moved2\xb1\f\n" +
+	"\x05moved\x18\x01 \x01(\rR\x05moved2\x82\r\n" +
 	"\tScheduler\x12N\n" +
 	"\rCreateService\x12$.shoal.sched.v1.CreateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
 	"\rUpdateService\x12$.shoal.sched.v1.UpdateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
@@ -1971,7 +2277,8 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\tListTasks\x12 .shoal.sched.v1.ListTasksRequest\x1a!.shoal.sched.v1.ListTasksResponse\x12?\n" +
 	"\aGetTask\x12\x1e.shoal.sched.v1.GetTaskRequest\x1a\x14.shoal.sched.v1.Task\x12G\n" +
 	"\bTaskLogs\x12\x1f.shoal.sched.v1.TaskLogsRequest\x1a\x18.shoal.sched.v1.LogChunk0\x01\x12E\n" +
-	"\bTaskExec\x12\x19.shoal.sched.v1.ExecInput\x1a\x1a.shoal.sched.v1.ExecOutput(\x010\x01\x12L\n" +
+	"\bTaskExec\x12\x19.shoal.sched.v1.ExecInput\x1a\x1a.shoal.sched.v1.ExecOutput(\x010\x01\x12O\n" +
+	"\tTaskStats\x12 .shoal.sched.v1.TaskStatsRequest\x1a\x1e.shoal.sched.v1.TaskStatsReply0\x01\x12L\n" +
 	"\tLoadImage\x12\x1a.shoal.sched.v1.ImageChunk\x1a!.shoal.sched.v1.LoadImageResponse(\x01\x12S\n" +
 	"\n" +
 	"ListImages\x12!.shoal.sched.v1.ListImagesRequest\x1a\".shoal.sched.v1.ListImagesResponse\x12V\n" +
@@ -1992,7 +2299,7 @@ func file_shoal_sched_v1_sched_proto_rawDescGZIP() []byte {
 	return file_shoal_sched_v1_sched_proto_rawDescData
 }
 
-var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
 var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*Service)(nil),                     // 0: shoal.sched.v1.Service
 	(*CreateServiceRequest)(nil),        // 1: shoal.sched.v1.CreateServiceRequest
@@ -2009,81 +2316,89 @@ var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*GetTaskRequest)(nil),              // 12: shoal.sched.v1.GetTaskRequest
 	(*TaskLogsRequest)(nil),             // 13: shoal.sched.v1.TaskLogsRequest
 	(*LogChunk)(nil),                    // 14: shoal.sched.v1.LogChunk
-	(*ExecInput)(nil),                   // 15: shoal.sched.v1.ExecInput
-	(*ExecOutput)(nil),                  // 16: shoal.sched.v1.ExecOutput
-	(*ImageChunk)(nil),                  // 17: shoal.sched.v1.ImageChunk
-	(*Image)(nil),                       // 18: shoal.sched.v1.Image
-	(*LoadImageResponse)(nil),           // 19: shoal.sched.v1.LoadImageResponse
-	(*ListImagesRequest)(nil),           // 20: shoal.sched.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),          // 21: shoal.sched.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),          // 22: shoal.sched.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),         // 23: shoal.sched.v1.RemoveImageResponse
-	(*RemoveSecretRequest)(nil),         // 24: shoal.sched.v1.RemoveSecretRequest
-	(*RemoveSecretResponse)(nil),        // 25: shoal.sched.v1.RemoveSecretResponse
-	(*ForgetNodeTasksRequest)(nil),      // 26: shoal.sched.v1.ForgetNodeTasksRequest
-	(*ForgetNodeTasksResponse)(nil),     // 27: shoal.sched.v1.ForgetNodeTasksResponse
-	(*SetNodeAvailabilityRequest)(nil),  // 28: shoal.sched.v1.SetNodeAvailabilityRequest
-	(*SetNodeAvailabilityResponse)(nil), // 29: shoal.sched.v1.SetNodeAvailabilityResponse
-	(*timestamppb.Timestamp)(nil),       // 30: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 31: google.protobuf.Duration
+	(*TaskStatsRequest)(nil),            // 15: shoal.sched.v1.TaskStatsRequest
+	(*TaskStat)(nil),                    // 16: shoal.sched.v1.TaskStat
+	(*TaskStatsReply)(nil),              // 17: shoal.sched.v1.TaskStatsReply
+	(*ExecInput)(nil),                   // 18: shoal.sched.v1.ExecInput
+	(*ExecOutput)(nil),                  // 19: shoal.sched.v1.ExecOutput
+	(*ImageChunk)(nil),                  // 20: shoal.sched.v1.ImageChunk
+	(*Image)(nil),                       // 21: shoal.sched.v1.Image
+	(*LoadImageResponse)(nil),           // 22: shoal.sched.v1.LoadImageResponse
+	(*ListImagesRequest)(nil),           // 23: shoal.sched.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),          // 24: shoal.sched.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),          // 25: shoal.sched.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),         // 26: shoal.sched.v1.RemoveImageResponse
+	(*RemoveSecretRequest)(nil),         // 27: shoal.sched.v1.RemoveSecretRequest
+	(*RemoveSecretResponse)(nil),        // 28: shoal.sched.v1.RemoveSecretResponse
+	(*ForgetNodeTasksRequest)(nil),      // 29: shoal.sched.v1.ForgetNodeTasksRequest
+	(*ForgetNodeTasksResponse)(nil),     // 30: shoal.sched.v1.ForgetNodeTasksResponse
+	(*SetNodeAvailabilityRequest)(nil),  // 31: shoal.sched.v1.SetNodeAvailabilityRequest
+	(*SetNodeAvailabilityResponse)(nil), // 32: shoal.sched.v1.SetNodeAvailabilityResponse
+	(*timestamppb.Timestamp)(nil),       // 33: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 34: google.protobuf.Duration
 }
 var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
-	30, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
-	30, // 1: shoal.sched.v1.Service.last_run:type_name -> google.protobuf.Timestamp
-	30, // 2: shoal.sched.v1.Service.next_run:type_name -> google.protobuf.Timestamp
+	33, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
+	33, // 1: shoal.sched.v1.Service.last_run:type_name -> google.protobuf.Timestamp
+	33, // 2: shoal.sched.v1.Service.next_run:type_name -> google.protobuf.Timestamp
 	0,  // 3: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
-	30, // 4: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
-	30, // 5: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
-	30, // 6: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
+	33, // 4: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
+	33, // 5: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
+	33, // 6: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
 	9,  // 7: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
-	30, // 8: shoal.sched.v1.TaskLogsRequest.since:type_name -> google.protobuf.Timestamp
-	30, // 9: shoal.sched.v1.TaskLogsRequest.until:type_name -> google.protobuf.Timestamp
-	18, // 10: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
-	18, // 11: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	31, // 12: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
-	1,  // 13: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
-	2,  // 14: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	2,  // 15: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
-	3,  // 16: shoal.sched.v1.Scheduler.CheckDeploy:input_type -> shoal.sched.v1.CheckDeployRequest
-	4,  // 17: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
-	5,  // 18: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
-	7,  // 19: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
-	4,  // 20: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
-	4,  // 21: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
-	10, // 22: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
-	12, // 23: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
-	13, // 24: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
-	15, // 25: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
-	17, // 26: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
-	20, // 27: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
-	22, // 28: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
-	24, // 29: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
-	28, // 30: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	26, // 31: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
-	0,  // 32: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 33: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 34: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 35: shoal.sched.v1.Scheduler.CheckDeploy:output_type -> shoal.sched.v1.Service
-	0,  // 36: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	6,  // 37: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 38: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 39: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	8,  // 40: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	11, // 41: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	9,  // 42: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	14, // 43: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	16, // 44: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	19, // 45: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	21, // 46: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	23, // 47: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
-	25, // 48: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
-	29, // 49: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	27, // 50: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
-	32, // [32:51] is the sub-list for method output_type
-	13, // [13:32] is the sub-list for method input_type
-	13, // [13:13] is the sub-list for extension type_name
-	13, // [13:13] is the sub-list for extension extendee
-	0,  // [0:13] is the sub-list for field type_name
+	33, // 8: shoal.sched.v1.TaskLogsRequest.since:type_name -> google.protobuf.Timestamp
+	33, // 9: shoal.sched.v1.TaskLogsRequest.until:type_name -> google.protobuf.Timestamp
+	34, // 10: shoal.sched.v1.TaskStatsRequest.interval:type_name -> google.protobuf.Duration
+	33, // 11: shoal.sched.v1.TaskStat.time:type_name -> google.protobuf.Timestamp
+	16, // 12: shoal.sched.v1.TaskStatsReply.stats:type_name -> shoal.sched.v1.TaskStat
+	21, // 13: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
+	21, // 14: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
+	34, // 15: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
+	1,  // 16: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
+	2,  // 17: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	2,  // 18: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
+	3,  // 19: shoal.sched.v1.Scheduler.CheckDeploy:input_type -> shoal.sched.v1.CheckDeployRequest
+	4,  // 20: shoal.sched.v1.Scheduler.GetService:input_type -> shoal.sched.v1.GetServiceRequest
+	5,  // 21: shoal.sched.v1.Scheduler.ListServices:input_type -> shoal.sched.v1.ListServicesRequest
+	7,  // 22: shoal.sched.v1.Scheduler.ScaleService:input_type -> shoal.sched.v1.ScaleServiceRequest
+	4,  // 23: shoal.sched.v1.Scheduler.RollbackService:input_type -> shoal.sched.v1.GetServiceRequest
+	4,  // 24: shoal.sched.v1.Scheduler.RemoveService:input_type -> shoal.sched.v1.GetServiceRequest
+	10, // 25: shoal.sched.v1.Scheduler.ListTasks:input_type -> shoal.sched.v1.ListTasksRequest
+	12, // 26: shoal.sched.v1.Scheduler.GetTask:input_type -> shoal.sched.v1.GetTaskRequest
+	13, // 27: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
+	18, // 28: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
+	15, // 29: shoal.sched.v1.Scheduler.TaskStats:input_type -> shoal.sched.v1.TaskStatsRequest
+	20, // 30: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
+	23, // 31: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
+	25, // 32: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
+	27, // 33: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
+	31, // 34: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	29, // 35: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
+	0,  // 36: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 37: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 38: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 39: shoal.sched.v1.Scheduler.CheckDeploy:output_type -> shoal.sched.v1.Service
+	0,  // 40: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	6,  // 41: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 42: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 43: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	8,  // 44: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	11, // 45: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	9,  // 46: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	14, // 47: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	19, // 48: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	17, // 49: shoal.sched.v1.Scheduler.TaskStats:output_type -> shoal.sched.v1.TaskStatsReply
+	22, // 50: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	24, // 51: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	26, // 52: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
+	28, // 53: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
+	32, // 54: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	30, // 55: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
+	36, // [36:56] is the sub-list for method output_type
+	16, // [16:36] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_shoal_sched_v1_sched_proto_init() }
@@ -2097,7 +2412,7 @@ func file_shoal_sched_v1_sched_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_sched_v1_sched_proto_rawDesc), len(file_shoal_sched_v1_sched_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   33,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -37,6 +37,7 @@ const (
 	Scheduler_GetTask_FullMethodName             = "/shoal.sched.v1.Scheduler/GetTask"
 	Scheduler_TaskLogs_FullMethodName            = "/shoal.sched.v1.Scheduler/TaskLogs"
 	Scheduler_TaskExec_FullMethodName            = "/shoal.sched.v1.Scheduler/TaskExec"
+	Scheduler_TaskStats_FullMethodName           = "/shoal.sched.v1.Scheduler/TaskStats"
 	Scheduler_LoadImage_FullMethodName           = "/shoal.sched.v1.Scheduler/LoadImage"
 	Scheduler_ListImages_FullMethodName          = "/shoal.sched.v1.Scheduler/ListImages"
 	Scheduler_RemoveImage_FullMethodName         = "/shoal.sched.v1.Scheduler/RemoveImage"
@@ -75,6 +76,10 @@ type SchedulerClient interface {
 	TaskLogs(ctx context.Context, in *TaskLogsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[LogChunk], error)
 	// TaskExec runs a command in a task, from any node.
 	TaskExec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecInput, ExecOutput], error)
+	// TaskStats samples the resource use of running tasks, from any node
+	// (each node samples its own tasks): once, or every interval until the
+	// call ends. A reply holds one node's samples of one round.
+	TaskStats(ctx context.Context, in *TaskStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TaskStatsReply], error)
 	// LoadImage imports an image archive streamed in chunks.
 	LoadImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImageChunk, LoadImageResponse], error)
 	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
@@ -243,9 +248,28 @@ func (c *schedulerClient) TaskExec(ctx context.Context, opts ...grpc.CallOption)
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Scheduler_TaskExecClient = grpc.BidiStreamingClient[ExecInput, ExecOutput]
 
+func (c *schedulerClient) TaskStats(ctx context.Context, in *TaskStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TaskStatsReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Scheduler_ServiceDesc.Streams[2], Scheduler_TaskStats_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TaskStatsRequest, TaskStatsReply]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduler_TaskStatsClient = grpc.ServerStreamingClient[TaskStatsReply]
+
 func (c *schedulerClient) LoadImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImageChunk, LoadImageResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Scheduler_ServiceDesc.Streams[2], Scheduler_LoadImage_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Scheduler_ServiceDesc.Streams[3], Scheduler_LoadImage_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -336,6 +360,10 @@ type SchedulerServer interface {
 	TaskLogs(*TaskLogsRequest, grpc.ServerStreamingServer[LogChunk]) error
 	// TaskExec runs a command in a task, from any node.
 	TaskExec(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error
+	// TaskStats samples the resource use of running tasks, from any node
+	// (each node samples its own tasks): once, or every interval until the
+	// call ends. A reply holds one node's samples of one round.
+	TaskStats(*TaskStatsRequest, grpc.ServerStreamingServer[TaskStatsReply]) error
 	// LoadImage imports an image archive streamed in chunks.
 	LoadImage(grpc.ClientStreamingServer[ImageChunk, LoadImageResponse]) error
 	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
@@ -400,6 +428,9 @@ func (UnimplementedSchedulerServer) TaskLogs(*TaskLogsRequest, grpc.ServerStream
 }
 func (UnimplementedSchedulerServer) TaskExec(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error {
 	return status.Error(codes.Unimplemented, "method TaskExec not implemented")
+}
+func (UnimplementedSchedulerServer) TaskStats(*TaskStatsRequest, grpc.ServerStreamingServer[TaskStatsReply]) error {
+	return status.Error(codes.Unimplemented, "method TaskStats not implemented")
 }
 func (UnimplementedSchedulerServer) LoadImage(grpc.ClientStreamingServer[ImageChunk, LoadImageResponse]) error {
 	return status.Error(codes.Unimplemented, "method LoadImage not implemented")
@@ -656,6 +687,17 @@ func _Scheduler_TaskExec_Handler(srv interface{}, stream grpc.ServerStream) erro
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Scheduler_TaskExecServer = grpc.BidiStreamingServer[ExecInput, ExecOutput]
 
+func _Scheduler_TaskStats_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(TaskStatsRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SchedulerServer).TaskStats(m, &grpc.GenericServerStream[TaskStatsRequest, TaskStatsReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduler_TaskStatsServer = grpc.ServerStreamingServer[TaskStatsReply]
+
 func _Scheduler_LoadImage_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(SchedulerServer).LoadImage(&grpc.GenericServerStream[ImageChunk, LoadImageResponse]{ServerStream: stream})
 }
@@ -836,6 +878,11 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 			Handler:       _Scheduler_TaskExec_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
+		},
+		{
+			StreamName:    "TaskStats",
+			Handler:       _Scheduler_TaskStats_Handler,
+			ServerStreams: true,
 		},
 		{
 			StreamName:    "LoadImage",
