@@ -40,7 +40,7 @@ func (a *app) scheddCall(cmd *cobra.Command) (*client.Schedd, context.Context, f
 func (a *app) serviceCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "service", Aliases: []string{"svc"}, Short: "Create and manage services"}
 	cmd.AddCommand(a.serviceCreate(), a.serviceDeploy(), a.serviceLs(), a.serviceInspect(), a.servicePs(),
-		a.serviceScale(), a.serviceUpdate(), a.serviceRollback(), a.serviceLogs(), a.serviceRm())
+		a.serviceScale(), a.serviceUpdate(), a.serviceRollback(), a.serviceLogs(), a.serviceStats(), a.serviceRm())
 	return cmd
 }
 

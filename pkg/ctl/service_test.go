@@ -25,6 +25,7 @@ type fakeSchedd struct {
 	mu          sync.Mutex
 	specs       []sched.ServiceSpec
 	logRequests []*schedv1.TaskLogsRequest
+	statsReqs   []*schedv1.TaskStatsRequest
 }
 
 func (f *fakeSchedd) CreateService(_ context.Context, req *schedv1.CreateServiceRequest) (*schedv1.Service, error) {

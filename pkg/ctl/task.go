@@ -22,8 +22,8 @@ import (
 )
 
 func (a *app) taskCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "task", Short: "Inspect tasks: logs, exec"}
-	cmd.AddCommand(a.taskLs(), a.taskInspect(), a.taskLogs(), a.taskExec())
+	cmd := &cobra.Command{Use: "task", Short: "Inspect tasks: logs, exec, stats"}
+	cmd.AddCommand(a.taskLs(), a.taskInspect(), a.taskLogs(), a.taskExec(), a.taskStats())
 	return cmd
 }
 
