@@ -85,6 +85,10 @@ for i in $(seq 1 "$nodes"); do
 done
 
 echo
+echo "== what the replicas use (CPU, memory, the requests they answered), each node sampling its own"
+x 2 -- shoalctl service stats hello --no-stream
+
+echo
 echo "== every task finds the others by name over the WireGuard overlay"
 task=$(x 1 -- shoalctl task ls --service hello -o json | grep -m1 '"id"' | cut -d'"' -f4)
 x 1 -- shoalctl task exec "$task" -- nslookup hello.shoal | grep -A1 'Name:' || true

@@ -178,6 +178,7 @@ func TestDemo(t *testing.T) {
 		{"every node reads node 1's state", `(?m)^node [123]:\s+"text": "hello from node 1"$`, 3},
 		{"port 8080 answers on every node", `(?m)^http://\S+:8080/ -> hello from hello-\d$`, 3},
 		{"the scribe's task outlives its vold's restart", `(?m)^\(the same task scribe\.\S+, never restarted`, 1},
+		{"service stats prints a table", `(?m)^TASK\s+SERVICE\s+SLOT\s+NODE\s+CPU %\s+MEM USAGE / LIMIT`, 1},
 	} {
 		if got := count(c.re); got != c.want {
 			t.Errorf("%s: %d lines match %s, want %d", c.what, got, c.re, c.want)
@@ -216,6 +217,24 @@ func TestDemo(t *testing.T) {
 		return err == nil && v.GetHealth() == "healthy" && converged(v, 3)
 	})
 	t.Logf("volume notes: %v", last)
+
+	// The replicas that answered the demo's requests, each in a network
+	// namespace of its own, show that traffic in their stats.
+	o, err := dev("exec", "1", "--", "shoalctl", "service", "stats", "hello", "--no-stream", "-o", "json")
+	if err != nil {
+		t.Fatalf("service stats hello: %v\n%s", err, o)
+	}
+	type netStat struct {
+		Task  string
+		Rx    uint64 `json:"net_rx_bytes"`
+		Tx    uint64 `json:"net_tx_bytes"`
+		Error string
+	}
+	var stats []netStat
+	decode(t, o, &stats)
+	if !slices.ContainsFunc(stats, func(s netStat) bool { return s.Error == "" && s.Rx > 0 && s.Tx > 0 }) {
+		t.Errorf("no replica of hello shows the traffic it answered: %+v", stats)
+	}
 
 	testStack(t, name)
 }

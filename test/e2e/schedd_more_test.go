@@ -1256,6 +1256,76 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "tpl")
 	})
 
+	t.Run("Stats", func(t *testing.T) {
+		// Each node samples its own tasks from containerd's cgroup
+		// figures; shoalctl on any node shows them all, relayed.
+		c.mustCtl(1, "service", "create", "st", "--image", img, "--replicas", "2", "--cpu", "0.2", "--memory", "48MiB", "--stop-grace", "1s",
+			"--", "sh", "-c", "trap 'exit 0' TERM; while :; do :; done")
+		removeIfFailed(t, c.Cluster, 1, "st")
+		cur := c.currentTasks("st")
+		if len(cur) != 2 {
+			t.Fatalf("%d current tasks, want 2", len(cur))
+		}
+		holders := map[string]bool{}
+		for _, tk := range cur {
+			holders[tk.GetNode()] = true
+		}
+		asker := 1
+		for i := 1; i <= 3; i++ {
+			if !holders[c.ids[i-1]] {
+				asker = i // a node running neither: every figure is relayed
+			}
+		}
+		type statJSON struct {
+			Task, Service, Node, Error string
+			CPUPercent                 *float64 `json:"cpu_percent"`
+			MemoryBytes                uint64   `json:"memory_bytes"`
+			MemoryLimit                uint64   `json:"memory_limit_bytes"`
+			Pids                       uint64
+		}
+		var stats []statJSON
+		decode(t, c.mustCtlWithin(30*time.Second, asker, "service", "stats", "st", "--no-stream", "--interval", "500ms", "-o", "json"), &stats)
+		if len(stats) != 2 {
+			t.Fatalf("service stats: %+v, want the two tasks", stats)
+		}
+		for _, s := range stats {
+			if s.Error != "" || s.Service != "st" || !holders[s.Node] || s.CPUPercent == nil || *s.CPUPercent <= 0 ||
+				s.MemoryBytes == 0 || s.MemoryLimit != 48<<20 || s.Pids == 0 {
+				t.Errorf("sample of a busy task with 0.2 CPU and 48 MiB: %+v (cpu %v)", s, s.CPUPercent)
+			}
+		}
+		// A node's own tasks, by name.
+		home := c.nodeIndex(cur[0].GetNode())
+		stats = nil
+		decode(t, c.mustCtlWithin(30*time.Second, asker, "task", "stats", "--node", fmt.Sprintf("n%d", home), "--no-stream", "-o", "json"), &stats)
+		for _, s := range stats {
+			if s.Node != cur[0].GetNode() {
+				t.Errorf("task stats --node n%d listed a task of %s", home, s.Node)
+			}
+		}
+		if !slices.ContainsFunc(stats, func(s statJSON) bool { return s.Task == cur[0].GetId() }) {
+			t.Errorf("task stats --node n%d: %+v, want %s", home, stats, cur[0].GetId())
+		}
+		// Streaming: a JSON document a round until interrupted; the task
+		// named by a prefix of its ID.
+		id := cur[1].GetId()
+		bg := c.startCtl(asker, "task", "stats", id[:len(id)-2], "--interval", "200ms", "-o", "json")
+		waitFor(t, 20*time.Second, "three rounds of task stats", func() bool { return strings.Count(bg.out.String(), "\n") >= 3 })
+		if code := bg.interrupt(t); code != 0 {
+			t.Errorf("task stats after SIGINT: exit %d, stderr %q", code, bg.errOut.String())
+		}
+		lines := strings.Split(strings.TrimSpace(bg.out.String()), "\n")
+		var last []statJSON
+		decode(t, lines[len(lines)-1], &last)
+		if len(last) != 1 || last[0].Task != cur[1].GetId() || last[0].CPUPercent == nil {
+			t.Errorf("last round %+v, want %s with its CPU rate", last, cur[1].GetId())
+		}
+		c.mustCtl(1, "service", "rm", "st")
+		if _, errOut, code := c.ctl(asker, "task", "stats", cur[0].GetId(), "--no-stream"); code == 0 || !strings.Contains(errOut, "not found") {
+			t.Errorf("stats of a removed task: exit %d, %q; want not found", code, errOut)
+		}
+	})
+
 	t.Run("StopSignal", func(t *testing.T) {
 		// --stop-signal reaches the task: its trap for SIGUSR1 ends it with
 		// status 0, where the default signal would have been ignored (the
