@@ -24,6 +24,8 @@ require (
 
 require golang.org/x/term v0.46.0
 
+require github.com/docker/docker-credential-helpers v0.9.3
+
 require (
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/docker/go-connections v0.7.0 // indirect

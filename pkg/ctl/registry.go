@@ -93,22 +93,43 @@ func (a *app) storeRegistryCredentials(cmd *cobra.Command, host, user, password 
 	if err != nil {
 		return "", err
 	}
-	// A secret cannot change: the old one goes first, so a pull
-	// meanwhile goes without (and its task retries).
-	if err := a.removeRegistrySecrets(cmd, old); err != nil {
-		return "", err
-	}
 	c, ctx, done, err := a.statdCall(cmd)
 	if err != nil {
 		return "", err
 	}
 	defer done()
-	name := secret.RegistryName(host)
+	// A secret cannot change: the new one is made beside the old, which
+	// goes once it is stored, so no pull meanwhile goes without (schedd
+	// takes a registry's newest).
+	name := freeRegistryName(host, old)
 	if _, err := c.Secrets.CreateSecret(ctx, &clusterv1.CreateSecretRequest{Name: name, Data: data,
 		Labels: map[string]string{secret.RegistryLabel: host}}); err != nil {
 		return "", fmt.Errorf("store the credentials (secret %s): %w", name, err)
 	}
+	if err := a.removeRegistrySecrets(cmd, old); err != nil {
+		return "", fmt.Errorf("the new credentials are stored (secret %s), but not all old ones went: %w", name, err)
+	}
 	return name, nil
+}
+
+// freeRegistryName names the secret of host's credentials apart from
+// those it replaces: secret.RegistryName, with a number when that is
+// taken.
+func freeRegistryName(host string, old []*clusterv1.SecretInfo) string {
+	taken := map[string]bool{}
+	for _, s := range old {
+		taken[s.GetName()] = true
+	}
+	base := secret.RegistryName(host)
+	if !taken[base] {
+		return base
+	}
+	for i := 2; ; i++ {
+		suffix := fmt.Sprintf("-%d", i)
+		if name := base[:min(len(base), 64-len(suffix))] + suffix; !taken[name] {
+			return name
+		}
+	}
 }
 
 // registryOf is the registry an image reference names, if it names one
@@ -140,20 +161,40 @@ func (a *app) forwardRegistryAuth(cmd *cobra.Command, images []string) error {
 			continue
 		}
 		seen[host] = true
-		user, password, found, err := dockerauth.Credentials(data, host)
+		user, password, found, from, err := dockerCredentials(data, path, host)
 		if err != nil {
-			return usageError{fmt.Errorf("--with-registry-auth: %s: %w", path, err)}
+			return usageError{fmt.Errorf("--with-registry-auth: %w", err)}
 		}
 		if !found || user == "" {
-			fmt.Fprintf(a.errOut, "warning: --with-registry-auth: %s holds no credentials of %s (credential helpers are not read); the cluster's stay as they are\n", path, host)
+			fmt.Fprintf(a.errOut, "warning: --with-registry-auth: %s holds no credentials of %s; the cluster's stay as they are\n", from, host)
 			continue
 		}
 		if _, err := a.storeRegistryCredentials(cmd, host, user, password); err != nil {
 			return err
 		}
-		fmt.Fprintf(a.errOut, "credentials of %s from %s stored for every node's pulls\n", host, path)
+		fmt.Fprintf(a.errOut, "credentials of %s from %s stored for every node's pulls\n", host, from)
 	}
 	return nil
+}
+
+// dockerCredentials finds host's credentials as docker would with the
+// login file data read from path: from the credential helper it names for
+// host, else from its auths; from says where it looked.
+func dockerCredentials(data []byte, path, host string) (user, password string, found bool, from string, err error) {
+	helper, err := dockerauth.Helper(data, host)
+	if err != nil {
+		return "", "", false, path, fmt.Errorf("%s: %w", path, err)
+	}
+	if helper != "" {
+		from = "docker-credential-" + helper + " (named by " + path + ")"
+		user, password, found, err = dockerauth.FromHelper(helper, host)
+		return user, password, found, from, err
+	}
+	user, password, found, err = dockerauth.Credentials(data, host)
+	if err != nil {
+		err = fmt.Errorf("%s: %w", path, err)
+	}
+	return user, password, found, path, err
 }
 
 func (a *app) registryLogin() *cobra.Command {

@@ -1,7 +1,8 @@
 // Package dockerauth reads registry credentials in the format `docker
 // login` writes (~/.docker/config.json's "auths"): for schedd's pulls,
 // from its registry_auth file or the cluster's stored credentials, and
-// for shoalctl's --with-registry-auth, from the user's own file.
+// for shoalctl's --with-registry-auth, from the user's own file or the
+// credential helper it names (credsStore, credHelpers).
 package dockerauth
 
 import (
@@ -13,6 +14,9 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	helperclient "github.com/docker/docker-credential-helpers/client"
+	"github.com/docker/docker-credential-helpers/credentials"
 )
 
 // File returns credentials for registry hosts from the file at
@@ -55,11 +59,7 @@ func Credentials(data []byte, host string) (user, pass string, found bool, err e
 	if err := json.Unmarshal(data, &cfg); err != nil {
 		return "", "", false, err
 	}
-	keys := []string{host, "https://" + host, "http://" + host}
-	if IsDockerHub(host) {
-		keys = append(keys, "https://index.docker.io/v1/", "docker.io", "index.docker.io", "registry-1.docker.io")
-	}
-	for _, k := range keys {
+	for _, k := range hostKeys(host) {
 		a, ok := cfg.Auths[k]
 		if !ok {
 			continue
@@ -75,6 +75,52 @@ func Credentials(data []byte, host string) (user, pass string, found bool, err e
 		return user, pass, true, nil
 	}
 	return "", "", false, nil
+}
+
+// Helper is the credential helper data (a docker login file) names for
+// host: its credHelpers entry, else its credsStore, else "" (the
+// credentials, if any, are in its auths). Docker asks a helper first.
+func Helper(data []byte, host string) (string, error) {
+	var cfg struct {
+		CredsStore  string            `json:"credsStore"`
+		CredHelpers map[string]string `json:"credHelpers"`
+	}
+	if err := json.Unmarshal(data, &cfg); err != nil {
+		return "", err
+	}
+	for _, k := range hostKeys(host) {
+		if h := cfg.CredHelpers[k]; h != "" {
+			return h, nil
+		}
+	}
+	return cfg.CredsStore, nil
+}
+
+// FromHelper asks credential helper name (the program
+// docker-credential-NAME, as docker runs it) for host's credentials;
+// found is false if it holds none.
+func FromHelper(name, host string) (user, pass string, found bool, err error) {
+	server := host
+	if IsDockerHub(host) {
+		server = "https://index.docker.io/v1/" // the key docker login stores Docker Hub's under
+	}
+	c, err := helperclient.Get(helperclient.NewShellProgramFunc("docker-credential-"+name), server)
+	if credentials.IsErrCredentialsNotFound(err) {
+		return "", "", false, nil
+	}
+	if err != nil {
+		return "", "", false, fmt.Errorf("credential helper docker-credential-%s: %w", name, err)
+	}
+	return c.Username, c.Secret, true, nil
+}
+
+// hostKeys are the keys a docker login file may hold host's entry under.
+func hostKeys(host string) []string {
+	keys := []string{host, "https://" + host, "http://" + host}
+	if IsDockerHub(host) {
+		keys = append(keys, "https://index.docker.io/v1/", "docker.io", "index.docker.io", "registry-1.docker.io")
+	}
+	return keys
 }
 
 // IsDockerHub reports whether host is one of Docker Hub's names: a pull

@@ -3,6 +3,7 @@ package dockerauth
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -56,5 +57,61 @@ func TestSameRegistry(t *testing.T) {
 		if got := SameRegistry(tc.a, tc.b); got != tc.same {
 			t.Errorf("SameRegistry(%q, %q) = %v", tc.a, tc.b, got)
 		}
+	}
+}
+
+func TestHelper(t *testing.T) {
+	for _, tc := range []struct{ file, host, want string }{
+		{`{"auths": {"ghcr.io": {}}, "credsStore": "desktop"}`, "ghcr.io", "desktop"},
+		{`{"credsStore": "desktop", "credHelpers": {"ghcr.io": "gh"}}`, "ghcr.io", "gh"},
+		{`{"credsStore": "desktop", "credHelpers": {"ghcr.io": "gh"}}`, "quay.io", "desktop"},
+		{`{"credHelpers": {"https://index.docker.io/v1/": "hub"}}`, "docker.io", "hub"},
+		{`{"auths": {"ghcr.io": {"auth": "eDp5"}}}`, "ghcr.io", ""},
+	} {
+		if got, err := Helper([]byte(tc.file), tc.host); err != nil || got != tc.want {
+			t.Errorf("Helper(%s, %s) = %q, %v; want %q", tc.file, tc.host, got, err, tc.want)
+		}
+	}
+	if _, err := Helper([]byte(`{"credsStore": 5}`), "ghcr.io"); err == nil {
+		t.Error("a credsStore that is not a string was accepted")
+	}
+}
+
+// installHelper puts docker-credential-shoaltest on PATH: it knows
+// ghcr.io's and Docker Hub's credentials, and fails with exit 3 for
+// fail.example.
+func installHelper(t *testing.T) {
+	dir := t.TempDir()
+	script := `#!/bin/sh
+read server
+case "$1:$server" in
+get:ghcr.io) echo '{"ServerURL":"ghcr.io","Username":"bot","Secret":"s3cret"}' ;;
+get:https://index.docker.io/v1/) echo '{"ServerURL":"https://index.docker.io/v1/","Username":"hub","Secret":"h"}' ;;
+get:fail.example) echo "keychain locked"; exit 3 ;;
+*) echo "credentials not found in native keychain"; exit 1 ;;
+esac
+`
+	if err := os.WriteFile(filepath.Join(dir, "docker-credential-shoaltest"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", dir+string(os.PathListSeparator)+os.Getenv("PATH"))
+}
+
+func TestFromHelper(t *testing.T) {
+	installHelper(t)
+	for host, want := range map[string][2]string{"ghcr.io": {"bot", "s3cret"}, "docker.io": {"hub", "h"}} {
+		user, pass, found, err := FromHelper("shoaltest", host)
+		if err != nil || !found || user != want[0] || pass != want[1] {
+			t.Errorf("%s: %q %q %v %v; want %v", host, user, pass, found, err, want)
+		}
+	}
+	if _, _, found, err := FromHelper("shoaltest", "quay.io"); found || err != nil {
+		t.Errorf("a host the helper does not hold: found %v, %v", found, err)
+	}
+	if _, _, _, err := FromHelper("shoaltest", "fail.example"); err == nil || !strings.Contains(err.Error(), "keychain locked") {
+		t.Errorf("a failing helper: %v", err)
+	}
+	if _, _, _, err := FromHelper("missing-helper", "ghcr.io"); err == nil || !strings.Contains(err.Error(), "docker-credential-missing-helper") {
+		t.Errorf("a helper that is not installed: %v", err)
 	}
 }

@@ -393,10 +393,20 @@ func (n *node) registryAuth(ctx context.Context) func(host string) (string, stri
 			n.log.Warn("registry credentials of the cluster not read: the node's file only", "registry", host, "err", err)
 			return fromFile(host)
 		}
+		// The newest, should a login that replaces them be under way.
+		var matching []*clusterv1.SecretInfo
 		for _, info := range list.GetSecrets() {
-			if !dockerauth.SameRegistry(info.GetLabels()[secret.RegistryLabel], host) {
-				continue
+			if dockerauth.SameRegistry(info.GetLabels()[secret.RegistryLabel], host) {
+				matching = append(matching, info)
 			}
+		}
+		slices.SortFunc(matching, func(a, b *clusterv1.SecretInfo) int {
+			if c := b.GetCreated().AsTime().Compare(a.GetCreated().AsTime()); c != 0 {
+				return c
+			}
+			return strings.Compare(b.GetName(), a.GetName())
+		})
+		for _, info := range matching {
 			resp, err := n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: info.GetName()})
 			if err != nil {
 				return "", "", fmt.Errorf("registry credentials of %s (secret %s): %w", host, info.GetName(), err)

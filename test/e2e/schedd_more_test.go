@@ -602,6 +602,13 @@ func TestSchedulerMore(t *testing.T) {
 		if got := c.perNode("pulled3", 3); got != [3]int{1, 1, 1} {
 			t.Fatalf("pulled3 runs %v per node, want 1/1/1", got)
 		}
+		// The login's secret was replaced by one made beside it, then
+		// removed: one is left, under the next name.
+		var replaced []struct{ Host, Secret string }
+		decode(t, c.mustCtl(1, "registry", "ls", "-o", "json"), &replaced)
+		if len(replaced) != 1 || replaced[0].Host != host || !strings.HasSuffix(replaced[0].Secret, "-2") {
+			t.Errorf("registry ls after --with-registry-auth: %+v, want one secret of %s, the second", replaced, host)
+		}
 		c.mustCtl(1, "service", "rm", "pulled3")
 		c.mustCtl(2, "registry", "logout", host)
 		if out := c.mustCtl(1, "registry", "ls"); strings.Contains(out, host) {
