@@ -394,29 +394,31 @@ func (n *node) registryAuth(ctx context.Context) func(host string) (string, stri
 			return fromFile(host)
 		}
 		// The newest, should a login that replaces them be under way.
-		var matching []*clusterv1.SecretInfo
+		var newest *clusterv1.SecretInfo
 		for _, info := range list.GetSecrets() {
-			if dockerauth.SameRegistry(info.GetLabels()[secret.RegistryLabel], host) {
-				matching = append(matching, info)
+			if !dockerauth.SameRegistry(info.GetLabels()[secret.RegistryLabel], host) {
+				continue
+			}
+			if newest == nil {
+				newest = info
+				continue
+			}
+			c := info.GetCreated().AsTime().Compare(newest.GetCreated().AsTime())
+			if c > 0 || (c == 0 && info.GetName() > newest.GetName()) {
+				newest = info
 			}
 		}
-		slices.SortFunc(matching, func(a, b *clusterv1.SecretInfo) int {
-			if c := b.GetCreated().AsTime().Compare(a.GetCreated().AsTime()); c != 0 {
-				return c
-			}
-			return strings.Compare(b.GetName(), a.GetName())
-		})
-		for _, info := range matching {
-			resp, err := n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: info.GetName()})
+		if newest != nil {
+			resp, err := n.statd.Secrets.ReadSecret(ctx, &clusterv1.ReadSecretRequest{Name: newest.GetName()})
 			if err != nil {
-				return "", "", fmt.Errorf("registry credentials of %s (secret %s): %w", host, info.GetName(), err)
+				return "", "", fmt.Errorf("registry credentials of %s (secret %s): %w", host, newest.GetName(), err)
 			}
 			user, pass, found, err := dockerauth.Credentials(resp.GetData(), host)
 			if err == nil && !found {
 				err = errors.New("they do not name it")
 			}
 			if err != nil {
-				return "", "", fmt.Errorf("registry credentials of %s (secret %s): %w", host, info.GetName(), err)
+				return "", "", fmt.Errorf("registry credentials of %s (secret %s): %w", host, newest.GetName(), err)
 			}
 			return user, pass, nil
 		}
