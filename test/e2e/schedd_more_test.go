@@ -1333,6 +1333,80 @@ func TestSchedulerMore(t *testing.T) {
 		}
 	})
 
+	t.Run("Events", func(t *testing.T) {
+		// shoalctl events on one node follows what another node's
+		// commands and every node's tasks do, then replays it.
+		start := time.Now()
+		live := c.startCtl(2, "events", "-o", "json", "-f", "service=ev")
+		time.Sleep(500 * time.Millisecond) // its list and watch under way
+		c.mustCtl(1, "service", "create", "ev", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "ev")
+		cur := c.currentTasks("ev")
+		if len(cur) != 1 {
+			t.Fatalf("%d current tasks, want 1", len(cur))
+		}
+		task := cur[0].GetId()
+		type eventJSON struct {
+			Type, Action, ID string
+			Attributes       map[string]string
+		}
+		seen := func(out string) []string {
+			var got []string
+			for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+				var e eventJSON
+				if line == "" || json.Unmarshal([]byte(line), &e) != nil {
+					continue
+				}
+				if e.Type == "task" && e.ID != task {
+					continue
+				}
+				got = append(got, e.Type+" "+e.Action)
+			}
+			return got
+		}
+		want := []string{"service create", "task create", "task starting", "task running", "service converge"}
+		hasAll := func(got, want []string) bool {
+			for _, w := range want {
+				if !slices.Contains(got, w) {
+					return false
+				}
+			}
+			return true
+		}
+		waitFor(t, 20*time.Second, "the service's and its task's events", func() bool { return hasAll(seen(live.out.String()), want) })
+		c.mustCtlWithin(time.Minute, 1, "service", "rm", "ev")
+		waitFor(t, 20*time.Second, "the removal's events", func() bool {
+			return hasAll(seen(live.out.String()), []string{"service remove", "task stopped"})
+		})
+		if code := live.interrupt(t); code != 0 {
+			t.Errorf("events after SIGINT: exit %d, stderr %q", code, live.errOut.String())
+		}
+		for _, line := range strings.Split(strings.TrimSpace(live.out.String()), "\n") {
+			var e eventJSON
+			decode(t, line, &e)
+			if (e.Type == "service" && e.ID != "ev") || (e.Type == "task" && e.Attributes["service"] != "ev") || e.Type == "node" {
+				t.Errorf("-f service=ev let through %+v", e)
+			}
+		}
+		// Replayed from another node's statd, up to now, in the table's
+		// format: the same story, then the command ends by itself.
+		since := time.Since(start).Round(time.Second) + 5*time.Second
+		out := c.mustCtlWithin(30*time.Second, 3, "events", "--since", since.String(), "--until", "0s", "-f", "service=ev", "-f", "type=service")
+		t.Logf("events --since %v --until 0s:\n%s", since, out)
+		lines := strings.Split(strings.TrimSpace(out), "\n")
+		var actions []string
+		for _, l := range lines {
+			f := strings.Fields(l)
+			if len(f) < 4 || f[1] != "service" || f[3] != "ev" {
+				t.Fatalf("replayed line %q: want TIME service ACTION ev", l)
+			}
+			actions = append(actions, f[2])
+		}
+		if !slices.Equal(actions, []string{"create", "converge", "remove"}) {
+			t.Errorf("replayed service events %v, want create, converge, remove:\n%s", actions, out)
+		}
+	})
+
 	t.Run("StopSignal", func(t *testing.T) {
 		// --stop-signal reaches the task: its trap for SIGUSR1 ends it with
 		// status 0, where the default signal would have been ignored (the
