@@ -266,7 +266,7 @@ tests.`,
 		},
 	}
 	unmount.Flags().StringVar(&user, "user", "shoalctl", "who used the mount")
-	cmd.AddCommand(create, ls, inspect, a.volumeUpdateCommand(), rm, mount, unmount)
+	cmd.AddCommand(create, ls, inspect, a.volumeUpdateCommand(), rm, mount, unmount, a.volumeExport(), a.volumeImport())
 	return cmd
 }
 

@@ -945,6 +945,8 @@ func TestVolumes(t *testing.T) {
 		c.mustCtl(1, "volume", "rm", "tiny")
 	})
 
+	c.run(t, "ExportImport", func(t *testing.T) { testExportImport(t, c) })
+
 	c.run(t, "RemoveAsksTheMountingNodes", func(t *testing.T) { testRemoveAsksTheMountingNodes(t, c) })
 
 	var writerNode, leaderNode int
@@ -2371,4 +2373,90 @@ func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 		out, _, code := c.ctl(3, "volume", "ls")
 		return code == 0 && !strings.Contains(out, "rmgone") && !strings.Contains(out, "rmnew") && !strings.Contains(out, "rmlate")
 	})
+}
+
+// testExportImport copies a volume's tree out through one node's mount
+// and into another volume through a third node's, and checks the refusals
+// that write nothing.
+func testExportImport(t *testing.T, c *volCluster) {
+	c.mustCtl(1, "volume", "create", "exp", "--size", "8Mi")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	src, err := c.volumes(1).Mount(ctx, &volv1.MountRequest{Name: "exp", User: "e2e-src"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := time.Date(2024, 5, 6, 7, 8, 9, 0, time.UTC)
+	big := bytes.Repeat([]byte("0123456789abcdef"), 128<<10) // 2 MiB
+	for _, step := range []func(root string) error{
+		func(root string) error { return os.MkdirAll(filepath.Join(root, "etc/app"), 0o750) },
+		func(root string) error {
+			return os.WriteFile(filepath.Join(root, "etc/app/conf"), []byte("port=80\n"), 0o640)
+		},
+		func(root string) error { return os.Chown(filepath.Join(root, "etc/app/conf"), 1000, 1000) },
+		func(root string) error { return os.Chtimes(filepath.Join(root, "etc/app/conf"), old, old) },
+		func(root string) error { return os.WriteFile(filepath.Join(root, "big"), big, 0o644) },
+		func(root string) error { return os.Symlink("etc/app/conf", filepath.Join(root, "conf")) },
+	} {
+		if err := step(src.GetPath()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.volumes(1).Unmount(ctx, &volv1.UnmountRequest{Name: "exp", User: "e2e-src"})
+
+	// Exported through node 2, which holds a replica or not.
+	archive := filepath.Join(t.TempDir(), "exp.tar")
+	_, errOut, code := c.ctl(2, "volume", "export", "exp", "-o", archive)
+	if code != 0 || !strings.Contains(errOut, "exported exp: 6 entries, 2MiB") {
+		t.Fatalf("volume export: exit %d: %s", code, errOut)
+	}
+	if _, _, code := c.ctl(2, "volume", "export", "nosuch", "-o", archive+".2"); code == 0 {
+		t.Error("export of a missing volume succeeded")
+	}
+	if _, err := os.Stat(archive + ".2"); err == nil {
+		t.Error("a failed export left its file")
+	}
+
+	// Refused, nothing written: more data than the volume has free.
+	c.mustCtl(3, "volume", "create", "imp-small", "--size", "1Mi")
+	if _, errOut, code := c.ctl(3, "volume", "import", "imp-small", archive); code == 0 || !strings.Contains(errOut, "nothing was written") {
+		t.Errorf("import of 2 MiB into 1 MiB: exit %d: %s", code, errOut)
+	}
+	if v, err := c.inspect(3, "imp-small"); err != nil || v.GetUsedBytes() != 0 {
+		t.Errorf("imp-small after a refused import: %v, %v", v, err)
+	}
+	c.mustCtl(3, "volume", "rm", "imp-small")
+
+	// Imported through node 3, read back through node 4.
+	c.mustCtl(3, "volume", "create", "imp", "--size", "8Mi")
+	if _, errOut, code := c.ctl(3, "volume", "import", "imp", archive); code != 0 || !strings.Contains(errOut, "imported into imp: 6 entries, 2MiB") {
+		t.Fatalf("volume import: exit %d: %s", code, errOut)
+	}
+	dst, err := c.volumes(4).Mount(ctx, &volv1.MountRequest{Name: "imp", User: "e2e-dst"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst.GetPath(), "big")); err != nil || !bytes.Equal(b, big) {
+		t.Errorf("big: %d bytes, %v", len(b), err)
+	}
+	info, err := os.Stat(filepath.Join(dst.GetPath(), "etc/app/conf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sys := info.Sys().(*syscall.Stat_t); info.Mode().Perm() != 0o640 || sys.Uid != 1000 || !info.ModTime().Equal(old) {
+		t.Errorf("etc/app/conf: mode %v, uid %d, time %v", info.Mode(), sys.Uid, info.ModTime())
+	}
+	if l, err := os.Readlink(filepath.Join(dst.GetPath(), "conf")); err != nil || l != "etc/app/conf" {
+		t.Errorf("conf: %q, %v", l, err)
+	}
+	if d, err := os.Stat(filepath.Join(dst.GetPath(), "etc/app")); err != nil || d.Mode().Perm() != 0o750 {
+		t.Errorf("etc/app: %v, %v", d, err)
+	}
+	c.volumes(4).Unmount(ctx, &volv1.UnmountRequest{Name: "imp", User: "e2e-dst"})
+	// A second import without --force would mix trees: refused.
+	if _, errOut, code := c.ctl(2, "volume", "import", "imp", archive); code == 0 || !strings.Contains(errOut, "is not empty") {
+		t.Errorf("import into a volume with files: exit %d: %s", code, errOut)
+	}
+	// No mount is left in use: both volumes go.
+	c.mustCtl(1, "volume", "rm", "exp", "imp")
 }

@@ -1,0 +1,267 @@
+// Package volarchive copies a directory tree to and from a tar stream:
+// what `shoalctl volume export` and `volume import` do through a volume's
+// mount. Both work inside an os.Root, so an archive's names ("../x",
+// "/etc/passwd", a symlink pointing out and then written through) cannot
+// reach outside the tree being filled, whatever the archive holds.
+//
+// Kept: regular files, directories, symbolic links, hard links (a file
+// with several names is stored once), permissions, owners and
+// modification times. Not kept: FIFOs, sockets and devices (counted as
+// skipped; a volume holds no devices), extended attributes.
+package volarchive
+
+import (
+	"archive/tar"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"slices"
+	"syscall"
+	"time"
+)
+
+// Stats counts what a copy wrote.
+type Stats struct {
+	// Entries are the files, directories and links written.
+	Entries int
+	// Bytes is the data of the regular files.
+	Bytes int64
+	// Skipped are the entries of kinds not kept.
+	Skipped []string
+}
+
+// Write writes the tree under root to w as a tar stream, root itself as
+// ".". progress, if not nil, is called with the bytes written so far after
+// each file.
+func Write(root *os.Root, w io.Writer, progress func(bytes int64)) (Stats, error) {
+	var st Stats
+	tw := tar.NewWriter(w)
+	type inode struct{ dev, ino uint64 }
+	seen := map[inode]string{} // files with several names: the first name written
+	err := fs.WalkDir(root.FS(), ".", func(name string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		info, err := root.Lstat(name)
+		if err != nil {
+			return err
+		}
+		link := ""
+		if info.Mode()&fs.ModeSymlink != 0 {
+			if link, err = root.Readlink(name); err != nil {
+				return err
+			}
+		}
+		if info.Mode()&(fs.ModeNamedPipe|fs.ModeSocket|fs.ModeDevice|fs.ModeCharDevice) != 0 {
+			st.Skipped = append(st.Skipped, name)
+			return nil
+		}
+		hdr, err := tar.FileInfoHeader(info, link)
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		hdr.Name = name
+		if info.IsDir() {
+			hdr.Name += "/"
+		}
+		hdr.Uname, hdr.Gname = "", "" // numeric owners: the names are the node's, not the task's
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok && info.Mode().IsRegular() && sys.Nlink > 1 {
+			key := inode{uint64(sys.Dev), sys.Ino}
+			if first, ok := seen[key]; ok {
+				hdr.Typeflag, hdr.Linkname, hdr.Size = tar.TypeLink, first, 0
+			} else {
+				seen[key] = name
+			}
+		}
+		if err := tw.WriteHeader(hdr); err != nil {
+			return err
+		}
+		st.Entries++
+		if hdr.Typeflag != tar.TypeReg || hdr.Size == 0 {
+			return nil
+		}
+		f, err := root.Open(name)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
+		st.Bytes += n
+		if err == nil && n < hdr.Size {
+			err = fmt.Errorf("%s shrank while being read (%d of %d bytes): %w", name, n, hdr.Size, io.ErrUnexpectedEOF)
+		}
+		if err != nil {
+			return fmt.Errorf("%s: %w", name, err)
+		}
+		if progress != nil {
+			progress(st.Bytes)
+		}
+		return nil
+	})
+	if err != nil {
+		return st, err
+	}
+	return st, tw.Close()
+}
+
+// Size sums the data of the regular files of the tar stream r, reading
+// only its headers where r can seek.
+func Size(r io.Reader) (entries int, bytes int64, err error) {
+	tr := tar.NewReader(r)
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			return entries, bytes, nil
+		}
+		if err != nil {
+			return entries, bytes, err
+		}
+		entries++
+		if hdr.Typeflag == tar.TypeReg {
+			bytes += hdr.Size
+		}
+	}
+}
+
+// Read extracts the tar stream r into root, which it never leaves:
+// directories and files are made as the archive says (owners too, when
+// chown is allowed), existing files are replaced. progress, if not nil,
+// is called with the bytes written so far after each file.
+func Read(root *os.Root, r io.Reader, progress func(bytes int64)) (Stats, error) {
+	var st Stats
+	tr := tar.NewReader(r)
+	type dirTimes struct {
+		name  string
+		mtime time.Time
+	}
+	var dirs []dirTimes // set last: writing into a directory changes its time
+	for {
+		hdr, err := tr.Next()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return st, err
+		}
+		name := path.Clean(hdr.Name)
+		if name == "/" || name == "" {
+			name = "."
+		}
+		name = stripRoot(name)
+		if err := extract(root, tr, hdr, name, &st); err != nil {
+			return st, fmt.Errorf("%s: %w", hdr.Name, err)
+		}
+		if hdr.Typeflag == tar.TypeDir {
+			dirs = append(dirs, dirTimes{name, hdr.ModTime})
+		}
+		if progress != nil && hdr.Typeflag == tar.TypeReg {
+			progress(st.Bytes)
+		}
+	}
+	for _, d := range slices.Backward(dirs) {
+		if err := root.Chtimes(d.name, d.mtime, d.mtime); err != nil {
+			return st, fmt.Errorf("%s: %w", d.name, err)
+		}
+	}
+	return st, nil
+}
+
+// stripRoot makes an absolute name relative ("/etc/x" → "etc/x"), as tar
+// does; os.Root refuses what still leaves the tree ("../x").
+func stripRoot(name string) string {
+	for len(name) > 0 && name[0] == '/' {
+		name = name[1:]
+	}
+	if name == "" {
+		return "."
+	}
+	return name
+}
+
+func extract(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, st *Stats) error {
+	mode := hdr.FileInfo().Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
+	if dir := path.Dir(name); dir != "." {
+		if err := root.MkdirAll(dir, 0o755); err != nil {
+			return err
+		}
+	}
+	switch hdr.Typeflag {
+	case tar.TypeDir:
+		if name != "." {
+			if err := root.Mkdir(name, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+				return err
+			}
+		}
+	case tar.TypeReg:
+		if err := removeNonDir(root, name); err != nil {
+			return err
+		}
+		f, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return err
+		}
+		n, err := io.Copy(f, tr)
+		st.Bytes += n
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+		if err != nil {
+			return err
+		}
+	case tar.TypeSymlink:
+		if err := removeNonDir(root, name); err != nil {
+			return err
+		}
+		st.Entries++
+		if err := root.Symlink(hdr.Linkname, name); err != nil {
+			return err
+		}
+		return chownIfAllowed(root.Lchown(name, hdr.Uid, hdr.Gid))
+	case tar.TypeLink:
+		if err := removeNonDir(root, name); err != nil {
+			return err
+		}
+		st.Entries++
+		return root.Link(stripRoot(path.Clean(hdr.Linkname)), name)
+	default:
+		st.Skipped = append(st.Skipped, name)
+		return nil
+	}
+	st.Entries++
+	if err := chownIfAllowed(root.Lchown(name, hdr.Uid, hdr.Gid)); err != nil {
+		return err
+	}
+	// After chown, which clears set-user-ID bits.
+	if err := root.Chmod(name, mode); err != nil {
+		return err
+	}
+	return root.Chtimes(name, hdr.ModTime, hdr.ModTime)
+}
+
+// removeNonDir makes way for an entry: a file or link of that name goes
+// (the archive's replaces it), a directory stays and makes the entry fail.
+func removeNonDir(root *os.Root, name string) error {
+	info, err := root.Lstat(name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if info.IsDir() {
+		return fmt.Errorf("a directory of that name is in the way: %w", fs.ErrExist)
+	}
+	return root.Remove(name)
+}
+
+// chownIfAllowed keeps an unprivileged import going: its files are then
+// the importer's.
+func chownIfAllowed(err error) error {
+	if errors.Is(err, fs.ErrPermission) {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,154 @@
+package volarchive
+
+import (
+	"archive/tar"
+	"bytes"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func openRoot(t *testing.T, dir string) *os.Root {
+	t.Helper()
+	r, err := os.OpenRoot(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// TestRoundTrip copies a tree out and into an empty directory: contents,
+// kinds, modes, owners, times and hard links survive; a FIFO is skipped.
+func TestRoundTrip(t *testing.T) {
+	src := t.TempDir()
+	old := time.Date(2020, 1, 2, 3, 4, 5, 0, time.UTC)
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(src, "a/b"), 0o755))
+	must(os.WriteFile(filepath.Join(src, "a/b/data"), bytes.Repeat([]byte("x"), 100_000), 0o640))
+	must(os.WriteFile(filepath.Join(src, "empty"), nil, 0o600))
+	must(os.Link(filepath.Join(src, "a/b/data"), filepath.Join(src, "hard")))
+	must(os.Symlink("a/b/data", filepath.Join(src, "soft")))
+	must(os.Mkdir(filepath.Join(src, "private"), 0o700))
+	must(os.Chmod(filepath.Join(src, "private"), 0o710|fs.ModeSetgid))
+	must(os.Chown(filepath.Join(src, "empty"), 1234, 5678))
+	must(syscall.Mkfifo(filepath.Join(src, "pipe"), 0o600))
+	must(os.Chtimes(filepath.Join(src, "a/b/data"), old, old))
+	must(os.Chtimes(filepath.Join(src, "a"), old, old))
+
+	var buf bytes.Buffer
+	var progressed int64
+	st, err := Write(openRoot(t, src), &buf, func(b int64) { progressed = b })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// ., a, a/b, a/b/data, empty, hard, private, soft
+	if st.Entries != 8 || st.Bytes != 100_000 || progressed != 100_000 || len(st.Skipped) != 1 || st.Skipped[0] != "pipe" {
+		t.Fatalf("write: %+v (progress %d)", st, progressed)
+	}
+	entries, size, err := Size(bytes.NewReader(buf.Bytes()))
+	if err != nil || entries != 8 || size != 100_000 {
+		t.Fatalf("Size: %d entries, %d bytes, %v", entries, size, err)
+	}
+
+	dst := t.TempDir()
+	st, err = Read(openRoot(t, dst), bytes.NewReader(buf.Bytes()), nil)
+	if err != nil || st.Entries != 8 || st.Bytes != 100_000 {
+		t.Fatalf("read: %+v, %v", st, err)
+	}
+	got, err := os.ReadFile(filepath.Join(dst, "a/b/data"))
+	if err != nil || len(got) != 100_000 {
+		t.Fatalf("data: %d bytes, %v", len(got), err)
+	}
+	stat := func(p string) (fs.FileInfo, *syscall.Stat_t) {
+		t.Helper()
+		info, err := os.Lstat(filepath.Join(dst, p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info, info.Sys().(*syscall.Stat_t)
+	}
+	if info, _ := stat("a/b/data"); info.Mode().Perm() != 0o640 || !info.ModTime().Equal(old) {
+		t.Errorf("data: mode %v, time %v", info.Mode(), info.ModTime())
+	}
+	if info, _ := stat("a"); !info.ModTime().Equal(old) {
+		t.Errorf("directory a's time %v, want %v (set after its contents)", info.ModTime(), old)
+	}
+	if info, sys := stat("empty"); info.Size() != 0 || sys.Uid != 1234 || sys.Gid != 5678 {
+		t.Errorf("empty: size %d, owner %d:%d", info.Size(), sys.Uid, sys.Gid)
+	}
+	if _, data := stat("a/b/data"); data.Nlink != 2 {
+		t.Errorf("data has %d links, want 2 (hard)", data.Nlink)
+	}
+	if _, hard := stat("hard"); hard.Ino != func() uint64 { _, s := stat("a/b/data"); return s.Ino }() {
+		t.Error("hard is not the same file as a/b/data")
+	}
+	if l, err := os.Readlink(filepath.Join(dst, "soft")); err != nil || l != "a/b/data" {
+		t.Errorf("soft: %q, %v", l, err)
+	}
+	if info, _ := stat("private"); info.Mode()&fs.ModePerm != 0o710 || info.Mode()&fs.ModeSetgid == 0 {
+		t.Errorf("private: mode %v, want setgid 0710", info.Mode())
+	}
+	if _, err := os.Lstat(filepath.Join(dst, "pipe")); err == nil {
+		t.Error("the FIFO was made")
+	}
+}
+
+// TestReadStaysInside: names and links that point out of the tree fail
+// without writing outside it; absolute names land inside.
+func TestReadStaysInside(t *testing.T) {
+	base := t.TempDir()
+	dst := filepath.Join(base, "vol")
+	if err := os.Mkdir(dst, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	archive := func(hdrs ...*tar.Header) *bytes.Reader {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range hdrs {
+			if h.Typeflag == tar.TypeReg {
+				h.Size = int64(len("evil"))
+			}
+			h.Mode = 0o644
+			if err := tw.WriteHeader(h); err != nil {
+				t.Fatal(err)
+			}
+			if h.Typeflag == tar.TypeReg {
+				tw.Write([]byte("evil"))
+			}
+		}
+		tw.Close()
+		return bytes.NewReader(buf.Bytes())
+	}
+	for name, r := range map[string]*bytes.Reader{
+		"dot-dot":         archive(&tar.Header{Name: "../outside", Typeflag: tar.TypeReg}),
+		"through symlink": archive(&tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: base}, &tar.Header{Name: "link/outside", Typeflag: tar.TypeReg}),
+		"hard link out":   archive(&tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "../outside"}),
+	} {
+		if _, err := Read(openRoot(t, dst), r, nil); err == nil {
+			t.Errorf("%s: extracted", name)
+		}
+		if _, err := os.Lstat(filepath.Join(base, "outside")); err == nil {
+			t.Fatalf("%s: wrote outside the tree", name)
+		}
+	}
+	if _, err := Read(openRoot(t, dst), archive(&tar.Header{Name: "/etc/abs", Typeflag: tar.TypeReg}), nil); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dst, "etc/abs")); err != nil || string(b) != "evil" {
+		t.Errorf("an absolute name: %q, %v; want it under the tree", b, err)
+	}
+	// A file replaces a file; a directory in the way fails the entry.
+	if _, err := Read(openRoot(t, dst), archive(&tar.Header{Name: "etc", Typeflag: tar.TypeReg}), nil); err == nil || !strings.Contains(err.Error(), "directory") {
+		t.Errorf("a file over a directory: %v", err)
+	}
+}
