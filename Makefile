@@ -102,7 +102,7 @@ unit:
 
 # Each fuzz target runs briefly: go test allows one target per run.
 FUZZ_TARGETS := pkg/tasklog:FuzzParse pkg/crdt:FuzzUnmarshal pkg/mst:FuzzDecodeNode pkg/store:FuzzDecodeRecord pkg/store:FuzzDecodeChange pkg/store:FuzzDecodeIndexOp pkg/pki:FuzzParseToken pkg/overlay:FuzzIPAMUnmarshal \
-	pkg/raftgroup:FuzzUnmarshalBatch pkg/raftgroup:FuzzDecodeEnvelope pkg/volfs:FuzzDecodeOp pkg/volfs:FuzzApply
+	pkg/raftgroup:FuzzUnmarshalBatch pkg/raftgroup:FuzzDecodeEnvelope pkg/volfs:FuzzDecodeOp pkg/volfs:FuzzApply pkg/volarchive:FuzzRead
 fuzz:
 	GO=$(GO) FUZZTIME=$(FUZZTIME) scripts/fuzz.sh $(FUZZ_TARGETS)
 

@@ -152,3 +152,46 @@ func TestReadStaysInside(t *testing.T) {
 		t.Errorf("a file over a directory: %v", err)
 	}
 }
+
+// FuzzRead: whatever the archive, nothing is made outside the tree.
+func FuzzRead(f *testing.F) {
+	add := func(hdrs ...*tar.Header) {
+		var buf bytes.Buffer
+		tw := tar.NewWriter(&buf)
+		for _, h := range hdrs {
+			if h.Typeflag == tar.TypeReg {
+				h.Size = 1
+			}
+			tw.WriteHeader(h)
+			if h.Typeflag == tar.TypeReg {
+				tw.Write([]byte("x"))
+			}
+		}
+		tw.Close()
+		f.Add(buf.Bytes())
+	}
+	add(&tar.Header{Name: "a/b", Typeflag: tar.TypeReg, Mode: 0o644})
+	add(&tar.Header{Name: "../up", Typeflag: tar.TypeReg, Mode: 0o644})
+	add(&tar.Header{Name: "l", Typeflag: tar.TypeSymlink, Linkname: ".."}, &tar.Header{Name: "l/up", Typeflag: tar.TypeReg, Mode: 0o644})
+	add(&tar.Header{Name: "d", Typeflag: tar.TypeDir, Mode: 0o4777}, &tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "../../etc/passwd"})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		base := t.TempDir()
+		dst := filepath.Join(base, "vol")
+		if err := os.Mkdir(dst, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		root, err := os.OpenRoot(dst)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer root.Close()
+		Read(root, bytes.NewReader(data), nil)
+		entries, err := os.ReadDir(base)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(entries) != 1 || entries[0].Name() != "vol" {
+			t.Fatalf("made outside the tree: %v", entries)
+		}
+	})
+}
