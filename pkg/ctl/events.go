@@ -12,7 +12,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/crdt"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
@@ -184,8 +183,9 @@ func (a *app) followEvents(ctx context.Context, since, until time.Time, match ev
 		// From now: the documents as they are, for the first change of
 		// each to be told against.
 		for _, prefix := range followedPrefixes {
-			if err := listAll(ctx, c, prefix, func(d *statev1.Document) {
+			if err := listAll(ctx, c, prefix, func(d *statev1.Document) bool {
 				docs.set(d.GetKey(), statepb.FromDocument(d), d.GetRevision())
+				return true
 			}); err != nil {
 				return err
 			}
@@ -232,23 +232,6 @@ func (a *app) followEvents(ctx context.Context, since, until time.Time, match ev
 		return nil // until reached, or interrupted
 	}
 	return err
-}
-
-// listAll calls fn with every document under prefix.
-func listAll(ctx context.Context, c *client.Statd, prefix string, fn func(*statev1.Document)) error {
-	token := ""
-	for {
-		resp, err := c.List(ctx, &statev1.ListRequest{Prefix: prefix, PageToken: token, PageSize: 500})
-		if err != nil {
-			return err
-		}
-		for _, d := range resp.GetDocuments() {
-			fn(d)
-		}
-		if token = resp.GetNextPageToken(); token == "" {
-			return nil
-		}
-	}
 }
 
 // printEvent prints e as docker events does (time, type, action, ID,

@@ -121,18 +121,11 @@ func (a *app) loadNodes(cmd *cobra.Command, c *client.Statd) ([]nodeView, error)
 		}
 	}
 	var out []nodeView
-	token := ""
-	for {
-		resp, err := c.List(ctx, &statev1.ListRequest{Prefix: "/nodes/", PageToken: token, PageSize: 1000})
-		if err != nil {
-			return nil, err
-		}
-		for _, d := range resp.GetDocuments() {
-			out = append(out, nodeOf(d, states))
-		}
-		if token = resp.GetNextPageToken(); token == "" {
-			break
-		}
+	if err := listAll(ctx, c, "/nodes/", func(d *statev1.Document) bool {
+		out = append(out, nodeOf(d, states))
+		return true
+	}); err != nil {
+		return nil, err
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name+out[i].ID < out[j].Name+out[j].ID })
 	return out, nil

@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"context"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -195,26 +196,12 @@ func (a *app) stateLs() *cobra.Command {
 				return err
 			}
 			defer done()
-			var docs []docView
-			token := ""
-			for {
-				resp, err := c.List(ctx, &statev1.ListRequest{Prefix: prefix, PageToken: token, PageSize: 500})
-				if err != nil {
-					return err
-				}
-				for _, d := range resp.GetDocuments() {
-					docs = append(docs, viewOf(d))
-				}
-				token = resp.GetNextPageToken()
-				if token == "" || (limit > 0 && len(docs) >= limit) {
-					break
-				}
-			}
-			if limit > 0 && len(docs) > limit {
-				docs = docs[:limit]
-			}
-			if docs == nil {
-				docs = []docView{}
+			docs := []docView{}
+			if err := listAll(ctx, c, prefix, func(d *statev1.Document) bool {
+				docs = append(docs, viewOf(d))
+				return limit <= 0 || len(docs) < limit
+			}); err != nil {
+				return err
 			}
 			return render(a.out, format, docs, func(tw *tabwriter.Writer) {
 				fmt.Fprintln(tw, "KEY\tREVISION\tFIELDS")
@@ -378,4 +365,24 @@ func (d docView) summary() string {
 		parts = append(parts, name+"="+d.fields[name].Text())
 	}
 	return strings.Join(parts, " ")
+}
+
+// listAll calls fn with the documents under prefix, page by page, until
+// fn returns false or none are left.
+func listAll(ctx context.Context, c *client.Statd, prefix string, fn func(*statev1.Document) bool) error {
+	token := ""
+	for {
+		resp, err := c.List(ctx, &statev1.ListRequest{Prefix: prefix, PageToken: token, PageSize: 500})
+		if err != nil {
+			return err
+		}
+		for _, d := range resp.GetDocuments() {
+			if !fn(d) {
+				return nil
+			}
+		}
+		if token = resp.GetNextPageToken(); token == "" {
+			return nil
+		}
+	}
 }

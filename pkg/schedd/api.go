@@ -537,15 +537,20 @@ func (s *api) TaskLogs(req *schedv1.TaskLogsRequest, stream schedv1.Scheduler_Ta
 	if err != nil {
 		return err
 	}
+	return forward(remote.Recv, stream.Send)
+}
+
+// forward sends what recv gives until it ends (io.EOF: not an error).
+func forward[T any](recv func() (T, error), send func(T) error) error {
 	for {
-		chunk, err := remote.Recv()
+		m, err := recv()
 		if err == io.EOF {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		if err := stream.Send(chunk); err != nil {
+		if err := send(m); err != nil {
 			return err
 		}
 	}
@@ -777,18 +782,7 @@ func (s *api) TaskExec(stream schedv1.Scheduler_TaskExecServer) error {
 			}
 		}
 	}()
-	for {
-		out, err := remote.Recv()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := stream.Send(out); err != nil {
-			return err
-		}
-	}
+	return forward(remote.Recv, stream.Send)
 }
 
 func (n *node) localExec(stream schedv1.SchedPeer_TaskExecServer) error {

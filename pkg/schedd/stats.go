@@ -3,7 +3,6 @@ package schedd
 import (
 	"context"
 	"fmt"
-	"io"
 	"sort"
 	"strings"
 	"sync"
@@ -124,18 +123,7 @@ func (n *node) relayStats(ctx context.Context, node string, req *schedv1.TaskSta
 	if err != nil {
 		return err
 	}
-	for {
-		reply, err := remote.Recv()
-		if err == io.EOF {
-			return nil
-		}
-		if err != nil {
-			return err
-		}
-		if err := send(reply); err != nil {
-			return err
-		}
-	}
+	return forward(remote.Recv, send)
 }
 
 // localStats samples this node's tasks ids, once with interval 0, else
