@@ -41,8 +41,8 @@ tasks), task=ID (or a prefix), event=ACTION.`,
   shoalctl events -f type=task -f event=failed -f event=unhealthy -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if format != "table" && format != "json" {
-				return usageError{fmt.Errorf("unknown output format %q: want table or json (an event a line)", format)}
+			if err := checkFormat(format); err != nil || format == "yaml" {
+				return usageError{fmt.Errorf("unknown output format %q: want table, json (an event a line) or template=GO-TEMPLATE", format)}
 			}
 			now := time.Now()
 			var from, to time.Time
@@ -67,7 +67,8 @@ tasks), task=ID (or a prefix), event=ACTION.`,
 			return a.followEvents(cmd.Context(), from, to, match, format)
 		},
 	}
-	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table (a line an event) or json (an object a line)")
+	cmd.Flags().StringVarP(&format, "output", "o", "table", "output format: table (a line an event), json (an object a line) or template=GO-TEMPLATE")
+	cmd.Flags().Var(dockerFormat{&format}, "format", "print each event with a Go template, as docker's --format ('{{.Type}} {{.Action}} {{.ID}}')")
 	cmd.Flags().StringVar(&since, "since", "", "replay the events since a time (10m, 2026-12-07T10:00:00Z, Unix seconds)")
 	cmd.Flags().StringVar(&until, "until", "", "stop at a time (0s: now)")
 	cmd.Flags().StringArrayVarP(&filters, "filter", "f", nil, "only events matching KEY=VALUE (type, service, node, task, event)")
@@ -239,6 +240,9 @@ func (a *app) followEvents(ctx context.Context, since, until time.Time, match ev
 func printEvent(a *app, enc *json.Encoder, format string, e sched.Event) error {
 	if format == "json" {
 		return enc.Encode(e)
+	}
+	if text, ok := strings.CutPrefix(format, templatePrefix); ok {
+		return renderTemplate(a.out, text, e)
 	}
 	line := fmt.Sprintf("%s %s %s %s", e.Time.UTC().Format(time.RFC3339Nano), e.Type, e.Action, e.ID)
 	if len(e.Attributes) > 0 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -226,6 +227,9 @@ func (a *app) stateWatch() *cobra.Command {
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := checkFormat(format); err != nil {
 				return err
+			}
+			if strings.HasPrefix(format, templatePrefix) {
+				return usageError{errors.New("state watch prints table, json or yaml")}
 			}
 			prefix := ""
 			if len(args) == 1 {

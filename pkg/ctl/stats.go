@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -24,14 +25,15 @@ type statsOptions struct {
 }
 
 func (o *statsOptions) register(cmd *cobra.Command) {
-	cmd.Flags().StringVarP(&o.format, "output", "o", "table", "output format: table or json (a document per round while streaming)")
+	cmd.Flags().StringVarP(&o.format, "output", "o", "table", "output format: table, json (a document per round while streaming) or template=GO-TEMPLATE (a line a task)")
+	cmd.Flags().Var(dockerFormat{&o.format}, "format", "print each task with a Go template, as docker's --format ('{{.Task}} {{.MemoryBytes}}')")
 	cmd.Flags().BoolVar(&o.noStream, "no-stream", false, "print one round (two samples an interval apart, for the rates) and exit")
 	cmd.Flags().DurationVar(&o.interval, "interval", time.Second, "time between samples (at least 100ms)")
 }
 
 func (o *statsOptions) check() error {
-	if o.format != "table" && o.format != "json" {
-		return usageError{fmt.Errorf("unknown output format %q: want table or json", o.format)}
+	if err := checkFormat(o.format); err != nil || o.format == "yaml" {
+		return usageError{fmt.Errorf("unknown output format %q: want table, json or template=GO-TEMPLATE", o.format)}
 	}
 	if o.interval < 100*time.Millisecond {
 		return usageError{fmt.Errorf("--interval %v: want at least 100ms", o.interval)}
@@ -240,6 +242,9 @@ func statsViewOf(s, prev *schedv1.TaskStat) statsView {
 // stats does, so the table stays in place; apart ends a table with a blank
 // line, to tell the rounds apart in a stream that is not redrawn.
 func (a *app) printStats(views []statsView, format string, redraw, apart bool) error {
+	if text, ok := strings.CutPrefix(format, templatePrefix); ok {
+		return renderTemplate(a.out, text, views)
+	}
 	if format == "json" {
 		// One document a line, so a stream of rounds is JSON Lines.
 		b, err := json.Marshal(views)

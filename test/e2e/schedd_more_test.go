@@ -332,6 +332,13 @@ func TestSchedulerMore(t *testing.T) {
 		if len(svcs) != 1 || svcs[0].Name != "js" || svcs[0].Running != 2 || svcs[0].Desired != 2 || svcs[0].Spec.Image != img {
 			t.Errorf("service ls -o json: %+v", svcs)
 		}
+		// docker's --format, and -o template=: a line an item.
+		if out := c.mustCtl(2, "service", "ls", "--format", "{{.Name}} {{.Running}}/{{.Desired}} {{.Spec.Image}}"); out != "js 2/2 "+img+"\n" {
+			t.Errorf("service ls --format: %q", out)
+		}
+		if out := c.mustCtl(3, "service", "ps", "js", "-o", "template={{.Slot}}:{{.State}}"); out != "0:running\n1:running\n" {
+			t.Errorf("service ps -o template=: %q", out)
+		}
 		var svc serviceJSON
 		decode(t, c.mustCtl(3, "service", "inspect", "js", "-o", "json"), &svc)
 		if svc.Name != "js" || svc.Version != 1 || svc.State != "active" {
