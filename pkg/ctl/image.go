@@ -118,6 +118,7 @@ func (a *app) imageLs() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "Name")
 	return cmd
 }
 

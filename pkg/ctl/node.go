@@ -66,6 +66,7 @@ func (a *app) nodePs() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "ID")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
 	return cmd
 }
@@ -211,6 +212,7 @@ func (a *app) nodeLs() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "ID")
 	return cmd
 }
 

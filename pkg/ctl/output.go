@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"text/template"
@@ -17,6 +18,33 @@ import (
 func outputFlag(cmd *cobra.Command, format *string) {
 	cmd.Flags().StringVarP(format, "output", "o", "table", "output format: table, json, yaml or template=GO-TEMPLATE (each item, e.g. template='{{.Name}}')")
 	cmd.Flags().Var(dockerFormat{format}, "format", "print each item with a Go template, as docker's --format ('{{.Name}}'; json: as -o json)")
+}
+
+// quietFlag adds docker's -q/--quiet to a list command: only each item's
+// field (its ID or name), a line each.
+func quietFlag(cmd *cobra.Command, format *string, field string) {
+	what := strings.ToLower(field) + "s"
+	if field == "ID" {
+		what = "IDs"
+	}
+	f := cmd.Flags().VarPF(quietValue{format, field}, "quiet", "q", "print only the "+what)
+	f.NoOptDefVal = "true"
+}
+
+type quietValue struct {
+	format *string
+	field  string
+}
+
+func (q quietValue) String() string { return "false" }
+func (q quietValue) Type() string   { return "bool" }
+
+func (q quietValue) Set(v string) error {
+	on, err := strconv.ParseBool(v)
+	if on {
+		*q.format = templatePrefix + "{{." + q.field + "}}"
+	}
+	return err
 }
 
 // templatePrefix starts an -o that is a Go template.
@@ -43,7 +71,10 @@ func (d dockerFormat) String() string {
 	if d.format == nil {
 		return ""
 	}
-	return strings.TrimPrefix(*d.format, templatePrefix)
+	if t, ok := strings.CutPrefix(*d.format, templatePrefix); ok {
+		return t
+	}
+	return ""
 }
 
 func (d dockerFormat) Set(v string) error {

@@ -1,8 +1,11 @@
 package ctl
 
 import (
+	"context"
 	"strings"
 	"testing"
+
+	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 )
 
 // TestRenderTemplate: a template prints each item of a list a line, or
@@ -49,4 +52,17 @@ func TestFormatFlag(t *testing.T) {
 	if _, errOut, code := ctlRun(t, "--run-dir", dir, "task", "ls", "--format", "{{.ID"); code != 2 || !strings.Contains(errOut, "template") {
 		t.Errorf("a template that does not parse: exit %d, %q", code, errOut)
 	}
+}
+
+// TestQuietFlag: -q prints each task's ID alone.
+func TestQuietFlag(t *testing.T) {
+	dir, _ := startFakeSchedd(t)
+	out, errOut, code := ctlRun(t, "--run-dir", dir, "task", "ls", "-q")
+	if code != 0 || out != "web.1.x\n" {
+		t.Errorf("task ls -q: exit %d, %q, %s", code, out, errOut)
+	}
+}
+
+func (f *fakeSchedd) ListTasks(_ context.Context, req *schedv1.ListTasksRequest) (*schedv1.ListTasksResponse, error) {
+	return &schedv1.ListTasksResponse{Tasks: []*schedv1.Task{{Id: "web.1.x", Service: "web", Slot: "1", State: "running", Current: true}}}, nil
 }

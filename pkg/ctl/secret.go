@@ -205,6 +205,7 @@ func (a *app) secretLs(o fileObject) *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "Name")
 	return cmd
 }
 

@@ -821,6 +821,7 @@ func (a *app) serviceLs() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "Name")
 	return cmd
 }
 
@@ -961,6 +962,7 @@ func (a *app) servicePs() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "ID")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
 	return cmd
 }

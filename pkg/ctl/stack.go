@@ -502,6 +502,7 @@ func (a *app) stackLs() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "Name")
 	return cmd
 }
 
@@ -549,6 +550,7 @@ func (a *app) stackServices() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "Name")
 	return cmd
 }
 
@@ -584,6 +586,7 @@ func (a *app) stackPs() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "ID")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
 	return cmd
 }

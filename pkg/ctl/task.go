@@ -51,6 +51,7 @@ func (a *app) taskLs() *cobra.Command {
 		},
 	}
 	outputFlag(cmd, &format)
+	quietFlag(cmd, &format, "ID")
 	cmd.Flags().StringVar(&node, "node", "", "only tasks of this node (ID or name)")
 	cmd.Flags().StringVar(&service, "service", "", "only tasks of this service")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")

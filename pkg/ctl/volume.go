@@ -168,6 +168,7 @@ replicas survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 		},
 	}
 	outputFlag(ls, &lformat)
+	quietFlag(ls, &lformat, "Name")
 
 	var (
 		iformat string

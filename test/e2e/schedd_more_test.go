@@ -339,6 +339,12 @@ func TestSchedulerMore(t *testing.T) {
 		if out := c.mustCtl(3, "service", "ps", "js", "-o", "template={{.Slot}}:{{.State}}"); out != "0:running\n1:running\n" {
 			t.Errorf("service ps -o template=: %q", out)
 		}
+		if out := c.mustCtl(1, "service", "ls", "-q"); out != "js\n" {
+			t.Errorf("service ls -q: %q", out)
+		}
+		if ids := strings.Fields(c.mustCtl(1, "node", "ls", "-q")); len(ids) != 3 || !slices.Contains(ids, c.ids[0]) {
+			t.Errorf("node ls -q: %v, want the three node IDs", ids)
+		}
 		var svc serviceJSON
 		decode(t, c.mustCtl(3, "service", "inspect", "js", "-o", "json"), &svc)
 		if svc.Name != "js" || svc.Version != 1 || svc.State != "active" {
