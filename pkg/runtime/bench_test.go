@@ -96,3 +96,36 @@ func loggerRSS(path string) int64 {
 	}
 	return 0
 }
+
+// BenchmarkContainerdStats is what a sample of one task costs (containerd's
+// metrics call through the shim, and the task's /proc/PID/net/dev), for
+// `task stats`, which takes one a task a second per watcher. Baseline in
+// the same run: List, which schedd calls to re-adopt its tasks (one
+// containerd call for the containers, one a task for its state).
+func BenchmarkContainerdStats(b *testing.B) {
+	d := runtimetest.Start(b)
+	rt := d.Runtime(b, nil)
+	ctx := context.Background()
+	oci, _, _, _ := testImages(b)
+	if _, err := rt.Import(ctx, bytes.NewReader(oci)); err != nil {
+		b.Fatal(err)
+	}
+	if err := rt.Run(ctx, runtime.TaskSpec{ID: "bench-stats", Image: "local/busybox:latest", Args: []string{"sleep", "1000000"}, MemoryBytes: 64 << 20}); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { rt.Remove(context.Background(), "bench-stats") })
+	b.Run("stats", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := rt.Stats(ctx, "bench-stats"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("list-baseline", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := rt.List(ctx); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

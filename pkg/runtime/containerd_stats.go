@@ -39,9 +39,8 @@ func (r *Containerd) Stats(ctx context.Context, id string) (Stats, error) {
 	if err != nil {
 		return Stats{}, wrapf(err, "stats of task %s", id)
 	}
-	if err := r.statsRunning(ctx, task, id); err != nil {
-		return Stats{}, err
-	}
+	// The state is asked only when the metrics fail (a task that is not
+	// running has no cgroup to read): a round trip less a sample.
 	metric, err := task.Metrics(ctx)
 	if err != nil {
 		// containerd skips tasks whose metrics fail, which one that just
