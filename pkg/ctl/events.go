@@ -8,13 +8,16 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/crdt"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
@@ -27,7 +30,9 @@ func (a *app) eventsCommand() *cobra.Command {
 		Long: `Print the cluster's events as they happen, as docker events does: services
 created, updated, paused, rolled back, converged and removed; tasks created,
 entering each state (starting, running, exited, failed, ...), changing health
-and removed; nodes joining, drained, labelled, shut down, up and removed.
+and removed; nodes joining, drained, labelled, shut down, up and removed, and
+their liveness as this node's failure detector sees it (alive, suspect,
+dead, left; live only, not replayed).
 
 The events are read from this node's statd, which holds every node's
 changes: --since replays those it still keeps (its last 100,000 changes by
@@ -207,19 +212,42 @@ func (a *app) followEvents(ctx context.Context, since, until time.Time, match ev
 	}
 	enc := json.NewEncoder(a.out)
 	errDone := errors.New("until reached")
+	// mu keeps the documents and the output to one goroutine at a time:
+	// the watch's, or the membership poller's.
+	var mu sync.Mutex
+	emit := func(e sched.Event) error {
+		if e.Time.Before(since) {
+			return nil
+		}
+		if !until.IsZero() && e.Time.After(until) {
+			return errDone
+		}
+		if !match.matches(e, docs.names) {
+			return nil
+		}
+		return printEvent(a, enc, format, e)
+	}
+	if until.IsZero() || until.After(time.Now()) {
+		// The members' states now, before the watch starts: a change
+		// from then on is an event.
+		first, _ := c.Cluster.Status(ctx, &clusterv1.StatusRequest{})
+		go a.followMembers(ctx, c, memberStates(first), func(e sched.Event) {
+			mu.Lock()
+			defer mu.Unlock()
+			if name := docs.names[e.ID]; name != "" {
+				e.Attributes["name"] = name
+			}
+			if err := emit(e); err != nil {
+				cancel()
+			}
+		})
+	}
 	err = c.Watch(ctx, "", after, func(resp *statev1.WatchResponse) error {
+		mu.Lock()
+		defer mu.Unlock()
 		for _, ev := range resp.GetEvents() {
 			for _, e := range docs.apply(ev) {
-				if e.Time.Before(since) {
-					continue
-				}
-				if !until.IsZero() && e.Time.After(until) {
-					return errDone
-				}
-				if !match.matches(e, docs.names) {
-					continue
-				}
-				if err := printEvent(a, enc, format, e); err != nil {
+				if err := emit(e); err != nil {
 					return err
 				}
 			}
@@ -233,6 +261,64 @@ func (a *app) followEvents(ctx context.Context, since, until time.Time, match ev
 		return nil // until reached, or interrupted
 	}
 	return err
+}
+
+// membersPoll is how often events asks statd for the members' liveness,
+// which it keeps in no document to watch.
+const membersPoll = time.Second
+
+// followMembers reports each change of a member's liveness from last as
+// this node sees it (alive, suspect, dead, left) until ctx ends: statd's
+// failure detector, polled. With last nil, the first look makes no events.
+func (a *app) followMembers(ctx context.Context, c *client.Statd, last map[string]string, emit func(sched.Event)) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(membersPoll):
+		}
+		st, err := c.Cluster.Status(ctx, &clusterv1.StatusRequest{})
+		if err != nil {
+			continue // statd restarting: the next look tells what changed
+		}
+		for _, e := range memberEvents(last, st.GetMembers()) {
+			emit(e)
+		}
+		last = memberStates(st)
+	}
+}
+
+// memberStates maps the members of st to their states; nil without st.
+func memberStates(st *clusterv1.StatusResponse) map[string]string {
+	if st == nil {
+		return nil
+	}
+	out := map[string]string{}
+	for _, m := range st.GetMembers() {
+		out[m.GetId()] = m.GetState()
+	}
+	return out
+}
+
+// memberEvents are the liveness changes from the states last (nil: none
+// known yet, so no events) to members.
+func memberEvents(last map[string]string, members []*clusterv1.MemberStatus) []sched.Event {
+	if last == nil {
+		return nil
+	}
+	var out []sched.Event
+	for _, m := range members {
+		if prev, ok := last[m.GetId()]; ok && prev == m.GetState() {
+			continue
+		}
+		at := time.Now()
+		if m.GetSince() != nil {
+			at = m.GetSince().AsTime()
+		}
+		out = append(out, sched.Event{Time: at, Type: sched.EventNode, Action: m.GetState(), ID: m.GetId(),
+			Attributes: map[string]string{"addr": m.GetAddr()}})
+	}
+	return out
 }
 
 // printEvent prints e as docker events does (time, type, action, ID,

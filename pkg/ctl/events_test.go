@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/timestamppb"
+
 	"github.com/shoal-dev/shoal/pkg/sched"
+	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
@@ -83,5 +86,24 @@ func TestEventsBadFlags(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut, tc.says) {
 			t.Errorf("%v: exit %d, %q; want a usage error saying %q", tc.args, code, errOut, tc.says)
 		}
+	}
+}
+
+// TestMemberEvents: the first look makes none; then each member whose
+// state changed, or who is new, makes one, stamped when it changed.
+func TestMemberEvents(t *testing.T) {
+	since := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	members := []*clusterv1.MemberStatus{
+		{Id: "a", State: "alive", Addr: "10.0.0.1:7946"},
+		{Id: "b", State: "dead", Addr: "10.0.0.2:7946", Since: timestamppb.New(since)},
+		{Id: "c", State: "alive"},
+	}
+	if ev := memberEvents(nil, members); len(ev) != 0 {
+		t.Errorf("first look: %+v", ev)
+	}
+	ev := memberEvents(map[string]string{"a": "alive", "b": "alive"}, members)
+	if len(ev) != 2 || ev[0].ID != "b" || ev[0].Action != "dead" || !ev[0].Time.Equal(since) || ev[0].Attributes["addr"] != "10.0.0.2:7946" ||
+		ev[1].ID != "c" || ev[1].Action != "alive" || ev[1].Type != sched.EventNode {
+		t.Errorf("changes: %+v", ev)
 	}
 }

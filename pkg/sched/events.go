@@ -21,7 +21,8 @@ type Event struct {
 	// rollback, converge (every slot runs the current version) or remove;
 	// for a task create, a state it entered (starting, running, exited,
 	// failed, ...), health_status: STATUS, or remove; for a node join,
-	// update (availability, labels), shutdown, up or remove.
+	// update (availability, labels), shutdown, up or remove (and, told by
+	// shoalctl from statd's membership, alive, suspect, dead or left).
 	Action string `json:"action"`
 	// ID is the service's name, the task's ID or the node's ID.
 	ID         string            `json:"id"`

@@ -1969,7 +1969,7 @@ func (c *moreCluster) catInPinned(t *testing.T, name, image string, i int, file 
 }
 
 // startCtl starts shoalctl args on node i; the test's end kills it.
-func (c *moreCluster) startCtl(i int, args ...string) *bgCtl {
+func (c *schedCluster) startCtl(i int, args ...string) *bgCtl {
 	c.t.Helper()
 	cmd, err := c.Command(context.Background(), i, append([]string{"shoalctl"}, args...)...)
 	if err != nil {

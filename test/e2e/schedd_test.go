@@ -705,6 +705,13 @@ func TestScheduler(t *testing.T) {
 	t.Run("NodeDeathAndReturn", func(t *testing.T) {
 		c.mustCtl(1, "service", "create", "survive", "--image", "local/busybox:latest", "--stop-grace", "1s", "--replicas", "3", "--", "sleep", "1000000")
 		removeIfFailed(t, c.Cluster, 1, "survive")
+		// shoalctl events on node 1 tells node 3's death and return, as
+		// node 1's failure detector sees them.
+		liveness := c.startCtl(1, "events", "-f", "type=node", "-f", "node="+c.ids[2], "--format", "{{.Action}}")
+		// Its watch is under way (so its first look at the members is
+		// done) once it shows a label put on node 3.
+		c.mustCtl(2, "node", "update", c.ids[2], "--label-add", "events=seen")
+		waitFor(t, 20*time.Second, "the label's update in shoalctl events", func() bool { return strings.Contains(liveness.out.String(), "update\n") })
 		if err := c.Kill(ctx, 3, ""); err != nil {
 			t.Fatal(err)
 		}
@@ -720,6 +727,19 @@ func TestScheduler(t *testing.T) {
 			cs := c.containers("survive")
 			return len(cs[1])+len(cs[2])+len(cs[3]) == 3
 		})
+		defer func() {
+			if t.Failed() {
+				t.Logf("shoalctl events: %q, stderr %q", liveness.out.String(), liveness.errOut.String())
+			}
+		}()
+		waitFor(t, 20*time.Second, "node 3 dead, then alive, in shoalctl events", func() bool {
+			out := liveness.out.String()
+			dead := strings.Index(out, "dead\n")
+			return dead >= 0 && strings.Contains(out[dead:], "alive\n")
+		})
+		if code := liveness.interrupt(t); code != 0 {
+			t.Errorf("events after SIGINT: exit %d, %q", code, liveness.errOut.String())
+		}
 		c.mustCtl(2, "service", "rm", "survive")
 	})
 
