@@ -69,6 +69,7 @@ type specFlags struct {
 	rbOrder, rbFailure                                  string
 	healthInterval, healthTimeout, healthStart          time.Duration
 	healthRetries, parallelism, maxAttempts, maxPerNode int
+	pidsLimit                                           int64
 	updateDelay, monitor, stopGrace                     time.Duration
 	restartDelay, restartMaxDelay                       time.Duration
 	force                                               bool
@@ -101,6 +102,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVar(&f.placement, "placement", "", "placement strategy: spread or binpack")
 	fs.StringArrayVar(&f.prefs, "placement-pref", nil, "spread the tasks evenly over a node label's values first: spread=node.labels.LABEL (repeatable, strongest first)")
 	fs.IntVar(&f.maxPerNode, "replicas-max-per-node", 0, "at most this many tasks on one node (0: no bound)")
+	fs.Int64Var(&f.pidsLimit, "limit-pids", 0, "at most this many processes and threads in a task (0: no bound)")
 	fs.StringVar(&f.restart, "restart", "", "restart policy: always, on-failure or never (--restart-condition any, on-failure, none: Docker's)")
 	fs.IntVar(&f.maxAttempts, "restart-max-attempts", 0, "restarts allowed per slot (0: unlimited)")
 	fs.DurationVar(&f.restartDelay, "restart-delay", 0, "wait before the first restart, doubled at each next one (default 1s)")
@@ -251,6 +253,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"cap-drop", func() { spec.CapDrop = f.capDrop }},
 		{"host", func() { spec.Hosts = f.hosts }},
 		{"ulimit", func() { spec.Ulimits = f.ulimits }},
+		{"limit-pids", func() { spec.PidsLimit = f.pidsLimit }},
 		{"network", func() { spec.Network = f.network }},
 	} {
 		if fs.Changed(fl.name) {

@@ -131,10 +131,10 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"extra hosts", []string{"--host", "db:10.0.0.5", "--host", "v6:fd00::5"}, func(s sched.ServiceSpec) bool {
 			return strings.Join(s.Hosts, " ") == "db:10.0.0.5 v6:fd00::5"
 		}},
-		{"capabilities, limits, sysctls", []string{"--cap-add", "NET_ADMIN", "--cap-drop", "ALL", "--ulimit", "nofile=1024:2048", "--sysctl", "net.core.somaxconn=1024"},
+		{"capabilities, limits, sysctls", []string{"--cap-add", "NET_ADMIN", "--cap-drop", "ALL", "--ulimit", "nofile=1024:2048", "--sysctl", "net.core.somaxconn=1024", "--limit-pids", "64"},
 			func(s sched.ServiceSpec) bool {
 				return strings.Join(s.CapAdd, "") == "NET_ADMIN" && strings.Join(s.CapDrop, "") == "ALL" && strings.Join(s.Ulimits, "") == "nofile=1024:2048" &&
-					len(s.Sysctls) == 1 && s.Sysctls["net.core.somaxconn"] == "1024"
+					len(s.Sysctls) == 1 && s.Sysctls["net.core.somaxconn"] == "1024" && s.PidsLimit == 64
 			}},
 		{"hostname template", []string{"--hostname", "{{.Service.Name}}-{{.Task.Slot}}", "--env", "NODE={{.Node.Hostname}}"}, func(s sched.ServiceSpec) bool {
 			return s.Hostname == "{{.Service.Name}}-{{.Task.Slot}}" && strings.Join(s.Env, "") == "NODE={{.Node.Hostname}}"
@@ -220,6 +220,7 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--sysctl", "vm.swappiness=1"}, "sysctl vm.swappiness is not one of a task's own namespaces"},
 		{[]string{"--cap-add", "FLY"}, `capability "FLY" is unknown`},
 		{[]string{"--ulimit", "nofile"}, `ulimit "nofile"`},
+		{[]string{"--limit-pids", "-1"}, "pids limit is -1"},
 		{[]string{"--health-cmd", "true", "--health-tcp", "80"}, "give one of --health-cmd, --health-http and --health-tcp"},
 		{[]string{"--health-http", "web/"}, `health check http "web/": want PORT or PORT/PATH`},
 		{[]string{"--entrypoint", "sh -c 'unclosed"}, `--entrypoint "sh -c 'unclosed"`},

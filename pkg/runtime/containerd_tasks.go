@@ -217,6 +217,9 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 	if spec.MemoryBytes > 0 {
 		opts = append(opts, oci.WithMemoryLimit(uint64(spec.MemoryBytes)))
 	}
+	if spec.PidsLimit > 0 {
+		opts = append(opts, oci.WithPidsLimit(spec.PidsLimit))
+	}
 	return opts, nil
 }
 

@@ -218,6 +218,9 @@ type TaskSpec struct {
 	CPUMillis int64 `json:"cpu_millis,omitempty"`
 	// MemoryBytes limits memory (the cgroup's limit); 0: no limit.
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// PidsLimit bounds the task's processes and threads (the pids
+	// cgroup's limit); 0: no limit.
+	PidsLimit int64 `json:"pids_limit,omitempty"`
 	// LogPath, an absolute path, receives the task's stdout and stderr,
 	// appended by the runtime (containerd's shim), so logging goes on
 	// while schedd restarts. Empty: output is discarded.

@@ -85,6 +85,9 @@ type ServiceSpec struct {
 	// against a node's capacity and the limit the runtime enforces.
 	CPUMillis   int64 `json:"cpu_millis,omitempty"`
 	MemoryBytes int64 `json:"memory_bytes,omitempty"`
+	// PidsLimit bounds the processes and threads of a task (its pids
+	// cgroup), against fork bombs; 0: no bound. Not a reservation.
+	PidsLimit int64 `json:"pids_limit,omitempty"`
 
 	// Constraints must all hold on a node for it to run a task, e.g.
 	// "node.labels.zone==eu" (see ParseConstraint).
@@ -669,6 +672,9 @@ func (s ServiceSpec) Validate() error {
 	}
 	if d.MemoryBytes < 0 {
 		add("memory is %d bytes; it must be 0 or more", d.MemoryBytes)
+	}
+	if d.PidsLimit < 0 {
+		add("pids limit is %d; it must be 0 (none) or more", d.PidsLimit)
 	}
 	for _, c := range d.Constraints {
 		if _, err := ParseConstraint(c); err != nil {

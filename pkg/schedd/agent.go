@@ -414,6 +414,7 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) (shoalrt.TaskSpec,
 		Labels:      map[string]string{labelTask: t.ID, labelService: t.Service, labelSlot: t.Slot},
 		CPUMillis:   spec.CPUMillis,
 		MemoryBytes: spec.MemoryBytes,
+		PidsLimit:   spec.PidsLimit,
 		LogPath:     n.rawLogPath(t.ID),
 		Hostname:    cmp.Or(hostname, strings.ReplaceAll(t.Service+"-"+t.Slot, ".", "-")),
 	}

@@ -96,7 +96,7 @@ var (
 	// env_file is compose-go's: it merges the files into environment.
 	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "env_file", "stop_signal", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks", "cap_add", "cap_drop",
-		"ulimits", "sysctls", "extra_hosts", "logging", "hostname"}
+		"ulimits", "sysctls", "extra_hosts", "logging", "hostname", "pids_limit"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"labels", "profiles", "pull_policy", "stdin_open", "tty"}
 )
@@ -184,6 +184,7 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	spec.Entrypoint = []string(svc.Entrypoint)
 	spec.User, spec.WorkDir, spec.ReadOnly, spec.Hostname = svc.User, svc.WorkingDir, svc.ReadOnly, svc.Hostname
 	spec.CapAdd, spec.CapDrop = svc.CapAdd, svc.CapDrop
+	spec.PidsLimit = max(svc.PidsLimit, 0) // -1, Compose's "no limit", is none
 	for _, name := range slices.Sorted(maps.Keys(svc.Ulimits)) {
 		u := svc.Ulimits[name]
 		soft, hard := u.Soft, u.Hard
@@ -407,9 +408,12 @@ func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ..
 		if r.MemoryBytes > 0 {
 			spec.MemoryBytes = int64(r.MemoryBytes)
 		}
-		if r.Pids != 0 || len(r.Devices) > 0 || len(r.GenericResources) > 0 {
-			fail("resources: only cpus and memory are supported")
+		if len(r.Devices) > 0 || len(r.GenericResources) > 0 {
+			fail("resources: only cpus, memory and pids are supported")
 		}
+	}
+	if r := d.Resources.Limits; r != nil && r.Pids > 0 {
+		spec.PidsLimit = r.Pids
 	}
 	spec.Constraints = d.Placement.Constraints
 	for _, p := range d.Placement.Preferences {

@@ -251,7 +251,7 @@ services:
 	}
 }
 
-// cap_add, cap_drop, ulimits, sysctls and extra_hosts map to the spec; an unknown capability is the
+// cap_add, cap_drop, ulimits, sysctls, extra_hosts and pids limits map to the spec; an unknown capability is the
 // spec's error, naming its service.
 func TestConvertCapabilities(t *testing.T) {
 	plan, err := Convert(load(t, "app", `
@@ -263,9 +263,19 @@ services:
     ulimits: {nproc: 65535, nofile: {soft: 20000, hard: 40000}}
     sysctls: {net.core.somaxconn: "1024"}
     extra_hosts: ["db.internal:10.0.0.5", "cache=10.0.0.6"]
+    pids_limit: 100
+  swarm:
+    image: x
+    deploy: {resources: {limits: {pids: 50}}}
+  unbounded:
+    image: x
+    pids_limit: -1
 `), "app")
-	if err != nil || len(plan.Services) != 1 {
+	if err != nil || len(plan.Services) != 3 {
 		t.Fatalf("Convert: %v", err)
+	}
+	if a, swarm, unbounded := plan.Services[0], plan.Services[1], plan.Services[2]; a.PidsLimit != 100 || swarm.PidsLimit != 50 || unbounded.PidsLimit != 0 {
+		t.Errorf("pids limits %d, %d and %d, want 100 (pids_limit), 50 (deploy's limit) and none (-1)", a.PidsLimit, swarm.PidsLimit, unbounded.PidsLimit)
 	}
 	if s := plan.Services[0]; !slices.Equal(s.CapAdd, []string{"NET_ADMIN"}) || !slices.Equal(s.CapDrop, []string{"ALL"}) {
 		t.Errorf("cap_add %v, cap_drop %v", s.CapAdd, s.CapDrop)
