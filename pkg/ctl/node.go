@@ -1,16 +1,20 @@
 package ctl
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/spf13/cobra"
 
 	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	"github.com/shoal-dev/shoal/pkg/statepb"
 	clusterv1 "github.com/shoal-dev/shoal/proto/shoal/cluster/v1"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
@@ -87,6 +91,14 @@ type nodeView struct {
 	// tasks over, and has not started since.
 	ShutDown bool   `json:"shutdown,omitempty"`
 	Revision uint64 `json:"revision"`
+	// Availability is active, pause or drain (node update).
+	Availability string `json:"availability"`
+	// Tasks counts the tasks on the node that have not finished, and
+	// ReservedCPUMillis and ReservedMemory what they reserve of its
+	// capacity, as the task documents say.
+	Tasks             int   `json:"tasks"`
+	ReservedCPUMillis int64 `json:"reserved_cpu_millis"`
+	ReservedMemory    int64 `json:"reserved_memory"`
 }
 
 // stateText is the STATE column: membership's word, and a shutdown's.
@@ -122,8 +134,23 @@ func (a *app) loadNodes(cmd *cobra.Command, c *client.Statd) ([]nodeView, error)
 		}
 	}
 	var out []nodeView
-	if err := listAll(ctx, c, "/nodes/", func(d *statev1.Document) bool {
+	if err := listAll(ctx, c, sched.NodesPrefix, func(d *statev1.Document) bool {
 		out = append(out, nodeOf(d, states))
+		return true
+	}); err != nil {
+		return nil, err
+	}
+	byID := map[string]*nodeView{}
+	for i := range out {
+		byID[out[i].ID] = &out[i]
+	}
+	if err := listAll(ctx, c, sched.TasksPrefix, func(d *statev1.Document) bool {
+		t, ok := sched.TaskFromDoc(strings.TrimPrefix(d.GetKey(), sched.TasksPrefix), statepb.FromDocument(d))
+		if n := byID[t.Node]; ok && n != nil && !t.State.Terminal() {
+			n.Tasks++
+			n.ReservedCPUMillis += t.Resources.CPUMillis
+			n.ReservedMemory += t.Resources.MemoryBytes
+		}
 		return true
 	}); err != nil {
 		return nil, err
@@ -145,6 +172,8 @@ func nodeOf(d *statev1.Document, states map[string]string) nodeView {
 		ShutDown: f["shutdown"].GetBoolValue(),
 		Labels:   map[string]string{},
 		Revision: d.GetRevision(),
+		// The document's word, sched.NodeFromDoc's default.
+		Availability: cmp.Or(f["availability"].GetStringValue(), string(sched.Active)),
 	}
 	for k, val := range f {
 		if l, ok := strings.CutPrefix(k, "label."); ok {
@@ -204,9 +233,10 @@ func (a *app) nodeLs() *cobra.Command {
 				nodes = []nodeView{}
 			}
 			return render(a.out, format, nodes, func(tw *tabwriter.Writer) {
-				fmt.Fprintln(tw, "ID\tNAME\tADDRESS\tSTATE\tCPUS\tMEMORY\tLABELS")
+				fmt.Fprintln(tw, "ID\tNAME\tADDRESS\tSTATE\tAVAILABILITY\tTASKS\tCPUS\tMEMORY\tLABELS")
 				for _, n := range nodes {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", n.ID, n.Name, n.Addr, n.stateText(), n.CPUs, bytesText(uint64(n.Memory)), labelsText(n.Labels))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", n.ID, n.Name, n.Addr, n.stateText(), n.Availability, n.Tasks, n.CPUs,
+						bytesText(uint64(n.Memory)), labelsText(n.Labels))
 				}
 			})
 		},
@@ -244,8 +274,9 @@ func (a *app) nodeInspect() *cobra.Command {
 				return err
 			}
 			return render(a.out, format, n, func(tw *tabwriter.Writer) {
-				fmt.Fprintf(tw, "ID\t%s\nNAME\t%s\nADDRESS\t%s\nSTATE\t%s\nCPUS\t%d\nMEMORY\t%s\nVERSION\t%s\nLABELS\t%s\n",
-					n.ID, n.Name, n.Addr, n.stateText(), n.CPUs, bytesText(uint64(n.Memory)), n.Version, labelsText(n.Labels))
+				fmt.Fprintf(tw, "ID\t%s\nNAME\t%s\nADDRESS\t%s\nSTATE\t%s\nAVAILABILITY\t%s\nCPUS\t%d\nMEMORY\t%s\nTASKS\t%d\nRESERVED\t%s CPU, %s memory\nVERSION\t%s\nLABELS\t%s\n",
+					n.ID, n.Name, n.Addr, n.stateText(), n.Availability, n.CPUs, bytesText(uint64(n.Memory)), n.Tasks,
+					strconv.FormatFloat(float64(n.ReservedCPUMillis)/1000, 'f', -1, 64), bytesText(uint64(n.ReservedMemory)), n.Version, labelsText(n.Labels))
 			})
 		},
 	}

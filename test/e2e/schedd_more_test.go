@@ -392,17 +392,23 @@ func TestSchedulerMore(t *testing.T) {
 			t.Errorf("image ls -o json: %+v", imgs)
 		}
 		type nodeJSON struct {
-			ID, Name, Addr, State string
-			CPUs                  int64
+			ID, Name, Addr, State, Availability string
+			CPUs                                int64
+			Tasks                               int
 		}
 		var nodes []nodeJSON
 		decode(t, c.mustCtl(2, "node", "ls", "-o", "json"), &nodes)
 		var names []string
+		tasks := 0
 		for _, n := range nodes {
 			names = append(names, n.Name)
-			if n.State != "alive" || n.CPUs <= 0 || n.Addr == "" || !slices.Contains(c.ids, n.ID) {
+			tasks += n.Tasks
+			if n.State != "alive" || n.Availability != "active" || n.CPUs <= 0 || n.Addr == "" || !slices.Contains(c.ids, n.ID) {
 				t.Errorf("node ls -o json: node %+v", n)
 			}
+		}
+		if tasks != 2 {
+			t.Errorf("node ls -o json counts %d tasks on the nodes, want js's 2", tasks)
 		}
 		if fmt.Sprint(names) != "[n1 n2 n3]" {
 			t.Errorf("node ls -o json names %v", names)
@@ -1511,6 +1517,17 @@ func TestSchedulerMore(t *testing.T) {
 		after := c.mustRunning("dr")
 		if len(after[3]) != 0 || total(after) != 3 {
 			t.Fatalf("after draining n3: containers %v, want 3 on n1 and n2", after)
+		}
+		// node ls says so, as docker node ls does: n3 drained, no task.
+		var ls []struct {
+			Name, Availability string
+			Tasks              int
+		}
+		decode(t, c.mustCtl(1, "node", "ls", "-o", "json"), &ls)
+		for _, n := range ls {
+			if (n.Name == "n3") != (n.Availability == "drain") || (n.Name == "n3" && n.Tasks != 0) {
+				t.Errorf("node ls after draining n3: %+v", n)
+			}
 		}
 		// The replicas on n1 and n2 were not touched.
 		for i := 1; i <= 2; i++ {
