@@ -52,7 +52,7 @@ type specFlags struct {
 	mode                                                   string
 	env, constraints, labels, publish, volumes, secrets    []string
 	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
-	envFiles, hosts, prefs, logOpts                        []string
+	envFiles, hosts, prefs, logOpts, groups                []string
 	logDriver, hostname                                    string
 	limitCPU, reserveCPU, limitMemory, reserveMemory       string
 	mounts                                                 []string
@@ -143,6 +143,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.capAdd, "cap-add", nil, "add a Linux capability to the default set, e.g. NET_ADMIN, or ALL (repeatable)")
 	fs.StringArrayVar(&f.capDrop, "cap-drop", nil, "drop a Linux capability from the default set, e.g. CHOWN, or ALL (repeatable)")
 	fs.StringArrayVar(&f.ulimits, "ulimit", nil, "resource limit NAME=SOFT[:HARD], e.g. nofile=1024:2048 (repeatable)")
+	fs.StringArrayVar(&f.groups, "group", nil, "supplementary group of the task's process, a name of the image's /etc/group or a GID (repeatable)")
 	fs.StringArrayVar(&f.hosts, "host", nil, "add HOST:IP to the tasks' /etc/hosts (repeatable)")
 	fs.StringArrayVar(&f.sysctls, "sysctl", nil, "kernel parameter of the task's namespaces KEY=VALUE: net.*, fs.mqueue.*, kernel.msg*, sem, shm* (repeatable)")
 	fs.StringVar(&f.logDriver, "log-driver", "", "json-file (default: the task's log on its node, rotated) or none (output discarded)")
@@ -254,6 +255,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"host", func() { spec.Hosts = f.hosts }},
 		{"ulimit", func() { spec.Ulimits = f.ulimits }},
 		{"limit-pids", func() { spec.PidsLimit = f.pidsLimit }},
+		{"group", func() { spec.Groups = f.groups }},
 		{"network", func() { spec.Network = f.network }},
 	} {
 		if fs.Changed(fl.name) {

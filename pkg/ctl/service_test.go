@@ -131,10 +131,11 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"extra hosts", []string{"--host", "db:10.0.0.5", "--host", "v6:fd00::5"}, func(s sched.ServiceSpec) bool {
 			return strings.Join(s.Hosts, " ") == "db:10.0.0.5 v6:fd00::5"
 		}},
-		{"capabilities, limits, sysctls", []string{"--cap-add", "NET_ADMIN", "--cap-drop", "ALL", "--ulimit", "nofile=1024:2048", "--sysctl", "net.core.somaxconn=1024", "--limit-pids", "64"},
+		{"capabilities, limits, sysctls", []string{"--cap-add", "NET_ADMIN", "--cap-drop", "ALL", "--ulimit", "nofile=1024:2048", "--sysctl", "net.core.somaxconn=1024", "--limit-pids", "64", "--group", "staff", "--group", "4321"},
 			func(s sched.ServiceSpec) bool {
 				return strings.Join(s.CapAdd, "") == "NET_ADMIN" && strings.Join(s.CapDrop, "") == "ALL" && strings.Join(s.Ulimits, "") == "nofile=1024:2048" &&
-					len(s.Sysctls) == 1 && s.Sysctls["net.core.somaxconn"] == "1024" && s.PidsLimit == 64
+					len(s.Sysctls) == 1 && s.Sysctls["net.core.somaxconn"] == "1024" && s.PidsLimit == 64 &&
+					strings.Join(s.Groups, ",") == "staff,4321"
 			}},
 		{"hostname template", []string{"--hostname", "{{.Service.Name}}-{{.Task.Slot}}", "--env", "NODE={{.Node.Hostname}}"}, func(s sched.ServiceSpec) bool {
 			return s.Hostname == "{{.Service.Name}}-{{.Task.Slot}}" && strings.Join(s.Env, "") == "NODE={{.Node.Hostname}}"
@@ -221,6 +222,7 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--cap-add", "FLY"}, `capability "FLY" is unknown`},
 		{[]string{"--ulimit", "nofile"}, `ulimit "nofile"`},
 		{[]string{"--limit-pids", "-1"}, "pids limit is -1"},
+		{[]string{"--group", "a:b"}, `group "a:b"`},
 		{[]string{"--health-cmd", "true", "--health-tcp", "80"}, "give one of --health-cmd, --health-http and --health-tcp"},
 		{[]string{"--health-http", "web/"}, `health check http "web/": want PORT or PORT/PATH`},
 		{[]string{"--entrypoint", "sh -c 'unclosed"}, `--entrypoint "sh -c 'unclosed"`},

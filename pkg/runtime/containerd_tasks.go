@@ -181,6 +181,9 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 	if spec.User != "" {
 		opts = append(opts, oci.WithUser(spec.User))
 	}
+	if len(spec.Groups) > 0 {
+		opts = append(opts, oci.WithAppendAdditionalGroups(spec.Groups...))
+	}
 	if spec.WorkDir != "" {
 		opts = append(opts, oci.WithProcessCwd(spec.WorkDir))
 	}

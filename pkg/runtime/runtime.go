@@ -221,6 +221,9 @@ type TaskSpec struct {
 	// PidsLimit bounds the task's processes and threads (the pids
 	// cgroup's limit); 0: no limit.
 	PidsLimit int64 `json:"pids_limit,omitempty"`
+	// Groups are supplementary groups of the process, beside its user's:
+	// names of the image's /etc/group, or GIDs.
+	Groups []string `json:"groups,omitempty"`
 	// LogPath, an absolute path, receives the task's stdout and stderr,
 	// appended by the runtime (containerd's shim), so logging goes on
 	// while schedd restarts. Empty: output is discarded.

@@ -49,6 +49,9 @@ type ServiceSpec struct {
 	// Ulimits are the process's resource limits, "NAME=SOFT[:HARD]" as
 	// Docker's --ulimit takes them (nofile=1024:2048; -1 is unlimited).
 	Ulimits []string `json:"ulimits,omitempty"`
+	// Groups are supplementary groups of the task's process, names (of
+	// the image's /etc/group) or GIDs, beside those of its user.
+	Groups []string `json:"groups,omitempty"`
 	// Sysctls are kernel parameters of the task's own namespaces (see
 	// CheckSysctl), set when it starts.
 	Sysctls map[string]string `json:"sysctls,omitempty"`
@@ -618,6 +621,11 @@ func (s ServiceSpec) Validate() error {
 	for _, u := range d.Ulimits {
 		if _, err := units.ParseUlimit(u); err != nil {
 			add("ulimit %q: %v (want NAME=SOFT[:HARD], e.g. nofile=1024:2048)", u, err)
+		}
+	}
+	for _, g := range d.Groups {
+		if g == "" || strings.ContainsAny(g, ": \t\n") {
+			add("group %q: want a group name or a GID", g)
 		}
 	}
 	for _, h := range d.Hosts {

@@ -83,6 +83,7 @@ func TestValidate(t *testing.T) {
 		{"negative cpu", func(s *sched.ServiceSpec) { s.CPUMillis = -5 }, "cpu is -5m"},
 		{"negative memory", func(s *sched.ServiceSpec) { s.MemoryBytes = -1 }, "memory is -1 bytes"},
 		{"negative pids limit", func(s *sched.ServiceSpec) { s.PidsLimit = -2 }, "pids limit is -2"},
+		{"empty group", func(s *sched.ServiceSpec) { s.Groups = []string{""} }, `group ""`},
 		{"bad env", func(s *sched.ServiceSpec) { s.Env = []string{"=x"} }, `env entry "=x"`},
 		{"constraint without operator", func(s *sched.ServiceSpec) { s.Constraints = []string{"node.labels.zone=eu"} },
 			`constraint "node.labels.zone=eu": no == or != operator`},

@@ -415,6 +415,7 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) (shoalrt.TaskSpec,
 		CPUMillis:   spec.CPUMillis,
 		MemoryBytes: spec.MemoryBytes,
 		PidsLimit:   spec.PidsLimit,
+		Groups:      spec.Groups,
 		LogPath:     n.rawLogPath(t.ID),
 		Hostname:    cmp.Or(hostname, strings.ReplaceAll(t.Service+"-"+t.Slot, ".", "-")),
 	}

@@ -251,7 +251,7 @@ services:
 	}
 }
 
-// cap_add, cap_drop, ulimits, sysctls, extra_hosts and pids limits map to the spec; an unknown capability is the
+// cap_add, cap_drop, ulimits, sysctls, extra_hosts, pids limits and group_add map to the spec; an unknown capability is the
 // spec's error, naming its service.
 func TestConvertCapabilities(t *testing.T) {
 	plan, err := Convert(load(t, "app", `
@@ -264,6 +264,7 @@ services:
     sysctls: {net.core.somaxconn: "1024"}
     extra_hosts: ["db.internal:10.0.0.5", "cache=10.0.0.6"]
     pids_limit: 100
+    group_add: [audio, "4321"]
   swarm:
     image: x
     deploy: {resources: {limits: {pids: 50}}}
@@ -273,6 +274,9 @@ services:
 `), "app")
 	if err != nil || len(plan.Services) != 3 {
 		t.Fatalf("Convert: %v", err)
+	}
+	if groups := plan.Services[0].Groups; !slices.Equal(groups, []string{"audio", "4321"}) {
+		t.Errorf("group_add %v", groups)
 	}
 	if a, swarm, unbounded := plan.Services[0], plan.Services[1], plan.Services[2]; a.PidsLimit != 100 || swarm.PidsLimit != 50 || unbounded.PidsLimit != 0 {
 		t.Errorf("pids limits %d, %d and %d, want 100 (pids_limit), 50 (deploy's limit) and none (-1)", a.PidsLimit, swarm.PidsLimit, unbounded.PidsLimit)

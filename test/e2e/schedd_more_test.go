@@ -1193,7 +1193,8 @@ func TestSchedulerMore(t *testing.T) {
 		// effective set has NET_ADMIN (bit 12), which the default set
 		// lacks, and lacks CHOWN (bit 0), which the default set has.
 		c.mustCtl(1, "service", "create", "caps", "--image", img, "--cap-add", "net_admin", "--cap-drop", "CAP_CHOWN", "--stop-grace", "1s",
-			"--ulimit", "nofile=1024:2048", "--sysctl", "kernel.msgmax=65536", "--host", "db.internal:10.1.2.3", "--limit-pids", "6", "--", "sleep", "1000000")
+			"--ulimit", "nofile=1024:2048", "--sysctl", "kernel.msgmax=65536", "--host", "db.internal:10.1.2.3", "--limit-pids", "6",
+			"--group", "4321", "--group", "nogroup", "--", "sleep", "1000000")
 		removeIfFailed(t, c.Cluster, 1, "caps")
 		cur := c.currentTasks("caps")
 		if len(cur) != 1 {
@@ -1215,6 +1216,10 @@ func TestSchedulerMore(t *testing.T) {
 		// --host too.
 		if out := c.mustCtl(3, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "ulimit -Sn; ulimit -Hn; cat /proc/sys/kernel/msgmax; tail -1 /etc/hosts"); out != "1024\n2048\n65536\n10.1.2.3\tdb.internal\n" {
 			t.Errorf("caps's soft and hard nofile, msgmax and last hosts line: %q, want 1024, 2048, 65536, 10.1.2.3 db.internal", out)
+		}
+		// --group: supplementary groups, by GID and by the image's name.
+		if out := c.mustCtl(3, "task", "exec", cur[0].GetId(), "--", "id", "-G"); !slices.Equal(strings.Fields(out), []string{"0", "4321", "65534"}) {
+			t.Errorf("caps's groups: %q, want 0 4321 65534", out)
 		}
 		// --limit-pids: the task's pids cgroup refuses a seventh process
 		// (sleep 1000000 and the exec'd shell are two; of its eight
