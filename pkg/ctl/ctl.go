@@ -90,7 +90,8 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
 	root.PersistentFlags().StringVar(&a.runDir, "run-dir", client.RunDirFromEnv(), "directory of the daemons' sockets ($SHOAL_RUN_DIR)")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on a call after this long")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
-	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.serviceCommand(), a.stackCommand(), a.taskCommand(), a.imageCommand(), a.secretCommand(), a.configCommand(), a.registryCommand(), a.networkCommand(), a.volumeCommand(), a.lockCommand(), a.kvCommand(), a.devCommand(), a.eventsCommand())
+	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.serviceCommand(), a.stackCommand(), a.taskCommand(), a.imageCommand(), a.secretCommand(), a.configCommand(), a.registryCommand(), a.networkCommand(), a.volumeCommand(), a.lockCommand(), a.kvCommand(), a.devCommand(), a.eventsCommand(),
+		a.taskStats()) // `shoalctl stats`, as `docker stats`
 	usageErrors(root)
 	return root
 }

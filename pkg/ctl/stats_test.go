@@ -116,3 +116,12 @@ func TestStatsViewRates(t *testing.T) {
 		t.Errorf("one sample without a limit: %+v", v)
 	}
 }
+
+// TestTopLevelStats: `shoalctl stats` is `task stats`, as `docker stats`.
+func TestTopLevelStats(t *testing.T) {
+	dir, fake := startFakeSchedd(t)
+	out, errOut, code := ctlRun(t, "--run-dir", dir, "stats", "aaa", "--no-stream", "--format", "{{.Task}}")
+	if code != 0 || out != "aaa1\nbbb2\n" || strings.Join(fake.statsReqs[len(fake.statsReqs)-1].GetTasks(), ",") != "aaa" {
+		t.Errorf("stats: exit %d, %q, %s", code, out, errOut)
+	}
+}
