@@ -148,11 +148,14 @@ x 1 -- shoalctl volume inspect notes --digests
 cat <<MSG
 
 The cluster keeps running. Try:
+  $dev exec 1 -- shoalctl events           # then scale in another terminal
   $dev exec 1 -- shoalctl service scale hello=6
+  $dev exec 2 -- shoalctl stats            # CPU, memory, network of every task
   $dev exec 2 -- shoalctl task ls
   $dev exec 3 -- shoalctl task exec <task-id> -- hostname
   $dev exec 1 -- shoalctl node ls
   $dev exec 2 -- shoalctl volume mount notes   # prints a host path: cat <path>/log
+  $dev exec 3 -- shoalctl volume export notes -o /tmp/notes.tar
   $dev exec 1 -- shoalctl lock acquire deploy --ttl 30s
   $dev partition 1 2,3   # cut node 1 off; $dev heal to restore
   $dev down              # remove everything
