@@ -902,13 +902,7 @@ func renderTasks(a *app, format string, tasks []*schedv1.Task) error {
 		views = append(views, taskViewOf(t))
 	}
 	sort.Slice(views, func(i, j int) bool {
-		if views[i].Service != views[j].Service {
-			return views[i].Service < views[j].Service
-		}
-		if views[i].Slot != views[j].Slot {
-			return slotLess(views[i].Slot, views[j].Slot)
-		}
-		return views[i].ID < views[j].ID
+		return taskKey{views[i].Service, views[i].Slot, views[i].ID}.less(taskKey{views[j].Service, views[j].Slot, views[j].ID})
 	})
 	return render(a.out, format, views, func(tw *tabwriter.Writer) {
 		fmt.Fprintln(tw, "ID\tSERVICE\tSLOT\tNODE\tVERSION\tSTATE\tHEALTH\tRESTARTS\tERROR")
@@ -920,6 +914,20 @@ func renderTasks(a *app, format string, tasks []*schedv1.Task) error {
 			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", v.ID, v.Service, v.Slot, v.Node, v.Version, state, v.Health, v.Restarts, v.Error)
 		}
 	})
+}
+
+// taskKey orders task lines: by service, then slot (numbers as numbers),
+// then ID.
+type taskKey struct{ service, slot, id string }
+
+func (k taskKey) less(o taskKey) bool {
+	if k.service != o.service {
+		return k.service < o.service
+	}
+	if k.slot != o.slot {
+		return slotLess(k.slot, o.slot)
+	}
+	return k.id < o.id
 }
 
 func slotLess(a, b string) bool {

@@ -202,13 +202,7 @@ func (t *statsTracker) views() []statsView {
 		out = append(out, statsViewOf(s, t.prev[id]))
 	}
 	sort.Slice(out, func(i, j int) bool {
-		if out[i].Service != out[j].Service {
-			return out[i].Service < out[j].Service
-		}
-		if out[i].Slot != out[j].Slot {
-			return slotLess(out[i].Slot, out[j].Slot)
-		}
-		return out[i].Task < out[j].Task
+		return taskKey{out[i].Service, out[i].Slot, out[i].Task}.less(taskKey{out[j].Service, out[j].Slot, out[j].Task})
 	})
 	return out
 }

@@ -26,13 +26,8 @@ import (
 //
 //	go test ./pkg/runtime -run '^$' -bench ContainerdRun -benchtime 20x
 func BenchmarkContainerdRun(b *testing.B) {
-	d := runtimetest.Start(b)
-	rt := d.Runtime(b, nil)
+	rt := benchRuntime(b)
 	ctx := context.Background()
-	oci, _, _, _ := testImages(b)
-	if _, err := rt.Import(ctx, bytes.NewReader(oci)); err != nil {
-		b.Fatal(err)
-	}
 	dir := b.TempDir()
 	logger := buildLogger(b, dir)
 	for _, mode := range []string{"discarded", "file", "logger"} {
@@ -103,13 +98,8 @@ func loggerRSS(path string) int64 {
 // the same run: List, which schedd calls to re-adopt its tasks (one
 // containerd call for the containers, one a task for its state).
 func BenchmarkContainerdStats(b *testing.B) {
-	d := runtimetest.Start(b)
-	rt := d.Runtime(b, nil)
+	rt := benchRuntime(b)
 	ctx := context.Background()
-	oci, _, _, _ := testImages(b)
-	if _, err := rt.Import(ctx, bytes.NewReader(oci)); err != nil {
-		b.Fatal(err)
-	}
 	if err := rt.Run(ctx, runtime.TaskSpec{ID: "bench-stats", Image: "local/busybox:latest", Args: []string{"sleep", "1000000"}, MemoryBytes: 64 << 20}); err != nil {
 		b.Fatal(err)
 	}
@@ -128,4 +118,15 @@ func BenchmarkContainerdStats(b *testing.B) {
 			}
 		}
 	})
+}
+
+// benchRuntime is a runtime on a private containerd holding the test
+// images.
+func benchRuntime(b *testing.B) *runtime.Containerd {
+	rt := runtimetest.Start(b).Runtime(b, nil)
+	oci, _, _, _ := testImages(b)
+	if _, err := rt.Import(context.Background(), bytes.NewReader(oci)); err != nil {
+		b.Fatal(err)
+	}
+	return rt
 }
