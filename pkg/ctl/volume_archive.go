@@ -1,6 +1,7 @@
 package ctl
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,7 +12,10 @@ import (
 	"syscall"
 
 	"github.com/spf13/cobra"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
+	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/volarchive"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
@@ -61,10 +65,14 @@ func (a *app) volumeExport() *cobra.Command {
 		Long: `Write a volume's files, directories and links, with their permissions,
 owners and times, as a tar archive: to FILE with -o (written beside it and
 renamed once complete, so a failed export leaves nothing), else to stdout
-when it is not a terminal. The volume is read through a mount on this
-node while it stays in use: files written meanwhile may be copied half
-old, half new. For a consistent copy, stop its writers first (shoalctl
-service scale NAME=0).`,
+when it is not a terminal.
+
+On a node that holds a replica of the volume, the archive is the volume as
+it was at one moment (every write acknowledged before the command
+included), taken from a fork of the replica while writes go on. Elsewhere
+the volume is read through a mount on this node while it stays in use, and
+files written meanwhile may be copied half old, half new: run the export
+on a replica's node (volume inspect lists them), or stop the writers.`,
 		Example: `  shoalctl volume export data -o data.tar
   shoalctl volume export data | gzip > data.tar.gz`,
 		Args: cobra.ExactArgs(1),
@@ -73,6 +81,11 @@ service scale NAME=0).`,
 			if output == "" && isTerminal(a.out) {
 				return usageError{errors.New("refusing to write a tar archive to a terminal: give -o FILE, or redirect stdout")}
 			}
+			handled, why, err := a.exportFromReplica(cmd, name, output)
+			if handled {
+				return err
+			}
+			fmt.Fprintf(a.errOut, "warning: %s: copying through a mount instead, which files written meanwhile may reach half written\n", why)
 			return a.withVolumeRoot(cmd, name, "export", func(_ *volv1.Volume, root *os.Root) error {
 				w, commit, abort, err := archiveOutput(a.out, output)
 				if err != nil {
@@ -91,13 +104,71 @@ service scale NAME=0).`,
 				if output != "" {
 					to = output
 				}
-				fmt.Fprintf(a.errOut, "%sexported %s: %d entries, %s of file data, to %s%s\n", a.clearLine(), name, st.Entries, bytesText(uint64(st.Bytes)), to, skippedNote(st))
+				fmt.Fprintf(a.errOut, "%sexported %s: %d entries, %s of file data, to %s%s\n", a.clearLine(), name, st.Entries, bytesText(uint64(st.Bytes)), to, skippedNote(len(st.Skipped), st.Skipped))
 				return nil
 			})
 		},
 	}
 	cmd.Flags().StringVarP(&output, "output", "o", "", "write to FILE instead of stdout")
 	return cmd
+}
+
+// exportFromReplica writes the point-in-time archive vold makes from this
+// node's replica. handled is false when this vold cannot (no replica here,
+// or a vold from before ExportVolume): why says so, and nothing was
+// written.
+func (a *app) exportFromReplica(cmd *cobra.Command, name, output string) (handled bool, why string, err error) {
+	c, err := client.NewVold(a.runDir, client.Retry{})
+	if err != nil {
+		return true, "", err
+	}
+	defer c.Close()
+	ctx, cancel := context.WithCancel(cmd.Context())
+	defer cancel()
+	stream, err := c.Volumes.ExportVolume(ctx, &volv1.ExportVolumeRequest{Name: name})
+	var chunk *volv1.ExportChunk
+	if err == nil {
+		chunk, err = stream.Recv()
+	}
+	switch status.Code(err) {
+	case codes.OK:
+	case codes.FailedPrecondition:
+		return false, status.Convert(err).Message(), nil
+	case codes.Unimplemented:
+		return false, "this node's vold cannot export from its replica (an older vold)", nil
+	default:
+		return true, "", err
+	}
+	w, commit, abort, err := archiveOutput(a.out, output)
+	if err != nil {
+		return true, "", err
+	}
+	progress := a.copyProgress("export", name)
+	var written int64
+	for {
+		if _, err := w.Write(chunk.GetData()); err != nil {
+			abort()
+			return true, "", fmt.Errorf("export %s: %w", name, err)
+		}
+		written += int64(len(chunk.GetData()))
+		if progress != nil {
+			progress(written)
+		}
+		if chunk.GetLast() {
+			break
+		}
+		if chunk, err = stream.Recv(); err != nil {
+			abort()
+			fmt.Fprint(a.errOut, a.clearLine())
+			return true, "", fmt.Errorf("export %s: %w", name, err)
+		}
+	}
+	if err := commit(); err != nil {
+		return true, "", fmt.Errorf("export %s: %w", name, err)
+	}
+	fmt.Fprintf(a.errOut, "%sexported %s as of its entry %d (from this node's replica): %d entries, %s of file data, to %s%s\n", a.clearLine(), name,
+		chunk.GetApplied(), chunk.GetEntries(), bytesText(uint64(chunk.GetBytes())), cmp.Or(output, "stdout"), skippedNote(int(chunk.GetSkipped()), nil))
+	return true, "", nil
 }
 
 // archiveOutput is where an export goes: stdout, or a temporary file
@@ -189,7 +260,7 @@ pointing out) fail the import.`,
 					fmt.Fprint(a.errOut, a.clearLine())
 					return fmt.Errorf("import into %s stopped after %d entries, %s%s: %w", name, st.Entries, bytesText(uint64(st.Bytes)), hint, err)
 				}
-				fmt.Fprintf(a.errOut, "%simported into %s: %d entries, %s of file data%s\n", a.clearLine(), name, st.Entries, bytesText(uint64(st.Bytes)), skippedNote(st))
+				fmt.Fprintf(a.errOut, "%simported into %s: %d entries, %s of file data%s\n", a.clearLine(), name, st.Entries, bytesText(uint64(st.Bytes)), skippedNote(len(st.Skipped), st.Skipped))
 				return nil
 			})
 		},
@@ -231,9 +302,12 @@ func (a *app) clearLine() string {
 	return ""
 }
 
-func skippedNote(st volarchive.Stats) string {
-	if len(st.Skipped) == 0 {
+func skippedNote(count int, names []string) string {
+	switch {
+	case count == 0:
 		return ""
+	case len(names) == 0:
+		return fmt.Sprintf("; skipped %d FIFOs or sockets", count)
 	}
-	return fmt.Sprintf("; skipped %d FIFOs, sockets or devices (%s)", len(st.Skipped), strings.Join(st.Skipped[:min(3, len(st.Skipped))], ", "))
+	return fmt.Sprintf("; skipped %d FIFOs, sockets or devices (%s)", count, strings.Join(names[:min(3, len(names))], ", "))
 }

@@ -33,6 +33,7 @@ import (
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/devcluster"
+	"github.com/shoal-dev/shoal/pkg/volarchive"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 	volv1 "github.com/shoal-dev/shoal/proto/shoal/vol/v1"
 )
@@ -2404,11 +2405,31 @@ func testExportImport(t *testing.T, c *volCluster) {
 	}
 	c.volumes(1).Unmount(ctx, &volv1.UnmountRequest{Name: "exp", User: "e2e-src"})
 
-	// Exported through node 2, which holds a replica or not.
+	// Exported on a replica's node: from a fork of its replica, at one
+	// index. On the node without one: through its mount, said so.
+	v, err := c.inspect(1, "exp")
+	if err != nil {
+		t.Fatal(err)
+	}
+	member, outside := c.memberNodes(v)[0], c.outsideNode(v)
 	archive := filepath.Join(t.TempDir(), "exp.tar")
-	_, errOut, code := c.ctl(2, "volume", "export", "exp", "-o", archive)
-	if code != 0 || !strings.Contains(errOut, "exported exp: 6 entries, 2MiB") {
-		t.Fatalf("volume export: exit %d: %s", code, errOut)
+	_, errOut, code := c.ctl(member, "volume", "export", "exp", "-o", archive)
+	if code != 0 || !regexp.MustCompile(`exported exp as of its entry \d+ \(from this node's replica\): 6 entries, 2MiB`).MatchString(errOut) {
+		t.Fatalf("volume export on node %d (a replica's): exit %d: %s", member, code, errOut)
+	}
+	live := archive + ".live"
+	if _, errOut, code := c.ctl(outside, "volume", "export", "exp", "-o", live); code != 0 ||
+		!strings.Contains(errOut, "holds no replica of volume exp") || !strings.Contains(errOut, "exported exp: 6 entries, 2MiB") {
+		t.Errorf("volume export on node %d (no replica): exit %d: %s", outside, code, errOut)
+	}
+	if f, err := os.Open(live); err != nil {
+		t.Error(err)
+	} else {
+		entries, size, err := volarchive.Size(f)
+		f.Close()
+		if err != nil || entries != 6 || size != int64(len(big))+int64(len("port=80\n")) {
+			t.Errorf("the live copy: %d entries, %d bytes, %v", entries, size, err)
+		}
 	}
 	if _, _, code := c.ctl(2, "volume", "export", "nosuch", "-o", archive+".2"); code == 0 {
 		t.Error("export of a missing volume succeeded")

@@ -821,6 +821,137 @@ func (*UnmountResponse) Descriptor() ([]byte, []int) {
 	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{12}
 }
 
+type ExportVolumeRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportVolumeRequest) Reset() {
+	*x = ExportVolumeRequest{}
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportVolumeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportVolumeRequest) ProtoMessage() {}
+
+func (x *ExportVolumeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportVolumeRequest.ProtoReflect.Descriptor instead.
+func (*ExportVolumeRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ExportVolumeRequest) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+// ExportChunk is a piece of the tar stream; the last one also counts
+// what was written.
+type ExportChunk struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Data    []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Last    bool                   `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	Entries int64                  `protobuf:"varint,3,opt,name=entries,proto3" json:"entries,omitempty"`
+	Bytes   int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Skipped int64                  `protobuf:"varint,5,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	// applied is the index of the volume's log the copy is of.
+	Applied       uint64 `protobuf:"varint,6,opt,name=applied,proto3" json:"applied,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExportChunk) Reset() {
+	*x = ExportChunk{}
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExportChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExportChunk) ProtoMessage() {}
+
+func (x *ExportChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExportChunk.ProtoReflect.Descriptor instead.
+func (*ExportChunk) Descriptor() ([]byte, []int) {
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ExportChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ExportChunk) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+func (x *ExportChunk) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *ExportChunk) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ExportChunk) GetSkipped() int64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+func (x *ExportChunk) GetApplied() uint64 {
+	if x != nil {
+		return x.Applied
+	}
+	return 0
+}
+
 type PutRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	Key   string                 `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
@@ -837,7 +968,7 @@ type PutRequest struct {
 
 func (x *PutRequest) Reset() {
 	*x = PutRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[13]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -849,7 +980,7 @@ func (x *PutRequest) String() string {
 func (*PutRequest) ProtoMessage() {}
 
 func (x *PutRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[13]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -862,7 +993,7 @@ func (x *PutRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutRequest.ProtoReflect.Descriptor instead.
 func (*PutRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{13}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *PutRequest) GetKey() string {
@@ -912,7 +1043,7 @@ type PutResponse struct {
 
 func (x *PutResponse) Reset() {
 	*x = PutResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[14]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +1055,7 @@ func (x *PutResponse) String() string {
 func (*PutResponse) ProtoMessage() {}
 
 func (x *PutResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[14]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +1068,7 @@ func (x *PutResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PutResponse.ProtoReflect.Descriptor instead.
 func (*PutResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{14}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PutResponse) GetApplied() bool {
@@ -963,7 +1094,7 @@ type GetRequest struct {
 
 func (x *GetRequest) Reset() {
 	*x = GetRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[15]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -975,7 +1106,7 @@ func (x *GetRequest) String() string {
 func (*GetRequest) ProtoMessage() {}
 
 func (x *GetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[15]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -988,7 +1119,7 @@ func (x *GetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetRequest.ProtoReflect.Descriptor instead.
 func (*GetRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{15}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *GetRequest) GetKey() string {
@@ -1009,7 +1140,7 @@ type GetResponse struct {
 
 func (x *GetResponse) Reset() {
 	*x = GetResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[16]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1021,7 +1152,7 @@ func (x *GetResponse) String() string {
 func (*GetResponse) ProtoMessage() {}
 
 func (x *GetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[16]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1034,7 +1165,7 @@ func (x *GetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GetResponse.ProtoReflect.Descriptor instead.
 func (*GetResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{16}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *GetResponse) GetFound() bool {
@@ -1071,7 +1202,7 @@ type Lease struct {
 
 func (x *Lease) Reset() {
 	*x = Lease{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[17]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1083,7 +1214,7 @@ func (x *Lease) String() string {
 func (*Lease) ProtoMessage() {}
 
 func (x *Lease) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[17]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1096,7 +1227,7 @@ func (x *Lease) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Lease.ProtoReflect.Descriptor instead.
 func (*Lease) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{17}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *Lease) GetName() string {
@@ -1138,7 +1269,7 @@ type AcquireLockRequest struct {
 
 func (x *AcquireLockRequest) Reset() {
 	*x = AcquireLockRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[18]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1150,7 +1281,7 @@ func (x *AcquireLockRequest) String() string {
 func (*AcquireLockRequest) ProtoMessage() {}
 
 func (x *AcquireLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[18]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1163,7 +1294,7 @@ func (x *AcquireLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AcquireLockRequest.ProtoReflect.Descriptor instead.
 func (*AcquireLockRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{18}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *AcquireLockRequest) GetName() string {
@@ -1199,7 +1330,7 @@ type RenewLockRequest struct {
 
 func (x *RenewLockRequest) Reset() {
 	*x = RenewLockRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[19]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1211,7 +1342,7 @@ func (x *RenewLockRequest) String() string {
 func (*RenewLockRequest) ProtoMessage() {}
 
 func (x *RenewLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[19]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1224,7 +1355,7 @@ func (x *RenewLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RenewLockRequest.ProtoReflect.Descriptor instead.
 func (*RenewLockRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{19}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RenewLockRequest) GetName() string {
@@ -1266,7 +1397,7 @@ type ReleaseLockRequest struct {
 
 func (x *ReleaseLockRequest) Reset() {
 	*x = ReleaseLockRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[20]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1278,7 +1409,7 @@ func (x *ReleaseLockRequest) String() string {
 func (*ReleaseLockRequest) ProtoMessage() {}
 
 func (x *ReleaseLockRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[20]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1291,7 +1422,7 @@ func (x *ReleaseLockRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLockRequest.ProtoReflect.Descriptor instead.
 func (*ReleaseLockRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{20}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *ReleaseLockRequest) GetName() string {
@@ -1323,7 +1454,7 @@ type ReleaseLockResponse struct {
 
 func (x *ReleaseLockResponse) Reset() {
 	*x = ReleaseLockResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[21]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1335,7 +1466,7 @@ func (x *ReleaseLockResponse) String() string {
 func (*ReleaseLockResponse) ProtoMessage() {}
 
 func (x *ReleaseLockResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[21]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1348,7 +1479,7 @@ func (x *ReleaseLockResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReleaseLockResponse.ProtoReflect.Descriptor instead.
 func (*ReleaseLockResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{21}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{23}
 }
 
 type ListLocksRequest struct {
@@ -1359,7 +1490,7 @@ type ListLocksRequest struct {
 
 func (x *ListLocksRequest) Reset() {
 	*x = ListLocksRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[22]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1371,7 +1502,7 @@ func (x *ListLocksRequest) String() string {
 func (*ListLocksRequest) ProtoMessage() {}
 
 func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[22]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1384,7 +1515,7 @@ func (x *ListLocksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksRequest.ProtoReflect.Descriptor instead.
 func (*ListLocksRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{22}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{24}
 }
 
 type ListLocksResponse struct {
@@ -1396,7 +1527,7 @@ type ListLocksResponse struct {
 
 func (x *ListLocksResponse) Reset() {
 	*x = ListLocksResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1408,7 +1539,7 @@ func (x *ListLocksResponse) String() string {
 func (*ListLocksResponse) ProtoMessage() {}
 
 func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[23]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1421,7 +1552,7 @@ func (x *ListLocksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListLocksResponse.ProtoReflect.Descriptor instead.
 func (*ListLocksResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{23}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListLocksResponse) GetLeases() []*Lease {
@@ -1460,7 +1591,7 @@ type SetRequest struct {
 
 func (x *SetRequest) Reset() {
 	*x = SetRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1472,7 +1603,7 @@ func (x *SetRequest) String() string {
 func (*SetRequest) ProtoMessage() {}
 
 func (x *SetRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[24]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1485,7 +1616,7 @@ func (x *SetRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetRequest.ProtoReflect.Descriptor instead.
 func (*SetRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{24}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *SetRequest) GetMachine() string {
@@ -1556,7 +1687,7 @@ type SetResponse struct {
 
 func (x *SetResponse) Reset() {
 	*x = SetResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1568,7 +1699,7 @@ func (x *SetResponse) String() string {
 func (*SetResponse) ProtoMessage() {}
 
 func (x *SetResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[25]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1581,7 +1712,7 @@ func (x *SetResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetResponse.ProtoReflect.Descriptor instead.
 func (*SetResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{25}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *SetResponse) GetApplied() bool {
@@ -1613,7 +1744,7 @@ type WatchRequest struct {
 
 func (x *WatchRequest) Reset() {
 	*x = WatchRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1625,7 +1756,7 @@ func (x *WatchRequest) String() string {
 func (*WatchRequest) ProtoMessage() {}
 
 func (x *WatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[26]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1638,7 +1769,7 @@ func (x *WatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WatchRequest.ProtoReflect.Descriptor instead.
 func (*WatchRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{26}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *WatchRequest) GetMachine() string {
@@ -1676,7 +1807,7 @@ type MachineCommand struct {
 
 func (x *MachineCommand) Reset() {
 	*x = MachineCommand{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1688,7 +1819,7 @@ func (x *MachineCommand) String() string {
 func (*MachineCommand) ProtoMessage() {}
 
 func (x *MachineCommand) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[27]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1701,7 +1832,7 @@ func (x *MachineCommand) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MachineCommand.ProtoReflect.Descriptor instead.
 func (*MachineCommand) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{27}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *MachineCommand) GetIndex() uint64 {
@@ -1749,7 +1880,7 @@ type ForwardRequest struct {
 
 func (x *ForwardRequest) Reset() {
 	*x = ForwardRequest{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1761,7 +1892,7 @@ func (x *ForwardRequest) String() string {
 func (*ForwardRequest) ProtoMessage() {}
 
 func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[28]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1774,7 +1905,7 @@ func (x *ForwardRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardRequest.ProtoReflect.Descriptor instead.
 func (*ForwardRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{28}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ForwardRequest) GetGroup() uint64 {
@@ -1814,7 +1945,7 @@ type ForwardResponse struct {
 
 func (x *ForwardResponse) Reset() {
 	*x = ForwardResponse{}
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1826,7 +1957,7 @@ func (x *ForwardResponse) String() string {
 func (*ForwardResponse) ProtoMessage() {}
 
 func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_vol_v1_vol_proto_msgTypes[29]
+	mi := &file_shoal_vol_v1_vol_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1839,7 +1970,7 @@ func (x *ForwardResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForwardResponse.ProtoReflect.Descriptor instead.
 func (*ForwardResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{29}
+	return file_shoal_vol_v1_vol_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ForwardResponse) GetPayload() []byte {
@@ -1911,7 +2042,16 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\x0eUnmountRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"\x11\n" +
-	"\x0fUnmountResponse\"\xa0\x01\n" +
+	"\x0fUnmountResponse\")\n" +
+	"\x13ExportVolumeRequest\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\"\x99\x01\n" +
+	"\vExportChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\bR\x04last\x12\x18\n" +
+	"\aentries\x18\x03 \x01(\x03R\aentries\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\askipped\x18\x05 \x01(\x03R\askipped\x12\x18\n" +
+	"\aapplied\x18\x06 \x01(\x04R\aapplied\"\xa0\x01\n" +
 	"\n" +
 	"PutRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -1980,7 +2120,7 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\apayload\x18\x03 \x01(\fR\apayload\x12\x10\n" +
 	"\x03key\x18\x04 \x01(\tR\x03key\"+\n" +
 	"\x0fForwardResponse\x12\x18\n" +
-	"\apayload\x18\x01 \x01(\fR\apayload2\x9b\x04\n" +
+	"\apayload\x18\x01 \x01(\fR\apayload2\xeb\x04\n" +
 	"\aVolumes\x12G\n" +
 	"\fCreateVolume\x12!.shoal.vol.v1.CreateVolumeRequest\x1a\x14.shoal.vol.v1.Volume\x12R\n" +
 	"\vListVolumes\x12 .shoal.vol.v1.ListVolumesRequest\x1a!.shoal.vol.v1.ListVolumesResponse\x12I\n" +
@@ -1988,7 +2128,8 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\fUpdateVolume\x12!.shoal.vol.v1.UpdateVolumeRequest\x1a\x14.shoal.vol.v1.Volume\x12U\n" +
 	"\fRemoveVolume\x12!.shoal.vol.v1.RemoveVolumeRequest\x1a\".shoal.vol.v1.RemoveVolumeResponse\x12@\n" +
 	"\x05Mount\x12\x1a.shoal.vol.v1.MountRequest\x1a\x1b.shoal.vol.v1.MountResponse\x12F\n" +
-	"\aUnmount\x12\x1c.shoal.vol.v1.UnmountRequest\x1a\x1d.shoal.vol.v1.UnmountResponse2\xa6\x03\n" +
+	"\aUnmount\x12\x1c.shoal.vol.v1.UnmountRequest\x1a\x1d.shoal.vol.v1.UnmountResponse\x12N\n" +
+	"\fExportVolume\x12!.shoal.vol.v1.ExportVolumeRequest\x1a\x19.shoal.vol.v1.ExportChunk0\x012\xa6\x03\n" +
 	"\x02KV\x12:\n" +
 	"\x03Put\x12\x18.shoal.vol.v1.PutRequest\x1a\x19.shoal.vol.v1.PutResponse\x12:\n" +
 	"\x03Get\x12\x18.shoal.vol.v1.GetRequest\x1a\x19.shoal.vol.v1.GetResponse\x12D\n" +
@@ -2014,7 +2155,7 @@ func file_shoal_vol_v1_vol_proto_rawDescGZIP() []byte {
 	return file_shoal_vol_v1_vol_proto_rawDescData
 }
 
-var file_shoal_vol_v1_vol_proto_msgTypes = make([]protoimpl.MessageInfo, 30)
+var file_shoal_vol_v1_vol_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_shoal_vol_v1_vol_proto_goTypes = []any{
 	(*Member)(nil),                // 0: shoal.vol.v1.Member
 	(*Volume)(nil),                // 1: shoal.vol.v1.Volume
@@ -2029,38 +2170,40 @@ var file_shoal_vol_v1_vol_proto_goTypes = []any{
 	(*MountResponse)(nil),         // 10: shoal.vol.v1.MountResponse
 	(*UnmountRequest)(nil),        // 11: shoal.vol.v1.UnmountRequest
 	(*UnmountResponse)(nil),       // 12: shoal.vol.v1.UnmountResponse
-	(*PutRequest)(nil),            // 13: shoal.vol.v1.PutRequest
-	(*PutResponse)(nil),           // 14: shoal.vol.v1.PutResponse
-	(*GetRequest)(nil),            // 15: shoal.vol.v1.GetRequest
-	(*GetResponse)(nil),           // 16: shoal.vol.v1.GetResponse
-	(*Lease)(nil),                 // 17: shoal.vol.v1.Lease
-	(*AcquireLockRequest)(nil),    // 18: shoal.vol.v1.AcquireLockRequest
-	(*RenewLockRequest)(nil),      // 19: shoal.vol.v1.RenewLockRequest
-	(*ReleaseLockRequest)(nil),    // 20: shoal.vol.v1.ReleaseLockRequest
-	(*ReleaseLockResponse)(nil),   // 21: shoal.vol.v1.ReleaseLockResponse
-	(*ListLocksRequest)(nil),      // 22: shoal.vol.v1.ListLocksRequest
-	(*ListLocksResponse)(nil),     // 23: shoal.vol.v1.ListLocksResponse
-	(*SetRequest)(nil),            // 24: shoal.vol.v1.SetRequest
-	(*SetResponse)(nil),           // 25: shoal.vol.v1.SetResponse
-	(*WatchRequest)(nil),          // 26: shoal.vol.v1.WatchRequest
-	(*MachineCommand)(nil),        // 27: shoal.vol.v1.MachineCommand
-	(*ForwardRequest)(nil),        // 28: shoal.vol.v1.ForwardRequest
-	(*ForwardResponse)(nil),       // 29: shoal.vol.v1.ForwardResponse
-	(*timestamppb.Timestamp)(nil), // 30: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),   // 31: google.protobuf.Duration
-	(*anypb.Any)(nil),             // 32: google.protobuf.Any
+	(*ExportVolumeRequest)(nil),   // 13: shoal.vol.v1.ExportVolumeRequest
+	(*ExportChunk)(nil),           // 14: shoal.vol.v1.ExportChunk
+	(*PutRequest)(nil),            // 15: shoal.vol.v1.PutRequest
+	(*PutResponse)(nil),           // 16: shoal.vol.v1.PutResponse
+	(*GetRequest)(nil),            // 17: shoal.vol.v1.GetRequest
+	(*GetResponse)(nil),           // 18: shoal.vol.v1.GetResponse
+	(*Lease)(nil),                 // 19: shoal.vol.v1.Lease
+	(*AcquireLockRequest)(nil),    // 20: shoal.vol.v1.AcquireLockRequest
+	(*RenewLockRequest)(nil),      // 21: shoal.vol.v1.RenewLockRequest
+	(*ReleaseLockRequest)(nil),    // 22: shoal.vol.v1.ReleaseLockRequest
+	(*ReleaseLockResponse)(nil),   // 23: shoal.vol.v1.ReleaseLockResponse
+	(*ListLocksRequest)(nil),      // 24: shoal.vol.v1.ListLocksRequest
+	(*ListLocksResponse)(nil),     // 25: shoal.vol.v1.ListLocksResponse
+	(*SetRequest)(nil),            // 26: shoal.vol.v1.SetRequest
+	(*SetResponse)(nil),           // 27: shoal.vol.v1.SetResponse
+	(*WatchRequest)(nil),          // 28: shoal.vol.v1.WatchRequest
+	(*MachineCommand)(nil),        // 29: shoal.vol.v1.MachineCommand
+	(*ForwardRequest)(nil),        // 30: shoal.vol.v1.ForwardRequest
+	(*ForwardResponse)(nil),       // 31: shoal.vol.v1.ForwardResponse
+	(*timestamppb.Timestamp)(nil), // 32: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),   // 33: google.protobuf.Duration
+	(*anypb.Any)(nil),             // 34: google.protobuf.Any
 }
 var file_shoal_vol_v1_vol_proto_depIdxs = []int32{
 	0,  // 0: shoal.vol.v1.Volume.members:type_name -> shoal.vol.v1.Member
-	30, // 1: shoal.vol.v1.Volume.created:type_name -> google.protobuf.Timestamp
+	32, // 1: shoal.vol.v1.Volume.created:type_name -> google.protobuf.Timestamp
 	1,  // 2: shoal.vol.v1.ListVolumesResponse.volumes:type_name -> shoal.vol.v1.Volume
-	30, // 3: shoal.vol.v1.Lease.expires:type_name -> google.protobuf.Timestamp
-	31, // 4: shoal.vol.v1.AcquireLockRequest.ttl:type_name -> google.protobuf.Duration
-	31, // 5: shoal.vol.v1.RenewLockRequest.ttl:type_name -> google.protobuf.Duration
-	17, // 6: shoal.vol.v1.ListLocksResponse.leases:type_name -> shoal.vol.v1.Lease
-	32, // 7: shoal.vol.v1.SetRequest.command:type_name -> google.protobuf.Any
-	32, // 8: shoal.vol.v1.MachineCommand.command:type_name -> google.protobuf.Any
-	30, // 9: shoal.vol.v1.MachineCommand.time:type_name -> google.protobuf.Timestamp
+	32, // 3: shoal.vol.v1.Lease.expires:type_name -> google.protobuf.Timestamp
+	33, // 4: shoal.vol.v1.AcquireLockRequest.ttl:type_name -> google.protobuf.Duration
+	33, // 5: shoal.vol.v1.RenewLockRequest.ttl:type_name -> google.protobuf.Duration
+	19, // 6: shoal.vol.v1.ListLocksResponse.leases:type_name -> shoal.vol.v1.Lease
+	34, // 7: shoal.vol.v1.SetRequest.command:type_name -> google.protobuf.Any
+	34, // 8: shoal.vol.v1.MachineCommand.command:type_name -> google.protobuf.Any
+	32, // 9: shoal.vol.v1.MachineCommand.time:type_name -> google.protobuf.Timestamp
 	2,  // 10: shoal.vol.v1.Volumes.CreateVolume:input_type -> shoal.vol.v1.CreateVolumeRequest
 	3,  // 11: shoal.vol.v1.Volumes.ListVolumes:input_type -> shoal.vol.v1.ListVolumesRequest
 	5,  // 12: shoal.vol.v1.Volumes.InspectVolume:input_type -> shoal.vol.v1.InspectVolumeRequest
@@ -2068,33 +2211,35 @@ var file_shoal_vol_v1_vol_proto_depIdxs = []int32{
 	7,  // 14: shoal.vol.v1.Volumes.RemoveVolume:input_type -> shoal.vol.v1.RemoveVolumeRequest
 	9,  // 15: shoal.vol.v1.Volumes.Mount:input_type -> shoal.vol.v1.MountRequest
 	11, // 16: shoal.vol.v1.Volumes.Unmount:input_type -> shoal.vol.v1.UnmountRequest
-	13, // 17: shoal.vol.v1.KV.Put:input_type -> shoal.vol.v1.PutRequest
-	15, // 18: shoal.vol.v1.KV.Get:input_type -> shoal.vol.v1.GetRequest
-	18, // 19: shoal.vol.v1.KV.AcquireLock:input_type -> shoal.vol.v1.AcquireLockRequest
-	19, // 20: shoal.vol.v1.KV.RenewLock:input_type -> shoal.vol.v1.RenewLockRequest
-	20, // 21: shoal.vol.v1.KV.ReleaseLock:input_type -> shoal.vol.v1.ReleaseLockRequest
-	22, // 22: shoal.vol.v1.KV.ListLocks:input_type -> shoal.vol.v1.ListLocksRequest
-	24, // 23: shoal.vol.v1.StateMachines.Set:input_type -> shoal.vol.v1.SetRequest
-	26, // 24: shoal.vol.v1.StateMachines.Watch:input_type -> shoal.vol.v1.WatchRequest
-	28, // 25: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
-	1,  // 26: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
-	4,  // 27: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
-	1,  // 28: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
-	1,  // 29: shoal.vol.v1.Volumes.UpdateVolume:output_type -> shoal.vol.v1.Volume
-	8,  // 30: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
-	10, // 31: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
-	12, // 32: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
-	14, // 33: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
-	16, // 34: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
-	17, // 35: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
-	17, // 36: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
-	21, // 37: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
-	23, // 38: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
-	25, // 39: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
-	27, // 40: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
-	29, // 41: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
-	26, // [26:42] is the sub-list for method output_type
-	10, // [10:26] is the sub-list for method input_type
+	13, // 17: shoal.vol.v1.Volumes.ExportVolume:input_type -> shoal.vol.v1.ExportVolumeRequest
+	15, // 18: shoal.vol.v1.KV.Put:input_type -> shoal.vol.v1.PutRequest
+	17, // 19: shoal.vol.v1.KV.Get:input_type -> shoal.vol.v1.GetRequest
+	20, // 20: shoal.vol.v1.KV.AcquireLock:input_type -> shoal.vol.v1.AcquireLockRequest
+	21, // 21: shoal.vol.v1.KV.RenewLock:input_type -> shoal.vol.v1.RenewLockRequest
+	22, // 22: shoal.vol.v1.KV.ReleaseLock:input_type -> shoal.vol.v1.ReleaseLockRequest
+	24, // 23: shoal.vol.v1.KV.ListLocks:input_type -> shoal.vol.v1.ListLocksRequest
+	26, // 24: shoal.vol.v1.StateMachines.Set:input_type -> shoal.vol.v1.SetRequest
+	28, // 25: shoal.vol.v1.StateMachines.Watch:input_type -> shoal.vol.v1.WatchRequest
+	30, // 26: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
+	1,  // 27: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
+	4,  // 28: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
+	1,  // 29: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
+	1,  // 30: shoal.vol.v1.Volumes.UpdateVolume:output_type -> shoal.vol.v1.Volume
+	8,  // 31: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
+	10, // 32: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
+	12, // 33: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
+	14, // 34: shoal.vol.v1.Volumes.ExportVolume:output_type -> shoal.vol.v1.ExportChunk
+	16, // 35: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
+	18, // 36: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
+	19, // 37: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
+	19, // 38: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
+	23, // 39: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
+	25, // 40: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
+	27, // 41: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
+	29, // 42: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
+	31, // 43: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
+	27, // [27:44] is the sub-list for method output_type
+	10, // [10:27] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name
@@ -2111,7 +2256,7 @@ func file_shoal_vol_v1_vol_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_vol_v1_vol_proto_rawDesc), len(file_shoal_vol_v1_vol_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   30,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   4,
 		},

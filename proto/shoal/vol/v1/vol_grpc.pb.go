@@ -32,6 +32,7 @@ const (
 	Volumes_RemoveVolume_FullMethodName  = "/shoal.vol.v1.Volumes/RemoveVolume"
 	Volumes_Mount_FullMethodName         = "/shoal.vol.v1.Volumes/Mount"
 	Volumes_Unmount_FullMethodName       = "/shoal.vol.v1.Volumes/Unmount"
+	Volumes_ExportVolume_FullMethodName  = "/shoal.vol.v1.Volumes/ExportVolume"
 )
 
 // VolumesClient is the client API for Volumes service.
@@ -66,6 +67,11 @@ type VolumesClient interface {
 	// returns the host path to bind-mount; Unmount releases one user.
 	Mount(ctx context.Context, in *MountRequest, opts ...grpc.CallOption) (*MountResponse, error)
 	Unmount(ctx context.Context, in *UnmountRequest, opts ...grpc.CallOption) (*UnmountResponse, error)
+	// ExportVolume streams the volume's tree as a tar archive as it was at
+	// one linearizable point (a fork of this node's replica after a
+	// ReadIndex), while writes go on. FAILED_PRECONDITION when this node
+	// holds no replica of the volume.
+	ExportVolume(ctx context.Context, in *ExportVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error)
 }
 
 type volumesClient struct {
@@ -146,6 +152,25 @@ func (c *volumesClient) Unmount(ctx context.Context, in *UnmountRequest, opts ..
 	return out, nil
 }
 
+func (c *volumesClient) ExportVolume(ctx context.Context, in *ExportVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Volumes_ServiceDesc.Streams[0], Volumes_ExportVolume_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportVolumeRequest, ExportChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Volumes_ExportVolumeClient = grpc.ServerStreamingClient[ExportChunk]
+
 // VolumesServer is the server API for Volumes service.
 // All implementations must embed UnimplementedVolumesServer
 // for forward compatibility.
@@ -178,6 +203,11 @@ type VolumesServer interface {
 	// returns the host path to bind-mount; Unmount releases one user.
 	Mount(context.Context, *MountRequest) (*MountResponse, error)
 	Unmount(context.Context, *UnmountRequest) (*UnmountResponse, error)
+	// ExportVolume streams the volume's tree as a tar archive as it was at
+	// one linearizable point (a fork of this node's replica after a
+	// ReadIndex), while writes go on. FAILED_PRECONDITION when this node
+	// holds no replica of the volume.
+	ExportVolume(*ExportVolumeRequest, grpc.ServerStreamingServer[ExportChunk]) error
 	mustEmbedUnimplementedVolumesServer()
 }
 
@@ -208,6 +238,9 @@ func (UnimplementedVolumesServer) Mount(context.Context, *MountRequest) (*MountR
 }
 func (UnimplementedVolumesServer) Unmount(context.Context, *UnmountRequest) (*UnmountResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Unmount not implemented")
+}
+func (UnimplementedVolumesServer) ExportVolume(*ExportVolumeRequest, grpc.ServerStreamingServer[ExportChunk]) error {
+	return status.Error(codes.Unimplemented, "method ExportVolume not implemented")
 }
 func (UnimplementedVolumesServer) mustEmbedUnimplementedVolumesServer() {}
 func (UnimplementedVolumesServer) testEmbeddedByValue()                 {}
@@ -356,6 +389,17 @@ func _Volumes_Unmount_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Volumes_ExportVolume_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportVolumeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(VolumesServer).ExportVolume(m, &grpc.GenericServerStream[ExportVolumeRequest, ExportChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Volumes_ExportVolumeServer = grpc.ServerStreamingServer[ExportChunk]
+
 // Volumes_ServiceDesc is the grpc.ServiceDesc for Volumes service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -392,7 +436,13 @@ var Volumes_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _Volumes_Unmount_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "ExportVolume",
+			Handler:       _Volumes_ExportVolume_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "shoal/vol/v1/vol.proto",
 }
 
