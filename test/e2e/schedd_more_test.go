@@ -1367,9 +1367,10 @@ func TestSchedulerMore(t *testing.T) {
 	t.Run("Events", func(t *testing.T) {
 		// shoalctl events on one node follows what another node's
 		// commands and every node's tasks do, then replays it.
+		// Since the test's start, so that what happens before its watch
+		// is under way is replayed, not missed.
 		start := time.Now()
-		live := c.startCtl(2, "events", "-o", "json", "-f", "service=ev")
-		time.Sleep(500 * time.Millisecond) // its list and watch under way
+		live := c.startCtl(2, "events", "--since", start.UTC().Format(time.RFC3339Nano), "-o", "json", "-f", "service=ev")
 		c.mustCtl(1, "service", "create", "ev", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
 		removeIfFailed(t, c.Cluster, 1, "ev")
 		cur := c.currentTasks("ev")
