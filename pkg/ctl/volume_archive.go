@@ -11,6 +11,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/containerd/errdefs"
 	"github.com/spf13/cobra"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -133,7 +134,7 @@ func (a *app) exportFromReplica(cmd *cobra.Command, name, output string) (handle
 	switch status.Code(err) {
 	case codes.OK:
 	case codes.FailedPrecondition:
-		return false, status.Convert(err).Message(), nil
+		return false, strings.TrimSuffix(status.Convert(err).Message(), ": "+errdefs.ErrFailedPrecondition.Error()), nil
 	case codes.Unimplemented:
 		return false, "this node's vold cannot export from its replica (an older vold)", nil
 	default:
@@ -251,10 +252,12 @@ pointing out) fail the import.`,
 						return fmt.Errorf("volume %s is not empty (%s): nothing was written; import into an empty volume, or give --force", name, strings.Join(names, ", "))
 					}
 				}
-				st, err := volarchive.Read(root, in, a.copyProgress("import", name))
+				// The free space bounds what is read from stdin too.
+				opts := volarchive.ReadOptions{Progress: a.copyProgress("import", name), MaxBytes: max(v.GetSizeBytes()-v.GetUsedBytes(), 1)}
+				st, err := volarchive.Read(root, in, opts)
 				if err != nil {
 					hint := ""
-					if errors.Is(err, syscall.ENOSPC) {
+					if errors.Is(err, syscall.ENOSPC) || errors.Is(err, volarchive.ErrTooLarge) {
 						hint = fmt.Sprintf(" (volume %s is full)", name)
 					}
 					fmt.Fprint(a.errOut, a.clearLine())

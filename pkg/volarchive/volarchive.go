@@ -23,6 +23,9 @@ import (
 	"time"
 )
 
+// copyBuffer is the size of the writes Read makes.
+const copyBuffer = 1 << 20
+
 // Stats counts what a copy wrote.
 type Stats struct {
 	// Entries are the files, directories and links written.
@@ -37,6 +40,7 @@ type Stats struct {
 // ".". progress, if not nil, is called with the bytes written so far after
 // each file.
 func Write(root *os.Root, w io.Writer, progress func(bytes int64)) (Stats, error) {
+	buf := make([]byte, copyBuffer)
 	var st Stats
 	tw := tar.NewWriter(w)
 	type inode struct{ dev, ino uint64 }
@@ -88,7 +92,9 @@ func Write(root *os.Root, w io.Writer, progress func(bytes int64)) (Stats, error
 			return err
 		}
 		defer f.Close()
-		n, err := io.Copy(tw, io.LimitReader(f, hdr.Size))
+		// Reads of copyBuffer bytes: each read of a volume's mount waits
+		// for a ReadIndex.
+		n, err := io.CopyBuffer(tw, io.LimitReader(f, hdr.Size), buf)
 		st.Bytes += n
 		if err == nil && n < hdr.Size {
 			err = fmt.Errorf("%s shrank while being read (%d of %d bytes): %w", name, n, hdr.Size, io.ErrUnexpectedEOF)
@@ -126,11 +132,24 @@ func Size(r io.Reader) (entries int, bytes int64, err error) {
 	}
 }
 
+// ReadOptions are Read's.
+type ReadOptions struct {
+	// Progress, if not nil, is called with the bytes written so far
+	// after each file.
+	Progress func(bytes int64)
+	// MaxBytes, if positive, bounds the file data written: past it Read
+	// stops with ErrTooLarge.
+	MaxBytes int64
+}
+
+// ErrTooLarge is Read's error for an archive past ReadOptions.MaxBytes.
+var ErrTooLarge = errors.New("archive too large")
+
 // Read extracts the tar stream r into root, which it never leaves:
 // directories and files are made as the archive says (owners too, when
-// chown is allowed), existing files are replaced. progress, if not nil,
-// is called with the bytes written so far after each file.
-func Read(root *os.Root, r io.Reader, progress func(bytes int64)) (Stats, error) {
+// chown is allowed), existing files are replaced.
+func Read(root *os.Root, r io.Reader, opts ReadOptions) (Stats, error) {
+	buf := make([]byte, copyBuffer)
 	var st Stats
 	tr := tar.NewReader(r)
 	type dirTimes struct {
@@ -151,14 +170,14 @@ func Read(root *os.Root, r io.Reader, progress func(bytes int64)) (Stats, error)
 			name = "."
 		}
 		name = stripRoot(name)
-		if err := extract(root, tr, hdr, name, &st); err != nil {
+		if err := extract(root, tr, hdr, name, &st, opts.MaxBytes, buf); err != nil {
 			return st, fmt.Errorf("%s: %w", hdr.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeDir {
 			dirs = append(dirs, dirTimes{name, hdr.ModTime})
 		}
-		if progress != nil && hdr.Typeflag == tar.TypeReg {
-			progress(st.Bytes)
+		if opts.Progress != nil && hdr.Typeflag == tar.TypeReg {
+			opts.Progress(st.Bytes)
 		}
 	}
 	for _, d := range slices.Backward(dirs) {
@@ -181,7 +200,7 @@ func stripRoot(name string) string {
 	return name
 }
 
-func extract(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, st *Stats) error {
+func extract(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, st *Stats, limit int64, buf []byte) error {
 	mode := hdr.FileInfo().Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
 	if dir := path.Dir(name); dir != "." {
 		if err := root.MkdirAll(dir, 0o755); err != nil {
@@ -203,7 +222,17 @@ func extract(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, st *St
 		if err != nil {
 			return err
 		}
-		n, err := io.Copy(f, tr)
+		// In writes of copyBuffer bytes: io.Copy's 32 KiB would be a
+		// replicated write each on a volume's mount. A sparse entry's
+		// holes come as zeros, counted against the limit.
+		src := io.Reader(tr)
+		if limit > 0 {
+			src = io.LimitReader(tr, max(limit-st.Bytes, 0)+1)
+		}
+		n, err := io.CopyBuffer(struct{ io.Writer }{f}, struct{ io.Reader }{src}, buf)
+		if err == nil && limit > 0 && st.Bytes+n > limit {
+			err = fmt.Errorf("the archive holds more than %d bytes of file data: %w", limit, ErrTooLarge)
+		}
 		st.Bytes += n
 		if cerr := f.Close(); err == nil {
 			err = cerr

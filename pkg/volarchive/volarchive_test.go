@@ -3,6 +3,7 @@ package volarchive
 import (
 	"archive/tar"
 	"bytes"
+	"errors"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -61,9 +62,16 @@ func TestRoundTrip(t *testing.T) {
 	}
 
 	dst := t.TempDir()
-	st, err = Read(openRoot(t, dst), bytes.NewReader(buf.Bytes()), nil)
+	st, err = Read(openRoot(t, dst), bytes.NewReader(buf.Bytes()), ReadOptions{})
 	if err != nil || st.Entries != 8 || st.Bytes != 100_000 {
 		t.Fatalf("read: %+v, %v", st, err)
+	}
+	// A bound below the data stops the copy with ErrTooLarge.
+	if _, err := Read(openRoot(t, t.TempDir()), bytes.NewReader(buf.Bytes()), ReadOptions{MaxBytes: 99_999}); !errors.Is(err, ErrTooLarge) {
+		t.Errorf("100,000 bytes under a 99,999 bound: %v", err)
+	}
+	if _, err := Read(openRoot(t, t.TempDir()), bytes.NewReader(buf.Bytes()), ReadOptions{MaxBytes: 100_000}); err != nil {
+		t.Errorf("100,000 bytes under a 100,000 bound: %v", err)
 	}
 	got, err := os.ReadFile(filepath.Join(dst, "a/b/data"))
 	if err != nil || len(got) != 100_000 {
@@ -134,21 +142,21 @@ func TestReadStaysInside(t *testing.T) {
 		"through symlink": archive(&tar.Header{Name: "link", Typeflag: tar.TypeSymlink, Linkname: base}, &tar.Header{Name: "link/outside", Typeflag: tar.TypeReg}),
 		"hard link out":   archive(&tar.Header{Name: "h", Typeflag: tar.TypeLink, Linkname: "../outside"}),
 	} {
-		if _, err := Read(openRoot(t, dst), r, nil); err == nil {
+		if _, err := Read(openRoot(t, dst), r, ReadOptions{}); err == nil {
 			t.Errorf("%s: extracted", name)
 		}
 		if _, err := os.Lstat(filepath.Join(base, "outside")); err == nil {
 			t.Fatalf("%s: wrote outside the tree", name)
 		}
 	}
-	if _, err := Read(openRoot(t, dst), archive(&tar.Header{Name: "/etc/abs", Typeflag: tar.TypeReg}), nil); err != nil {
+	if _, err := Read(openRoot(t, dst), archive(&tar.Header{Name: "/etc/abs", Typeflag: tar.TypeReg}), ReadOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	if b, err := os.ReadFile(filepath.Join(dst, "etc/abs")); err != nil || string(b) != "evil" {
 		t.Errorf("an absolute name: %q, %v; want it under the tree", b, err)
 	}
 	// A file replaces a file; a directory in the way fails the entry.
-	if _, err := Read(openRoot(t, dst), archive(&tar.Header{Name: "etc", Typeflag: tar.TypeReg}), nil); err == nil || !strings.Contains(err.Error(), "directory") {
+	if _, err := Read(openRoot(t, dst), archive(&tar.Header{Name: "etc", Typeflag: tar.TypeReg}), ReadOptions{}); err == nil || !strings.Contains(err.Error(), "directory") {
 		t.Errorf("a file over a directory: %v", err)
 	}
 }
@@ -185,7 +193,7 @@ func FuzzRead(f *testing.F) {
 			t.Fatal(err)
 		}
 		defer root.Close()
-		Read(root, bytes.NewReader(data), nil)
+		Read(root, bytes.NewReader(data), ReadOptions{MaxBytes: 1 << 20})
 		entries, err := os.ReadDir(base)
 		if err != nil {
 			t.Fatal(err)
