@@ -2291,8 +2291,14 @@ func testRemoveAsksTheMountingNodes(t *testing.T, c *volCluster) {
 
 	// An unmount node 1 has not heard of: the removal goes ahead.
 	c.mustCtl(1, "volume", "create", "rmgone", "--replicas", "1", "--size", "1Mi")
-	if _, err := c.volumes(2).Mount(ctx, &volv1.MountRequest{Name: "rmgone", User: "e2e-rm"}); err != nil {
-		t.Fatal(err)
+	// Node 2 learns of the volume by gossip (a CI run's mount came first).
+	var firstErr error
+	waitFor(t, 15*time.Second, "node 2 mounting rmgone", func() bool {
+		_, firstErr = c.volumes(2).Mount(ctx, &volv1.MountRequest{Name: "rmgone", User: "e2e-rm"})
+		return status.Code(firstErr) != codes.NotFound
+	})
+	if firstErr != nil {
+		t.Fatal(firstErr)
 	}
 	waitFor(t, 15*time.Second, "node 1's statd has rmgone's mount on node 2", func() bool { return mountDoc("rmgone") })
 	heal := cut(1)
