@@ -140,11 +140,21 @@ func (a *app) loadNodes(cmd *cobra.Command, c *client.Statd) ([]nodeView, error)
 	}); err != nil {
 		return nil, err
 	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name+out[i].ID < out[j].Name+out[j].ID })
+	return out, nil
+}
+
+// countTasks fills in the nodes' unfinished tasks and what they reserve,
+// from the task documents: for node ls and inspect only, not for the
+// commands that load the nodes to find one by name.
+func (a *app) countTasks(cmd *cobra.Command, c *client.Statd, nodes []nodeView) error {
+	ctx, cancel := a.ctx(cmd)
+	defer cancel()
 	byID := map[string]*nodeView{}
-	for i := range out {
-		byID[out[i].ID] = &out[i]
+	for i := range nodes {
+		byID[nodes[i].ID] = &nodes[i]
 	}
-	if err := listAll(ctx, c, sched.TasksPrefix, func(d *statev1.Document) bool {
+	return listAll(ctx, c, sched.TasksPrefix, func(d *statev1.Document) bool {
 		t, ok := sched.TaskFromDoc(strings.TrimPrefix(d.GetKey(), sched.TasksPrefix), statepb.FromDocument(d))
 		if n := byID[t.Node]; ok && n != nil && !t.State.Terminal() {
 			n.Tasks++
@@ -152,11 +162,7 @@ func (a *app) loadNodes(cmd *cobra.Command, c *client.Statd) ([]nodeView, error)
 			n.ReservedMemory += t.Resources.MemoryBytes
 		}
 		return true
-	}); err != nil {
-		return nil, err
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Name+out[i].ID < out[j].Name+out[j].ID })
-	return out, nil
+	})
 }
 
 func nodeOf(d *statev1.Document, states map[string]string) nodeView {
@@ -229,6 +235,9 @@ func (a *app) nodeLs() *cobra.Command {
 				return err
 			}
 			defer c.Close()
+			if err := a.countTasks(cmd, c, nodes); err != nil {
+				return err
+			}
 			if nodes == nil {
 				nodes = []nodeView{}
 			}
@@ -273,6 +282,11 @@ func (a *app) nodeInspect() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			one := []nodeView{n}
+			if err := a.countTasks(cmd, c, one); err != nil {
+				return err
+			}
+			n = one[0]
 			return render(a.out, format, n, func(tw *tabwriter.Writer) {
 				fmt.Fprintf(tw, "ID\t%s\nNAME\t%s\nADDRESS\t%s\nSTATE\t%s\nAVAILABILITY\t%s\nCPUS\t%d\nMEMORY\t%s\nTASKS\t%d\nRESERVED\t%s CPU, %s memory\nVERSION\t%s\nLABELS\t%s\n",
 					n.ID, n.Name, n.Addr, n.stateText(), n.Availability, n.CPUs, bytesText(uint64(n.Memory)), n.Tasks,
