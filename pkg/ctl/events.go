@@ -46,8 +46,8 @@ tasks), task=ID (or a prefix), event=ACTION.`,
   shoalctl events -f type=task -f event=failed -f event=unhealthy -o json`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := checkFormat(format); err != nil || format == "yaml" {
-				return usageError{fmt.Errorf("unknown output format %q: want table, json (an event a line) or template=GO-TEMPLATE", format)}
+			if err := checkStreamFormat(format); err != nil {
+				return err
 			}
 			now := time.Now()
 			var from, to time.Time

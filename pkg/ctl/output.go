@@ -64,6 +64,15 @@ func checkFormat(format string) error {
 	return usageError{fmt.Errorf("unknown output format %q: want table, json, yaml or template=GO-TEMPLATE", format)}
 }
 
+// checkStreamFormat is checkFormat for the commands that print as things
+// happen (events, stats): a table, JSON Lines or a template; no YAML.
+func checkStreamFormat(format string) error {
+	if err := checkFormat(format); err != nil || format == "yaml" {
+		return usageError{fmt.Errorf("unknown output format %q: want table, json (one a line) or template=GO-TEMPLATE", format)}
+	}
+	return nil
+}
+
 // dockerFormat is --format: a template, or json.
 type dockerFormat struct{ format *string }
 

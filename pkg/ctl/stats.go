@@ -32,8 +32,8 @@ func (o *statsOptions) register(cmd *cobra.Command) {
 }
 
 func (o *statsOptions) check() error {
-	if err := checkFormat(o.format); err != nil || o.format == "yaml" {
-		return usageError{fmt.Errorf("unknown output format %q: want table, json or template=GO-TEMPLATE", o.format)}
+	if err := checkStreamFormat(o.format); err != nil {
+		return err
 	}
 	if o.interval < 100*time.Millisecond {
 		return usageError{fmt.Errorf("--interval %v: want at least 100ms", o.interval)}
