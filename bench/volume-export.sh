@@ -1,7 +1,7 @@
 #!/bin/bash
-# bench/volume-export.sh times volume export (from a replica's fork, and
-# through a mount on a node without a replica) and import of 64 MiB in 16
-# files, on a 4-node dev cluster of statd and vold (needs root and make
+# bench/volume-export.sh times volume export (from a replica's fork on its
+# own node, and on a node without a replica, which relays a member's) and
+# import of 64 MiB in 16 files, on a 4-node dev cluster of statd and vold (needs root and make
 # build; prints seconds, three rounds alternated).
 set -euo pipefail
 ctl=${SHOAL_CTL:-$(cd "$(dirname "$0")/.." && pwd)/bin/shoalctl}
@@ -23,13 +23,13 @@ echo "member node $member, outside node $outside"
 for round in 1 2 3; do
   s=$(date +%s.%N); x "$member" -- shoalctl volume export bench -o /tmp/xb-fork.tar 2>/tmp/xb-fork.err; e=$(date +%s.%N)
   fork=$(echo "$e - $s" | bc)
-  s=$(date +%s.%N); x "$outside" -- shoalctl volume export bench -o /tmp/xb-mount.tar 2>/tmp/xb-mount.err; e=$(date +%s.%N)
-  mount=$(echo "$e - $s" | bc)
-  echo "round $round: fork export ${fork}s, mount export ${mount}s"
+  s=$(date +%s.%N); x "$outside" -- shoalctl volume export bench -o /tmp/xb-relayed.tar 2>/tmp/xb-relayed.err; e=$(date +%s.%N)
+  relayed=$(echo "$e - $s" | bc)
+  echo "round $round: export on a replica's node ${fork}s, on the node without one ${relayed}s"
 done
-cat /tmp/xb-fork.err /tmp/xb-mount.err
+cat /tmp/xb-fork.err /tmp/xb-relayed.err
 x 2 -- shoalctl volume create restored --replicas 3 --size 512Mi >/dev/null 2>&1
 s=$(date +%s.%N); x 2 -- shoalctl volume import restored /tmp/xb-fork.tar; e=$(date +%s.%N)
 echo "import: $(echo "$e - $s" | bc)s"
-ls -la /tmp/xb-fork.tar /tmp/xb-mount.tar
-rm -f /tmp/xb-fork.tar /tmp/xb-mount.tar /tmp/xb-*.err
+ls -la /tmp/xb-fork.tar /tmp/xb-relayed.tar
+rm -f /tmp/xb-fork.tar /tmp/xb-relayed.tar /tmp/xb-*.err

@@ -68,12 +68,14 @@ owners and times, as a tar archive: to FILE with -o (written beside it and
 renamed once complete, so a failed export leaves nothing), else to stdout
 when it is not a terminal.
 
-On a node that holds a replica of the volume, the archive is the volume as
-it was at one moment (every write acknowledged before the command
-included), taken from a fork of the replica while writes go on. Elsewhere
-the volume is read through a mount on this node while it stays in use, and
-files written meanwhile may be copied half old, half new: run the export
-on a replica's node (volume inspect lists them), or stop the writers.`,
+The archive is the volume as it was at one moment (every write
+acknowledged before the command included), taken from a fork of a replica
+while writes go on: this node's replica, or else one on another node,
+streamed through this node's vold. Only where no vold can do that (this
+node's, or every replica's, from before exports) is the volume read
+through a mount on this node while it stays in use; files written
+meanwhile may then be copied half old, half new, which the command warns
+of.`,
 		Example: `  shoalctl volume export data -o data.tar
   shoalctl volume export data | gzip > data.tar.gz`,
 		Args: cobra.ExactArgs(1),
@@ -114,10 +116,10 @@ on a replica's node (volume inspect lists them), or stop the writers.`,
 	return cmd
 }
 
-// exportFromReplica writes the point-in-time archive vold makes from this
-// node's replica. handled is false when this vold cannot (no replica here,
-// or a vold from before ExportVolume): why says so, and nothing was
-// written.
+// exportFromReplica writes the point-in-time archive vold makes from a
+// replica. handled is false when this vold cannot (a vold from before
+// ExportVolume, or no replica here and older volds on the replicas'
+// nodes): why says so, and nothing was written.
 func (a *app) exportFromReplica(cmd *cobra.Command, name, output string) (handled bool, why string, err error) {
 	c, err := client.NewVold(a.runDir, client.Retry{})
 	if err != nil {
@@ -167,8 +169,12 @@ func (a *app) exportFromReplica(cmd *cobra.Command, name, output string) (handle
 	if err := commit(); err != nil {
 		return true, "", fmt.Errorf("export %s: %w", name, err)
 	}
-	fmt.Fprintf(a.errOut, "%sexported %s as of its entry %d (from this node's replica): %d entries, %s of file data, to %s%s\n", a.clearLine(), name,
-		chunk.GetApplied(), chunk.GetEntries(), bytesText(uint64(chunk.GetBytes())), cmp.Or(output, "stdout"), skippedNote(int(chunk.GetSkipped()), nil))
+	from := "this node's replica" // a vold from before proxied exports
+	if chunk.GetNode() != "" {
+		from = "node " + chunk.GetNode() + "'s replica"
+	}
+	fmt.Fprintf(a.errOut, "%sexported %s as of its entry %d (from %s): %d entries, %s of file data, to %s%s\n", a.clearLine(), name,
+		chunk.GetApplied(), from, chunk.GetEntries(), bytesText(uint64(chunk.GetBytes())), cmp.Or(output, "stdout"), skippedNote(int(chunk.GetSkipped()), nil))
 	return true, "", nil
 }
 

@@ -164,7 +164,7 @@ func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error
 	n.mirror = client.NewMirror(st, rt.Log.With("component", "mirror"), volumesPrefix, mountsPrefix, nodesPrefix)
 	n.pool = newPeerPool(n.identity.Cert, n.identity.CA, n.peerAddr)
 	n.trans = newTransport(rt.Log.With("component", "transport"), n.pool.raftDialer(n.names))
-	n.peer = &peerServer{log: rt.Log.With("component", "peer"), names: n.names, deliver: n.deliver, forward: n.serveForward}
+	n.peer = &peerServer{log: rt.Log.With("component", "peer"), names: n.names, deliver: n.deliver, forward: n.serveForward, export: n.serveExport}
 	volv1.RegisterVolumesServer(rt.GRPC, &volumesAPI{n: n})
 	volv1.RegisterKVServer(rt.GRPC, &kvAPI{n: n})
 	volv1.RegisterStateMachinesServer(rt.GRPC, &machinesAPI{n: n})

@@ -48,7 +48,9 @@ type peerServer struct {
 	deliver func(from raftgroup.NodeID, b *raftgroup.Batch) bool
 	// forward runs a forwarded request.
 	forward func(ctx context.Context, from string, req *volv1.ForwardRequest) (*volv1.ForwardResponse, error)
-	names   *nodeNames
+	// export runs an export for another node.
+	export func(req *volv1.ExportVolumeRequest, stream volv1.VolPeer_ExportServer) error
+	names  *nodeNames
 }
 
 // Flow-control windows of VolPeer connections, fixed. gRPC's default
@@ -137,6 +139,14 @@ func (s *peerServer) Forward(ctx context.Context, req *volv1.ForwardRequest) (*v
 		return nil, errNotReady
 	}
 	return s.forward(ctx, id, req)
+}
+
+// Export streams an export of this node's replica for another node.
+func (s *peerServer) Export(req *volv1.ExportVolumeRequest, stream volv1.VolPeer_ExportServer) error {
+	if s.export == nil {
+		return errNotReady
+	}
+	return s.export(req, stream)
 }
 
 // peerPool keeps one client connection per node's VolPeer.

@@ -534,6 +534,16 @@ func downgradeSteps(t *testing.T, c *volCluster, downgrade func()) {
 	if err := syscall.Mkfifo(filepath.Join(m.GetPath(), "fifo"), 0o644); !errors.Is(err, syscall.EPERM) {
 		t.Fatalf("mkfifo on down with node 3 downgraded: %v, want EPERM", err)
 	}
+	// The old vold exports nothing itself: shoalctl on its node says so
+	// and copies through a mount.
+	if err := os.WriteFile(filepath.Join(m.GetPath(), "kept"), []byte("kept\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	archive := filepath.Join(t.TempDir(), "down.tar")
+	if _, errOut, code := c.ctl(3, "volume", "export", "down", "-o", archive); code != 0 ||
+		!strings.Contains(errOut, "older vold") || !strings.Contains(errOut, "copying through a mount") || !strings.Contains(errOut, "exported down: 2 entries, 5B") {
+		t.Errorf("volume export on node 3 (the old vold): exit %d: %s", code, errOut)
+	}
 }
 
 // TestVolumeUpdate grows a volume of one replica to three while it is
@@ -2412,7 +2422,8 @@ func testExportImport(t *testing.T, c *volCluster) {
 	c.volumes(1).Unmount(ctx, &volv1.UnmountRequest{Name: "exp", User: "e2e-src"})
 
 	// Exported on a replica's node: from a fork of its replica, at one
-	// index. On the node without one: through its mount, said so.
+	// index. On the node without one: from a fork of a member's replica,
+	// streamed through this node's vold.
 	v, err := c.inspect(1, "exp")
 	if err != nil {
 		t.Fatal(err)
@@ -2420,22 +2431,41 @@ func testExportImport(t *testing.T, c *volCluster) {
 	member, outside := c.memberNodes(v)[0], c.outsideNode(v)
 	archive := filepath.Join(t.TempDir(), "exp.tar")
 	_, errOut, code := c.ctl(member, "volume", "export", "exp", "-o", archive)
-	if code != 0 || !regexp.MustCompile(`exported exp as of its entry \d+ \(from this node's replica\): 6 entries, 2MiB`).MatchString(errOut) {
+	want := fmt.Sprintf(`exported exp as of its entry \d+ \(from node %s's replica\): 6 entries, 2MiB`, c.ids[member-1])
+	if code != 0 || !regexp.MustCompile(want).MatchString(errOut) {
 		t.Fatalf("volume export on node %d (a replica's): exit %d: %s", member, code, errOut)
 	}
-	live := archive + ".live"
-	if _, errOut, code := c.ctl(outside, "volume", "export", "exp", "-o", live); code != 0 ||
-		!strings.Contains(errOut, "holds no replica of volume exp") || !strings.Contains(errOut, "exported exp: 6 entries, 2MiB") {
+	proxied := archive + ".proxied"
+	_, errOut, code = c.ctl(outside, "volume", "export", "exp", "-o", proxied)
+	from := regexp.MustCompile(`exported exp as of its entry \d+ \(from node (\S+)'s replica\): 6 entries, 2MiB`).FindStringSubmatch(errOut)
+	if code != 0 || from == nil || !slices.Contains(c.memberNodes(v), c.node(from[1])) || strings.Contains(errOut, "warning") {
 		t.Errorf("volume export on node %d (no replica): exit %d: %s", outside, code, errOut)
 	}
-	if f, err := os.Open(live); err != nil {
+	if f, err := os.Open(proxied); err != nil {
 		t.Error(err)
 	} else {
 		entries, size, err := volarchive.Size(f)
 		f.Close()
 		if err != nil || entries != 6 || size != int64(len(big))+int64(len("port=80\n")) {
-			t.Errorf("the live copy: %d entries, %d bytes, %v", entries, size, err)
+			t.Errorf("the proxied copy: %d entries, %d bytes, %v", entries, size, err)
 		}
+	}
+	// With the leader's vold stopped (the member the outside node asks
+	// first), another member's replica is copied once a leader is back.
+	leader := c.node(v.GetLeader())
+	if leader == 0 {
+		t.Fatalf("exp has no leader: %v", v)
+	}
+	if err := c.Stop(ctx, leader, "vold", 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = c.ctl(outside, "volume", "export", "exp", "-o", proxied)
+	from = regexp.MustCompile(`exported exp as of its entry \d+ \(from node (\S+)'s replica\): 6 entries, 2MiB`).FindStringSubmatch(errOut)
+	if code != 0 || from == nil || c.node(from[1]) == leader || !slices.Contains(c.memberNodes(v), c.node(from[1])) {
+		t.Errorf("volume export on node %d with node %d's vold stopped: exit %d: %s", outside, leader, code, errOut)
+	}
+	if err := c.Start(ctx, leader, "vold"); err != nil {
+		t.Fatal(err)
 	}
 	if _, _, code := c.ctl(2, "volume", "export", "nosuch", "-o", archive+".2"); code == 0 {
 		t.Error("export of a missing volume succeeded")

@@ -822,8 +822,11 @@ func (*UnmountResponse) Descriptor() ([]byte, []int) {
 }
 
 type ExportVolumeRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// group is the volume's Raft group (VolPeer.Export only: the name the
+	// caller resolved, which the receiver's replica must serve).
+	Group         uint64 `protobuf:"varint,2,opt,name=group,proto3" json:"group,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -865,6 +868,13 @@ func (x *ExportVolumeRequest) GetName() string {
 	return ""
 }
 
+func (x *ExportVolumeRequest) GetGroup() uint64 {
+	if x != nil {
+		return x.Group
+	}
+	return 0
+}
+
 // ExportChunk is a piece of the tar stream; the last one also counts
 // what was written.
 type ExportChunk struct {
@@ -875,7 +885,10 @@ type ExportChunk struct {
 	Bytes   int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
 	Skipped int64                  `protobuf:"varint,5,opt,name=skipped,proto3" json:"skipped,omitempty"`
 	// applied is the index of the volume's log the copy is of.
-	Applied       uint64 `protobuf:"varint,6,opt,name=applied,proto3" json:"applied,omitempty"`
+	Applied uint64 `protobuf:"varint,6,opt,name=applied,proto3" json:"applied,omitempty"`
+	// node is the node whose replica was copied (last chunk; empty from a
+	// vold from before proxied exports, which copies its own).
+	Node          string `protobuf:"bytes,7,opt,name=node,proto3" json:"node,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -950,6 +963,13 @@ func (x *ExportChunk) GetApplied() uint64 {
 		return x.Applied
 	}
 	return 0
+}
+
+func (x *ExportChunk) GetNode() string {
+	if x != nil {
+		return x.Node
+	}
+	return ""
 }
 
 type PutRequest struct {
@@ -2042,16 +2062,18 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\x0eUnmountRequest\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04user\x18\x02 \x01(\tR\x04user\"\x11\n" +
-	"\x0fUnmountResponse\")\n" +
+	"\x0fUnmountResponse\"?\n" +
 	"\x13ExportVolumeRequest\x12\x12\n" +
-	"\x04name\x18\x01 \x01(\tR\x04name\"\x99\x01\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x14\n" +
+	"\x05group\x18\x02 \x01(\x04R\x05group\"\xad\x01\n" +
 	"\vExportChunk\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
 	"\x04last\x18\x02 \x01(\bR\x04last\x12\x18\n" +
 	"\aentries\x18\x03 \x01(\x03R\aentries\x12\x14\n" +
 	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x18\n" +
 	"\askipped\x18\x05 \x01(\x03R\askipped\x12\x18\n" +
-	"\aapplied\x18\x06 \x01(\x04R\aapplied\"\xa0\x01\n" +
+	"\aapplied\x18\x06 \x01(\x04R\aapplied\x12\x12\n" +
+	"\x04node\x18\a \x01(\tR\x04node\"\xa0\x01\n" +
 	"\n" +
 	"PutRequest\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
@@ -2139,9 +2161,10 @@ const file_shoal_vol_v1_vol_proto_rawDesc = "" +
 	"\tListLocks\x12\x1e.shoal.vol.v1.ListLocksRequest\x1a\x1f.shoal.vol.v1.ListLocksResponse2\x90\x01\n" +
 	"\rStateMachines\x12:\n" +
 	"\x03Set\x12\x18.shoal.vol.v1.SetRequest\x1a\x19.shoal.vol.v1.SetResponse\x12C\n" +
-	"\x05Watch\x12\x1a.shoal.vol.v1.WatchRequest\x1a\x1c.shoal.vol.v1.MachineCommand0\x012Q\n" +
+	"\x05Watch\x12\x1a.shoal.vol.v1.WatchRequest\x1a\x1c.shoal.vol.v1.MachineCommand0\x012\x9b\x01\n" +
 	"\aVolPeer\x12F\n" +
-	"\aForward\x12\x1c.shoal.vol.v1.ForwardRequest\x1a\x1d.shoal.vol.v1.ForwardResponseB5Z3github.com/shoal-dev/shoal/proto/shoal/vol/v1;volv1b\x06proto3"
+	"\aForward\x12\x1c.shoal.vol.v1.ForwardRequest\x1a\x1d.shoal.vol.v1.ForwardResponse\x12H\n" +
+	"\x06Export\x12!.shoal.vol.v1.ExportVolumeRequest\x1a\x19.shoal.vol.v1.ExportChunk0\x01B5Z3github.com/shoal-dev/shoal/proto/shoal/vol/v1;volv1b\x06proto3"
 
 var (
 	file_shoal_vol_v1_vol_proto_rawDescOnce sync.Once
@@ -2221,25 +2244,27 @@ var file_shoal_vol_v1_vol_proto_depIdxs = []int32{
 	26, // 24: shoal.vol.v1.StateMachines.Set:input_type -> shoal.vol.v1.SetRequest
 	28, // 25: shoal.vol.v1.StateMachines.Watch:input_type -> shoal.vol.v1.WatchRequest
 	30, // 26: shoal.vol.v1.VolPeer.Forward:input_type -> shoal.vol.v1.ForwardRequest
-	1,  // 27: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
-	4,  // 28: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
-	1,  // 29: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
-	1,  // 30: shoal.vol.v1.Volumes.UpdateVolume:output_type -> shoal.vol.v1.Volume
-	8,  // 31: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
-	10, // 32: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
-	12, // 33: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
-	14, // 34: shoal.vol.v1.Volumes.ExportVolume:output_type -> shoal.vol.v1.ExportChunk
-	16, // 35: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
-	18, // 36: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
-	19, // 37: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
-	19, // 38: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
-	23, // 39: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
-	25, // 40: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
-	27, // 41: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
-	29, // 42: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
-	31, // 43: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
-	27, // [27:44] is the sub-list for method output_type
-	10, // [10:27] is the sub-list for method input_type
+	13, // 27: shoal.vol.v1.VolPeer.Export:input_type -> shoal.vol.v1.ExportVolumeRequest
+	1,  // 28: shoal.vol.v1.Volumes.CreateVolume:output_type -> shoal.vol.v1.Volume
+	4,  // 29: shoal.vol.v1.Volumes.ListVolumes:output_type -> shoal.vol.v1.ListVolumesResponse
+	1,  // 30: shoal.vol.v1.Volumes.InspectVolume:output_type -> shoal.vol.v1.Volume
+	1,  // 31: shoal.vol.v1.Volumes.UpdateVolume:output_type -> shoal.vol.v1.Volume
+	8,  // 32: shoal.vol.v1.Volumes.RemoveVolume:output_type -> shoal.vol.v1.RemoveVolumeResponse
+	10, // 33: shoal.vol.v1.Volumes.Mount:output_type -> shoal.vol.v1.MountResponse
+	12, // 34: shoal.vol.v1.Volumes.Unmount:output_type -> shoal.vol.v1.UnmountResponse
+	14, // 35: shoal.vol.v1.Volumes.ExportVolume:output_type -> shoal.vol.v1.ExportChunk
+	16, // 36: shoal.vol.v1.KV.Put:output_type -> shoal.vol.v1.PutResponse
+	18, // 37: shoal.vol.v1.KV.Get:output_type -> shoal.vol.v1.GetResponse
+	19, // 38: shoal.vol.v1.KV.AcquireLock:output_type -> shoal.vol.v1.Lease
+	19, // 39: shoal.vol.v1.KV.RenewLock:output_type -> shoal.vol.v1.Lease
+	23, // 40: shoal.vol.v1.KV.ReleaseLock:output_type -> shoal.vol.v1.ReleaseLockResponse
+	25, // 41: shoal.vol.v1.KV.ListLocks:output_type -> shoal.vol.v1.ListLocksResponse
+	27, // 42: shoal.vol.v1.StateMachines.Set:output_type -> shoal.vol.v1.SetResponse
+	29, // 43: shoal.vol.v1.StateMachines.Watch:output_type -> shoal.vol.v1.MachineCommand
+	31, // 44: shoal.vol.v1.VolPeer.Forward:output_type -> shoal.vol.v1.ForwardResponse
+	14, // 45: shoal.vol.v1.VolPeer.Export:output_type -> shoal.vol.v1.ExportChunk
+	28, // [28:46] is the sub-list for method output_type
+	10, // [10:28] is the sub-list for method input_type
 	10, // [10:10] is the sub-list for extension type_name
 	10, // [10:10] is the sub-list for extension extendee
 	0,  // [0:10] is the sub-list for field type_name

@@ -68,9 +68,10 @@ type VolumesClient interface {
 	Mount(ctx context.Context, in *MountRequest, opts ...grpc.CallOption) (*MountResponse, error)
 	Unmount(ctx context.Context, in *UnmountRequest, opts ...grpc.CallOption) (*UnmountResponse, error)
 	// ExportVolume streams the volume's tree as a tar archive as it was at
-	// one linearizable point (a fork of this node's replica after a
-	// ReadIndex), while writes go on. FAILED_PRECONDITION when this node
-	// holds no replica of the volume.
+	// one linearizable point (a fork of a replica after a ReadIndex), while
+	// writes go on: this node's replica, or else a member's through
+	// VolPeer.Export. FAILED_PRECONDITION when neither can (this node holds
+	// no replica and every member's vold predates VolPeer.Export).
 	ExportVolume(ctx context.Context, in *ExportVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error)
 }
 
@@ -204,9 +205,10 @@ type VolumesServer interface {
 	Mount(context.Context, *MountRequest) (*MountResponse, error)
 	Unmount(context.Context, *UnmountRequest) (*UnmountResponse, error)
 	// ExportVolume streams the volume's tree as a tar archive as it was at
-	// one linearizable point (a fork of this node's replica after a
-	// ReadIndex), while writes go on. FAILED_PRECONDITION when this node
-	// holds no replica of the volume.
+	// one linearizable point (a fork of a replica after a ReadIndex), while
+	// writes go on: this node's replica, or else a member's through
+	// VolPeer.Export. FAILED_PRECONDITION when neither can (this node holds
+	// no replica and every member's vold predates VolPeer.Export).
 	ExportVolume(*ExportVolumeRequest, grpc.ServerStreamingServer[ExportChunk]) error
 	mustEmbedUnimplementedVolumesServer()
 }
@@ -928,6 +930,7 @@ var StateMachines_ServiceDesc = grpc.ServiceDesc{
 
 const (
 	VolPeer_Forward_FullMethodName = "/shoal.vol.v1.VolPeer/Forward"
+	VolPeer_Export_FullMethodName  = "/shoal.vol.v1.VolPeer/Export"
 )
 
 // VolPeerClient is the client API for VolPeer service.
@@ -943,6 +946,10 @@ type VolPeerClient interface {
 	// group: filesystem mutations and queries for nodes that mount a volume
 	// without holding a replica, KV and lock calls, membership changes.
 	Forward(ctx context.Context, in *ForwardRequest, opts ...grpc.CallOption) (*ForwardResponse, error)
+	// Export is ExportVolume from the receiver's replica of group, for a
+	// node that holds none. NOT_FOUND when the receiver holds no replica of
+	// that group.
+	Export(ctx context.Context, in *ExportVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error)
 }
 
 type volPeerClient struct {
@@ -963,6 +970,25 @@ func (c *volPeerClient) Forward(ctx context.Context, in *ForwardRequest, opts ..
 	return out, nil
 }
 
+func (c *volPeerClient) Export(ctx context.Context, in *ExportVolumeRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExportChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &VolPeer_ServiceDesc.Streams[0], VolPeer_Export_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ExportVolumeRequest, ExportChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type VolPeer_ExportClient = grpc.ServerStreamingClient[ExportChunk]
+
 // VolPeerServer is the server API for VolPeer service.
 // All implementations must embed UnimplementedVolPeerServer
 // for forward compatibility.
@@ -976,6 +1002,10 @@ type VolPeerServer interface {
 	// group: filesystem mutations and queries for nodes that mount a volume
 	// without holding a replica, KV and lock calls, membership changes.
 	Forward(context.Context, *ForwardRequest) (*ForwardResponse, error)
+	// Export is ExportVolume from the receiver's replica of group, for a
+	// node that holds none. NOT_FOUND when the receiver holds no replica of
+	// that group.
+	Export(*ExportVolumeRequest, grpc.ServerStreamingServer[ExportChunk]) error
 	mustEmbedUnimplementedVolPeerServer()
 }
 
@@ -988,6 +1018,9 @@ type UnimplementedVolPeerServer struct{}
 
 func (UnimplementedVolPeerServer) Forward(context.Context, *ForwardRequest) (*ForwardResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Forward not implemented")
+}
+func (UnimplementedVolPeerServer) Export(*ExportVolumeRequest, grpc.ServerStreamingServer[ExportChunk]) error {
+	return status.Error(codes.Unimplemented, "method Export not implemented")
 }
 func (UnimplementedVolPeerServer) mustEmbedUnimplementedVolPeerServer() {}
 func (UnimplementedVolPeerServer) testEmbeddedByValue()                 {}
@@ -1028,6 +1061,17 @@ func _VolPeer_Forward_Handler(srv interface{}, ctx context.Context, dec func(int
 	return interceptor(ctx, in, info, handler)
 }
 
+func _VolPeer_Export_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ExportVolumeRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(VolPeerServer).Export(m, &grpc.GenericServerStream[ExportVolumeRequest, ExportChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type VolPeer_ExportServer = grpc.ServerStreamingServer[ExportChunk]
+
 // VolPeer_ServiceDesc is the grpc.ServiceDesc for VolPeer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -1040,6 +1084,12 @@ var VolPeer_ServiceDesc = grpc.ServiceDesc{
 			Handler:    _VolPeer_Forward_Handler,
 		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Export",
+			Handler:       _VolPeer_Export_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "shoal/vol/v1/vol.proto",
 }
