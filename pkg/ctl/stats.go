@@ -51,8 +51,9 @@ func (a *app) taskStats() *cobra.Command {
 named, else every running task of --service or --node, else of the cluster.
 Each node samples its own tasks. CPU % is of one CPU (200% is two busy
 CPUs), over the last interval; memory leaves out the inactive page cache.
-The set of tasks is taken when the command starts. Until interrupted,
-unless --no-stream.`,
+Until interrupted, unless --no-stream. Without IDs, tasks that start
+later join the table and tasks that stop leave it; named tasks stay,
+with the reason they show no figures.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if err := o.check(); err != nil {
 				return err
@@ -185,6 +186,11 @@ func newStatsTracker() *statsTracker {
 }
 
 func (t *statsTracker) add(r *schedv1.TaskStatsReply) {
+	for _, id := range r.GetGone() {
+		delete(t.last, id)
+		delete(t.prev, id)
+		t.fresh = true
+	}
 	for _, s := range r.GetStats() {
 		if old := t.last[s.GetTask()]; old != nil && old.GetError() == "" && s.GetError() == "" {
 			t.prev[s.GetTask()] = old

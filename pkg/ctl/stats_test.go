@@ -125,3 +125,29 @@ func TestTopLevelStats(t *testing.T) {
 		t.Errorf("stats: exit %d, %q, %s", code, out, errOut)
 	}
 }
+
+// TestStatsTrackerGone: a task a following stream names as gone leaves
+// the table at once, and comes back, rates anew, if it is sampled again.
+func TestStatsTrackerGone(t *testing.T) {
+	at := time.Date(2026, 12, 7, 12, 0, 0, 0, time.UTC)
+	sample := func(id string, d time.Duration) *schedv1.TaskStat {
+		return &schedv1.TaskStat{Task: id, Time: timestamppb.New(at.Add(d)), CpuNanos: uint64(d)}
+	}
+	tr := newStatsTracker()
+	tr.add(&schedv1.TaskStatsReply{Stats: []*schedv1.TaskStat{sample("a", 0), sample("b", 0)}})
+	tr.add(&schedv1.TaskStatsReply{Stats: []*schedv1.TaskStat{sample("a", time.Second), sample("b", time.Second)}})
+	tr.fresh = false
+	tr.add(&schedv1.TaskStatsReply{Gone: []string{"a"}})
+	if v := tr.views(); !tr.fresh || len(v) != 1 || v[0].Task != "b" || v[0].CPUPercent == nil {
+		t.Fatalf("after a gone: fresh %v, %+v", tr.fresh, v)
+	}
+	tr.add(&schedv1.TaskStatsReply{Stats: []*schedv1.TaskStat{sample("a", 2*time.Second)}})
+	for _, v := range tr.views() {
+		if v.Task == "a" && v.CPUPercent != nil {
+			t.Errorf("a task back after gone has a rate from before: %+v", v)
+		}
+	}
+	if len(tr.views()) != 2 {
+		t.Errorf("views %+v, want a and b", tr.views())
+	}
+}

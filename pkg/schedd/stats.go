@@ -3,6 +3,7 @@ package schedd
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -32,42 +33,135 @@ func (s *api) TaskStats(req *schedv1.TaskStatsRequest, stream schedv1.Scheduler_
 	if err != nil {
 		return err
 	}
-	byNode := map[string][]sched.Task{}
-	for _, t := range tasks {
-		byNode[t.Node] = append(byNode[t.Node], t)
-	}
 	var mu sync.Mutex
 	send := func(r *schedv1.TaskStatsReply) error {
 		mu.Lock()
 		defer mu.Unlock()
 		return stream.Send(r)
 	}
+	if len(req.GetTasks()) == 0 && req.GetCount() == 0 && interval > 0 {
+		return s.n.followStats(stream.Context(), req, tasks, send)
+	}
 	g, ctx := errgroup.WithContext(stream.Context())
-	for node, ts := range byNode {
-		ids := make([]string, len(ts))
-		for i, t := range ts {
-			ids[i] = t.ID
-		}
-		if node == s.n.id {
-			g.Go(func() error { return s.n.localStats(ctx, ids, interval, req.GetCount(), send) })
-			continue
-		}
-		g.Go(func() error {
-			err := s.n.relayStats(ctx, node, &schedv1.TaskStatsRequest{Tasks: ids, Interval: req.GetInterval(), Count: req.GetCount()}, send)
-			if err == nil || ctx.Err() != nil {
-				return err
-			}
-			// A node that does not answer costs its own tasks' figures,
-			// not the others': its tasks carry the reason.
-			reply := &schedv1.TaskStatsReply{}
-			for _, t := range ts {
-				reply.Stats = append(reply.Stats, &schedv1.TaskStat{Task: t.ID, Service: t.Service, Slot: t.Slot, Node: t.Node,
-					Time: timestamppb.Now(), Error: fmt.Sprintf("node %s did not answer: %v", t.Node, err)})
-			}
-			return send(reply)
-		})
+	for node, ts := range tasksByNode(tasks) {
+		g.Go(func() error { return s.n.sampleNode(ctx, node, ts, req, send) })
 	}
 	return g.Wait()
+}
+
+// tasksByNode groups tasks by the node that runs them.
+func tasksByNode(tasks []sched.Task) map[string][]sched.Task {
+	out := map[string][]sched.Task{}
+	for _, t := range tasks {
+		out[t.Node] = append(out[t.Node], t)
+	}
+	return out
+}
+
+// sampleNode streams the samples of node's tasks ts to send: taken here,
+// or relayed from that node's schedd. A node that does not answer costs
+// its own tasks' figures, not the others': its tasks carry the reason.
+func (n *node) sampleNode(ctx context.Context, node string, ts []sched.Task, req *schedv1.TaskStatsRequest, send func(*schedv1.TaskStatsReply) error) error {
+	ids := make([]string, len(ts))
+	for i, t := range ts {
+		ids[i] = t.ID
+	}
+	interval := req.GetInterval().AsDuration()
+	if node == n.id {
+		return n.localStats(ctx, ids, interval, req.GetCount(), send)
+	}
+	err := n.relayStats(ctx, node, &schedv1.TaskStatsRequest{Tasks: ids, Interval: req.GetInterval(), Count: req.GetCount()}, send)
+	if err == nil || ctx.Err() != nil {
+		return err
+	}
+	reply := &schedv1.TaskStatsReply{}
+	for _, t := range ts {
+		reply.Stats = append(reply.Stats, &schedv1.TaskStat{Task: t.ID, Service: t.Service, Slot: t.Slot, Node: t.Node,
+			Time: timestamppb.Now(), Error: fmt.Sprintf("node %s did not answer: %v", t.Node, err)})
+	}
+	return send(reply)
+}
+
+// closed reports whether c is closed.
+func closed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// followStats streams the samples of a request that names no tasks until
+// ctx ends, resolving its tasks again every interval (as docker stats
+// follows containers that start): a node whose set changed is sampled
+// anew, and tasks no longer in the set are sent as gone once their
+// node's old sampler has stopped, so no sample of theirs follows.
+func (n *node) followStats(ctx context.Context, req *schedv1.TaskStatsRequest, tasks []sched.Task, send func(*schedv1.TaskStatsReply) error) error {
+	type sampler struct {
+		ids    []string
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	samplers := map[string]*sampler{}
+	stop := func(s *sampler) {
+		s.cancel()
+		<-s.done
+	}
+	defer func() {
+		for _, s := range samplers {
+			stop(s)
+		}
+	}()
+	tick := time.NewTicker(req.GetInterval().AsDuration())
+	defer tick.Stop()
+	for {
+		want := tasksByNode(tasks)
+		var gone []string
+		for node, s := range samplers {
+			ts := want[node]
+			if slices.EqualFunc(s.ids, ts, func(id string, t sched.Task) bool { return id == t.ID }) && !closed(s.done) {
+				delete(want, node) // unchanged and sampling: kept
+				continue
+			}
+			// Changed, or ended (its node did not answer): sampled anew.
+			stop(s)
+			delete(samplers, node)
+			for _, id := range s.ids {
+				if !slices.ContainsFunc(tasks, func(t sched.Task) bool { return t.ID == id }) {
+					gone = append(gone, id)
+				}
+			}
+		}
+		if len(gone) > 0 {
+			sort.Strings(gone)
+			if err := send(&schedv1.TaskStatsReply{Gone: gone}); err != nil {
+				return err
+			}
+		}
+		for node, ts := range want {
+			sctx, cancel := context.WithCancel(ctx)
+			s := &sampler{cancel: cancel, done: make(chan struct{})}
+			for _, t := range ts {
+				s.ids = append(s.ids, t.ID)
+			}
+			samplers[node] = s
+			go func() {
+				defer close(s.done)
+				// Its errors are the stream's, which ends with ctx.
+				_ = n.sampleNode(sctx, node, ts, req, send)
+			}()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+		var err error
+		if tasks, err = n.statsTasks(req); err != nil {
+			return err
+		}
+	}
 }
 
 // statsTasks resolves what a stats request names: its tasks (each must

@@ -1358,6 +1358,39 @@ func TestSchedulerMore(t *testing.T) {
 		if len(last) != 1 || last[0].Task != cur[1].GetId() || last[0].CPUPercent == nil {
 			t.Errorf("last round %+v, want %s with its CPU rate", last, cur[1].GetId())
 		}
+		// Following: a service's stream takes in the tasks that start
+		// after it and drops those that stop.
+		bg = c.startCtl(asker, "service", "stats", "st", "--interval", "200ms", "-o", "json")
+		round := func() map[string]string {
+			lines := strings.Split(strings.TrimSpace(bg.out.String()), "\n")
+			var r []statJSON
+			if json.Unmarshal([]byte(lines[len(lines)-1]), &r) != nil {
+				return nil
+			}
+			out := map[string]string{}
+			for _, s := range r {
+				out[s.Task] = s.Error
+			}
+			return out
+		}
+		waitFor(t, 20*time.Second, "the two tasks in service stats", func() bool { return len(round()) == 2 })
+		c.mustCtl(1, "service", "scale", "st=3")
+		waitFor(t, 30*time.Second, "a third task in the same service stats", func() bool {
+			r := round()
+			return len(r) == 3 && r[cur[0].GetId()] == "" && r[cur[1].GetId()] == "" && !slices.ContainsFunc(slices.Collect(maps.Values(r)), func(e string) bool { return e != "" })
+		})
+		c.mustCtl(1, "service", "scale", "st=1")
+		var kept map[string]string
+		waitFor(t, 30*time.Second, "one task left in the same service stats", func() bool {
+			kept = round()
+			return len(kept) == 1
+		})
+		if code := bg.interrupt(t); code != 0 {
+			t.Errorf("service stats after SIGINT: exit %d, stderr %q", code, bg.errOut.String())
+		}
+		if now := c.currentTasks("st"); len(now) != 1 || !maps.Equal(kept, map[string]string{now[0].GetId(): ""}) {
+			t.Errorf("service stats followed %v, want the one current task %v", kept, now)
+		}
 		c.mustCtl(1, "service", "rm", "st")
 		if _, errOut, code := c.ctl(asker, "task", "stats", cur[0].GetId(), "--no-stream"); code == 0 || !strings.Contains(errOut, "not found") {
 			t.Errorf("stats of a removed task: exit %d, %q; want not found", code, errOut)

@@ -1029,7 +1029,10 @@ type TaskStatsRequest struct {
 	// task, then the stream ends.
 	Interval *durationpb.Duration `protobuf:"bytes,4,opt,name=interval,proto3" json:"interval,omitempty"`
 	// count: with an interval, how many samples of each task before the
-	// stream ends (0: until the call ends). Rates need two.
+	// stream ends (0: until the call ends). Rates need two. A request that
+	// names no tasks and streams until the call ends follows its set: the
+	// tasks are resolved again every interval, new ones are sampled and
+	// those no longer running are named in a reply's gone.
 	Count         uint32 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1255,8 +1258,12 @@ func (x *TaskStat) GetError() string {
 }
 
 type TaskStatsReply struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Stats         []*TaskStat            `protobuf:"bytes,1,rep,name=stats,proto3" json:"stats,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Stats []*TaskStat            `protobuf:"bytes,1,rep,name=stats,proto3" json:"stats,omitempty"`
+	// gone: tasks a following request no longer samples (stopped, removed,
+	// or moved off the node asked for); no later reply names them unless
+	// they run again.
+	Gone          []string `protobuf:"bytes,2,rep,name=gone,proto3" json:"gone,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1294,6 +1301,13 @@ func (*TaskStatsReply) Descriptor() ([]byte, []int) {
 func (x *TaskStatsReply) GetStats() []*TaskStat {
 	if x != nil {
 		return x.Stats
+	}
+	return nil
+}
+
+func (x *TaskStatsReply) GetGone() []string {
+	if x != nil {
+		return x.Gone
 	}
 	return nil
 }
@@ -2211,9 +2225,10 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"netTxBytes\x12(\n" +
 	"\x10block_read_bytes\x18\f \x01(\x04R\x0eblockReadBytes\x12*\n" +
 	"\x11block_write_bytes\x18\r \x01(\x04R\x0fblockWriteBytes\x12\x14\n" +
-	"\x05error\x18\x0e \x01(\tR\x05error\"@\n" +
+	"\x05error\x18\x0e \x01(\tR\x05error\"T\n" +
 	"\x0eTaskStatsReply\x12.\n" +
-	"\x05stats\x18\x01 \x03(\v2\x18.shoal.sched.v1.TaskStatR\x05stats\"\xac\x01\n" +
+	"\x05stats\x18\x01 \x03(\v2\x18.shoal.sched.v1.TaskStatR\x05stats\x12\x12\n" +
+	"\x04gone\x18\x02 \x03(\tR\x04gone\"\xac\x01\n" +
 	"\tExecInput\x12\x12\n" +
 	"\x04task\x18\x01 \x01(\tR\x04task\x12\x12\n" +
 	"\x04args\x18\x02 \x03(\tR\x04args\x12\x10\n" +
