@@ -34,7 +34,7 @@ help:
 	@echo "make bench   - run the benchmarks and write docs/BENCHMARKS.md"
 	@echo "make check   - gofmt, go vet, staticcheck, generated code current"
 	@echo "make proto   - regenerate Go code from proto/"
-	@echo "make upgrade-check [OLD=rev] - a volume on this vold and OLD's (default 3fcf164), then upgraded"
+	@echo "make upgrade-check [OLD=rev] [OLD_SCHEDD=rev] - volumes with an old vold, services with an old schedd, upgraded"
 	@echo "make install - install binaries and systemd units (PREFIX, DESTDIR)"
 
 build: $(BINS)
@@ -112,22 +112,31 @@ e2e: build nspawn-root
 
 # upgrade-check runs a volume with one replica on the vold of commit OLD
 # (the last before volume levels by default), then upgrades that node
-# (test/e2e TestVolumeUpgradeFromOldVold; docs/VOLUMES.md, Upgrades).
+# (test/e2e TestVolumeUpgradeFromOldVold; docs/VOLUMES.md, Upgrades), and
+# services on a node whose schedd is of commit OLD_SCHEDD (the last before
+# schedds published the spec fields they know), upgraded and downgraded
+# (TestScheddSpecFieldsOnOlderNode; docs/SCHEDULING.md, Mixed versions).
 OLD ?= 3fcf164
+OLD_SCHEDD ?= d9944a7
 upgrade-check: build
 	rm -rf bin/old.src && git worktree prune && git worktree add --detach bin/old.src $(OLD)
 	cd bin/old.src && CGO_ENABLED=0 $(GO) build -o $(CURDIR)/bin/old/shoal-vold ./cmd/vold; \
 		rc=$$?; cd $(CURDIR) && git worktree remove --force bin/old.src; exit $$rc
-	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_OLD_VOLD=$(CURDIR)/bin/old/shoal-vold $(GO) test -count=1 -timeout 5m -v -run 'TestVolumeUpgradeFromOldVold' ./test/e2e/
+	git worktree add --detach bin/old.src $(OLD_SCHEDD)
+	cd bin/old.src && CGO_ENABLED=0 $(GO) build -o $(CURDIR)/bin/old/shoal-schedd ./cmd/schedd; \
+		rc=$$?; cd $(CURDIR) && git worktree remove --force bin/old.src; exit $$rc
+	SHOAL_BIN_DIR=$(CURDIR)/bin SHOAL_OLD_VOLD=$(CURDIR)/bin/old/shoal-vold SHOAL_OLD_SCHEDD=$(CURDIR)/bin/old/shoal-schedd \
+		$(GO) test -count=1 -timeout 8m -v -run 'TestVolumeUpgradeFromOldVold|TestScheddSpecFieldsOnOlderNode' ./test/e2e/
 
-# upgrade-check-ci is test's upgrade-check: it needs OLD in the clone's
-# history, which a shallow clone or a source tarball lacks; there it says
-# loudly that the check did not run rather than fail the rest.
+# upgrade-check-ci is test's upgrade-check: it needs OLD and OLD_SCHEDD in
+# the clone's history, which a shallow clone or a source tarball lacks;
+# there it says loudly that the check did not run rather than fail the
+# rest.
 upgrade-check-ci:
-	@if git rev-parse -q --verify '$(OLD)^{commit}' >/dev/null 2>&1; then \
+	@if git rev-parse -q --verify '$(OLD)^{commit}' >/dev/null 2>&1 && git rev-parse -q --verify '$(OLD_SCHEDD)^{commit}' >/dev/null 2>&1; then \
 		$(MAKE) --no-print-directory upgrade-check; \
 	else \
-		echo "*** upgrade-check NOT RUN: commit $(OLD) is not in this clone (shallow?); run make upgrade-check in a full clone"; \
+		echo "*** upgrade-check NOT RUN: commit $(OLD) or $(OLD_SCHEDD) is not in this clone (shallow?); run make upgrade-check in a full clone"; \
 	fi
 
 # nspawn-root builds NSPAWN_ROOT unless it is there (a minute, 373 MB):

@@ -360,6 +360,12 @@ func NodeFromDoc(id string, d crdt.Doc, alive bool) Node {
 	} else if m, ok := f[fMemory].AsInt(); ok {
 		n.Capacity.MemoryBytes = m
 	}
+	// Written with the capacity at each start: a schedd from before that
+	// starts later (a downgrade) writes the capacity alone, and leaves
+	// the list older than it.
+	if v, ok := f[NodeSpecFieldsField].AsString(); ok && d.Fields[NodeSpecFieldsField].Stamp.Compare(d.Fields[fCapacityCPU].Stamp) >= 0 {
+		n.SpecFields = ParseNodeSpecFields(v)
+	}
 	return n
 }
 
@@ -370,6 +376,8 @@ func NodeFields(capacity Resources, availability Availability) map[string]crdt.V
 		fCapacityMemory: crdt.Int(capacity.MemoryBytes),
 		fAvailability:   crdt.String(string(availability)),
 		fShutDown:       crdt.Bool(false), // up (again)
+		// With the capacity, in one write (NodeFromDoc).
+		NodeSpecFieldsField: crdt.String(strings.Join(SpecFieldsBeyondBaseline(), ",")),
 	}
 }
 

@@ -36,6 +36,9 @@ type Request struct {
 	// the group's leader, and leadership follows the writer's node only
 	// among replicas.
 	Near map[string]float64
+	// Needs are the spec's fields beyond the baseline (SpecNeeds): a node
+	// whose schedd does not know one would run the task without it.
+	Needs []string
 }
 
 // NearVolumes returns Request.Near for a task that mounts volumes (as in
@@ -86,6 +89,7 @@ func NewRequest(spec ServiceSpec, slot string) (Request, error) {
 		Constraints: cs,
 		Strategy:    st,
 		MaxPerNode:  spec.MaxPerNode,
+		Needs:       SpecNeeds(spec),
 	}, nil
 }
 
@@ -180,6 +184,9 @@ const (
 	RejectCPU        RejectClass = "cpu"
 	RejectMemory     RejectClass = "memory"
 	RejectGone       RejectClass = "unreachable" // the Reserve call failed
+	// RejectSchedd: the node's schedd does not know spec fields (Detail,
+	// comma-separated) the task uses; checked after availability.
+	RejectSchedd RejectClass = "schedd"
 )
 
 // Reject says why a node refused (or would refuse) a task. The zero
@@ -209,6 +216,8 @@ func (r Reject) String() string {
 		return "fails constraint " + r.Detail
 	case RejectMaxPerNode:
 		return "runs the service's maximum per node (" + r.Detail + ")"
+	case RejectSchedd:
+		return "runs a schedd that does not know spec field " + r.Detail + " (upgrade it)"
 	case RejectPort:
 		return "host port " + r.Detail + " is in use"
 	case RejectCPU:
@@ -231,6 +240,9 @@ func Filter(req Request, n Node, u NodeUsage) Reject {
 		return Reject{Class: RejectDrained}
 	case n.Availability == Pause:
 		return Reject{Class: RejectPaused}
+	}
+	if r, bad := specFieldsReject(req.Needs, n.SpecFields); bad {
+		return r
 	}
 	for _, c := range req.Constraints {
 		if !c.Match(n) {
@@ -415,6 +427,8 @@ func SummarizeRejects(total int, rejects []Reject) string {
 			p = verb("fails", "fail") + " constraint " + r.Detail
 		case RejectMaxPerNode:
 			p = verb("runs", "run") + " the service's maximum per node (" + r.Detail + ")"
+		case RejectSchedd:
+			p = verb("runs", "run") + " a schedd that does not know spec field " + r.Detail + " (upgrade it)"
 		case RejectPort:
 			p = verb("has", "have") + " host port " + r.Detail + " in use"
 		case RejectCPU:

@@ -125,6 +125,10 @@ type Node struct {
 	// ShutDown: the node's scheduler said its machine is shutting down
 	// and stopped its tasks (see Up), and has not started since.
 	ShutDown bool
+	// SpecFields are the spec fields beyond the baseline its schedd knows
+	// (NodeSpecFieldsField); none for a schedd from before they were
+	// published.
+	SpecFields map[string]bool
 }
 
 // TaskState is a task's lifecycle state, written by the node running it.

@@ -128,14 +128,32 @@ func (n *node) ownerRound(ctx context.Context, now time.Time) {
 		}
 		n.omu.Unlock()
 		sort.Slice(snap.InFlight, func(i, j int) bool { return snap.InFlight[i].Slot < snap.InFlight[j].Slot })
+		unknown := n.unknownSpecFields(svc)
 		for _, a := range sched.Reconcile(snap, now, newTaskID(svc)) {
 			if _, quiet := a.(sched.Requeue); !quiet {
 				n.log.Debug("owner action", "service", svc, "action", fmt.Sprint(a))
+			}
+			if r, ok := a.(sched.Reserve); ok && len(unknown) > 0 {
+				// Its spec, as decoded here, lacks those fields: a task
+				// started from it would run without them.
+				n.setUnschedulable(svc, r.Slot, fmt.Sprintf("its owner, node %s, runs a schedd that does not know spec field %s (upgrade it)", n.id, strings.Join(unknown, ",")))
+				continue
 			}
 			n.execOwner(ctx, svc, a, now)
 		}
 		n.publishUnschedulable(ctx, svc, w.services[svc])
 	}
+}
+
+// unknownSpecFields lists the fields of service svc's stored spec that
+// this schedd does not know.
+func (n *node) unknownSpecFields(svc string) []string {
+	d := n.mirror.Get(sched.ServiceKey(svc))
+	if d == nil {
+		return nil
+	}
+	spec, _ := statepb.FromDocument(d).Live()[fieldSpec].AsString()
+	return sched.UnknownSpecFields([]byte(spec))
 }
 
 // newTaskID returns a generator of task IDs for a service: readable, and

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 
 	"github.com/containerd/errdefs"
@@ -51,6 +52,16 @@ func (s *peerServer) Reserve(ctx context.Context, req *schedv1.ReserveRequest) (
 	}
 	if a.TaskID == "" || a.Service == "" || a.Slot == "" {
 		return nil, fmt.Errorf("reserve without task, service or slot: %w", errdefs.ErrInvalidArgument)
+	}
+	// A newer owner's spec may hold fields this schedd does not know,
+	// which decoding dropped: refused, as an owner that knew this node's
+	// fields would not have asked.
+	var raw struct{ Spec json.RawMessage }
+	if json.Unmarshal(req.GetReserve(), &raw) == nil {
+		if unknown := sched.UnknownSpecFields(raw.Spec); len(unknown) > 0 {
+			why, _ := json.Marshal(sched.Reject{Class: sched.RejectSchedd, Detail: strings.Join(unknown, ",")})
+			return &schedv1.ReserveResponse{Reject: why}, nil
+		}
 	}
 	ok, free, why, err := s.n.acceptReserve(ctx, a)
 	if err != nil {

@@ -1188,6 +1188,33 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "zoned")
 	})
 
+	t.Run("NewerSpecFields", func(t *testing.T) {
+		// A spec written by a newer schedd or shoalctl, with a field this
+		// schedd does not know: its owner starts no task from what it
+		// could decode, and says why.
+		c.mustCtl(1, "service", "create", "nf", "--image", img, "--replicas", "0", "--stop-grace", "1s", "--detach", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "nf")
+		var v struct {
+			Spec map[string]any `json:"spec"`
+		}
+		decode(t, c.mustCtl(1, "service", "inspect", "nf", "-o", "json"), &v)
+		v.Spec["replicas"], v.Spec["future_field"] = 1, true
+		spec, err := json.Marshal(v.Spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mustCtl(1, "state", "put", "/services/nf", "spec="+string(spec))
+		const why = "runs a schedd that does not know spec field future_field (upgrade it)"
+		waitFor(t, 20*time.Second, "nf reported unschedulable by its owner", func() bool {
+			out, _, code := c.ctl(2, "service", "inspect", "nf", "-o", "json")
+			return code == 0 && strings.Contains(out, why)
+		})
+		if tasks := c.tasks("nf"); len(tasks) != 0 {
+			t.Errorf("tasks of a spec with an unknown field: %v", tasks)
+		}
+		c.mustCtl(1, "service", "rm", "nf")
+	})
+
 	t.Run("ProcessOptions", func(t *testing.T) {
 		// --cap-add and --cap-drop reach the task's process: its
 		// effective set has NET_ADMIN (bit 12), which the default set
