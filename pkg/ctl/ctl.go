@@ -91,7 +91,8 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on a call after this long")
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.serviceCommand(), a.stackCommand(), a.taskCommand(), a.imageCommand(), a.secretCommand(), a.configCommand(), a.registryCommand(), a.networkCommand(), a.volumeCommand(), a.lockCommand(), a.kvCommand(), a.devCommand(), a.eventsCommand(),
-		a.taskStats()) // `shoalctl stats`, as `docker stats`
+		a.taskStats(), // `shoalctl stats`, as `docker stats`
+		a.taskCopy())  // `shoalctl cp`, as `docker cp`
 	usageErrors(root)
 	return root
 }

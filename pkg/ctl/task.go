@@ -23,7 +23,7 @@ import (
 
 func (a *app) taskCommand() *cobra.Command {
 	cmd := &cobra.Command{Use: "task", Short: "Inspect tasks: logs, exec, stats"}
-	cmd.AddCommand(a.taskLs(), a.taskInspect(), a.taskLogs(), a.taskExec(), a.taskStats())
+	cmd.AddCommand(a.taskLs(), a.taskInspect(), a.taskLogs(), a.taskExec(), a.taskStats(), a.taskCopy())
 	return cmd
 }
 

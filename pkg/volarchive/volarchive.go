@@ -1,6 +1,6 @@
-// Package volarchive copies a directory tree to and from a tar stream:
-// what `shoalctl volume export` and `volume import` do through a volume's
-// mount. Both work inside an os.Root, so an archive's names ("../x",
+// Package volarchive copies a directory tree, or one path in it, to and
+// from a tar stream: what `shoalctl volume export` and `volume import` do
+// through a volume's mount, and `task cp` in a task's file system. Both work inside an os.Root, so an archive's names ("../x",
 // "/etc/passwd", a symlink pointing out and then written through) cannot
 // reach outside the tree being filled, whatever the archive holds.
 //
@@ -19,6 +19,7 @@ import (
 	"os"
 	"path"
 	"slices"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -40,12 +41,19 @@ type Stats struct {
 // ".". progress, if not nil, is called with the bytes written so far after
 // each file.
 func Write(root *os.Root, w io.Writer, progress func(bytes int64)) (Stats, error) {
+	return WritePath(root, ".", w, progress)
+}
+
+// WritePath writes name in root (a file, link, or directory and the tree
+// under it) to w as a tar stream, its entries named as in root ("app",
+// "app/conf"): what `docker cp` sends of a path from its parent.
+func WritePath(root *os.Root, name string, w io.Writer, progress func(bytes int64)) (Stats, error) {
 	buf := make([]byte, copyBuffer)
 	var st Stats
 	tw := tar.NewWriter(w)
 	type inode struct{ dev, ino uint64 }
 	seen := map[inode]string{} // files with several names: the first name written
-	err := fs.WalkDir(root.FS(), ".", func(name string, d fs.DirEntry, err error) error {
+	err := fs.WalkDir(root.FS(), path.Clean(name), func(name string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
 		}
@@ -140,7 +148,16 @@ type ReadOptions struct {
 	// MaxBytes, if positive, bounds the file data written: past it Read
 	// stops with ErrTooLarge.
 	MaxBytes int64
+	// Rename, if set, replaces the first element of every name (and of
+	// hard links' targets): the name of an archive's one top entry where
+	// it is extracted (Target).
+	Rename string
+	// Owner, if not nil, owns every entry made, whatever the archive says.
+	Owner *Owner
 }
+
+// Owner is a numeric user and group.
+type Owner struct{ UID, GID int }
 
 // ErrTooLarge is Read's error for an archive past ReadOptions.MaxBytes.
 var ErrTooLarge = errors.New("archive too large")
@@ -169,8 +186,8 @@ func Read(root *os.Root, r io.Reader, opts ReadOptions) (Stats, error) {
 		if name == "/" || name == "" {
 			name = "."
 		}
-		name = stripRoot(name)
-		if err := extract(root, tr, hdr, name, &st, opts.MaxBytes, buf); err != nil {
+		name = rename(stripRoot(name), opts.Rename)
+		if err := extract(root, tr, hdr, name, &st, opts, buf); err != nil {
 			return st, fmt.Errorf("%s: %w", hdr.Name, err)
 		}
 		if hdr.Typeflag == tar.TypeDir {
@@ -200,7 +217,47 @@ func stripRoot(name string) string {
 	return name
 }
 
-func extract(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, st *Stats, limit int64, buf []byte) error {
+// rename replaces the first element of name by top (if set).
+func rename(name, top string) string {
+	if top == "" {
+		return name
+	}
+	if _, rest, ok := strings.Cut(name, "/"); ok && name != "." {
+		return top + "/" + rest
+	}
+	return top
+}
+
+// Target resolves where a copy into dst (in root) goes, as docker cp
+// does: into dst itself when it is a directory, the archive's top entry
+// keeping its name (rename ""); else into dst's parent, which must be a
+// directory, the top entry renamed to dst's last element.
+func Target(root *os.Root, dst string) (dir, renameTo string, err error) {
+	dst = stripRoot(path.Clean(dst))
+	info, err := root.Stat(dst)
+	switch {
+	case err == nil && info.IsDir():
+		return dst, "", nil
+	case err == nil:
+		return path.Dir(dst), path.Base(dst), nil
+	case !errors.Is(err, fs.ErrNotExist):
+		return "", "", err
+	}
+	parent := path.Dir(dst)
+	if info, err := root.Stat(parent); err != nil {
+		return "", "", err
+	} else if !info.IsDir() {
+		return "", "", fmt.Errorf("%s is not a directory: %w", parent, syscall.ENOTDIR)
+	}
+	return parent, path.Base(dst), nil
+}
+
+func extract(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, st *Stats, opts ReadOptions, buf []byte) error {
+	limit := opts.MaxBytes
+	uid, gid := hdr.Uid, hdr.Gid
+	if opts.Owner != nil {
+		uid, gid = opts.Owner.UID, opts.Owner.GID
+	}
 	mode := hdr.FileInfo().Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky)
 	if dir := path.Dir(name); dir != "." {
 		if err := root.MkdirAll(dir, 0o755); err != nil {
@@ -248,19 +305,19 @@ func extract(root *os.Root, tr *tar.Reader, hdr *tar.Header, name string, st *St
 		if err := root.Symlink(hdr.Linkname, name); err != nil {
 			return err
 		}
-		return chownIfAllowed(root.Lchown(name, hdr.Uid, hdr.Gid))
+		return chownIfAllowed(root.Lchown(name, uid, gid))
 	case tar.TypeLink:
 		if err := removeNonDir(root, name); err != nil {
 			return err
 		}
 		st.Entries++
-		return root.Link(stripRoot(path.Clean(hdr.Linkname)), name)
+		return root.Link(rename(stripRoot(path.Clean(hdr.Linkname)), opts.Rename), name)
 	default:
 		st.Skipped = append(st.Skipped, name)
 		return nil
 	}
 	st.Entries++
-	if err := chownIfAllowed(root.Lchown(name, hdr.Uid, hdr.Gid)); err != nil {
+	if err := chownIfAllowed(root.Lchown(name, uid, gid)); err != nil {
 		return err
 	}
 	// After chown, which clears set-user-ID bits.

@@ -203,3 +203,68 @@ func FuzzRead(f *testing.F) {
 		}
 	})
 }
+
+// TestCopyPath copies one path as docker cp does: named from its last
+// element, into an existing directory under its own name, or renamed to
+// a destination that does not exist yet, with hard links renamed too and
+// owners set as asked.
+func TestCopyPath(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(src, "etc/app/sub"), 0o755))
+	must(os.WriteFile(filepath.Join(src, "etc/app/sub/conf"), []byte("port=80\n"), 0o644))
+	must(os.Link(filepath.Join(src, "etc/app/sub/conf"), filepath.Join(src, "etc/app/again")))
+	must(os.WriteFile(filepath.Join(src, "etc/other"), []byte("not copied"), 0o644))
+	must(os.Chown(filepath.Join(src, "etc/app/sub/conf"), 1000, 1000))
+	must(os.Mkdir(filepath.Join(dst, "into"), 0o755))
+	must(os.WriteFile(filepath.Join(dst, "afile"), nil, 0o644))
+
+	var buf bytes.Buffer
+	st, err := WritePath(openRoot(t, filepath.Join(src, "etc")), "app", &buf, nil)
+	if err != nil || st.Entries != 4 {
+		t.Fatalf("write app: %+v, %v", st, err)
+	}
+	root := openRoot(t, dst)
+	for _, c := range []struct {
+		dst, dir, rename, want string
+	}{
+		{"into", "into", "", "into/app/sub/conf"},
+		{"/into/", "into", "", "into/app/sub/conf"},
+		{"renamed", ".", "renamed", "renamed/sub/conf"},
+		{"into/renamed", "into", "renamed", "into/renamed/sub/conf"},
+	} {
+		dir, rename, err := Target(root, c.dst)
+		if err != nil || dir != c.dir || rename != c.rename {
+			t.Errorf("Target(%q) = %q, %q, %v; want %q, %q", c.dst, dir, rename, err, c.dir, c.rename)
+			continue
+		}
+		sub, err := root.OpenRoot(dir)
+		must(err)
+		_, err = Read(sub, bytes.NewReader(buf.Bytes()), ReadOptions{Rename: rename, Owner: &Owner{UID: 7, GID: 8}})
+		sub.Close()
+		must(err)
+		info, err := os.Stat(filepath.Join(dst, c.want))
+		if err != nil {
+			t.Errorf("copy to %q: %v", c.dst, err)
+			continue
+		}
+		again, err := os.Stat(filepath.Join(filepath.Dir(filepath.Dir(filepath.Join(dst, c.want))), "again"))
+		if sys := info.Sys().(*syscall.Stat_t); err != nil || !os.SameFile(info, again) || sys.Uid != 7 || sys.Gid != 8 {
+			t.Errorf("copy to %q: hard link %v, owner %d:%d", c.dst, err, sys.Uid, sys.Gid)
+		}
+	}
+	if _, _, err := Target(root, "afile/x"); !errors.Is(err, syscall.ENOTDIR) {
+		t.Errorf("Target under a file: %v", err)
+	}
+	if _, _, err := Target(root, "missing/x"); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("Target under a missing directory: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "into/other")); err == nil {
+		t.Error("a sibling of the path was copied")
+	}
+}

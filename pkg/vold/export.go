@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/shoal-dev/shoal/pkg/chunkio"
 	"github.com/shoal-dev/shoal/pkg/raftgroup"
 	"github.com/shoal-dev/shoal/pkg/rpc"
 	"github.com/shoal-dev/shoal/pkg/volfs"
@@ -58,12 +59,12 @@ func (n *node) exportLocal(ctx context.Context, g raftgroup.GroupID, name string
 	if !ok {
 		return fmt.Errorf("volume %s: group %d runs %T, not a filesystem: %w", name, g, sm, errdefs.ErrFailedPrecondition)
 	}
-	w := &chunkSender{send: send}
+	w := &chunkio.Writer{Size: exportChunk, Send: func(b []byte) error { return send(&volv1.ExportChunk{Data: b}) }}
 	st, err := fs.WriteTar(w)
 	if err != nil {
 		return fmt.Errorf("export %s: %w", name, err)
 	}
-	return send(&volv1.ExportChunk{Data: w.buf, Last: true, Entries: int64(st.Entries), Bytes: st.Bytes,
+	return send(&volv1.ExportChunk{Data: w.Rest(), Last: true, Entries: int64(st.Entries), Bytes: st.Bytes,
 		Skipped: int64(st.Skipped), Applied: st.Applied, Node: n.id})
 }
 
@@ -155,21 +156,4 @@ func (n *node) exportFrom(ctx context.Context, m string, req *volv1.ExportVolume
 		err = status.Errorf(codes.DeadlineExceeded, "node %s did not start the export in %s", m, forwardAttempt)
 	}
 	return started, err
-}
-
-// chunkSender gathers writes into chunks of exportChunk bytes.
-type chunkSender struct {
-	send func(*volv1.ExportChunk) error
-	buf  []byte
-}
-
-func (c *chunkSender) Write(p []byte) (int, error) {
-	c.buf = append(c.buf, p...)
-	for len(c.buf) >= exportChunk {
-		if err := c.send(&volv1.ExportChunk{Data: c.buf[:exportChunk:exportChunk]}); err != nil {
-			return 0, err
-		}
-		c.buf = append([]byte(nil), c.buf[exportChunk:]...)
-	}
-	return len(p), nil
 }

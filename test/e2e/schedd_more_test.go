@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -34,6 +35,7 @@ import (
 	"github.com/shoal-dev/shoal/pkg/devcluster"
 	shoalrt "github.com/shoal-dev/shoal/pkg/runtime"
 	"github.com/shoal-dev/shoal/pkg/testimage"
+	"github.com/shoal-dev/shoal/pkg/volarchive"
 	schedv1 "github.com/shoal-dev/shoal/proto/shoal/sched/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
@@ -1188,6 +1190,85 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "zoned")
 	})
 
+	t.Run("Copy", func(t *testing.T) {
+		// shoalctl task cp on a node that does not run the task: out of
+		// it and into it, relayed, with no tar in the task's image used.
+		c.mustCtl(1, "service", "create", "cp", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "cp")
+		cur := c.currentTasks("cp")
+		if len(cur) != 1 {
+			t.Fatalf("%d current tasks, want 1", len(cur))
+		}
+		task := cur[0].GetId()
+		asker := c.nodeIndex(cur[0].GetNode())%3 + 1
+		c.mustCtl(asker, "task", "exec", task, "--", "sh", "-c",
+			"mkdir -p /data/sub && echo hi > /data/sub/f && ln -s sub/f /data/link && ln -s / /data/up && ln /data/sub/f /data/hard")
+		local := t.TempDir()
+		c.mustCtl(asker, "task", "cp", task+":/data", local)
+		if b, err := os.ReadFile(filepath.Join(local, "data/sub/f")); err != nil || string(b) != "hi\n" {
+			t.Errorf("data/sub/f copied out: %q, %v", b, err)
+		}
+		if l, err := os.Readlink(filepath.Join(local, "data/link")); err != nil || l != "sub/f" {
+			t.Errorf("data/link copied out: %q, %v", l, err)
+		}
+		if a, b := statOf(t, filepath.Join(local, "data/sub/f")), statOf(t, filepath.Join(local, "data/hard")); a == nil || b == nil || a.Ino != b.Ino {
+			t.Error("the hard link was not kept")
+		}
+		// To a name of its own, and as a tar stream.
+		c.mustCtl(asker, "task", "cp", task+":/data/sub/f", filepath.Join(local, "renamed"))
+		if b, err := os.ReadFile(filepath.Join(local, "renamed")); err != nil || string(b) != "hi\n" {
+			t.Errorf("renamed: %q, %v", b, err)
+		}
+		out := c.mustCtl(asker, "task", "cp", task+":/data/sub", "-")
+		if entries, size, err := volarchive.Size(strings.NewReader(out)); err != nil || entries != 2 || size != 3 {
+			t.Errorf("tar stream of /data/sub: %d entries, %d bytes, %v", entries, size, err)
+		}
+		// Refused: a link out of the task's root, a missing path.
+		if _, errOut, code := c.ctl(asker, "task", "cp", task+":/data/up/etc/hostname", local); code == 0 || !strings.Contains(errOut, "escapes") {
+			t.Errorf("copy through a link to /: exit %d, %q", code, errOut)
+		}
+		if _, errOut, code := c.ctl(asker, "task", "cp", task+":/nosuch", local); code != 3 {
+			t.Errorf("copy of a missing path: exit %d, %q; want 3 (not found)", code, errOut)
+		}
+
+		// Into the task: owned by its root, or with -a by the owner here.
+		in := filepath.Join(t.TempDir(), "in")
+		if err := os.MkdirAll(filepath.Join(in, "deep"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(in, "deep/a.txt"), []byte("from here\n"), 0o640); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(filepath.Join(in, "deep/a.txt"), 1234, 1234); err != nil {
+			t.Fatal(err)
+		}
+		c.mustCtl(asker, "task", "cp", in, task+":/data")
+		c.mustCtl(asker, "task", "cp", "-a", in, task+":/data/kept")
+		if out := c.mustCtl(asker, "task", "exec", task, "--", "sh", "-c",
+			"cat /data/in/deep/a.txt; stat -c '%u %a' /data/in/deep/a.txt /data/kept/deep/a.txt"); out != "from here\n0 640\n1234 640\n" {
+			t.Errorf("copied in: %q", out)
+		}
+		// A tar stream from stdin goes into a directory only.
+		archive := filepath.Join(t.TempDir(), "in.tar")
+		tarOut, errOut, code, err := c.Exec(context.Background(), asker, []string{"sh", "-c",
+			fmt.Sprintf("shoalctl task cp %s:/data/sub - > %s && shoalctl task cp - %s:/data/fromtar < %s", task, archive, task, archive)}, nil)
+		if err != nil || code == 0 || !strings.Contains(errOut, "not a directory") {
+			t.Errorf("tar stream into a missing directory: exit %d, %v, %q %q", code, err, tarOut, errOut)
+		}
+		c.mustCtl(asker, "task", "exec", task, "--", "mkdir", "/data/fromtar")
+		if _, errOut, code, err := c.Exec(context.Background(), asker, []string{"sh", "-c",
+			fmt.Sprintf("shoalctl task cp - %s:/data/fromtar < %s", task, archive)}, nil); err != nil || code != 0 {
+			t.Errorf("tar stream into a directory: exit %d, %v, %q", code, err, errOut)
+		}
+		if out := c.mustCtl(asker, "task", "exec", task, "--", "cat", "/data/fromtar/sub/f"); out != "hi\n" {
+			t.Errorf("from the tar stream: %q", out)
+		}
+		if _, errOut, code := c.ctl(asker, "task", "cp", in, task+":/data/up/tmp"); code == 0 || !strings.Contains(errOut, "escapes") {
+			t.Errorf("copy into a link to /: exit %d, %q", code, errOut)
+		}
+		c.mustCtl(1, "service", "rm", "cp")
+	})
+
 	t.Run("NewerSpecFields", func(t *testing.T) {
 		// A spec written by a newer schedd or shoalctl, with a field this
 		// schedd does not know: its owner starts no task from what it
@@ -2192,4 +2273,16 @@ func pushTestImage(t *testing.T, host, repo, tag string) {
 		do(http.MethodPut, loc+sep+"digest="+d, "application/octet-stream", b, http.StatusCreated)
 	}
 	do(http.MethodPut, base+"/manifests/"+tag, built[0].Manifest.MediaType, blobs[manifest], http.StatusCreated)
+}
+
+// statOf returns the stat of a file (nil, and an error reported, when
+// it cannot).
+func statOf(t *testing.T, name string) *syscall.Stat_t {
+	t.Helper()
+	info, err := os.Lstat(name)
+	if err != nil {
+		t.Error(err)
+		return nil
+	}
+	return info.Sys().(*syscall.Stat_t)
 }

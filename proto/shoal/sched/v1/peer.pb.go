@@ -440,7 +440,7 @@ const file_shoal_sched_v1_peer_proto_rawDesc = "" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"Z\n" +
 	"\x12ImageBlobsResponse\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x120\n" +
-	"\x05blobs\x18\x02 \x03(\v2\x1a.shoal.sched.v1.DescriptorR\x05blobs2\xd5\x03\n" +
+	"\x05blobs\x18\x02 \x03(\v2\x1a.shoal.sched.v1.DescriptorR\x05blobs2\xf1\x04\n" +
 	"\tSchedPeer\x12J\n" +
 	"\aReserve\x12\x1e.shoal.sched.v1.ReserveRequest\x1a\x1f.shoal.sched.v1.ReserveResponse\x12F\n" +
 	"\aGetBlob\x12\x1e.shoal.sched.v1.GetBlobRequest\x1a\x19.shoal.sched.v1.BlobChunk0\x01\x12S\n" +
@@ -448,7 +448,10 @@ const file_shoal_sched_v1_peer_proto_rawDesc = "" +
 	"ImageBlobs\x12!.shoal.sched.v1.ImageBlobsRequest\x1a\".shoal.sched.v1.ImageBlobsResponse\x12G\n" +
 	"\bTaskLogs\x12\x1f.shoal.sched.v1.TaskLogsRequest\x1a\x18.shoal.sched.v1.LogChunk0\x01\x12E\n" +
 	"\bTaskExec\x12\x19.shoal.sched.v1.ExecInput\x1a\x1a.shoal.sched.v1.ExecOutput(\x010\x01\x12O\n" +
-	"\tTaskStats\x12 .shoal.sched.v1.TaskStatsRequest\x1a\x1e.shoal.sched.v1.TaskStatsReply0\x01B9Z7github.com/shoal-dev/shoal/proto/shoal/sched/v1;schedv1b\x06proto3"
+	"\tTaskStats\x12 .shoal.sched.v1.TaskStatsRequest\x1a\x1e.shoal.sched.v1.TaskStatsReply0\x01\x12P\n" +
+	"\fTaskCopyFrom\x12#.shoal.sched.v1.TaskCopyFromRequest\x1a\x19.shoal.sched.v1.CopyChunk0\x01\x12H\n" +
+	"\n" +
+	"TaskCopyTo\x12\x1b.shoal.sched.v1.CopyToInput\x1a\x1b.shoal.sched.v1.CopyToReply(\x01B9Z7github.com/shoal-dev/shoal/proto/shoal/sched/v1;schedv1b\x06proto3"
 
 var (
 	file_shoal_sched_v1_peer_proto_rawDescOnce sync.Once
@@ -464,20 +467,24 @@ func file_shoal_sched_v1_peer_proto_rawDescGZIP() []byte {
 
 var file_shoal_sched_v1_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_shoal_sched_v1_peer_proto_goTypes = []any{
-	(*ReserveRequest)(nil),     // 0: shoal.sched.v1.ReserveRequest
-	(*ReserveResponse)(nil),    // 1: shoal.sched.v1.ReserveResponse
-	(*GetBlobRequest)(nil),     // 2: shoal.sched.v1.GetBlobRequest
-	(*BlobChunk)(nil),          // 3: shoal.sched.v1.BlobChunk
-	(*ImageBlobsRequest)(nil),  // 4: shoal.sched.v1.ImageBlobsRequest
-	(*Descriptor)(nil),         // 5: shoal.sched.v1.Descriptor
-	(*ImageBlobsResponse)(nil), // 6: shoal.sched.v1.ImageBlobsResponse
-	nil,                        // 7: shoal.sched.v1.Descriptor.AnnotationsEntry
-	(*TaskLogsRequest)(nil),    // 8: shoal.sched.v1.TaskLogsRequest
-	(*ExecInput)(nil),          // 9: shoal.sched.v1.ExecInput
-	(*TaskStatsRequest)(nil),   // 10: shoal.sched.v1.TaskStatsRequest
-	(*LogChunk)(nil),           // 11: shoal.sched.v1.LogChunk
-	(*ExecOutput)(nil),         // 12: shoal.sched.v1.ExecOutput
-	(*TaskStatsReply)(nil),     // 13: shoal.sched.v1.TaskStatsReply
+	(*ReserveRequest)(nil),      // 0: shoal.sched.v1.ReserveRequest
+	(*ReserveResponse)(nil),     // 1: shoal.sched.v1.ReserveResponse
+	(*GetBlobRequest)(nil),      // 2: shoal.sched.v1.GetBlobRequest
+	(*BlobChunk)(nil),           // 3: shoal.sched.v1.BlobChunk
+	(*ImageBlobsRequest)(nil),   // 4: shoal.sched.v1.ImageBlobsRequest
+	(*Descriptor)(nil),          // 5: shoal.sched.v1.Descriptor
+	(*ImageBlobsResponse)(nil),  // 6: shoal.sched.v1.ImageBlobsResponse
+	nil,                         // 7: shoal.sched.v1.Descriptor.AnnotationsEntry
+	(*TaskLogsRequest)(nil),     // 8: shoal.sched.v1.TaskLogsRequest
+	(*ExecInput)(nil),           // 9: shoal.sched.v1.ExecInput
+	(*TaskStatsRequest)(nil),    // 10: shoal.sched.v1.TaskStatsRequest
+	(*TaskCopyFromRequest)(nil), // 11: shoal.sched.v1.TaskCopyFromRequest
+	(*CopyToInput)(nil),         // 12: shoal.sched.v1.CopyToInput
+	(*LogChunk)(nil),            // 13: shoal.sched.v1.LogChunk
+	(*ExecOutput)(nil),          // 14: shoal.sched.v1.ExecOutput
+	(*TaskStatsReply)(nil),      // 15: shoal.sched.v1.TaskStatsReply
+	(*CopyChunk)(nil),           // 16: shoal.sched.v1.CopyChunk
+	(*CopyToReply)(nil),         // 17: shoal.sched.v1.CopyToReply
 }
 var file_shoal_sched_v1_peer_proto_depIdxs = []int32{
 	7,  // 0: shoal.sched.v1.Descriptor.annotations:type_name -> shoal.sched.v1.Descriptor.AnnotationsEntry
@@ -488,14 +495,18 @@ var file_shoal_sched_v1_peer_proto_depIdxs = []int32{
 	8,  // 5: shoal.sched.v1.SchedPeer.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
 	9,  // 6: shoal.sched.v1.SchedPeer.TaskExec:input_type -> shoal.sched.v1.ExecInput
 	10, // 7: shoal.sched.v1.SchedPeer.TaskStats:input_type -> shoal.sched.v1.TaskStatsRequest
-	1,  // 8: shoal.sched.v1.SchedPeer.Reserve:output_type -> shoal.sched.v1.ReserveResponse
-	3,  // 9: shoal.sched.v1.SchedPeer.GetBlob:output_type -> shoal.sched.v1.BlobChunk
-	6,  // 10: shoal.sched.v1.SchedPeer.ImageBlobs:output_type -> shoal.sched.v1.ImageBlobsResponse
-	11, // 11: shoal.sched.v1.SchedPeer.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	12, // 12: shoal.sched.v1.SchedPeer.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	13, // 13: shoal.sched.v1.SchedPeer.TaskStats:output_type -> shoal.sched.v1.TaskStatsReply
-	8,  // [8:14] is the sub-list for method output_type
-	2,  // [2:8] is the sub-list for method input_type
+	11, // 8: shoal.sched.v1.SchedPeer.TaskCopyFrom:input_type -> shoal.sched.v1.TaskCopyFromRequest
+	12, // 9: shoal.sched.v1.SchedPeer.TaskCopyTo:input_type -> shoal.sched.v1.CopyToInput
+	1,  // 10: shoal.sched.v1.SchedPeer.Reserve:output_type -> shoal.sched.v1.ReserveResponse
+	3,  // 11: shoal.sched.v1.SchedPeer.GetBlob:output_type -> shoal.sched.v1.BlobChunk
+	6,  // 12: shoal.sched.v1.SchedPeer.ImageBlobs:output_type -> shoal.sched.v1.ImageBlobsResponse
+	13, // 13: shoal.sched.v1.SchedPeer.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	14, // 14: shoal.sched.v1.SchedPeer.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	15, // 15: shoal.sched.v1.SchedPeer.TaskStats:output_type -> shoal.sched.v1.TaskStatsReply
+	16, // 16: shoal.sched.v1.SchedPeer.TaskCopyFrom:output_type -> shoal.sched.v1.CopyChunk
+	17, // 17: shoal.sched.v1.SchedPeer.TaskCopyTo:output_type -> shoal.sched.v1.CopyToReply
+	10, // [10:18] is the sub-list for method output_type
+	2,  // [2:10] is the sub-list for method input_type
 	2,  // [2:2] is the sub-list for extension type_name
 	2,  // [2:2] is the sub-list for extension extendee
 	0,  // [0:2] is the sub-list for field type_name

@@ -22,12 +22,14 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SchedPeer_Reserve_FullMethodName    = "/shoal.sched.v1.SchedPeer/Reserve"
-	SchedPeer_GetBlob_FullMethodName    = "/shoal.sched.v1.SchedPeer/GetBlob"
-	SchedPeer_ImageBlobs_FullMethodName = "/shoal.sched.v1.SchedPeer/ImageBlobs"
-	SchedPeer_TaskLogs_FullMethodName   = "/shoal.sched.v1.SchedPeer/TaskLogs"
-	SchedPeer_TaskExec_FullMethodName   = "/shoal.sched.v1.SchedPeer/TaskExec"
-	SchedPeer_TaskStats_FullMethodName  = "/shoal.sched.v1.SchedPeer/TaskStats"
+	SchedPeer_Reserve_FullMethodName      = "/shoal.sched.v1.SchedPeer/Reserve"
+	SchedPeer_GetBlob_FullMethodName      = "/shoal.sched.v1.SchedPeer/GetBlob"
+	SchedPeer_ImageBlobs_FullMethodName   = "/shoal.sched.v1.SchedPeer/ImageBlobs"
+	SchedPeer_TaskLogs_FullMethodName     = "/shoal.sched.v1.SchedPeer/TaskLogs"
+	SchedPeer_TaskExec_FullMethodName     = "/shoal.sched.v1.SchedPeer/TaskExec"
+	SchedPeer_TaskStats_FullMethodName    = "/shoal.sched.v1.SchedPeer/TaskStats"
+	SchedPeer_TaskCopyFrom_FullMethodName = "/shoal.sched.v1.SchedPeer/TaskCopyFrom"
+	SchedPeer_TaskCopyTo_FullMethodName   = "/shoal.sched.v1.SchedPeer/TaskCopyTo"
 )
 
 // SchedPeerClient is the client API for SchedPeer service.
@@ -46,6 +48,8 @@ type SchedPeerClient interface {
 	TaskExec(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ExecInput, ExecOutput], error)
 	// TaskStats samples the receiver's own tasks named by ID.
 	TaskStats(ctx context.Context, in *TaskStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TaskStatsReply], error)
+	TaskCopyFrom(ctx context.Context, in *TaskCopyFromRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CopyChunk], error)
+	TaskCopyTo(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CopyToInput, CopyToReply], error)
 }
 
 type schedPeerClient struct {
@@ -146,6 +150,38 @@ func (c *schedPeerClient) TaskStats(ctx context.Context, in *TaskStatsRequest, o
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SchedPeer_TaskStatsClient = grpc.ServerStreamingClient[TaskStatsReply]
 
+func (c *schedPeerClient) TaskCopyFrom(ctx context.Context, in *TaskCopyFromRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CopyChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SchedPeer_ServiceDesc.Streams[4], SchedPeer_TaskCopyFrom_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TaskCopyFromRequest, CopyChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SchedPeer_TaskCopyFromClient = grpc.ServerStreamingClient[CopyChunk]
+
+func (c *schedPeerClient) TaskCopyTo(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CopyToInput, CopyToReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &SchedPeer_ServiceDesc.Streams[5], SchedPeer_TaskCopyTo_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CopyToInput, CopyToReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SchedPeer_TaskCopyToClient = grpc.ClientStreamingClient[CopyToInput, CopyToReply]
+
 // SchedPeerServer is the server API for SchedPeer service.
 // All implementations must embed UnimplementedSchedPeerServer
 // for forward compatibility.
@@ -162,6 +198,8 @@ type SchedPeerServer interface {
 	TaskExec(grpc.BidiStreamingServer[ExecInput, ExecOutput]) error
 	// TaskStats samples the receiver's own tasks named by ID.
 	TaskStats(*TaskStatsRequest, grpc.ServerStreamingServer[TaskStatsReply]) error
+	TaskCopyFrom(*TaskCopyFromRequest, grpc.ServerStreamingServer[CopyChunk]) error
+	TaskCopyTo(grpc.ClientStreamingServer[CopyToInput, CopyToReply]) error
 	mustEmbedUnimplementedSchedPeerServer()
 }
 
@@ -189,6 +227,12 @@ func (UnimplementedSchedPeerServer) TaskExec(grpc.BidiStreamingServer[ExecInput,
 }
 func (UnimplementedSchedPeerServer) TaskStats(*TaskStatsRequest, grpc.ServerStreamingServer[TaskStatsReply]) error {
 	return status.Error(codes.Unimplemented, "method TaskStats not implemented")
+}
+func (UnimplementedSchedPeerServer) TaskCopyFrom(*TaskCopyFromRequest, grpc.ServerStreamingServer[CopyChunk]) error {
+	return status.Error(codes.Unimplemented, "method TaskCopyFrom not implemented")
+}
+func (UnimplementedSchedPeerServer) TaskCopyTo(grpc.ClientStreamingServer[CopyToInput, CopyToReply]) error {
+	return status.Error(codes.Unimplemented, "method TaskCopyTo not implemented")
 }
 func (UnimplementedSchedPeerServer) mustEmbedUnimplementedSchedPeerServer() {}
 func (UnimplementedSchedPeerServer) testEmbeddedByValue()                   {}
@@ -287,6 +331,24 @@ func _SchedPeer_TaskStats_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type SchedPeer_TaskStatsServer = grpc.ServerStreamingServer[TaskStatsReply]
 
+func _SchedPeer_TaskCopyFrom_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(TaskCopyFromRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SchedPeerServer).TaskCopyFrom(m, &grpc.GenericServerStream[TaskCopyFromRequest, CopyChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SchedPeer_TaskCopyFromServer = grpc.ServerStreamingServer[CopyChunk]
+
+func _SchedPeer_TaskCopyTo_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SchedPeerServer).TaskCopyTo(&grpc.GenericServerStream[CopyToInput, CopyToReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type SchedPeer_TaskCopyToServer = grpc.ClientStreamingServer[CopyToInput, CopyToReply]
+
 // SchedPeer_ServiceDesc is the grpc.ServiceDesc for SchedPeer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -324,6 +386,16 @@ var SchedPeer_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "TaskStats",
 			Handler:       _SchedPeer_TaskStats_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "TaskCopyFrom",
+			Handler:       _SchedPeer_TaskCopyFrom_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "TaskCopyTo",
+			Handler:       _SchedPeer_TaskCopyTo_Handler,
+			ClientStreams: true,
 		},
 	},
 	Metadata: "shoal/sched/v1/peer.proto",

@@ -1407,6 +1407,292 @@ func (x *ExecInput) GetHeight() uint32 {
 	return 0
 }
 
+type TaskCopyFromRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Task  string                 `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	// path in the task's file system; it may not lead out of it (through
+	// "..", or a symbolic link to an absolute path).
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *TaskCopyFromRequest) Reset() {
+	*x = TaskCopyFromRequest{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *TaskCopyFromRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*TaskCopyFromRequest) ProtoMessage() {}
+
+func (x *TaskCopyFromRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use TaskCopyFromRequest.ProtoReflect.Descriptor instead.
+func (*TaskCopyFromRequest) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *TaskCopyFromRequest) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *TaskCopyFromRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+// CopyChunk is a piece of a tar stream; the last one also counts what
+// was written.
+type CopyChunk struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Data    []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Last    bool                   `protobuf:"varint,2,opt,name=last,proto3" json:"last,omitempty"`
+	Entries int64                  `protobuf:"varint,3,opt,name=entries,proto3" json:"entries,omitempty"`
+	Bytes   int64                  `protobuf:"varint,4,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// skipped: FIFOs, sockets and devices, which are not copied.
+	Skipped       []string `protobuf:"bytes,5,rep,name=skipped,proto3" json:"skipped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyChunk) Reset() {
+	*x = CopyChunk{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyChunk) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyChunk) ProtoMessage() {}
+
+func (x *CopyChunk) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyChunk.ProtoReflect.Descriptor instead.
+func (*CopyChunk) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CopyChunk) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *CopyChunk) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
+}
+
+func (x *CopyChunk) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *CopyChunk) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CopyChunk) GetSkipped() []string {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
+type CopyToInput struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The first message names the task and the destination: an existing
+	// directory receives the archive's top entry under its own name, any
+	// other path (whose parent is a directory) is that entry's new name.
+	Task string `protobuf:"bytes,1,opt,name=task,proto3" json:"task,omitempty"`
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// keep_owners keeps the archive's numeric owners; else what is made
+	// belongs to the task's root user (as docker cp without -a).
+	KeepOwners bool `protobuf:"varint,3,opt,name=keep_owners,json=keepOwners,proto3" json:"keep_owners,omitempty"`
+	// Later messages: the tar stream.
+	Data []byte `protobuf:"bytes,4,opt,name=data,proto3" json:"data,omitempty"`
+	// into_directory: the stream may hold several top entries (a tar made
+	// elsewhere), so path must be an existing directory.
+	IntoDirectory bool `protobuf:"varint,5,opt,name=into_directory,json=intoDirectory,proto3" json:"into_directory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyToInput) Reset() {
+	*x = CopyToInput{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyToInput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyToInput) ProtoMessage() {}
+
+func (x *CopyToInput) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyToInput.ProtoReflect.Descriptor instead.
+func (*CopyToInput) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *CopyToInput) GetTask() string {
+	if x != nil {
+		return x.Task
+	}
+	return ""
+}
+
+func (x *CopyToInput) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *CopyToInput) GetKeepOwners() bool {
+	if x != nil {
+		return x.KeepOwners
+	}
+	return false
+}
+
+func (x *CopyToInput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *CopyToInput) GetIntoDirectory() bool {
+	if x != nil {
+		return x.IntoDirectory
+	}
+	return false
+}
+
+type CopyToReply struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Entries int64                  `protobuf:"varint,1,opt,name=entries,proto3" json:"entries,omitempty"`
+	Bytes   int64                  `protobuf:"varint,2,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	Skipped []string               `protobuf:"bytes,3,rep,name=skipped,proto3" json:"skipped,omitempty"`
+	// dest is where the top entry went, in the task's file system.
+	Dest          string `protobuf:"bytes,4,opt,name=dest,proto3" json:"dest,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CopyToReply) Reset() {
+	*x = CopyToReply{}
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CopyToReply) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CopyToReply) ProtoMessage() {}
+
+func (x *CopyToReply) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CopyToReply.ProtoReflect.Descriptor instead.
+func (*CopyToReply) Descriptor() ([]byte, []int) {
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *CopyToReply) GetEntries() int64 {
+	if x != nil {
+		return x.Entries
+	}
+	return 0
+}
+
+func (x *CopyToReply) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *CopyToReply) GetSkipped() []string {
+	if x != nil {
+		return x.Skipped
+	}
+	return nil
+}
+
+func (x *CopyToReply) GetDest() string {
+	if x != nil {
+		return x.Dest
+	}
+	return ""
+}
+
 type ExecOutput struct {
 	state  protoimpl.MessageState `protogen:"open.v1"`
 	Stdout []byte                 `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
@@ -1420,7 +1706,7 @@ type ExecOutput struct {
 
 func (x *ExecOutput) Reset() {
 	*x = ExecOutput{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1432,7 +1718,7 @@ func (x *ExecOutput) String() string {
 func (*ExecOutput) ProtoMessage() {}
 
 func (x *ExecOutput) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[19]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1445,7 +1731,7 @@ func (x *ExecOutput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
 func (*ExecOutput) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{19}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *ExecOutput) GetStdout() []byte {
@@ -1485,7 +1771,7 @@ type ImageChunk struct {
 
 func (x *ImageChunk) Reset() {
 	*x = ImageChunk{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1497,7 +1783,7 @@ func (x *ImageChunk) String() string {
 func (*ImageChunk) ProtoMessage() {}
 
 func (x *ImageChunk) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[20]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1510,7 +1796,7 @@ func (x *ImageChunk) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ImageChunk.ProtoReflect.Descriptor instead.
 func (*ImageChunk) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{20}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *ImageChunk) GetData() []byte {
@@ -1533,7 +1819,7 @@ type Image struct {
 
 func (x *Image) Reset() {
 	*x = Image{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1545,7 +1831,7 @@ func (x *Image) String() string {
 func (*Image) ProtoMessage() {}
 
 func (x *Image) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[21]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1558,7 +1844,7 @@ func (x *Image) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Image.ProtoReflect.Descriptor instead.
 func (*Image) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{21}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *Image) GetName() string {
@@ -1598,7 +1884,7 @@ type LoadImageResponse struct {
 
 func (x *LoadImageResponse) Reset() {
 	*x = LoadImageResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1610,7 +1896,7 @@ func (x *LoadImageResponse) String() string {
 func (*LoadImageResponse) ProtoMessage() {}
 
 func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[22]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1623,7 +1909,7 @@ func (x *LoadImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use LoadImageResponse.ProtoReflect.Descriptor instead.
 func (*LoadImageResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{22}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *LoadImageResponse) GetImages() []*Image {
@@ -1641,7 +1927,7 @@ type ListImagesRequest struct {
 
 func (x *ListImagesRequest) Reset() {
 	*x = ListImagesRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1653,7 +1939,7 @@ func (x *ListImagesRequest) String() string {
 func (*ListImagesRequest) ProtoMessage() {}
 
 func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[23]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1666,7 +1952,7 @@ func (x *ListImagesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesRequest.ProtoReflect.Descriptor instead.
 func (*ListImagesRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{23}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{27}
 }
 
 type ListImagesResponse struct {
@@ -1678,7 +1964,7 @@ type ListImagesResponse struct {
 
 func (x *ListImagesResponse) Reset() {
 	*x = ListImagesResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1690,7 +1976,7 @@ func (x *ListImagesResponse) String() string {
 func (*ListImagesResponse) ProtoMessage() {}
 
 func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[24]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1703,7 +1989,7 @@ func (x *ListImagesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListImagesResponse.ProtoReflect.Descriptor instead.
 func (*ListImagesResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{24}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListImagesResponse) GetImages() []*Image {
@@ -1726,7 +2012,7 @@ type RemoveImageRequest struct {
 
 func (x *RemoveImageRequest) Reset() {
 	*x = RemoveImageRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1738,7 +2024,7 @@ func (x *RemoveImageRequest) String() string {
 func (*RemoveImageRequest) ProtoMessage() {}
 
 func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[25]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1751,7 +2037,7 @@ func (x *RemoveImageRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageRequest.ProtoReflect.Descriptor instead.
 func (*RemoveImageRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{25}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *RemoveImageRequest) GetRef() string {
@@ -1783,7 +2069,7 @@ type RemoveImageResponse struct {
 
 func (x *RemoveImageResponse) Reset() {
 	*x = RemoveImageResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1795,7 +2081,7 @@ func (x *RemoveImageResponse) String() string {
 func (*RemoveImageResponse) ProtoMessage() {}
 
 func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[26]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1808,7 +2094,7 @@ func (x *RemoveImageResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveImageResponse.ProtoReflect.Descriptor instead.
 func (*RemoveImageResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{26}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *RemoveImageResponse) GetName() string {
@@ -1850,7 +2136,7 @@ type RemoveSecretRequest struct {
 
 func (x *RemoveSecretRequest) Reset() {
 	*x = RemoveSecretRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1862,7 +2148,7 @@ func (x *RemoveSecretRequest) String() string {
 func (*RemoveSecretRequest) ProtoMessage() {}
 
 func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[27]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1875,7 +2161,7 @@ func (x *RemoveSecretRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretRequest.ProtoReflect.Descriptor instead.
 func (*RemoveSecretRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{27}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *RemoveSecretRequest) GetName() string {
@@ -1900,7 +2186,7 @@ type RemoveSecretResponse struct {
 
 func (x *RemoveSecretResponse) Reset() {
 	*x = RemoveSecretResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1912,7 +2198,7 @@ func (x *RemoveSecretResponse) String() string {
 func (*RemoveSecretResponse) ProtoMessage() {}
 
 func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[28]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1925,7 +2211,7 @@ func (x *RemoveSecretResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RemoveSecretResponse.ProtoReflect.Descriptor instead.
 func (*RemoveSecretResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{28}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{32}
 }
 
 type ForgetNodeTasksRequest struct {
@@ -1937,7 +2223,7 @@ type ForgetNodeTasksRequest struct {
 
 func (x *ForgetNodeTasksRequest) Reset() {
 	*x = ForgetNodeTasksRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1949,7 +2235,7 @@ func (x *ForgetNodeTasksRequest) String() string {
 func (*ForgetNodeTasksRequest) ProtoMessage() {}
 
 func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[29]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1962,7 +2248,7 @@ func (x *ForgetNodeTasksRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetNodeTasksRequest.ProtoReflect.Descriptor instead.
 func (*ForgetNodeTasksRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{29}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ForgetNodeTasksRequest) GetNodeId() string {
@@ -1982,7 +2268,7 @@ type ForgetNodeTasksResponse struct {
 
 func (x *ForgetNodeTasksResponse) Reset() {
 	*x = ForgetNodeTasksResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[30]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1994,7 +2280,7 @@ func (x *ForgetNodeTasksResponse) String() string {
 func (*ForgetNodeTasksResponse) ProtoMessage() {}
 
 func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[30]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2007,7 +2293,7 @@ func (x *ForgetNodeTasksResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ForgetNodeTasksResponse.ProtoReflect.Descriptor instead.
 func (*ForgetNodeTasksResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{30}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *ForgetNodeTasksResponse) GetForgotten() uint32 {
@@ -2030,7 +2316,7 @@ type SetNodeAvailabilityRequest struct {
 
 func (x *SetNodeAvailabilityRequest) Reset() {
 	*x = SetNodeAvailabilityRequest{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[31]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2042,7 +2328,7 @@ func (x *SetNodeAvailabilityRequest) String() string {
 func (*SetNodeAvailabilityRequest) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[31]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2055,7 +2341,7 @@ func (x *SetNodeAvailabilityRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityRequest.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityRequest) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{31}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *SetNodeAvailabilityRequest) GetNode() string {
@@ -2088,7 +2374,7 @@ type SetNodeAvailabilityResponse struct {
 
 func (x *SetNodeAvailabilityResponse) Reset() {
 	*x = SetNodeAvailabilityResponse{}
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[32]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2100,7 +2386,7 @@ func (x *SetNodeAvailabilityResponse) String() string {
 func (*SetNodeAvailabilityResponse) ProtoMessage() {}
 
 func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_shoal_sched_v1_sched_proto_msgTypes[32]
+	mi := &file_shoal_sched_v1_sched_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2113,7 +2399,7 @@ func (x *SetNodeAvailabilityResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SetNodeAvailabilityResponse.ProtoReflect.Descriptor instead.
 func (*SetNodeAvailabilityResponse) Descriptor() ([]byte, []int) {
-	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{32}
+	return file_shoal_sched_v1_sched_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *SetNodeAvailabilityResponse) GetMoved() uint32 {
@@ -2236,7 +2522,28 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\x05stdin\x18\x04 \x01(\fR\x05stdin\x12!\n" +
 	"\fstdin_closed\x18\x05 \x01(\bR\vstdinClosed\x12\x14\n" +
 	"\x05width\x18\x06 \x01(\rR\x05width\x12\x16\n" +
-	"\x06height\x18\a \x01(\rR\x06height\"q\n" +
+	"\x06height\x18\a \x01(\rR\x06height\"=\n" +
+	"\x13TaskCopyFromRequest\x12\x12\n" +
+	"\x04task\x18\x01 \x01(\tR\x04task\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"}\n" +
+	"\tCopyChunk\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x12\x12\n" +
+	"\x04last\x18\x02 \x01(\bR\x04last\x12\x18\n" +
+	"\aentries\x18\x03 \x01(\x03R\aentries\x12\x14\n" +
+	"\x05bytes\x18\x04 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\askipped\x18\x05 \x03(\tR\askipped\"\x91\x01\n" +
+	"\vCopyToInput\x12\x12\n" +
+	"\x04task\x18\x01 \x01(\tR\x04task\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1f\n" +
+	"\vkeep_owners\x18\x03 \x01(\bR\n" +
+	"keepOwners\x12\x12\n" +
+	"\x04data\x18\x04 \x01(\fR\x04data\x12%\n" +
+	"\x0einto_directory\x18\x05 \x01(\bR\rintoDirectory\"k\n" +
+	"\vCopyToReply\x12\x18\n" +
+	"\aentries\x18\x01 \x01(\x03R\aentries\x12\x14\n" +
+	"\x05bytes\x18\x02 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\askipped\x18\x03 \x03(\tR\askipped\x12\x12\n" +
+	"\x04dest\x18\x04 \x01(\tR\x04dest\"q\n" +
 	"\n" +
 	"ExecOutput\x12\x16\n" +
 	"\x06stdout\x18\x01 \x01(\fR\x06stdout\x12\x16\n" +
@@ -2277,7 +2584,7 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\favailability\x18\x02 \x01(\tR\favailability\x12\x12\n" +
 	"\x04wait\x18\x03 \x01(\bR\x04wait\"3\n" +
 	"\x1bSetNodeAvailabilityResponse\x12\x14\n" +
-	"\x05moved\x18\x01 \x01(\rR\x05moved2\x82\r\n" +
+	"\x05moved\x18\x01 \x01(\rR\x05moved2\x9e\x0e\n" +
 	"\tScheduler\x12N\n" +
 	"\rCreateService\x12$.shoal.sched.v1.CreateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
 	"\rUpdateService\x12$.shoal.sched.v1.UpdateServiceRequest\x1a\x17.shoal.sched.v1.Service\x12N\n" +
@@ -2293,7 +2600,10 @@ const file_shoal_sched_v1_sched_proto_rawDesc = "" +
 	"\aGetTask\x12\x1e.shoal.sched.v1.GetTaskRequest\x1a\x14.shoal.sched.v1.Task\x12G\n" +
 	"\bTaskLogs\x12\x1f.shoal.sched.v1.TaskLogsRequest\x1a\x18.shoal.sched.v1.LogChunk0\x01\x12E\n" +
 	"\bTaskExec\x12\x19.shoal.sched.v1.ExecInput\x1a\x1a.shoal.sched.v1.ExecOutput(\x010\x01\x12O\n" +
-	"\tTaskStats\x12 .shoal.sched.v1.TaskStatsRequest\x1a\x1e.shoal.sched.v1.TaskStatsReply0\x01\x12L\n" +
+	"\tTaskStats\x12 .shoal.sched.v1.TaskStatsRequest\x1a\x1e.shoal.sched.v1.TaskStatsReply0\x01\x12P\n" +
+	"\fTaskCopyFrom\x12#.shoal.sched.v1.TaskCopyFromRequest\x1a\x19.shoal.sched.v1.CopyChunk0\x01\x12H\n" +
+	"\n" +
+	"TaskCopyTo\x12\x1b.shoal.sched.v1.CopyToInput\x1a\x1b.shoal.sched.v1.CopyToReply(\x01\x12L\n" +
 	"\tLoadImage\x12\x1a.shoal.sched.v1.ImageChunk\x1a!.shoal.sched.v1.LoadImageResponse(\x01\x12S\n" +
 	"\n" +
 	"ListImages\x12!.shoal.sched.v1.ListImagesRequest\x1a\".shoal.sched.v1.ListImagesResponse\x12V\n" +
@@ -2314,7 +2624,7 @@ func file_shoal_sched_v1_sched_proto_rawDescGZIP() []byte {
 	return file_shoal_sched_v1_sched_proto_rawDescData
 }
 
-var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 33)
+var file_shoal_sched_v1_sched_proto_msgTypes = make([]protoimpl.MessageInfo, 37)
 var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*Service)(nil),                     // 0: shoal.sched.v1.Service
 	(*CreateServiceRequest)(nil),        // 1: shoal.sched.v1.CreateServiceRequest
@@ -2335,40 +2645,44 @@ var file_shoal_sched_v1_sched_proto_goTypes = []any{
 	(*TaskStat)(nil),                    // 16: shoal.sched.v1.TaskStat
 	(*TaskStatsReply)(nil),              // 17: shoal.sched.v1.TaskStatsReply
 	(*ExecInput)(nil),                   // 18: shoal.sched.v1.ExecInput
-	(*ExecOutput)(nil),                  // 19: shoal.sched.v1.ExecOutput
-	(*ImageChunk)(nil),                  // 20: shoal.sched.v1.ImageChunk
-	(*Image)(nil),                       // 21: shoal.sched.v1.Image
-	(*LoadImageResponse)(nil),           // 22: shoal.sched.v1.LoadImageResponse
-	(*ListImagesRequest)(nil),           // 23: shoal.sched.v1.ListImagesRequest
-	(*ListImagesResponse)(nil),          // 24: shoal.sched.v1.ListImagesResponse
-	(*RemoveImageRequest)(nil),          // 25: shoal.sched.v1.RemoveImageRequest
-	(*RemoveImageResponse)(nil),         // 26: shoal.sched.v1.RemoveImageResponse
-	(*RemoveSecretRequest)(nil),         // 27: shoal.sched.v1.RemoveSecretRequest
-	(*RemoveSecretResponse)(nil),        // 28: shoal.sched.v1.RemoveSecretResponse
-	(*ForgetNodeTasksRequest)(nil),      // 29: shoal.sched.v1.ForgetNodeTasksRequest
-	(*ForgetNodeTasksResponse)(nil),     // 30: shoal.sched.v1.ForgetNodeTasksResponse
-	(*SetNodeAvailabilityRequest)(nil),  // 31: shoal.sched.v1.SetNodeAvailabilityRequest
-	(*SetNodeAvailabilityResponse)(nil), // 32: shoal.sched.v1.SetNodeAvailabilityResponse
-	(*timestamppb.Timestamp)(nil),       // 33: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),         // 34: google.protobuf.Duration
+	(*TaskCopyFromRequest)(nil),         // 19: shoal.sched.v1.TaskCopyFromRequest
+	(*CopyChunk)(nil),                   // 20: shoal.sched.v1.CopyChunk
+	(*CopyToInput)(nil),                 // 21: shoal.sched.v1.CopyToInput
+	(*CopyToReply)(nil),                 // 22: shoal.sched.v1.CopyToReply
+	(*ExecOutput)(nil),                  // 23: shoal.sched.v1.ExecOutput
+	(*ImageChunk)(nil),                  // 24: shoal.sched.v1.ImageChunk
+	(*Image)(nil),                       // 25: shoal.sched.v1.Image
+	(*LoadImageResponse)(nil),           // 26: shoal.sched.v1.LoadImageResponse
+	(*ListImagesRequest)(nil),           // 27: shoal.sched.v1.ListImagesRequest
+	(*ListImagesResponse)(nil),          // 28: shoal.sched.v1.ListImagesResponse
+	(*RemoveImageRequest)(nil),          // 29: shoal.sched.v1.RemoveImageRequest
+	(*RemoveImageResponse)(nil),         // 30: shoal.sched.v1.RemoveImageResponse
+	(*RemoveSecretRequest)(nil),         // 31: shoal.sched.v1.RemoveSecretRequest
+	(*RemoveSecretResponse)(nil),        // 32: shoal.sched.v1.RemoveSecretResponse
+	(*ForgetNodeTasksRequest)(nil),      // 33: shoal.sched.v1.ForgetNodeTasksRequest
+	(*ForgetNodeTasksResponse)(nil),     // 34: shoal.sched.v1.ForgetNodeTasksResponse
+	(*SetNodeAvailabilityRequest)(nil),  // 35: shoal.sched.v1.SetNodeAvailabilityRequest
+	(*SetNodeAvailabilityResponse)(nil), // 36: shoal.sched.v1.SetNodeAvailabilityResponse
+	(*timestamppb.Timestamp)(nil),       // 37: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),         // 38: google.protobuf.Duration
 }
 var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
-	33, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
-	33, // 1: shoal.sched.v1.Service.last_run:type_name -> google.protobuf.Timestamp
-	33, // 2: shoal.sched.v1.Service.next_run:type_name -> google.protobuf.Timestamp
+	37, // 0: shoal.sched.v1.Service.updated:type_name -> google.protobuf.Timestamp
+	37, // 1: shoal.sched.v1.Service.last_run:type_name -> google.protobuf.Timestamp
+	37, // 2: shoal.sched.v1.Service.next_run:type_name -> google.protobuf.Timestamp
 	0,  // 3: shoal.sched.v1.ListServicesResponse.services:type_name -> shoal.sched.v1.Service
-	33, // 4: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
-	33, // 5: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
-	33, // 6: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
+	37, // 4: shoal.sched.v1.Task.created:type_name -> google.protobuf.Timestamp
+	37, // 5: shoal.sched.v1.Task.started:type_name -> google.protobuf.Timestamp
+	37, // 6: shoal.sched.v1.Task.finished:type_name -> google.protobuf.Timestamp
 	9,  // 7: shoal.sched.v1.ListTasksResponse.tasks:type_name -> shoal.sched.v1.Task
-	33, // 8: shoal.sched.v1.TaskLogsRequest.since:type_name -> google.protobuf.Timestamp
-	33, // 9: shoal.sched.v1.TaskLogsRequest.until:type_name -> google.protobuf.Timestamp
-	34, // 10: shoal.sched.v1.TaskStatsRequest.interval:type_name -> google.protobuf.Duration
-	33, // 11: shoal.sched.v1.TaskStat.time:type_name -> google.protobuf.Timestamp
+	37, // 8: shoal.sched.v1.TaskLogsRequest.since:type_name -> google.protobuf.Timestamp
+	37, // 9: shoal.sched.v1.TaskLogsRequest.until:type_name -> google.protobuf.Timestamp
+	38, // 10: shoal.sched.v1.TaskStatsRequest.interval:type_name -> google.protobuf.Duration
+	37, // 11: shoal.sched.v1.TaskStat.time:type_name -> google.protobuf.Timestamp
 	16, // 12: shoal.sched.v1.TaskStatsReply.stats:type_name -> shoal.sched.v1.TaskStat
-	21, // 13: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
-	21, // 14: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
-	34, // 15: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
+	25, // 13: shoal.sched.v1.LoadImageResponse.images:type_name -> shoal.sched.v1.Image
+	25, // 14: shoal.sched.v1.ListImagesResponse.images:type_name -> shoal.sched.v1.Image
+	38, // 15: shoal.sched.v1.RemoveImageRequest.wait:type_name -> google.protobuf.Duration
 	1,  // 16: shoal.sched.v1.Scheduler.CreateService:input_type -> shoal.sched.v1.CreateServiceRequest
 	2,  // 17: shoal.sched.v1.Scheduler.UpdateService:input_type -> shoal.sched.v1.UpdateServiceRequest
 	2,  // 18: shoal.sched.v1.Scheduler.DeployService:input_type -> shoal.sched.v1.UpdateServiceRequest
@@ -2383,34 +2697,38 @@ var file_shoal_sched_v1_sched_proto_depIdxs = []int32{
 	13, // 27: shoal.sched.v1.Scheduler.TaskLogs:input_type -> shoal.sched.v1.TaskLogsRequest
 	18, // 28: shoal.sched.v1.Scheduler.TaskExec:input_type -> shoal.sched.v1.ExecInput
 	15, // 29: shoal.sched.v1.Scheduler.TaskStats:input_type -> shoal.sched.v1.TaskStatsRequest
-	20, // 30: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
-	23, // 31: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
-	25, // 32: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
-	27, // 33: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
-	31, // 34: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
-	29, // 35: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
-	0,  // 36: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
-	0,  // 37: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
-	0,  // 38: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
-	0,  // 39: shoal.sched.v1.Scheduler.CheckDeploy:output_type -> shoal.sched.v1.Service
-	0,  // 40: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
-	6,  // 41: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
-	0,  // 42: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
-	0,  // 43: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
-	8,  // 44: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
-	11, // 45: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
-	9,  // 46: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
-	14, // 47: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
-	19, // 48: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
-	17, // 49: shoal.sched.v1.Scheduler.TaskStats:output_type -> shoal.sched.v1.TaskStatsReply
-	22, // 50: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
-	24, // 51: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
-	26, // 52: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
-	28, // 53: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
-	32, // 54: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
-	30, // 55: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
-	36, // [36:56] is the sub-list for method output_type
-	16, // [16:36] is the sub-list for method input_type
+	19, // 30: shoal.sched.v1.Scheduler.TaskCopyFrom:input_type -> shoal.sched.v1.TaskCopyFromRequest
+	21, // 31: shoal.sched.v1.Scheduler.TaskCopyTo:input_type -> shoal.sched.v1.CopyToInput
+	24, // 32: shoal.sched.v1.Scheduler.LoadImage:input_type -> shoal.sched.v1.ImageChunk
+	27, // 33: shoal.sched.v1.Scheduler.ListImages:input_type -> shoal.sched.v1.ListImagesRequest
+	29, // 34: shoal.sched.v1.Scheduler.RemoveImage:input_type -> shoal.sched.v1.RemoveImageRequest
+	31, // 35: shoal.sched.v1.Scheduler.RemoveSecret:input_type -> shoal.sched.v1.RemoveSecretRequest
+	35, // 36: shoal.sched.v1.Scheduler.SetNodeAvailability:input_type -> shoal.sched.v1.SetNodeAvailabilityRequest
+	33, // 37: shoal.sched.v1.Scheduler.ForgetNodeTasks:input_type -> shoal.sched.v1.ForgetNodeTasksRequest
+	0,  // 38: shoal.sched.v1.Scheduler.CreateService:output_type -> shoal.sched.v1.Service
+	0,  // 39: shoal.sched.v1.Scheduler.UpdateService:output_type -> shoal.sched.v1.Service
+	0,  // 40: shoal.sched.v1.Scheduler.DeployService:output_type -> shoal.sched.v1.Service
+	0,  // 41: shoal.sched.v1.Scheduler.CheckDeploy:output_type -> shoal.sched.v1.Service
+	0,  // 42: shoal.sched.v1.Scheduler.GetService:output_type -> shoal.sched.v1.Service
+	6,  // 43: shoal.sched.v1.Scheduler.ListServices:output_type -> shoal.sched.v1.ListServicesResponse
+	0,  // 44: shoal.sched.v1.Scheduler.ScaleService:output_type -> shoal.sched.v1.Service
+	0,  // 45: shoal.sched.v1.Scheduler.RollbackService:output_type -> shoal.sched.v1.Service
+	8,  // 46: shoal.sched.v1.Scheduler.RemoveService:output_type -> shoal.sched.v1.RemoveServiceResponse
+	11, // 47: shoal.sched.v1.Scheduler.ListTasks:output_type -> shoal.sched.v1.ListTasksResponse
+	9,  // 48: shoal.sched.v1.Scheduler.GetTask:output_type -> shoal.sched.v1.Task
+	14, // 49: shoal.sched.v1.Scheduler.TaskLogs:output_type -> shoal.sched.v1.LogChunk
+	23, // 50: shoal.sched.v1.Scheduler.TaskExec:output_type -> shoal.sched.v1.ExecOutput
+	17, // 51: shoal.sched.v1.Scheduler.TaskStats:output_type -> shoal.sched.v1.TaskStatsReply
+	20, // 52: shoal.sched.v1.Scheduler.TaskCopyFrom:output_type -> shoal.sched.v1.CopyChunk
+	22, // 53: shoal.sched.v1.Scheduler.TaskCopyTo:output_type -> shoal.sched.v1.CopyToReply
+	26, // 54: shoal.sched.v1.Scheduler.LoadImage:output_type -> shoal.sched.v1.LoadImageResponse
+	28, // 55: shoal.sched.v1.Scheduler.ListImages:output_type -> shoal.sched.v1.ListImagesResponse
+	30, // 56: shoal.sched.v1.Scheduler.RemoveImage:output_type -> shoal.sched.v1.RemoveImageResponse
+	32, // 57: shoal.sched.v1.Scheduler.RemoveSecret:output_type -> shoal.sched.v1.RemoveSecretResponse
+	36, // 58: shoal.sched.v1.Scheduler.SetNodeAvailability:output_type -> shoal.sched.v1.SetNodeAvailabilityResponse
+	34, // 59: shoal.sched.v1.Scheduler.ForgetNodeTasks:output_type -> shoal.sched.v1.ForgetNodeTasksResponse
+	38, // [38:60] is the sub-list for method output_type
+	16, // [16:38] is the sub-list for method input_type
 	16, // [16:16] is the sub-list for extension type_name
 	16, // [16:16] is the sub-list for extension extendee
 	0,  // [0:16] is the sub-list for field type_name
@@ -2427,7 +2745,7 @@ func file_shoal_sched_v1_sched_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_sched_v1_sched_proto_rawDesc), len(file_shoal_sched_v1_sched_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   33,
+			NumMessages:   37,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -38,6 +38,8 @@ const (
 	Scheduler_TaskLogs_FullMethodName            = "/shoal.sched.v1.Scheduler/TaskLogs"
 	Scheduler_TaskExec_FullMethodName            = "/shoal.sched.v1.Scheduler/TaskExec"
 	Scheduler_TaskStats_FullMethodName           = "/shoal.sched.v1.Scheduler/TaskStats"
+	Scheduler_TaskCopyFrom_FullMethodName        = "/shoal.sched.v1.Scheduler/TaskCopyFrom"
+	Scheduler_TaskCopyTo_FullMethodName          = "/shoal.sched.v1.Scheduler/TaskCopyTo"
 	Scheduler_LoadImage_FullMethodName           = "/shoal.sched.v1.Scheduler/LoadImage"
 	Scheduler_ListImages_FullMethodName          = "/shoal.sched.v1.Scheduler/ListImages"
 	Scheduler_RemoveImage_FullMethodName         = "/shoal.sched.v1.Scheduler/RemoveImage"
@@ -80,6 +82,14 @@ type SchedulerClient interface {
 	// (each node samples its own tasks): once, or every interval until the
 	// call ends. A reply holds one node's samples of one round.
 	TaskStats(ctx context.Context, in *TaskStatsRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[TaskStatsReply], error)
+	// TaskCopyFrom streams a tar of a path in a running task's file system
+	// (a file or link, or a directory and its tree), its entries named from
+	// the path's last element, as docker cp does; from any node.
+	TaskCopyFrom(ctx context.Context, in *TaskCopyFromRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CopyChunk], error)
+	// TaskCopyTo extracts a tar stream into a running task's file system:
+	// the first message names the task and the destination, the others
+	// carry the stream; from any node.
+	TaskCopyTo(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CopyToInput, CopyToReply], error)
 	// LoadImage imports an image archive streamed in chunks.
 	LoadImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImageChunk, LoadImageResponse], error)
 	ListImages(ctx context.Context, in *ListImagesRequest, opts ...grpc.CallOption) (*ListImagesResponse, error)
@@ -267,9 +277,41 @@ func (c *schedulerClient) TaskStats(ctx context.Context, in *TaskStatsRequest, o
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Scheduler_TaskStatsClient = grpc.ServerStreamingClient[TaskStatsReply]
 
+func (c *schedulerClient) TaskCopyFrom(ctx context.Context, in *TaskCopyFromRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[CopyChunk], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Scheduler_ServiceDesc.Streams[3], Scheduler_TaskCopyFrom_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[TaskCopyFromRequest, CopyChunk]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduler_TaskCopyFromClient = grpc.ServerStreamingClient[CopyChunk]
+
+func (c *schedulerClient) TaskCopyTo(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[CopyToInput, CopyToReply], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Scheduler_ServiceDesc.Streams[4], Scheduler_TaskCopyTo_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[CopyToInput, CopyToReply]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduler_TaskCopyToClient = grpc.ClientStreamingClient[CopyToInput, CopyToReply]
+
 func (c *schedulerClient) LoadImage(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[ImageChunk, LoadImageResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Scheduler_ServiceDesc.Streams[3], Scheduler_LoadImage_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Scheduler_ServiceDesc.Streams[5], Scheduler_LoadImage_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -364,6 +406,14 @@ type SchedulerServer interface {
 	// (each node samples its own tasks): once, or every interval until the
 	// call ends. A reply holds one node's samples of one round.
 	TaskStats(*TaskStatsRequest, grpc.ServerStreamingServer[TaskStatsReply]) error
+	// TaskCopyFrom streams a tar of a path in a running task's file system
+	// (a file or link, or a directory and its tree), its entries named from
+	// the path's last element, as docker cp does; from any node.
+	TaskCopyFrom(*TaskCopyFromRequest, grpc.ServerStreamingServer[CopyChunk]) error
+	// TaskCopyTo extracts a tar stream into a running task's file system:
+	// the first message names the task and the destination, the others
+	// carry the stream; from any node.
+	TaskCopyTo(grpc.ClientStreamingServer[CopyToInput, CopyToReply]) error
 	// LoadImage imports an image archive streamed in chunks.
 	LoadImage(grpc.ClientStreamingServer[ImageChunk, LoadImageResponse]) error
 	ListImages(context.Context, *ListImagesRequest) (*ListImagesResponse, error)
@@ -431,6 +481,12 @@ func (UnimplementedSchedulerServer) TaskExec(grpc.BidiStreamingServer[ExecInput,
 }
 func (UnimplementedSchedulerServer) TaskStats(*TaskStatsRequest, grpc.ServerStreamingServer[TaskStatsReply]) error {
 	return status.Error(codes.Unimplemented, "method TaskStats not implemented")
+}
+func (UnimplementedSchedulerServer) TaskCopyFrom(*TaskCopyFromRequest, grpc.ServerStreamingServer[CopyChunk]) error {
+	return status.Error(codes.Unimplemented, "method TaskCopyFrom not implemented")
+}
+func (UnimplementedSchedulerServer) TaskCopyTo(grpc.ClientStreamingServer[CopyToInput, CopyToReply]) error {
+	return status.Error(codes.Unimplemented, "method TaskCopyTo not implemented")
 }
 func (UnimplementedSchedulerServer) LoadImage(grpc.ClientStreamingServer[ImageChunk, LoadImageResponse]) error {
 	return status.Error(codes.Unimplemented, "method LoadImage not implemented")
@@ -698,6 +754,24 @@ func _Scheduler_TaskStats_Handler(srv interface{}, stream grpc.ServerStream) err
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Scheduler_TaskStatsServer = grpc.ServerStreamingServer[TaskStatsReply]
 
+func _Scheduler_TaskCopyFrom_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(TaskCopyFromRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(SchedulerServer).TaskCopyFrom(m, &grpc.GenericServerStream[TaskCopyFromRequest, CopyChunk]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduler_TaskCopyFromServer = grpc.ServerStreamingServer[CopyChunk]
+
+func _Scheduler_TaskCopyTo_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(SchedulerServer).TaskCopyTo(&grpc.GenericServerStream[CopyToInput, CopyToReply]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Scheduler_TaskCopyToServer = grpc.ClientStreamingServer[CopyToInput, CopyToReply]
+
 func _Scheduler_LoadImage_Handler(srv interface{}, stream grpc.ServerStream) error {
 	return srv.(SchedulerServer).LoadImage(&grpc.GenericServerStream[ImageChunk, LoadImageResponse]{ServerStream: stream})
 }
@@ -883,6 +957,16 @@ var Scheduler_ServiceDesc = grpc.ServiceDesc{
 			StreamName:    "TaskStats",
 			Handler:       _Scheduler_TaskStats_Handler,
 			ServerStreams: true,
+		},
+		{
+			StreamName:    "TaskCopyFrom",
+			Handler:       _Scheduler_TaskCopyFrom_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "TaskCopyTo",
+			Handler:       _Scheduler_TaskCopyTo_Handler,
+			ClientStreams: true,
 		},
 		{
 			StreamName:    "LoadImage",
