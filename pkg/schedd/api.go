@@ -518,26 +518,39 @@ func (n *node) task(ref string) (sched.Task, bool, error) {
 }
 
 func (s *api) TaskLogs(req *schedv1.TaskLogsRequest, stream schedv1.Scheduler_TaskLogsServer) error {
+	ctx := stream.Context()
+	return s.onTaskNode(ctx, req.GetTask(), func(id string) error {
+		req.Task = id
+		return s.n.localLogs(ctx, req, stream.Send)
+	}, func(peer schedv1.SchedPeerClient, id string) error {
+		req.Task = id
+		remote, err := peer.TaskLogs(ctx, req)
+		if err != nil {
+			return err
+		}
+		return forward(remote.Recv, stream.Send)
+	})
+}
+
+// onTaskNode resolves task ref and runs local with its ID when the task
+// is on this node, else remote with its ID and the peer client of its
+// node: what the calls that act on one task do first, from any node.
+func (s *api) onTaskNode(ctx context.Context, ref string, local func(id string) error, remote func(peer schedv1.SchedPeerClient, id string) error) error {
 	if err := s.ready(); err != nil {
 		return err
 	}
-	t, _, err := s.n.task(req.GetTask())
+	t, _, err := s.n.task(ref)
 	if err != nil {
 		return err
 	}
-	req.Task = t.ID
 	if t.Node == s.n.id {
-		return s.n.localLogs(stream.Context(), req, stream.Send)
+		return local(t.ID)
 	}
-	api, err := s.n.peers.client(stream.Context(), t.Node)
+	peer, err := s.n.peers.client(ctx, t.Node)
 	if err != nil {
 		return err
 	}
-	remote, err := api.TaskLogs(stream.Context(), req)
-	if err != nil {
-		return err
-	}
-	return forward(remote.Recv, stream.Send)
+	return remote(peer, t.ID)
 }
 
 // forward sends what recv gives until it ends (io.EOF: not an error).
@@ -751,38 +764,32 @@ func (s *api) TaskExec(stream schedv1.Scheduler_TaskExecServer) error {
 	if err != nil {
 		return err
 	}
-	t, _, err := s.n.task(first.GetTask())
-	if err != nil {
-		return err
-	}
-	first.Task = t.ID
-	if t.Node == s.n.id {
+	return s.onTaskNode(stream.Context(), first.GetTask(), func(id string) error {
+		first.Task = id
 		return s.n.execWith(stream, first)
-	}
-	api, err := s.n.peers.client(stream.Context(), t.Node)
-	if err != nil {
-		return err
-	}
-	remote, err := api.TaskExec(stream.Context())
-	if err != nil {
-		return err
-	}
-	if err := remote.Send(first); err != nil {
-		return err
-	}
-	go func() {
-		for {
-			in, err := stream.Recv()
-			if err != nil {
-				remote.CloseSend()
-				return
-			}
-			if remote.Send(in) != nil {
-				return
-			}
+	}, func(peer schedv1.SchedPeerClient, id string) error {
+		first.Task = id
+		remote, err := peer.TaskExec(stream.Context())
+		if err != nil {
+			return err
 		}
-	}()
-	return forward(remote.Recv, stream.Send)
+		if err := remote.Send(first); err != nil {
+			return err
+		}
+		go func() {
+			for {
+				in, err := stream.Recv()
+				if err != nil {
+					remote.CloseSend()
+					return
+				}
+				if remote.Send(in) != nil {
+					return
+				}
+			}
+		}()
+		return forward(remote.Recv, stream.Send)
+	})
 }
 
 func (n *node) localExec(stream schedv1.SchedPeer_TaskExecServer) error {

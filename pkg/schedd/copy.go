@@ -22,73 +22,57 @@ import (
 const copyChunk = 256 << 10
 
 func (s *api) TaskCopyFrom(req *schedv1.TaskCopyFromRequest, stream schedv1.Scheduler_TaskCopyFromServer) error {
-	if err := s.ready(); err != nil {
-		return err
-	}
-	t, _, err := s.n.task(req.GetTask())
-	if err != nil {
-		return err
-	}
-	req.Task = t.ID
-	if t.Node == s.n.id {
-		return s.n.localCopyFrom(stream.Context(), req, stream.Send)
-	}
-	api, err := s.n.peers.client(stream.Context(), t.Node)
-	if err != nil {
-		return err
-	}
-	remote, err := api.TaskCopyFrom(stream.Context(), req)
-	if err != nil {
-		return err
-	}
-	return forward(remote.Recv, stream.Send)
+	ctx := stream.Context()
+	return s.onTaskNode(ctx, req.GetTask(), func(id string) error {
+		req.Task = id
+		return s.n.localCopyFrom(ctx, req, stream.Send)
+	}, func(peer schedv1.SchedPeerClient, id string) error {
+		req.Task = id
+		remote, err := peer.TaskCopyFrom(ctx, req)
+		if err != nil {
+			return err
+		}
+		return forward(remote.Recv, stream.Send)
+	})
 }
 
 func (s *api) TaskCopyTo(stream schedv1.Scheduler_TaskCopyToServer) error {
-	if err := s.ready(); err != nil {
-		return err
-	}
 	first, err := stream.Recv()
 	if err != nil {
 		return err
 	}
-	t, _, err := s.n.task(first.GetTask())
-	if err != nil {
-		return err
-	}
-	first.Task = t.ID
-	if t.Node == s.n.id {
-		reply, err := s.n.localCopyTo(stream.Context(), first, stream.Recv)
+	ctx := stream.Context()
+	return s.onTaskNode(ctx, first.GetTask(), func(id string) error {
+		first.Task = id
+		reply, err := s.n.localCopyTo(ctx, first, stream.Recv)
 		if err != nil {
 			return err
 		}
 		return stream.SendAndClose(reply)
-	}
-	api, err := s.n.peers.client(stream.Context(), t.Node)
-	if err != nil {
-		return err
-	}
-	remote, err := api.TaskCopyTo(stream.Context())
-	if err != nil {
-		return err
-	}
-	if err := forward(func() (*schedv1.CopyToInput, error) {
-		if first != nil {
-			m := first
-			first = nil
-			return m, nil
+	}, func(peer schedv1.SchedPeerClient, id string) error {
+		first.Task = id
+		remote, err := peer.TaskCopyTo(ctx)
+		if err != nil {
+			return err
 		}
-		return stream.Recv()
-	}, remote.Send); err != nil && !errors.Is(err, io.EOF) {
-		// io.EOF from Send: the receiver ended the call; its error is
-		// what CloseAndRecv returns.
-		return err
-	}
-	reply, err := remote.CloseAndRecv()
-	if err != nil {
-		return err
-	}
-	return stream.SendAndClose(reply)
+		next := first
+		if err := forward(func() (*schedv1.CopyToInput, error) {
+			if m := next; m != nil {
+				next = nil
+				return m, nil
+			}
+			return stream.Recv()
+		}, remote.Send); err != nil && !errors.Is(err, io.EOF) {
+			// io.EOF from Send: the receiver ended the call; its error
+			// is what CloseAndRecv returns.
+			return err
+		}
+		reply, err := remote.CloseAndRecv()
+		if err != nil {
+			return err
+		}
+		return stream.SendAndClose(reply)
+	})
 }
 
 func (s *peerServer) TaskCopyFrom(req *schedv1.TaskCopyFromRequest, stream schedv1.SchedPeer_TaskCopyFromServer) error {

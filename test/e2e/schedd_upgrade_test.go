@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -26,28 +25,7 @@ func TestScheddSpecFieldsOnOlderNode(t *testing.T) {
 	if old == "" {
 		t.Skip("SHOAL_OLD_SCHEDD is not set (make upgrade-check sets it)")
 	}
-	bin, flag := t.TempDir(), filepath.Join(t.TempDir(), "old")
-	entries, err := os.ReadDir(binDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		if e.Name() != "shoal-schedd" {
-			if err := os.Symlink(filepath.Join(binDir, e.Name()), filepath.Join(bin, e.Name())); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	wrapper := fmt.Sprintf("#!/bin/sh\ncase \"$*\" in *\"/n3/\"*) [ -f %s ] && exec %s \"$@\";; esac\nexec %s \"$@\"\n",
-		flag, old, filepath.Join(binDir, "shoal-schedd"))
-	if err := os.WriteFile(filepath.Join(bin, "shoal-schedd"), []byte(wrapper), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(flag, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	defer func(dir string) { binDir = dir }(binDir)
-	binDir = bin
+	flag := oldOnNode3(t, "shoal-schedd", old)
 	c := newSchedCluster(t)
 
 	// A name that node 1 or 2 owns: an older owner places anywhere.

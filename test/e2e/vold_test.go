@@ -438,29 +438,7 @@ func TestVolumeUpgradeFromOldVold(t *testing.T) {
 	if old == "" {
 		t.Skip("SHOAL_OLD_VOLD is not set (make upgrade-check sets it)")
 	}
-	// Node 3's vold is the old one while the flag file exists.
-	bin, flag := t.TempDir(), filepath.Join(t.TempDir(), "old")
-	entries, err := os.ReadDir(binDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range entries {
-		if e.Name() != "shoal-vold" {
-			if err := os.Symlink(filepath.Join(binDir, e.Name()), filepath.Join(bin, e.Name())); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	wrapper := fmt.Sprintf("#!/bin/sh\ncase \"$*\" in *\"/n3/\"*) [ -f %s ] && exec %s \"$@\";; esac\nexec %s \"$@\"\n",
-		flag, old, filepath.Join(binDir, "shoal-vold"))
-	if err := os.WriteFile(filepath.Join(bin, "shoal-vold"), []byte(wrapper), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(flag, nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	defer func(dir string) { binDir = dir }(binDir)
-	binDir = bin
+	flag := oldOnNode3(t, "shoal-vold", old)
 	c := newVolCluster(t, 3)
 	levelSteps(t, c, func() {
 		if err := os.Remove(flag); err != nil {
@@ -474,6 +452,39 @@ func TestVolumeUpgradeFromOldVold(t *testing.T) {
 		}
 		c.restartVold(t, 3)
 	})
+}
+
+// oldOnNode3 makes node 3 of the clusters the test starts run program
+// (a daemon's binary) from path old while the returned flag file exists,
+// and this build's elsewhere or once the flag is removed: binDir is a
+// directory of links to this build's binaries and a wrapper for program,
+// which reads the flag at each start.
+func oldOnNode3(t *testing.T, program, old string) (flag string) {
+	t.Helper()
+	bin, flag := t.TempDir(), filepath.Join(t.TempDir(), "old")
+	entries, err := os.ReadDir(binDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if e.Name() != program {
+			if err := os.Symlink(filepath.Join(binDir, e.Name()), filepath.Join(bin, e.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	wrapper := fmt.Sprintf("#!/bin/sh\ncase \"$*\" in *\"/n3/\"*) [ -f %s ] && exec %s \"$@\";; esac\nexec %s \"$@\"\n",
+		flag, old, filepath.Join(binDir, program))
+	if err := os.WriteFile(filepath.Join(bin, program), []byte(wrapper), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(flag, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	prev := binDir
+	t.Cleanup(func() { binDir = prev })
+	binDir = bin
+	return flag
 }
 
 // downgradeSteps follows levelSteps: node 3's vold goes back to one from
