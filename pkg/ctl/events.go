@@ -189,7 +189,7 @@ func (a *app) followEvents(ctx context.Context, since, until time.Time, match ev
 		// From now: the documents as they are, for the first change of
 		// each to be told against.
 		for _, prefix := range followedPrefixes {
-			if err := listAll(ctx, c, prefix, func(d *statev1.Document) bool {
+			if err := listAll(ctx, c, prefix, false, func(d *statev1.Document) bool {
 				docs.set(d.GetKey(), statepb.FromDocument(d), d.GetRevision())
 				return true
 			}); err != nil {

@@ -99,6 +99,10 @@ type nodeView struct {
 	Tasks             int   `json:"tasks"`
 	ReservedCPUMillis int64 `json:"reserved_cpu_millis"`
 	ReservedMemory    int64 `json:"reserved_memory"`
+	// SpecFields are the spec fields beyond the baseline its schedd
+	// knows (docs/SCHEDULING.md, Mixed versions): none from a schedd
+	// from before the list, which places no task that sets one there.
+	SpecFields []string `json:"spec_fields"`
 }
 
 // stateText is the STATE column: membership's word, and a shutdown's.
@@ -134,7 +138,9 @@ func (a *app) loadNodes(cmd *cobra.Command, c *client.Statd) ([]nodeView, error)
 		}
 	}
 	var out []nodeView
-	if err := listAll(ctx, c, sched.NodesPrefix, func(d *statev1.Document) bool {
+	// With the fields' stamps, which say whether its schedd's list of
+	// spec fields is current (sched.NodeFromDoc).
+	if err := listAll(ctx, c, sched.NodesPrefix, true, func(d *statev1.Document) bool {
 		out = append(out, nodeOf(d, states))
 		return true
 	}); err != nil {
@@ -154,7 +160,7 @@ func (a *app) countTasks(cmd *cobra.Command, c *client.Statd, nodes []nodeView) 
 	for i := range nodes {
 		byID[nodes[i].ID] = &nodes[i]
 	}
-	return listAll(ctx, c, sched.TasksPrefix, func(d *statev1.Document) bool {
+	return listAll(ctx, c, sched.TasksPrefix, false, func(d *statev1.Document) bool {
 		t, ok := sched.TaskFromDoc(strings.TrimPrefix(d.GetKey(), sched.TasksPrefix), statepb.FromDocument(d))
 		if n := byID[t.Node]; ok && n != nil && !t.State.Terminal() {
 			n.Tasks++
@@ -185,6 +191,10 @@ func nodeOf(d *statev1.Document, states map[string]string) nodeView {
 		if l, ok := strings.CutPrefix(k, "label."); ok {
 			v.Labels[l] = val.GetStringValue()
 		}
+	}
+	v.SpecFields = slices.Sorted(maps.Keys(sched.NodeFromDoc(v.ID, statepb.FromDocument(d), false).SpecFields))
+	if v.SpecFields == nil {
+		v.SpecFields = []string{}
 	}
 	v.State = states[v.ID]
 	if v.State == "" {
@@ -288,9 +298,13 @@ func (a *app) nodeInspect() *cobra.Command {
 			}
 			n = one[0]
 			return render(a.out, format, n, func(tw *tabwriter.Writer) {
-				fmt.Fprintf(tw, "ID\t%s\nNAME\t%s\nADDRESS\t%s\nSTATE\t%s\nAVAILABILITY\t%s\nCPUS\t%d\nMEMORY\t%s\nTASKS\t%d\nRESERVED\t%s CPU, %s memory\nVERSION\t%s\nLABELS\t%s\n",
+				fields := strings.Join(n.SpecFields, ", ")
+				if fields == "" {
+					fields = "the baseline only (a schedd from before spec fields were published: tasks that set newer fields go elsewhere)"
+				}
+				fmt.Fprintf(tw, "ID\t%s\nNAME\t%s\nADDRESS\t%s\nSTATE\t%s\nAVAILABILITY\t%s\nCPUS\t%d\nMEMORY\t%s\nTASKS\t%d\nRESERVED\t%s CPU, %s memory\nVERSION\t%s\nSPEC FIELDS\t%s\nLABELS\t%s\n",
 					n.ID, n.Name, n.Addr, n.stateText(), n.Availability, n.CPUs, bytesText(uint64(n.Memory)), n.Tasks,
-					strconv.FormatFloat(float64(n.ReservedCPUMillis)/1000, 'f', -1, 64), bytesText(uint64(n.ReservedMemory)), n.Version, labelsText(n.Labels))
+					strconv.FormatFloat(float64(n.ReservedCPUMillis)/1000, 'f', -1, 64), bytesText(uint64(n.ReservedMemory)), n.Version, fields, labelsText(n.Labels))
 			})
 		},
 	}

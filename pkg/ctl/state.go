@@ -198,7 +198,7 @@ func (a *app) stateLs() *cobra.Command {
 			}
 			defer done()
 			docs := []docView{}
-			if err := listAll(ctx, c, prefix, func(d *statev1.Document) bool {
+			if err := listAll(ctx, c, prefix, false, func(d *statev1.Document) bool {
 				docs = append(docs, viewOf(d))
 				return limit <= 0 || len(docs) < limit
 			}); err != nil {
@@ -373,10 +373,10 @@ func (d docView) summary() string {
 
 // listAll calls fn with the documents under prefix, page by page, until
 // fn returns false or none are left.
-func listAll(ctx context.Context, c *client.Statd, prefix string, fn func(*statev1.Document) bool) error {
+func listAll(ctx context.Context, c *client.Statd, prefix string, withMeta bool, fn func(*statev1.Document) bool) error {
 	token := ""
 	for {
-		resp, err := c.List(ctx, &statev1.ListRequest{Prefix: prefix, PageToken: token, PageSize: 500})
+		resp, err := c.List(ctx, &statev1.ListRequest{Prefix: prefix, PageToken: token, PageSize: 500, WithMeta: withMeta})
 		if err != nil {
 			return err
 		}

@@ -83,6 +83,9 @@ func TestScheddSpecFieldsOnOlderNode(t *testing.T) {
 	}
 	restart()
 	waitFor(t, 30*time.Second, "the third task of "+limited+" on node 3", func() bool { return c.perNode(limited, 3) == [3]int{1, 1, 1} })
+	if out := c.mustCtl(1, "node", "inspect", "n3"); !strings.Contains(out, "pids_limit") {
+		t.Errorf("node inspect of the upgraded node 3:\n%s", out)
+	}
 
 	// Downgraded: the list the newer schedd wrote is older than the old
 	// schedd's start, and no longer counts.
@@ -90,6 +93,21 @@ func TestScheddSpecFieldsOnOlderNode(t *testing.T) {
 		t.Fatal(err)
 	}
 	restart()
+	// Until its write reaches an owner, the owner believes the list
+	// still: a task placed in that moment would run without the field
+	// (the old schedd accepts whatever it is asked).
+	waitFor(t, 20*time.Second, "nodes 1 and 2 see node 3's schedd as old", func() bool {
+		for i := 1; i <= 2; i++ {
+			var v struct {
+				SpecFields []string `json:"spec_fields"`
+			}
+			out, _, code := c.ctl(i, "node", "inspect", "n3", "-o", "json")
+			if code != 0 || json.Unmarshal([]byte(out), &v) != nil || v.SpecFields == nil || len(v.SpecFields) > 0 {
+				return false
+			}
+		}
+		return true
+	})
 	again := name("again")
 	create(again, "--limit-pids", "64")
 	waitFor(t, 20*time.Second, "node 3 reported too old again for "+again, func() bool { return strings.Contains(unschedulable(again), tooOld) })
