@@ -1,7 +1,6 @@
 package ctl
 
 import (
-	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -66,10 +65,11 @@ func oneValue(fs *pflag.FlagSet, names []string, values []string, parse func(str
 }
 
 // parseMount reads Docker's --mount for what Shoal mounts: a replicated
-// volume (type=volume, the default) or a tmpfs, as a --volume or --tmpfs
-// entry.
-func parseMount(s string) (volume, tmpfs string, err error) {
-	kind, src, dst, size := "volume", "", "", ""
+// volume (type=volume, the default), a host path (type=bind) or a tmpfs,
+// as an entry of --volume, --bind or --tmpfs (kind).
+func parseMount(s string) (kind, entry string, err error) {
+	kind = "volume"
+	var src, dst, size string
 	readOnly := false
 	for _, field := range strings.Split(s, ",") {
 		k, v, hasValue := strings.Cut(field, "=")
@@ -92,8 +92,8 @@ func parseMount(s string) (volume, tmpfs string, err error) {
 			readOnly = b
 		case "tmpfs-size":
 			size = v
-		case "volume-driver", "volume-opt", "volume-label", "volume-nocopy", "tmpfs-mode", "consistency", "bind-propagation":
-			return "", "", fmt.Errorf("--mount %q: %s is not supported (Shoal's volumes are its own replicated volumes: see shoalctl volume create)", s, k)
+		case "volume-driver", "volume-opt", "volume-label", "volume-nocopy", "tmpfs-mode", "consistency", "bind-propagation", "bind-recursive":
+			return "", "", fmt.Errorf("--mount %q: %s is not supported (Shoal's volumes are its own replicated volumes: see shoalctl volume create; binds are recursive and private)", s, k)
 		default:
 			return "", "", fmt.Errorf("--mount %q: unknown field %q: want type, source, target, readonly or tmpfs-size", s, k)
 		}
@@ -101,29 +101,31 @@ func parseMount(s string) (volume, tmpfs string, err error) {
 	if dst == "" {
 		return "", "", fmt.Errorf("--mount %q: target is missing", s)
 	}
+	mode := ""
+	if readOnly {
+		mode = ":ro"
+	}
 	switch kind {
 	case "volume":
 		if src == "" {
 			return "", "", fmt.Errorf("--mount %q: a volume needs its source (Shoal makes no anonymous volumes)", s)
 		}
-		volume = src + ":" + dst
-		if readOnly {
-			volume += ":ro"
+		return kind, src + ":" + dst + mode, nil
+	case "bind":
+		if src == "" {
+			return "", "", fmt.Errorf("--mount %q: a bind needs its source, a path on the task's node", s)
 		}
-		return volume, "", nil
+		return kind, src + ":" + dst + mode, nil
 	case "tmpfs":
 		if src != "" || readOnly {
 			return "", "", fmt.Errorf("--mount %q: a tmpfs has no source and is writable", s)
 		}
-		tmpfs = dst
 		if size != "" {
-			tmpfs += ":" + size
+			dst += ":" + size
 		}
-		return "", tmpfs, nil
-	case "bind":
-		return "", "", errors.New("--mount type=bind: host paths are not mounted into tasks (a task may run on any node); use a volume, a config or a secret")
+		return kind, dst, nil
 	}
-	return "", "", fmt.Errorf("--mount %q: type %q: want volume or tmpfs", s, kind)
+	return "", "", fmt.Errorf("--mount %q: type %q: want volume, bind or tmpfs", s, kind)
 }
 
 // parseLongPublish reads Docker's long --publish syntax:

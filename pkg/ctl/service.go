@@ -46,17 +46,17 @@ func (a *app) serviceCommand() *cobra.Command {
 
 // specFlags are the service flags shared by create and update.
 type specFlags struct {
-	image, cpu, memory, placement, restart, order, failure string
-	replicas, maxConcurrent                                int
-	global                                                 bool
-	mode                                                   string
-	env, constraints, labels, publish, volumes, secrets    []string
-	configs, tmpfs, capAdd, capDrop, ulimits, sysctls      []string
-	envFiles, hosts, prefs, logOpts, groups                []string
-	logDriver, hostname                                    string
-	limitCPU, reserveCPU, limitMemory, reserveMemory       string
-	mounts                                                 []string
-	withRegistryAuth                                       bool
+	image, cpu, memory, placement, restart, order, failure   string
+	replicas, maxConcurrent                                  int
+	global                                                   bool
+	mode                                                     string
+	env, constraints, labels, publish, volumes, secrets      []string
+	configs, tmpfs, binds, capAdd, capDrop, ulimits, sysctls []string
+	envFiles, hosts, prefs, logOpts, groups                  []string
+	logDriver, hostname                                      string
+	limitCPU, reserveCPU, limitMemory, reserveMemory         string
+	mounts                                                   []string
+	withRegistryAuth                                         bool
 	// warnings are what apply took as given but ignored in part.
 	warnings                                            []string
 	healthCmd, network, entrypoint, user, workdir       string
@@ -94,7 +94,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	normalizeDockerNames(fs)
 	fs.BoolVar(&f.withRegistryAuth, "with-registry-auth", false, "store the credentials docker login saved here (~/.docker/config.json) for the image's registry, for every node's pulls (as shoalctl registry login)")
 	if create {
-		fs.StringArrayVar(&f.mounts, "mount", nil, "Docker's mount syntax for a volume (type=volume,source=NAME,target=/path[,readonly]) or a tmpfs (type=tmpfs,target=/path[,tmpfs-size=64m]) (repeatable)")
+		fs.StringArrayVar(&f.mounts, "mount", nil, "Docker's mount syntax for a volume (type=volume,source=NAME,target=/path[,readonly]), a host path (type=bind,source=/host/path,target=/path[,readonly]) or a tmpfs (type=tmpfs,target=/path[,tmpfs-size=64m]) (repeatable)")
 	}
 	fs.StringArrayVarP(&f.env, "env", "e", nil, "environment variable KEY=VALUE (repeatable)")
 	fs.StringArrayVar(&f.envFiles, "env-file", nil, "read environment variables from a file: KEY=VALUE lines, # comments, a bare KEY taken from this shell (repeatable; --env entries come after)")
@@ -134,6 +134,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.volumes, "volume", nil, "mount replicated volume NAME at /path in the container, NAME:/path[:ro] (repeatable; see shoalctl volume create)")
 	fs.StringArrayVar(&f.secrets, "secret", nil, "hand secret NAME to each task as the file /run/secrets/NAME; NAME:FILE for /run/secrets/FILE, NAME:/path for /path (repeatable; see shoalctl secret create)")
 	fs.StringArrayVar(&f.configs, "config", nil, "hand config NAME to each task as the file /NAME; NAME:FILE for /FILE, NAME:/path for /path (repeatable; see shoalctl config create)")
+	fs.StringArrayVar(&f.binds, "bind", nil, "bind-mount /host/path of the task's node at /path in the container, /host/path:/path[:ro] (repeatable; the path must exist on every node that may run it)")
 	fs.StringArrayVar(&f.tmpfs, "tmpfs", nil, "mount an empty tmpfs at /path in the container, /path[:SIZE] (repeatable)")
 	fs.StringVar(&f.entrypoint, "entrypoint", "", "replace the image's entrypoint (and its default command), split as a shell would: \"sh -c\"")
 	fs.StringVarP(&f.user, "user", "u", "", "run as user, uid, user:group or uid:gid")
@@ -246,6 +247,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"stop-signal", func() { spec.StopSignal = f.stopSignal }},
 		{"volume", func() { spec.Volumes = f.volumes }},
 		{"tmpfs", func() { spec.Tmpfs = f.tmpfs }},
+		{"bind", func() { spec.Binds = f.binds }},
 		{"user", func() { spec.User = f.user }},
 		{"workdir", func() { spec.WorkDir = f.workdir }},
 		{"hostname", func() { spec.Hostname = f.hostname }},
@@ -315,11 +317,11 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 	if fs.Changed("publish") {
 		spec.Ports = nil
 		for _, p := range f.publish {
-			port, err := parsePublish(p)
+			ports, err := parsePublish(p)
 			if err != nil {
 				return usageError{err}
 			}
-			spec.Ports = append(spec.Ports, port)
+			spec.Ports = append(spec.Ports, ports...)
 		}
 	}
 	if fs.Changed("entrypoint") {
@@ -384,14 +386,17 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		}
 	}
 	for _, m := range f.mounts {
-		volume, tmpfs, err := parseMount(m)
+		kind, entry, err := parseMount(m)
 		if err != nil {
 			return usageError{err}
 		}
-		if volume != "" {
-			spec.Volumes = append(spec.Volumes, volume)
-		} else {
-			spec.Tmpfs = append(spec.Tmpfs, tmpfs)
+		switch kind {
+		case "volume":
+			spec.Volumes = append(spec.Volumes, entry)
+		case "bind":
+			spec.Binds = append(spec.Binds, entry)
+		default:
+			spec.Tmpfs = append(spec.Tmpfs, entry)
 		}
 	}
 	if fs.Changed("log-driver") || fs.Changed("log-opt") {
@@ -481,19 +486,46 @@ func readEnvFile(name string) ([]string, error) {
 	return out, nil
 }
 
-// parsePublish parses HOST:CONTAINER[/tcp|udp].
-func parsePublish(s string) (sched.Port, error) {
+// parsePublish parses HOST:CONTAINER[/tcp|udp], or ranges of as many
+// ports each (8000-8002:9000-9002), one port a pair, as docker does.
+func parsePublish(s string) ([]sched.Port, error) {
 	if strings.Contains(s, "=") {
-		return parseLongPublish(s)
+		p, err := parseLongPublish(s)
+		return []sched.Port{p}, err
 	}
 	spec, proto, _ := strings.Cut(s, "/")
 	h, c, ok := strings.Cut(spec, ":")
-	host, err1 := strconv.Atoi(h)
-	ctr, err2 := strconv.Atoi(c)
+	hostLo, hostHi, err1 := portRange(h)
+	ctrLo, ctrHi, err2 := portRange(c)
 	if !ok || err1 != nil || err2 != nil {
-		return sched.Port{}, fmt.Errorf("--publish %q: want HOST:CONTAINER[/tcp|udp], e.g. 8080:80, or published=8080,target=80", s)
+		return nil, fmt.Errorf("--publish %q: want HOST:CONTAINER[/tcp|udp], e.g. 8080:80 or 8000-8002:9000-9002, or published=8080,target=80", s)
 	}
-	return sched.Port{Host: host, Container: ctr, Protocol: proto}, nil
+	if hostHi-hostLo != ctrHi-ctrLo {
+		return nil, fmt.Errorf("--publish %q: the ranges hold %d and %d ports: give as many host ports as container ports", s, hostHi-hostLo+1, ctrHi-ctrLo+1)
+	}
+	ports := make([]sched.Port, 0, hostHi-hostLo+1)
+	for i := 0; i <= hostHi-hostLo; i++ {
+		ports = append(ports, sched.Port{Host: hostLo + i, Container: ctrLo + i, Protocol: proto})
+	}
+	return ports, nil
+}
+
+// portRange parses "80" or "8000-8002" (at most 1,000 ports).
+func portRange(s string) (lo, hi int, err error) {
+	a, b, isRange := strings.Cut(s, "-")
+	if lo, err = strconv.Atoi(a); err != nil {
+		return 0, 0, err
+	}
+	hi = lo
+	if isRange {
+		if hi, err = strconv.Atoi(b); err != nil {
+			return 0, 0, err
+		}
+	}
+	if hi < lo || hi-lo >= 1000 {
+		return 0, 0, fmt.Errorf("port range %s: want LOW-HIGH, at most 1000 ports", s)
+	}
+	return lo, hi, nil
 }
 
 // checkSpec validates a spec the way schedd will, so bad input fails

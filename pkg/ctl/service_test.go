@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -144,11 +145,19 @@ func TestServiceCreateFlags(t *testing.T) {
 			func(s sched.ServiceSpec) bool {
 				return s.CPUMillis == 500 && s.MemoryBytes == 256<<20 && s.StopGrace.D() == 5*time.Second && s.Restart.Policy == sched.RestartAlways
 			}},
+		{"binds", []string{"--mount", "type=bind,source=/proc,target=/host/proc,readonly", "--bind", "/var/log:/logs"},
+			func(s sched.ServiceSpec) bool {
+				return strings.Join(s.Binds, " ") == "/var/log:/logs /proc:/host/proc:ro"
+			}},
 		{"docker's restart none", []string{"--restart-condition", "none"}, func(s sched.ServiceSpec) bool { return s.Restart.Policy == sched.RestartNever }},
 		{"docker's mounts", []string{"--mount", "type=volume,source=data,target=/data,readonly", "--mount", "type=tmpfs,target=/tmp,tmpfs-size=64m", "--mount", "src=logs,dst=/logs", "--volume", "more:/more"},
 			func(s sched.ServiceSpec) bool {
 				return strings.Join(s.Volumes, " ") == "more:/more data:/data:ro logs:/logs" && strings.Join(s.Tmpfs, " ") == "/tmp:64m"
 			}},
+		{"port ranges", []string{"--publish", "8000-8002:9000-9002/udp", "-p", "7000:70"}, func(s sched.ServiceSpec) bool {
+			return slices.Equal(s.Ports, []sched.Port{{Host: 8000, Container: 9000, Protocol: "udp"}, {Host: 8001, Container: 9001, Protocol: "udp"},
+				{Host: 8002, Container: 9002, Protocol: "udp"}, {Host: 7000, Container: 70}})
+		}},
 		{"docker's long publish", []string{"--publish", "published=8080,target=80,protocol=udp", "--publish", "8081:81", "--publish", "published=9090,target=90,mode=host"}, func(s sched.ServiceSpec) bool {
 			return len(s.Ports) == 3 && s.Ports[0] == sched.Port{Host: 8080, Container: 80, Protocol: "udp"} && s.Ports[1].Host == 8081 &&
 				s.Ports[2] == sched.Port{Host: 9090, Container: 90, Mode: "host"}
@@ -228,6 +237,9 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--entrypoint", "sh -c 'unclosed"}, `--entrypoint "sh -c 'unclosed"`},
 		{[]string{"--workdir", "srv"}, `working directory "srv" must be absolute`},
 		{[]string{"--publish", "80"}, `--publish "80": want HOST:CONTAINER[/tcp|udp]`},
+		{[]string{"--publish", "8000-8002:80"}, "the ranges hold 3 and 1 ports"},
+		{[]string{"--publish", "8002-8000:80-82"}, "want HOST:CONTAINER"},
+		{[]string{"--publish", "1-2000:1-2000"}, "want HOST:CONTAINER"},
 		{[]string{"--mode", "batch"}, `mode "batch" is unknown: use replicated, global, replicated-job or global-job`},
 		{[]string{"--mode", "global", "--global"}, "--global and --mode: give one"},
 		{[]string{"--mode", "replicated-job", "--restart", "always"}, "a job runs to completion: restart policy always"},
@@ -238,7 +250,10 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--env", "A={{.Node.Name}}"}, `env A: template "{{.Node.Name}}"`},
 		{[]string{"--limit-memory", "256m", "--reserve-memory", "128m"}, "--limit-memory 256m and --reserve-memory 128m differ: Shoal reserves what it limits"},
 		{[]string{"--cpu", "1", "--limit-cpu", "2"}, "--cpu 1 and --limit-cpu 2 differ"},
-		{[]string{"--mount", "type=bind,source=/srv,target=/srv"}, "host paths are not mounted into tasks"},
+		{[]string{"--mount", "type=bind,target=/srv"}, "a bind needs its source"},
+		{[]string{"--mount", "type=bind,source=srv,target=/srv"}, `the host path "srv" must be absolute`},
+		{[]string{"--mount", "type=npipe,source=x,target=/srv"}, "want volume, bind or tmpfs"},
+		{[]string{"--bind", "/srv"}, "want /host/path:/path[:ro]"},
 		{[]string{"--mount", "type=volume,target=/data"}, "a volume needs its source"},
 		{[]string{"--mount", "type=volume,source=x,target=/d,volume-driver=local"}, "volume-driver is not supported"},
 		{[]string{"--mount", "source=x"}, "target is missing"},

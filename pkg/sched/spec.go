@@ -133,6 +133,10 @@ type ServiceSpec struct {
 	// Configs are cluster configs, handed to each task alike (see
 	// ParseConfig).
 	Configs []string `json:"configs,omitempty"`
+	// Binds are the node's own files or directories to bind-mount into
+	// each task, as "/host/path:/path[:ro]" (see ParseBind): they must
+	// exist on whichever node runs it (a global service's /proc, say).
+	Binds []string `json:"binds,omitempty"`
 	// Tmpfs are empty tmpfs mounts of each task, as "/path" or
 	// "/path:SIZE" (see ParseTmpfs): scratch space, which a read-only
 	// root needs.
@@ -350,6 +354,40 @@ func ParseVolume(s string) (VolumeMount, error) {
 		case "rw":
 		default:
 			return VolumeMount{}, fmt.Errorf("volume %q: option %q is unknown: use ro or rw", s, parts[2])
+		}
+	}
+	return m, nil
+}
+
+// BindMount is a parsed bind entry of a service.
+type BindMount struct {
+	// Source is the absolute path on the task's node.
+	Source   string
+	Target   string
+	ReadOnly bool
+}
+
+// ParseBind parses "/host/path:/path" or "/host/path:/path:ro" (or ":rw").
+func ParseBind(s string) (BindMount, error) {
+	parts := strings.Split(s, ":")
+	if len(parts) < 2 || len(parts) > 3 {
+		return BindMount{}, fmt.Errorf("bind %q: want /host/path:/path[:ro]", s)
+	}
+	m := BindMount{Source: parts[0], Target: parts[1]}
+	if !path.IsAbs(m.Source) {
+		return BindMount{}, fmt.Errorf("bind %q: the host path %q must be absolute (a task may run on any node: the path is that node's)", s, m.Source)
+	}
+	if !path.IsAbs(m.Target) || path.Clean(m.Target) == "/" {
+		return BindMount{}, fmt.Errorf("bind %q: mount path %q must be absolute and not /", s, m.Target)
+	}
+	m.Source, m.Target = path.Clean(m.Source), path.Clean(m.Target)
+	if len(parts) == 3 {
+		switch parts[2] {
+		case "ro":
+			m.ReadOnly = true
+		case "rw":
+		default:
+			return BindMount{}, fmt.Errorf("bind %q: option %q is unknown: use ro or rw", s, parts[2])
 		}
 	}
 	return m, nil
@@ -793,6 +831,7 @@ func (s ServiceSpec) Validate() error {
 		target  func(string) (string, error)
 	}{
 		{d.Volumes, func(e string) (string, error) { m, err := ParseVolume(e); return m.Target, err }},
+		{d.Binds, func(e string) (string, error) { m, err := ParseBind(e); return m.Target, err }},
 		{d.Tmpfs, func(e string) (string, error) { m, err := ParseTmpfs(e); return m.Target, err }},
 		{d.Secrets, func(e string) (string, error) { m, err := ParseSecret(e); return m.Target, err }},
 		{d.Configs, func(e string) (string, error) { m, err := ParseConfig(e); return m.Target, err }},
@@ -804,7 +843,7 @@ func (s ServiceSpec) Validate() error {
 				continue
 			}
 			if targets[t] {
-				add("two volumes, tmpfs, secrets or configs are mounted at %s", t)
+				add("two volumes, binds, tmpfs, secrets or configs are mounted at %s", t)
 			}
 			targets[t] = true
 		}

@@ -120,7 +120,7 @@ func TestValidate(t *testing.T) {
 		{"volume relative path", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:data"} }, "must be absolute"},
 		{"volume on root", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:/"} }, "must be absolute and not /"},
 		{"volume bad option", func(s *sched.ServiceSpec) { s.Volumes = []string{"data:/data:rx"} }, `option "rx" is unknown`},
-		{"volumes on one path", func(s *sched.ServiceSpec) { s.Volumes = []string{"a:/data", "b:/data/"} }, "two volumes, tmpfs, secrets or configs are mounted at /data"},
+		{"volumes on one path", func(s *sched.ServiceSpec) { s.Volumes = []string{"a:/data", "b:/data/"} }, "two volumes, binds, tmpfs, secrets or configs are mounted at /data"},
 		{"stack", func(s *sched.ServiceSpec) { s.Name, s.Stack = "app-web", "app" }, ""},
 		{"process", func(s *sched.ServiceSpec) {
 			s.Entrypoint, s.User, s.WorkDir, s.ReadOnly = []string{"sh", "-c"}, "1000:1000", "/srv", true
@@ -129,12 +129,23 @@ func TestValidate(t *testing.T) {
 		{"stop signal", func(s *sched.ServiceSpec) { s.StopSignal = "SIGQUIT" }, ""},
 		{"bad stop signal", func(s *sched.ServiceSpec) { s.StopSignal = "SIGNOPE" }, `stop signal "SIGNOPE": want a signal`},
 		{"tmpfs", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"/tmp", "/cache:64m"} }, ""},
+		{"binds", func(s *sched.ServiceSpec) {
+			s.Binds = []string{"/proc:/host/proc:ro", "/var/log/:/logs", "/etc/hostname:/h:rw"}
+		}, ""},
+		{"bind relative source", func(s *sched.ServiceSpec) { s.Binds = []string{"logs:/logs"} }, `the host path "logs" must be absolute`},
+		{"bind relative target", func(s *sched.ServiceSpec) { s.Binds = []string{"/logs:logs"} }, `mount path "logs" must be absolute and not /`},
+		{"bind bad option", func(s *sched.ServiceSpec) { s.Binds = []string{"/logs:/logs:z"} }, `option "z" is unknown`},
+		{"bind alone", func(s *sched.ServiceSpec) { s.Binds = []string{"/logs"} }, "want /host/path:/path[:ro]"},
+		{"bind on a tmpfs", func(s *sched.ServiceSpec) {
+			s.Binds = []string{"/srv:/data"}
+			s.Tmpfs = []string{"/data/"}
+		}, "two volumes, binds, tmpfs, secrets or configs are mounted at /data"},
 		{"tmpfs relative", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"tmp"} }, `tmpfs "tmp": the mount path must be absolute`},
 		{"tmpfs bad size", func(s *sched.ServiceSpec) { s.Tmpfs = []string{"/tmp:lots"} }, `tmpfs "/tmp:lots": want /path or /path:SIZE`},
 		{"tmpfs on a volume", func(s *sched.ServiceSpec) {
 			s.Volumes = []string{"data:/data"}
 			s.Tmpfs = []string{"/data"}
-		}, "two volumes, tmpfs, secrets or configs are mounted at /data"},
+		}, "two volumes, binds, tmpfs, secrets or configs are mounted at /data"},
 		{"http health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{HTTP: "8080/healthz"} }, ""},
 		{"tcp health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{TCP: 5432, Retries: 2} }, ""},
 		{"bad http health", func(s *sched.ServiceSpec) { s.Health = sched.HealthCheck{HTTP: "x/y"} }, `health check http "x/y": want PORT`},
@@ -151,17 +162,17 @@ func TestValidate(t *testing.T) {
 		{"secret file dot-dot", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:.."} }, "must be a plain file name"},
 		{"secret empty target", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:"} }, "want NAME, NAME:FILE or NAME:/path"},
 		{"secret on root", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:/"} }, "must name a file"},
-		{"secrets on one path", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:x", "b:/run/secrets/x"} }, "two volumes, tmpfs, secrets or configs are mounted at /run/secrets/x"},
+		{"secrets on one path", func(s *sched.ServiceSpec) { s.Secrets = []string{"a:x", "b:/run/secrets/x"} }, "two volumes, binds, tmpfs, secrets or configs are mounted at /run/secrets/x"},
 		{"configs", func(s *sched.ServiceSpec) { s.Configs = []string{"nginx.conf:/etc/nginx/nginx.conf", "motd"} }, ""},
 		{"config bad name", func(s *sched.ServiceSpec) { s.Configs = []string{"-x"} }, `config "-x": config name "-x" is invalid`},
 		{"config on a secret's path", func(s *sched.ServiceSpec) {
 			s.Secrets = []string{"a:/etc/a"}
 			s.Configs = []string{"b:/etc/a"}
-		}, "two volumes, tmpfs, secrets or configs are mounted at /etc/a"},
+		}, "two volumes, binds, tmpfs, secrets or configs are mounted at /etc/a"},
 		{"secret on a volume's path", func(s *sched.ServiceSpec) {
 			s.Volumes = []string{"data:/data"}
 			s.Secrets = []string{"a:/data"}
-		}, "two volumes, tmpfs, secrets or configs are mounted at /data"},
+		}, "two volumes, binds, tmpfs, secrets or configs are mounted at /data"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := validSpec()

@@ -15,7 +15,7 @@ import (
 // (a frozen list that a rename would leave behind).
 func TestSpecFieldsBeyondBaseline(t *testing.T) {
 	beyond := sched.SpecFieldsBeyondBaseline()
-	for _, want := range []string{"groups", "pids_limit"} {
+	for _, want := range []string{"binds", "groups", "pids_limit"} {
 		if !slices.Contains(beyond, want) {
 			t.Errorf("beyond the baseline: %v, want %s in it", beyond, want)
 		}

@@ -433,6 +433,18 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) (shoalrt.TaskSpec,
 		ts.LogPath, ts.LogBinary = n.recordLogPath(t.ID), n.logger
 		ts.LogArgs = tasklog.LoggerArgs(ts.LogPath, limits)
 	}
+	for _, e := range spec.Binds {
+		m, err := sched.ParseBind(e)
+		if err != nil {
+			continue // validated on create
+		}
+		// Said here, in the task's error: runc's would name neither the
+		// path nor the node.
+		if _, err := os.Stat(m.Source); err != nil {
+			return shoalrt.TaskSpec{}, fmt.Errorf("bind %s: the host path on node %s: %w", e, n.id, err)
+		}
+		ts.Mounts = append(ts.Mounts, shoalrt.Mount{Source: m.Source, Target: m.Target, ReadOnly: m.ReadOnly})
+	}
 	for _, e := range spec.Tmpfs {
 		if m, err := sched.ParseTmpfs(e); err == nil { // validated on create
 			ts.Mounts = append(ts.Mounts, shoalrt.Mount{Target: m.Target, Tmpfs: true, SizeBytes: m.SizeBytes})

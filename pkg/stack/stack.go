@@ -278,6 +278,15 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 			spec.Tmpfs = append(spec.Tmpfs, entry)
 			continue
 		}
+		if v.Type == types.VolumeTypeBind {
+			entry, err := bindOf(v)
+			if err != nil {
+				fail("%v", err)
+				continue
+			}
+			spec.Binds = append(spec.Binds, entry)
+			continue
+		}
 		entry, vol, err := volumeOf(p, stack, v)
 		if err != nil {
 			fail("%v", err)
@@ -550,13 +559,31 @@ func tmpfsOf(t string) (string, error) {
 	return entry, nil
 }
 
+// bindOf maps a bind mount of a host path: the path on whichever node
+// runs the task (a relative one was made absolute from the file's
+// directory when the file was read, as docker stack deploy does).
+func bindOf(v types.ServiceVolumeConfig) (string, error) {
+	if b := v.Bind; b != nil {
+		if b.Propagation != "" && b.Propagation != "rprivate" {
+			return "", fmt.Errorf("volume %s: bind propagation %s is not supported (binds are rprivate)", v.Target, b.Propagation)
+		}
+		if b.SELinux != "" {
+			return "", fmt.Errorf("volume %s: bind selinux relabelling is not supported", v.Target)
+		}
+	}
+	entry := v.Source + ":" + v.Target
+	if v.ReadOnly {
+		entry += ":ro"
+	}
+	if _, err := sched.ParseBind(entry); err != nil {
+		return "", err
+	}
+	return entry, nil
+}
+
 func volumeOf(p *types.Project, stack string, v types.ServiceVolumeConfig) (string, Volume, error) {
-	switch v.Type {
-	case types.VolumeTypeVolume:
-	case types.VolumeTypeBind:
-		return "", Volume{}, fmt.Errorf("volume %s: bind mounts of host paths are not supported: use a named volume (a replicated Shoal volume)", v.Target)
-	default:
-		return "", Volume{}, fmt.Errorf("volume %s: type %s is not supported (named volumes only)", v.Target, v.Type)
+	if v.Type != types.VolumeTypeVolume {
+		return "", Volume{}, fmt.Errorf("volume %s: type %s is not supported (named volumes, binds and tmpfs only)", v.Target, v.Type)
 	}
 	if v.Source == "" {
 		return "", Volume{}, fmt.Errorf("volume %s: anonymous volumes are not supported: name it, and define it under volumes", v.Target)

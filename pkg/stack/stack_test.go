@@ -132,7 +132,7 @@ services:
     image: x
     privileged: true
     tmpfs: ["/x:noexec"]
-    volumes: ["/srv:/srv"]
+    volumes: [{type: bind, source: /srv, target: /srv, bind: {propagation: shared}}]
     ports: ["80"]
   b:
     build: .
@@ -150,7 +150,7 @@ secrets:
 	for _, want := range []string{
 		"service a: privileged is not supported by Shoal",
 		"service a: tmpfs /x: option noexec is not supported (size only)",
-		"service a: volume /srv: bind mounts of host paths are not supported",
+		"service a: volume /srv: bind propagation shared is not supported",
 		"service a: port 80: publish it on a port of its own",
 		"service b: no image",
 		`service b: deploy: mode "replicated-batch" is not supported`,
@@ -388,5 +388,31 @@ services:
 	_, err = Convert(load(t, "app", "services:\n  a:\n    image: x\n    deploy: {rollback_config: {failure_action: rollback}}\n"), "app")
 	if err == nil || !strings.Contains(err.Error(), `rollback_config: failure_action "rollback": want pause`) {
 		t.Errorf("rollback_config failure_action rollback: %v", err)
+	}
+}
+
+// TestConvertBinds: host paths, short and long syntax, read-only or not,
+// a relative one made absolute from the file's directory (as docker
+// stack deploy does).
+func TestConvertBinds(t *testing.T) {
+	p := load(t, "app", `
+services:
+  agent:
+    image: x
+    deploy: {mode: global}
+    volumes:
+      - /proc:/host/proc:ro
+      - ./conf:/etc/agent
+      - {type: bind, source: /var/log, target: /logs, read_only: true}
+`)
+	plan, err := Convert(p, "app")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := strings.Join(plan.Services[0].Binds, " "); g != "/proc:/host/proc:ro /work/app/conf:/etc/agent /var/log:/logs:ro" {
+		t.Errorf("binds: %s", g)
+	}
+	if len(plan.Volumes) != 0 {
+		t.Errorf("binds made volumes: %+v", plan.Volumes)
 	}
 }

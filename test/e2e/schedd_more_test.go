@@ -1269,6 +1269,52 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "cp")
 	})
 
+	t.Run("Binds", func(t *testing.T) {
+		// A host directory (the nodes share this machine's files) bound
+		// read-only and read-write; a missing one fails the task, saying
+		// which path and node.
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "greeting"), []byte("hello from the host\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		c.mustCtl(1, "service", "create", "bd", "--image", img, "--replicas", "1", "--stop-grace", "1s",
+			"--bind", dir+":/host:ro", "--mount", "type=bind,source="+dir+",target=/rw", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "bd")
+		cur := c.currentTasks("bd")
+		if len(cur) != 1 {
+			t.Fatalf("%d current tasks, want 1", len(cur))
+		}
+		task := cur[0].GetId()
+		if out := c.mustCtl(2, "task", "exec", task, "--", "cat", "/host/greeting"); out != "hello from the host\n" {
+			t.Errorf("/host/greeting in the task: %q", out)
+		}
+		if _, errOut, code := c.ctl(2, "task", "exec", task, "--", "sh", "-c", "echo x > /host/new"); code == 0 || !strings.Contains(errOut, "Read-only") {
+			t.Errorf("a write to the read-only bind: exit %d, %q", code, errOut)
+		}
+		c.mustCtl(2, "task", "exec", task, "--", "sh", "-c", "echo from the task > /rw/written")
+		if b, err := os.ReadFile(filepath.Join(dir, "written")); err != nil || string(b) != "from the task\n" {
+			t.Errorf("written through the read-write bind: %q, %v", b, err)
+		}
+		c.mustCtl(1, "service", "rm", "bd")
+
+		missing := filepath.Join(dir, "missing")
+		c.mustCtl(1, "service", "create", "bm", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--detach",
+			"--bind", missing+":/x", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "bm")
+		var why string
+		waitFor(t, 30*time.Second, "a task of bm failed for its missing host path", func() bool {
+			for _, tk := range c.tasks("bm") {
+				if strings.Contains(tk.GetError(), "bind "+missing+":/x: the host path on node "+tk.GetNode()) && strings.Contains(tk.GetError(), "no such file") {
+					why = tk.GetError()
+					return true
+				}
+			}
+			return false
+		})
+		t.Logf("bm's task: %s", why)
+		c.mustCtl(1, "service", "rm", "bm")
+	})
+
 	t.Run("NewerSpecFields", func(t *testing.T) {
 		// A spec written by a newer schedd or shoalctl, with a field this
 		// schedd does not know: its owner starts no task from what it
