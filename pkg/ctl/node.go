@@ -232,6 +232,7 @@ func findNode(nodes []nodeView, ref string) (nodeView, error) {
 
 func (a *app) nodeLs() *cobra.Command {
 	var format string
+	var filters []string
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List the cluster's nodes",
@@ -248,6 +249,9 @@ func (a *app) nodeLs() *cobra.Command {
 			if err := a.countTasks(cmd, c, nodes); err != nil {
 				return err
 			}
+			if nodes, err = applyFilter(filters, nodeFilters, nodes); err != nil {
+				return err
+			}
 			if nodes == nil {
 				nodes = []nodeView{}
 			}
@@ -262,6 +266,7 @@ func (a *app) nodeLs() *cobra.Command {
 	}
 	outputFlag(cmd, &format)
 	quietFlag(cmd, &format, "ID")
+	filterFlag(cmd, &filters, nodeFilters)
 	return cmd
 }
 

@@ -183,6 +183,7 @@ func (a *app) secretView(cmd *cobra.Command, o fileObject, name string) (secretV
 
 func (a *app) secretLs(o fileObject) *cobra.Command {
 	var format string
+	var filters []string
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List " + o.noun + "s, without their data",
@@ -193,6 +194,9 @@ func (a *app) secretLs(o fileObject) *cobra.Command {
 			}
 			views, err := a.secretViews(cmd, o)
 			if err != nil {
+				return err
+			}
+			if views, err = applyFilter(filters, secretFilters, views); err != nil {
 				return err
 			}
 			return render(a.out, format, views, func(tw *tabwriter.Writer) {
@@ -206,6 +210,7 @@ func (a *app) secretLs(o fileObject) *cobra.Command {
 	}
 	outputFlag(cmd, &format)
 	quietFlag(cmd, &format, "Name")
+	filterFlag(cmd, &filters, secretFilters)
 	return cmd
 }
 

@@ -832,6 +832,7 @@ func replicasText(v serviceView) string {
 
 func (a *app) serviceLs() *cobra.Command {
 	var format string
+	var filters []string
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List services",
@@ -854,11 +855,15 @@ func (a *app) serviceLs() *cobra.Command {
 				views = append(views, serviceViewOf(s))
 			}
 			sort.Slice(views, func(i, j int) bool { return views[i].Name < views[j].Name })
+			if views, err = applyFilter(filters, serviceFilters, views); err != nil {
+				return err
+			}
 			return renderServices(a, format, views)
 		},
 	}
 	outputFlag(cmd, &format)
 	quietFlag(cmd, &format, "Name")
+	filterFlag(cmd, &filters, serviceFilters)
 	return cmd
 }
 
@@ -973,6 +978,7 @@ func slotLess(a, b string) bool {
 
 func (a *app) servicePs() *cobra.Command {
 	var format string
+	var filters []string
 	var all bool
 	cmd := &cobra.Command{
 		Use:   "ps NAME",
@@ -995,7 +1001,11 @@ func (a *app) servicePs() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			if err := renderTasks(a, format, resp.GetTasks()); err != nil {
+			tasks, err := applyFilter(filters, taskFilters, resp.GetTasks())
+			if err != nil {
+				return err
+			}
+			if err := renderTasks(a, format, tasks); err != nil {
 				return err
 			}
 			// Slots that cannot be placed have no task to show: say why
@@ -1009,6 +1019,7 @@ func (a *app) servicePs() *cobra.Command {
 	outputFlag(cmd, &format)
 	quietFlag(cmd, &format, "ID")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
+	filterFlag(cmd, &filters, taskFilters)
 	return cmd
 }
 

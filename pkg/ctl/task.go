@@ -29,6 +29,7 @@ func (a *app) taskCommand() *cobra.Command {
 
 func (a *app) taskLs() *cobra.Command {
 	var format, node, service string
+	var filters []string
 	var all bool
 	cmd := &cobra.Command{
 		Use:   "ls",
@@ -47,7 +48,11 @@ func (a *app) taskLs() *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return renderTasks(a, format, resp.GetTasks())
+			tasks, err := applyFilter(filters, taskFilters, resp.GetTasks())
+			if err != nil {
+				return err
+			}
+			return renderTasks(a, format, tasks)
 		},
 	}
 	outputFlag(cmd, &format)
@@ -55,6 +60,7 @@ func (a *app) taskLs() *cobra.Command {
 	cmd.Flags().StringVar(&node, "node", "", "only tasks of this node (ID or name)")
 	cmd.Flags().StringVar(&service, "service", "", "only tasks of this service")
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
+	filterFlag(cmd, &filters, taskFilters)
 	return cmd
 }
 

@@ -133,7 +133,10 @@ replicas survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 	create.Flags().StringVar(&size, "size", "", "size limit, e.g. 64Mi or 1G (default 1GiB)")
 	outputFlag(create, &cformat)
 
-	var lformat string
+	var (
+		lformat  string
+		lfilters []string
+	)
 	ls := &cobra.Command{
 		Use:   "ls",
 		Short: "List volumes with their health and leader",
@@ -155,6 +158,9 @@ replicas survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 			for _, v := range resp.GetVolumes() {
 				views = append(views, viewVolume(v))
 			}
+			if views, err = applyFilter(lfilters, volumeFilters, views); err != nil {
+				return err
+			}
 			return render(a.out, lformat, views, func(tw *tabwriter.Writer) {
 				fmt.Fprintln(tw, "NAME\tREPLICAS\tSIZE\tUSED\tHEALTH\tLEADER\tMEMBERS")
 				for _, v := range views {
@@ -169,6 +175,7 @@ replicas survive no failure (a quorum of two is both): prefer 1, 3 or 5.`,
 	}
 	outputFlag(ls, &lformat)
 	quietFlag(ls, &lformat, "Name")
+	filterFlag(ls, &lfilters, volumeFilters)
 
 	var (
 		iformat string

@@ -344,6 +344,22 @@ func TestSchedulerMore(t *testing.T) {
 		if out := c.mustCtl(1, "service", "ls", "-q"); out != "js\n" {
 			t.Errorf("service ls -q: %q", out)
 		}
+		// docker's --filter.
+		if out := c.mustCtl(2, "service", "ls", "-q", "-f", "name=j", "-f", "mode=replicated"); out != "js\n" {
+			t.Errorf("service ls -f name=j -f mode=replicated: %q", out)
+		}
+		if out := c.mustCtl(2, "service", "ls", "-q", "-f", "mode=global"); out != "" {
+			t.Errorf("service ls -f mode=global: %q", out)
+		}
+		if out := c.mustCtl(3, "service", "ps", "js", "-q", "-f", "desired-state=running", "-f", "state=running"); strings.Count(out, "\n") != 2 {
+			t.Errorf("service ps -f desired-state=running: %q", out)
+		}
+		if out := c.mustCtl(1, "node", "ls", "-q", "-f", "name=n2"); out != c.ids[1]+"\n" {
+			t.Errorf("node ls -f name=n2: %q, want %s", out, c.ids[1])
+		}
+		if _, errOut, code := c.ctl(1, "task", "ls", "-f", "colour=red"); code != 2 || !strings.Contains(errOut, "unknown key colour") {
+			t.Errorf("task ls -f colour=red: exit %d, %q", code, errOut)
+		}
 		if ids := strings.Fields(c.mustCtl(1, "node", "ls", "-q")); len(ids) != 3 || !slices.Contains(ids, c.ids[0]) {
 			t.Errorf("node ls -q: %v, want the three node IDs", ids)
 		}
