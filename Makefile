@@ -8,8 +8,9 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -X github.com/shoal-dev/shoal/pkg/buildinfo.Version=$(VERSION)
 DAEMONS := statd schedd netd vold
 # shoal-logger is no daemon: containerd's shim runs one beside each task
-# schedd starts, to write the task's log.
-BINS := $(addprefix bin/shoal-,$(DAEMONS)) bin/shoal-logger bin/shoalctl
+# schedd starts, to write the task's log. shoal-init neither: a task
+# started with --init runs it as its PID 1 (static, for any image).
+BINS := $(addprefix bin/shoal-,$(DAEMONS)) bin/shoal-logger bin/shoal-init bin/shoalctl
 PROTOC_GEN_GO_VERSION := v1.36.12
 PROTOC_GEN_GO_GRPC_VERSION := v1.6.2
 STATICCHECK_VERSION := v0.8.2
@@ -28,7 +29,7 @@ DEBIAN_MIRROR ?= http://deb.debian.org/debian
 .PHONY: help build test unit e2e fuzz check proto deps install demo bench clean test-image nspawn-root upgrade-check upgrade-check-ci
 
 help:
-	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold,logger} and bin/shoalctl"
+	@echo "make build   - build bin/shoal-{statd,schedd,netd,vold,logger,init} and bin/shoalctl"
 	@echo "make test    - everything CI runs: checks, unit/property tests, fuzzing, e2e, upgrade check"
 	@echo "make demo    - start a local Shoal and show state converging"
 	@echo "make bench   - run the benchmarks and write docs/BENCHMARKS.md"
@@ -48,6 +49,7 @@ bin/shoal-%: FORCE
 # (~14 µs on these VMs) per 4 KiB filled: about 1,500 faults a second per
 # vold under 4 KiB synchronous writes (docs/VOLUMES.md, Performance).
 bin/shoal-vold: export CGO_ENABLED := 0
+bin/shoal-init: export CGO_ENABLED := 0
 
 bin/shoalctl: FORCE
 	$(GO) build -ldflags '$(LDFLAGS)' -o $@ ./cmd/ctl

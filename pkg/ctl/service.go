@@ -62,7 +62,7 @@ type specFlags struct {
 	healthCmd, network, entrypoint, user, workdir       string
 	healthHTTP, stopSignal, schedule                    string
 	healthTCP                                           int
-	readOnly, noHealthcheck                             bool
+	readOnly, noHealthcheck, init                       bool
 	maxFailureRatio, rbMaxFailureRatio                  float64
 	rbParallelism                                       int
 	rbDelay, rbMonitor                                  time.Duration
@@ -141,6 +141,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringVarP(&f.workdir, "workdir", "w", "", "working directory inside the container")
 	fs.StringVar(&f.hostname, "hostname", "", "the tasks' hostname (default service-slot); like --env values, a template: {{.Service.Name}}, {{.Task.Slot}}, {{.Task.ID}}, {{.Node.ID}}, {{.Node.Hostname}}")
 	fs.BoolVar(&f.readOnly, "read-only", false, "mount the container's root file system read-only")
+	fs.BoolVar(&f.init, "init", false, "run an init as the task's PID 1 that passes signals to the command and reaps orphaned processes (docker's --init)")
 	fs.StringArrayVar(&f.capAdd, "cap-add", nil, "add a Linux capability to the default set, e.g. NET_ADMIN, or ALL (repeatable)")
 	fs.StringArrayVar(&f.capDrop, "cap-drop", nil, "drop a Linux capability from the default set, e.g. CHOWN, or ALL (repeatable)")
 	fs.StringArrayVar(&f.ulimits, "ulimit", nil, "resource limit NAME=SOFT[:HARD], e.g. nofile=1024:2048 (repeatable)")
@@ -252,6 +253,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"workdir", func() { spec.WorkDir = f.workdir }},
 		{"hostname", func() { spec.Hostname = f.hostname }},
 		{"read-only", func() { spec.ReadOnly = f.readOnly }},
+		{"init", func() { spec.Init = f.init }},
 		{"cap-add", func() { spec.CapAdd = f.capAdd }},
 		{"cap-drop", func() { spec.CapDrop = f.capDrop }},
 		{"host", func() { spec.Hosts = f.hosts }},

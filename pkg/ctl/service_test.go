@@ -145,6 +145,7 @@ func TestServiceCreateFlags(t *testing.T) {
 			func(s sched.ServiceSpec) bool {
 				return s.CPUMillis == 500 && s.MemoryBytes == 256<<20 && s.StopGrace.D() == 5*time.Second && s.Restart.Policy == sched.RestartAlways
 			}},
+		{"init", []string{"--init"}, func(s sched.ServiceSpec) bool { return s.Init }},
 		{"binds", []string{"--mount", "type=bind,source=/proc,target=/host/proc,readonly", "--bind", "/var/log:/logs"},
 			func(s sched.ServiceSpec) bool {
 				return strings.Join(s.Binds, " ") == "/var/log:/logs /proc:/host/proc:ro"

@@ -207,6 +207,9 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 		oci.WithMounts(mounts),
 		oci.WithCgroup(path.Join(r.cfg.CgroupParent, spec.ID)),
 	)
+	if spec.Init != "" {
+		opts = append(opts, withInit(spec.Init))
+	}
 	if spec.NetNSPath != "" {
 		opts = append(opts, oci.WithLinuxNamespace(specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: spec.NetNSPath}))
 	} else {
@@ -224,6 +227,22 @@ func (r *Containerd) specOpts(img client.Image, spec TaskSpec, mounts []specs.Mo
 		opts = append(opts, oci.WithPidsLimit(spec.PidsLimit))
 	}
 	return opts, nil
+}
+
+// InitPath is where a task's shoal-init is mounted.
+const InitPath = "/sbin/shoal-init"
+
+// withInit runs the process under shoal-init (host path init), mounted
+// read-only at InitPath; it follows the options that set the arguments.
+func withInit(init string) oci.SpecOpts {
+	return func(_ context.Context, _ oci.Client, _ *containers.Container, s *oci.Spec) error {
+		if s.Process == nil || len(s.Process.Args) == 0 {
+			return fmt.Errorf("--init: the task has no command: %w", errdefs.ErrInvalidArgument)
+		}
+		s.Process.Args = append([]string{InitPath, "--"}, s.Process.Args...)
+		s.Mounts = append(s.Mounts, specs.Mount{Type: "bind", Source: init, Destination: InitPath, Options: []string{"rbind", "rprivate", "ro"}})
+		return nil
+	}
 }
 
 // withSysctls sets kernel parameters of the container's namespaces.

@@ -242,6 +242,10 @@ type TaskSpec struct {
 	// Mounts are bind mounts. A mount on /etc/hostname, /etc/hosts or
 	// /etc/resolv.conf replaces the file the runtime provides.
 	Mounts []Mount `json:"mounts,omitempty"`
+	// Init, if set, is the host path of shoal-init: bind-mounted read-only
+	// at InitPath, it runs as the task's PID 1 with the task's command as
+	// its child (docker's --init).
+	Init string `json:"init,omitempty"`
 	// Hostname of the task (default: its ID, cut to 63 characters).
 	Hostname string `json:"hostname,omitempty"`
 	// StopSignal is what Stop sends first ("SIGTERM", "TERM", "15");

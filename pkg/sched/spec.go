@@ -40,6 +40,10 @@ type ServiceSpec struct {
 	WorkDir string `json:"workdir,omitempty"`
 	// ReadOnly mounts the task's root file system read-only.
 	ReadOnly bool `json:"read_only,omitempty"`
+	// Init runs shoal-init as the task's PID 1, the command its child:
+	// signals reach a command that installs no handlers, and orphans are
+	// reaped (docker's --init).
+	Init bool `json:"init,omitempty"`
 	// CapAdd and CapDrop change the capabilities a task's process gets
 	// from the default set (Docker's: CHOWN, NET_BIND_SERVICE, KILL, …):
 	// names as capabilities(7) has them, with or without CAP_, or ALL

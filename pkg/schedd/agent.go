@@ -396,6 +396,12 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) (shoalrt.TaskSpec,
 	if err != nil {
 		return shoalrt.TaskSpec{}, err
 	}
+	initPath := ""
+	if spec.Init {
+		if initPath, err = besideSchedd("shoal-init"); err != nil {
+			return shoalrt.TaskSpec{}, fmt.Errorf("--init: %w", err)
+		}
+	}
 	ts := shoalrt.TaskSpec{
 		ID:          t.ID,
 		Image:       spec.Image,
@@ -404,6 +410,7 @@ func (n *node) taskSpec(t sched.Task, spec sched.ServiceSpec) (shoalrt.TaskSpec,
 		User:        spec.User,
 		WorkDir:     spec.WorkDir,
 		ReadOnly:    spec.ReadOnly,
+		Init:        initPath,
 		CapAdd:      capabilities(spec.CapAdd),
 		CapDrop:     capabilities(spec.CapDrop),
 		Ulimits:     spec.Ulimits,

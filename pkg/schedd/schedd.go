@@ -25,6 +25,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/containerd/errdefs"
 	"github.com/spf13/pflag"
 
 	"github.com/shoal-dev/shoal/pkg/client"
@@ -79,6 +80,21 @@ type Config struct {
 	TaskNetwork string `toml:"task_network"`
 }
 
+// besideSchedd returns the path of program name installed beside this
+// binary (as make install and the packages put shoal-logger and
+// shoal-init), or an error saying it is not there.
+func besideSchedd(name string) (string, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(filepath.Dir(exe), name)
+	if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
+		return "", fmt.Errorf("%s is not installed beside %s: %w", name, exe, errdefs.ErrFailedPrecondition)
+	}
+	return p, nil
+}
+
 // taskLogger resolves Config.Logger: the binary's absolute path, or ""
 // for raw logs.
 func (c *Config) taskLogger() (string, error) {
@@ -86,13 +102,9 @@ func (c *Config) taskLogger() (string, error) {
 	case "none":
 		return "", nil
 	case "":
-		exe, err := os.Executable()
+		p, err := besideSchedd("shoal-logger")
 		if err != nil {
-			return "", nil
-		}
-		p := filepath.Join(filepath.Dir(exe), "shoal-logger")
-		if st, err := os.Stat(p); err != nil || st.IsDir() || st.Mode()&0o111 == 0 {
-			return "", nil
+			return "", nil // raw logs
 		}
 		return p, nil
 	}

@@ -96,7 +96,7 @@ var (
 	// env_file is compose-go's: it merges the files into environment.
 	serviceKeys = []string{"image", "command", "entrypoint", "user", "working_dir", "read_only", "tmpfs", "environment", "env_file", "stop_signal", "deploy", "ports", "volumes", "secrets", "configs",
 		"healthcheck", "stop_grace_period", "network_mode", "restart", "networks", "cap_add", "cap_drop",
-		"ulimits", "sysctls", "extra_hosts", "logging", "hostname", "pids_limit", "group_add"}
+		"ulimits", "sysctls", "extra_hosts", "logging", "hostname", "pids_limit", "group_add", "init"}
 	ignoredKeys = []string{"build", "depends_on", "container_name", "links", "external_links", "expose",
 		"labels", "profiles", "pull_policy", "stdin_open", "tty"}
 )
@@ -183,6 +183,7 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	spec.Args = []string(svc.Command)
 	spec.Entrypoint = []string(svc.Entrypoint)
 	spec.User, spec.WorkDir, spec.ReadOnly, spec.Hostname = svc.User, svc.WorkingDir, svc.ReadOnly, svc.Hostname
+	spec.Init = svc.Init != nil && *svc.Init
 	spec.CapAdd, spec.CapDrop = svc.CapAdd, svc.CapDrop
 	spec.PidsLimit = max(svc.PidsLimit, 0) // -1, Compose's "no limit", is none
 	spec.Groups = svc.GroupAdd

@@ -393,7 +393,7 @@ services:
 
 // TestConvertBinds: host paths, short and long syntax, read-only or not,
 // a relative one made absolute from the file's directory (as docker
-// stack deploy does).
+// stack deploy does); and init.
 func TestConvertBinds(t *testing.T) {
 	p := load(t, "app", `
 services:
@@ -404,6 +404,7 @@ services:
       - /proc:/host/proc:ro
       - ./conf:/etc/agent
       - {type: bind, source: /var/log, target: /logs, read_only: true}
+    init: true
 `)
 	plan, err := Convert(p, "app")
 	if err != nil {
@@ -414,5 +415,8 @@ services:
 	}
 	if len(plan.Volumes) != 0 {
 		t.Errorf("binds made volumes: %+v", plan.Volumes)
+	}
+	if !plan.Services[0].Init {
+		t.Error("init: true was dropped")
 	}
 }

@@ -1331,6 +1331,52 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "bm")
 	})
 
+	t.Run("Init", func(t *testing.T) {
+		// --init: shoal-init is PID 1, reaps an orphan that PID 1 sleep
+		// leaves a zombie, and passes the stop signal on to a command
+		// that installs no handler for it.
+		c.mustCtl(1, "service", "create", "in", "--image", img, "--replicas", "1", "--stop-grace", "20s", "--init", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "in")
+		c.mustCtl(1, "service", "create", "noin", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "noin")
+		withInit, without := c.currentTasks("in"), c.currentTasks("noin")
+		if len(withInit) != 1 || len(without) != 1 {
+			t.Fatalf("current tasks: %d and %d, want 1 each", len(withInit), len(without))
+		}
+		if out := c.mustCtl(2, "task", "exec", withInit[0].GetId(), "--", "cat", "/proc/1/cmdline"); out != "/sbin/shoal-init\x00--\x00sleep\x001000000\x00" {
+			t.Errorf("PID 1 of the --init task: %q", out)
+		}
+		const orphan = `sh -c "sleep 0.2 &"; sleep 1.5; grep -s '^State:.*zombie' /proc/[0-9]*/status || echo none`
+		if out := c.mustCtl(2, "task", "exec", without[0].GetId(), "--", "sh", "-c", orphan); !strings.Contains(out, "zombie") {
+			t.Errorf("the orphan under PID 1 sleep: %q; want a zombie (else this test shows nothing)", out)
+		}
+		if out := c.mustCtl(2, "task", "exec", withInit[0].GetId(), "--", "sh", "-c", orphan); out != "none\n" {
+			t.Errorf("the orphan under shoal-init: %q; want it reaped", out)
+		}
+		c.mustCtl(1, "service", "rm", "noin")
+		// Stopped by SIGTERM, passed to sleep (143), not killed after the
+		// 20 s grace (137).
+		c.mustCtl(1, "service", "scale", "in=0")
+		waitFor(t, 15*time.Second, "the --init task stopped by its signal", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			resp, err := c.schedd(1).ListTasks(ctx, &schedv1.ListTasksRequest{Service: "in", All: true})
+			if err != nil {
+				return false
+			}
+			for _, tk := range resp.GetTasks() {
+				if tk.GetId() == withInit[0].GetId() && tk.GetState() != "running" {
+					if tk.GetExitCode() != 143 {
+						t.Fatalf("the --init task ended %s with %d, want 143 (SIGTERM): %v", tk.GetState(), tk.GetExitCode(), tk)
+					}
+					return true
+				}
+			}
+			return false
+		})
+		c.mustCtl(1, "service", "rm", "in")
+	})
+
 	t.Run("NewerSpecFields", func(t *testing.T) {
 		// A spec written by a newer schedd or shoalctl, with a field this
 		// schedd does not know: its owner starts no task from what it
