@@ -84,8 +84,10 @@ var serviceFilters = filterKeys[serviceView]{
 }
 
 var taskFilters = filterKeys[*schedv1.Task]{
-	"id":   func(t *schedv1.Task, val string) bool { return nameMatches(t.GetId(), val) },
-	"name": func(t *schedv1.Task, val string) bool { return t.GetService()+"."+t.GetSlot() == val || nameMatches(t.GetId(), val) },
+	"id": func(t *schedv1.Task, val string) bool { return nameMatches(t.GetId(), val) },
+	"name": func(t *schedv1.Task, val string) bool {
+		return t.GetService()+"."+t.GetSlot() == val || nameMatches(t.GetId(), val)
+	},
 	"node": func(t *schedv1.Task, val string) bool { return nameMatches(t.GetNode(), val) },
 	// desired-state as docker's: running for the tasks a slot wants,
 	// shutdown for those replaced or stopping.
