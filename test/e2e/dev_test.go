@@ -352,9 +352,9 @@ secrets:
 	if out, code = ctl(1, "stack", "deploy", "app", "-c", compose); code != 1 || !strings.Contains(out, "secret app_db_pass changed") {
 		t.Errorf("deploy with a changed secret: exit %d, want 1:\n%s", code, out)
 	}
-	bad := write("bad.yml", "services:\n  x:\n    image: local/busybox:latest\n    volumes: [\"/srv:/srv\"]\n")
-	if out, code = ctl(1, "stack", "deploy", "other", "-c", bad); code != 2 || !strings.Contains(out, "bind mounts of host paths are not supported") {
-		t.Errorf("deploy of a bind mount: exit %d, want 2:\n%s", code, out)
+	bad := write("bad.yml", "services:\n  x:\n    image: local/busybox:latest\n    volumes: [{type: bind, source: /srv, target: /srv, bind: {propagation: shared}}]\n")
+	if out, code = ctl(1, "stack", "deploy", "other", "-c", bad); code != 2 || !strings.Contains(out, "bind propagation shared is not supported") {
+		t.Errorf("deploy of a shared bind mount: exit %d, want 2:\n%s", code, out)
 	}
 	var stacks []struct {
 		Name     string
