@@ -339,28 +339,36 @@ type VolumeMount struct {
 
 // ParseVolume parses "NAME:/path" or "NAME:/path:ro" (or ":rw").
 func ParseVolume(s string) (VolumeMount, error) {
+	name, target, ro, err := splitMount("volume", "NAME:/path[:ro]", s)
+	if err != nil {
+		return VolumeMount{}, err
+	}
+	if !volumeName.MatchString(name) {
+		return VolumeMount{}, fmt.Errorf("volume %q: name %q must be 1-63 lowercase letters, digits or '-', starting with a letter or digit", s, name)
+	}
+	return VolumeMount{Name: name, Target: target, ReadOnly: ro}, nil
+}
+
+// splitMount splits a mount entry of kind ("volume", "bind"), SOURCE:
+// /path[:ro|:rw] as usage says: the target absolute and not /, cleaned.
+func splitMount(kind, usage, s string) (source, target string, readOnly bool, err error) {
 	parts := strings.Split(s, ":")
 	if len(parts) < 2 || len(parts) > 3 {
-		return VolumeMount{}, fmt.Errorf("volume %q: want NAME:/path[:ro]", s)
+		return "", "", false, fmt.Errorf("%s %q: want %s", kind, s, usage)
 	}
-	m := VolumeMount{Name: parts[0], Target: parts[1]}
-	if !volumeName.MatchString(m.Name) {
-		return VolumeMount{}, fmt.Errorf("volume %q: name %q must be 1-63 lowercase letters, digits or '-', starting with a letter or digit", s, m.Name)
+	if target = parts[1]; !path.IsAbs(target) || path.Clean(target) == "/" {
+		return "", "", false, fmt.Errorf("%s %q: mount path %q must be absolute and not /", kind, s, target)
 	}
-	if !path.IsAbs(m.Target) || path.Clean(m.Target) == "/" {
-		return VolumeMount{}, fmt.Errorf("volume %q: mount path %q must be absolute and not /", s, m.Target)
-	}
-	m.Target = path.Clean(m.Target)
 	if len(parts) == 3 {
 		switch parts[2] {
 		case "ro":
-			m.ReadOnly = true
+			readOnly = true
 		case "rw":
 		default:
-			return VolumeMount{}, fmt.Errorf("volume %q: option %q is unknown: use ro or rw", s, parts[2])
+			return "", "", false, fmt.Errorf("%s %q: option %q is unknown: use ro or rw", kind, s, parts[2])
 		}
 	}
-	return m, nil
+	return parts[0], path.Clean(target), readOnly, nil
 }
 
 // BindMount is a parsed bind entry of a service.
@@ -373,28 +381,14 @@ type BindMount struct {
 
 // ParseBind parses "/host/path:/path" or "/host/path:/path:ro" (or ":rw").
 func ParseBind(s string) (BindMount, error) {
-	parts := strings.Split(s, ":")
-	if len(parts) < 2 || len(parts) > 3 {
-		return BindMount{}, fmt.Errorf("bind %q: want /host/path:/path[:ro]", s)
+	source, target, ro, err := splitMount("bind", "/host/path:/path[:ro]", s)
+	if err != nil {
+		return BindMount{}, err
 	}
-	m := BindMount{Source: parts[0], Target: parts[1]}
-	if !path.IsAbs(m.Source) {
-		return BindMount{}, fmt.Errorf("bind %q: the host path %q must be absolute (a task may run on any node: the path is that node's)", s, m.Source)
+	if !path.IsAbs(source) {
+		return BindMount{}, fmt.Errorf("bind %q: the host path %q must be absolute (a task may run on any node: the path is that node's)", s, source)
 	}
-	if !path.IsAbs(m.Target) || path.Clean(m.Target) == "/" {
-		return BindMount{}, fmt.Errorf("bind %q: mount path %q must be absolute and not /", s, m.Target)
-	}
-	m.Source, m.Target = path.Clean(m.Source), path.Clean(m.Target)
-	if len(parts) == 3 {
-		switch parts[2] {
-		case "ro":
-			m.ReadOnly = true
-		case "rw":
-		default:
-			return BindMount{}, fmt.Errorf("bind %q: option %q is unknown: use ro or rw", s, parts[2])
-		}
-	}
-	return m, nil
+	return BindMount{Source: path.Clean(source), Target: target, ReadOnly: ro}, nil
 }
 
 // SecretsDir is where a secret's file goes in the container unless its

@@ -138,7 +138,8 @@ func (n *node) exportFrom(ctx context.Context, m string, req *volv1.ExportVolume
 			break
 		}
 		if !started && !first.Stop() {
-			break // it fired as the chunk came: sctx is done
+			err = sctx.Err() // it fired as the chunk came
+			break
 		}
 		started = true
 		if err := send(chunk); err != nil {
