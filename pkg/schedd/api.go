@@ -497,7 +497,12 @@ func (s *api) GetTask(ctx context.Context, req *schedv1.GetTaskRequest) (*schedv
 
 // task finds a task by ID (or unique ID prefix) in the mirror.
 func (n *node) task(ref string) (sched.Task, bool, error) {
-	w := n.readWorld()
+	return n.readWorld().task(ref)
+}
+
+// task resolves ref (an ID or a unique prefix of one) in w, and says
+// whether the task is its slot's current one.
+func (w world) task(ref string) (sched.Task, bool, error) {
 	var hits []sched.Task
 	for _, t := range w.allTasks {
 		if t.ID == ref {

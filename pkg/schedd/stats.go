@@ -167,11 +167,12 @@ func (n *node) followStats(ctx context.Context, req *schedv1.TaskStatsRequest, t
 // statsTasks resolves what a stats request names: its tasks (each must
 // exist), else the running tasks of its service or node, or every one.
 func (n *node) statsTasks(req *schedv1.TaskStatsRequest) ([]sched.Task, error) {
+	w := n.readWorld()
 	if len(req.GetTasks()) > 0 {
 		var out []sched.Task
 		seen := map[string]bool{}
 		for _, ref := range req.GetTasks() {
-			t, _, err := n.task(ref)
+			t, _, err := w.task(ref)
 			if err != nil {
 				return nil, err
 			}
@@ -182,7 +183,6 @@ func (n *node) statsTasks(req *schedv1.TaskStatsRequest) ([]sched.Task, error) {
 		}
 		return out, nil
 	}
-	w := n.readWorld()
 	node := req.GetNode()
 	if node != "" {
 		for _, nd := range w.nodes {
