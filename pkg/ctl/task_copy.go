@@ -34,9 +34,9 @@ An existing directory as the destination receives the copy under its own
 name; any other path (whose parent is a directory) becomes its name. "-"
 writes a tar stream to stdout, or reads one from stdin into a directory
 of the task. Copies into a task are owned by its root user unless -a
-keeps the owners they have here. A path may not lead out of the task
-(through "..", or a link to an absolute path), and the task's image need
-hold no tar or shell.
+keeps the owners they have here. The task's links resolve inside it
+(an absolute one from its root), so no path leads out of the task, and
+the task's image need hold no tar or shell.
 
 A local path with a ':' in it is written with a "/" or "./" in front.`,
 		Example: `  shoalctl task cp web.1a2b3c4d:/etc/nginx/nginx.conf .
@@ -97,7 +97,12 @@ func (a *app) copyFromTask(ctx context.Context, task, path, dest string) error {
 			return err
 		}
 		defer root.Close()
-		if dir, renameTo, err = volarchive.Target(root, abs); err != nil {
+		// Links as this machine resolves them (root is /).
+		resolved, err := volarchive.Resolve(root, abs, true)
+		if err == nil {
+			dir, renameTo, err = volarchive.Target(root, resolved)
+		}
+		if err != nil {
 			return fmt.Errorf("copy to %s: %w", dest, err)
 		}
 	}

@@ -114,11 +114,6 @@ func (n *node) taskRoot(ctx context.Context, id string) (*os.Root, error) {
 	return root, nil
 }
 
-// inTask makes name (absolute or not) relative to a task's root.
-func inTask(name string) string {
-	return strings.TrimPrefix(path.Clean("/"+name), "/")
-}
-
 // fsError classes a file system error of a copy for the API's edge.
 func fsError(err error) error {
 	switch {
@@ -126,7 +121,7 @@ func fsError(err error) error {
 		return fmt.Errorf("%w: %w", err, errdefs.ErrNotFound)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("%w: %w", err, errdefs.ErrPermissionDenied)
-	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, fs.ErrExist), strings.Contains(err.Error(), "escapes from parent"):
+	case errors.Is(err, syscall.ENOTDIR), errors.Is(err, syscall.ELOOP), errors.Is(err, fs.ErrExist), strings.Contains(err.Error(), "escapes from parent"):
 		// os.Root's refusal of ".." or a link leading out has no
 		// exported error.
 		return fmt.Errorf("%w: %w", err, errdefs.ErrInvalidArgument)
@@ -143,11 +138,13 @@ func (n *node) localCopyFrom(ctx context.Context, req *schedv1.TaskCopyFromReque
 		return err
 	}
 	defer root.Close()
-	rel := inTask(req.GetPath())
-	dir, name := path.Dir(rel), path.Base(rel)
-	if rel == "" {
-		dir, name = ".", "."
+	// The task's links lead where they would inside it: an absolute
+	// one from its root.
+	rel, err := volarchive.Resolve(root, req.GetPath(), false)
+	if err != nil {
+		return fmt.Errorf("copy from task %s: %w", req.GetTask(), fsError(err))
 	}
+	dir, name := path.Dir(rel), path.Base(rel)
 	parent, err := root.OpenRoot(dir)
 	if err != nil {
 		return fmt.Errorf("copy from task %s: %w", req.GetTask(), fsError(err))
@@ -172,7 +169,11 @@ func (n *node) localCopyTo(ctx context.Context, first *schedv1.CopyToInput, recv
 		return nil, err
 	}
 	defer root.Close()
-	dir, rename, err := volarchive.Target(root, inTask(first.GetPath()))
+	dest, err := volarchive.Resolve(root, first.GetPath(), true)
+	if err != nil {
+		return nil, fmt.Errorf("copy to task %s: %w", id, fsError(err))
+	}
+	dir, rename, err := volarchive.Target(root, dest)
 	if err != nil {
 		return nil, fmt.Errorf("copy to task %s: %w", id, fsError(err))
 	}

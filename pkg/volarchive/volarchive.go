@@ -228,6 +228,62 @@ func rename(name, top string) string {
 	return top
 }
 
+// Resolve resolves the symbolic links in name as if root were the file
+// system's root, as a chroot would: an absolute link starts again at
+// root and ".." stops there, so a task's /var/run -> /run leads to its
+// own /run. The last element is resolved too only with followLast. The
+// result is relative to root and has no links among its directories.
+func Resolve(root *os.Root, name string, followLast bool) (string, error) {
+	todo := strings.Split(path.Clean("/"+name), "/")
+	var done []string
+	hops := 0
+	for len(todo) > 0 {
+		p := todo[0]
+		todo = todo[1:]
+		switch p {
+		case "", ".":
+			continue
+		case "..":
+			if len(done) > 0 {
+				done = done[:len(done)-1]
+			}
+			continue
+		}
+		cur := path.Join(append(done, p)...)
+		if len(todo) == 0 && !followLast {
+			done = append(done, p)
+			break
+		}
+		info, err := root.Lstat(cur)
+		if errors.Is(err, fs.ErrNotExist) && len(todo) == 0 {
+			done = append(done, p) // a destination to be made
+			break
+		}
+		if err != nil {
+			return "", err
+		}
+		if info.Mode()&fs.ModeSymlink == 0 {
+			done = append(done, p)
+			continue
+		}
+		if hops++; hops > 40 {
+			return "", fmt.Errorf("%s: %w", name, syscall.ELOOP)
+		}
+		target, err := root.Readlink(cur)
+		if err != nil {
+			return "", err
+		}
+		if path.IsAbs(target) {
+			done = nil
+		}
+		todo = append(strings.Split(target, "/"), todo...)
+	}
+	if len(done) == 0 {
+		return ".", nil
+	}
+	return path.Join(done...), nil
+}
+
 // Target resolves where a copy into dst (in root) goes, as docker cp
 // does: into dst itself when it is a directory, the archive's top entry
 // keeping its name (rename ""); else into dst's parent, which must be a

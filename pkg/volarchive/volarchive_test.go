@@ -268,3 +268,50 @@ func TestCopyPath(t *testing.T) {
 		t.Error("a sibling of the path was copied")
 	}
 }
+
+// TestResolve: links resolve inside root as under a chroot (absolute
+// ones from root, ".." stopping at it); the last element only when
+// asked; loops end.
+func TestResolve(t *testing.T) {
+	dir := t.TempDir()
+	must := func(err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(os.MkdirAll(filepath.Join(dir, "run/app"), 0o755))
+	must(os.MkdirAll(filepath.Join(dir, "var"), 0o755))
+	must(os.MkdirAll(filepath.Join(dir, "etc"), 0o755))
+	must(os.Symlink("/run", filepath.Join(dir, "var/run")))
+	must(os.Symlink("../../../../etc", filepath.Join(dir, "var/up")))
+	must(os.Symlink("/run/app", filepath.Join(dir, "app")))
+	must(os.Symlink("loop", filepath.Join(dir, "loop")))
+	root := openRoot(t, dir)
+	for _, c := range []struct {
+		name       string
+		followLast bool
+		want       string
+	}{
+		{"/var/run/app/x", false, "run/app/x"},
+		{"var/run", false, "var/run"},
+		{"var/run", true, "run"},
+		{"/var/up/passwd", false, "etc/passwd"},
+		{"/../../var/run/app", false, "run/app"},
+		{"/app", true, "run/app"},
+		{"/app/new", true, "run/app/new"},
+		{"/", false, "."},
+		{"run/..", true, "."},
+	} {
+		got, err := Resolve(root, c.name, c.followLast)
+		if err != nil || got != c.want {
+			t.Errorf("Resolve(%q, %v) = %q, %v; want %q", c.name, c.followLast, got, err, c.want)
+		}
+	}
+	if _, err := Resolve(root, "/loop/x", false); !errors.Is(err, syscall.ELOOP) {
+		t.Errorf("a loop: %v", err)
+	}
+	if _, err := Resolve(root, "/missing/x", false); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a missing directory: %v", err)
+	}
+}
