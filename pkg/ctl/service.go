@@ -27,6 +27,17 @@ import (
 
 func (a *app) schedd() (*client.Schedd, error) { return client.NewSchedd(a.runDir, client.Retry{}) }
 
+// scheddStream connects to schedd for a streaming call: no timeout, the
+// call lasting as long as ctx; done cancels it and closes the client.
+func (a *app) scheddStream(ctx context.Context) (*client.Schedd, context.Context, func(), error) {
+	c, err := a.schedd()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	return c, ctx, func() { cancel(); c.Close() }, nil
+}
+
 // scheddCall is statdCall for schedd.
 func (a *app) scheddCall(cmd *cobra.Command) (*client.Schedd, context.Context, func(), error) {
 	c, err := a.schedd()

@@ -87,13 +87,11 @@ func (a *app) serviceStats() *cobra.Command {
 // runStats streams samples and prints a round per interval: on a
 // terminal in place, else one table (or JSON document) after another.
 func (a *app) runStats(ctx context.Context, req *schedv1.TaskStatsRequest, o statsOptions) error {
-	c, err := a.schedd()
+	c, ctx, closeCall, err := a.scheddStream(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer closeCall()
 	req.Interval = durationpb.New(o.interval)
 	if o.noStream {
 		req.Count = 2

@@ -106,13 +106,11 @@ func (a *app) copyFromTask(ctx context.Context, task, path, dest string) error {
 			return fmt.Errorf("copy to %s: %w", dest, err)
 		}
 	}
-	c, err := a.schedd()
+	c, ctx, done, err := a.scheddStream(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer done()
 	stream, err := c.TaskCopyFrom(ctx, &schedv1.TaskCopyFromRequest{Task: task, Path: path})
 	if err != nil {
 		return err
@@ -224,13 +222,11 @@ func (a *app) copyToTask(ctx context.Context, src, task, path string, keepOwners
 			stats <- err
 		}()
 	}
-	c, err := a.schedd()
+	c, ctx, done, err := a.scheddStream(ctx)
 	if err != nil {
 		return err
 	}
-	defer c.Close()
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer done()
 	stream, err := c.TaskCopyTo(ctx)
 	if err != nil {
 		return err
