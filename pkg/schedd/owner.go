@@ -128,16 +128,22 @@ func (n *node) ownerRound(ctx context.Context, now time.Time) {
 		}
 		n.omu.Unlock()
 		sort.Slice(snap.InFlight, func(i, j int) bool { return snap.InFlight[i].Slot < snap.InFlight[j].Slot })
-		unknown := n.unknownSpecFields(svc)
+		var unknown []string // asked at the round's first Reserve only: rounds run 4 times a second
+		checked := false
 		for _, a := range sched.Reconcile(snap, now, newTaskID(svc)) {
 			if _, quiet := a.(sched.Requeue); !quiet {
 				n.log.Debug("owner action", "service", svc, "action", fmt.Sprint(a))
 			}
-			if r, ok := a.(sched.Reserve); ok && len(unknown) > 0 {
-				// Its spec, as decoded here, lacks those fields: a task
-				// started from it would run without them.
-				n.setUnschedulable(svc, r.Slot, fmt.Sprintf("its owner, node %s, runs a schedd that does not know spec field %s (upgrade it)", n.id, strings.Join(unknown, ",")))
-				continue
+			if r, ok := a.(sched.Reserve); ok {
+				if !checked {
+					unknown, checked = n.unknownSpecFields(svc), true
+				}
+				if len(unknown) > 0 {
+					// Its spec, as decoded here, lacks those fields: a
+					// task started from it would run without them.
+					n.setUnschedulable(svc, r.Slot, fmt.Sprintf("its owner, node %s, runs a schedd that does not know spec field %s (upgrade it)", n.id, strings.Join(unknown, ",")))
+					continue
+				}
 			}
 			n.execOwner(ctx, svc, a, now)
 		}
