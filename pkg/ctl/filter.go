@@ -2,8 +2,8 @@ package ctl
 
 import (
 	"fmt"
+	"maps"
 	"slices"
-	"sort"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -17,14 +17,8 @@ type filterKeys[T any] map[string]func(item T, value string) bool
 
 // filterFlag registers docker's -f/--filter KEY=VALUE on a list command.
 func filterFlag[T any](cmd *cobra.Command, raw *[]string, keys filterKeys[T]) {
-	names := slices.Sorted(func(yield func(string) bool) {
-		for k := range keys {
-			if !yield(k) {
-				return
-			}
-		}
-	})
-	cmd.Flags().StringArrayVarP(raw, "filter", "f", nil, "only what matches KEY=VALUE ("+strings.Join(names, ", ")+"); values of one key are alternatives, different keys must all match")
+	names := strings.Join(slices.Sorted(maps.Keys(keys)), ", ")
+	cmd.Flags().StringArrayVarP(raw, "filter", "f", nil, "only what matches KEY=VALUE ("+names+"); values of one key are alternatives, different keys must all match")
 }
 
 // applyFilter keeps the items that match raw's filters, as docker does:
@@ -41,12 +35,7 @@ func applyFilter[T any](raw []string, keys filterKeys[T], items []T) ([]T, error
 			return nil, usageError{fmt.Errorf("--filter %q: want KEY=VALUE", f)}
 		}
 		if _, known := keys[k]; !known {
-			names := make([]string, 0, len(keys))
-			for name := range keys {
-				names = append(names, name)
-			}
-			sort.Strings(names)
-			return nil, usageError{fmt.Errorf("--filter %q: unknown key %s: want one of %s", f, k, strings.Join(names, ", "))}
+			return nil, usageError{fmt.Errorf("--filter %q: unknown key %s: want one of %s", f, k, strings.Join(slices.Sorted(maps.Keys(keys)), ", "))}
 		}
 		want[k] = append(want[k], v)
 	}

@@ -2,9 +2,9 @@ package sched
 
 import (
 	"encoding/json"
+	"maps"
 	"reflect"
 	"slices"
-	"sort"
 	"strings"
 )
 
@@ -84,12 +84,11 @@ func walkSchema(t reflect.Type, prefix string, out map[string]reflect.Type) {
 // NodeSpecFieldsField.
 func SpecFieldsBeyondBaseline() []string {
 	var out []string
-	for p := range specSchema {
+	for _, p := range slices.Sorted(maps.Keys(specSchema)) {
 		if !baselineSpecFields[p] {
 			out = append(out, p)
 		}
 	}
-	sort.Strings(out)
 	return out
 }
 
@@ -109,15 +108,8 @@ func ParseNodeSpecFields(v string) map[string]bool {
 func SpecNeeds(spec ServiceSpec) []string {
 	set := map[string]bool{}
 	walkSet(reflect.ValueOf(spec), "", set)
-	out := slices.Collect(func(yield func(string) bool) {
-		for p := range set {
-			if !baselineSpecFields[p] && !yield(p) {
-				return
-			}
-		}
-	})
-	sort.Strings(out)
-	return out
+	maps.DeleteFunc(set, func(p string, _ bool) bool { return baselineSpecFields[p] })
+	return slices.Sorted(maps.Keys(set))
 }
 
 func walkSet(v reflect.Value, prefix string, set map[string]bool) {
@@ -166,15 +158,7 @@ func walkSet(v reflect.Value, prefix string, set map[string]bool) {
 func UnknownSpecFields(raw []byte) []string {
 	set := map[string]bool{}
 	walkJSON(raw, "", set)
-	out := slices.Collect(func(yield func(string) bool) {
-		for p := range set {
-			if !yield(p) {
-				return
-			}
-		}
-	})
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(set))
 }
 
 func walkJSON(raw []byte, prefix string, unknown map[string]bool) {
