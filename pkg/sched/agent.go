@@ -16,6 +16,12 @@ import (
 // there is no history left to show it in.
 const DefaultRetention = time.Hour
 
+// HistoryLimit is how many finished tasks of one slot a node keeps within
+// the retention, newest first (Swarm's task history limit is 5 too): a
+// task that cannot start is replaced by a new one at every attempt, and
+// an hour of attempts would otherwise leave a hundred documents per slot.
+const HistoryLimit = 5
+
 // NodeView is what a node's agent decides from: its tasks, the slot
 // documents that name (or no longer name) them, and its ledger.
 type NodeView struct {
@@ -68,8 +74,11 @@ type Runtime struct {
 	State RuntimeState
 	// ExitCode and Error describe the last exit (Error: it could not be
 	// started, or was killed by the runtime).
-	ExitCode            int
-	Error               string
+	ExitCode int
+	Error    string
+	// StartFailed: the runtime could not create or start the container
+	// (Error says why); it never ran.
+	StartFailed         bool
 	StartedAt, ExitedAt time.Time
 	// HealthPassed is whether a health check has passed since the
 	// container started. HealthFailures counts consecutive failed checks
@@ -231,11 +240,14 @@ func SlotKey(service, slot string) string { return service + "/" + slot }
 //     checks past StartPeriod; restart an exited container in place per
 //     the restart policy with exponential backoff (Delay doubling to
 //     MaxDelay) while MaxAttempts allows, showing it as restarting in
-//     the meantime; otherwise record it exited or failed for good.
+//     the meantime; otherwise record it exited or failed for good. A
+//     container that could not start at all is failed for its owner to
+//     place again, unless the slot is this node's (global).
 //   - Bookkeeping: release the reservation of a task that will not run
 //     again, release reservations whose task is gone, and remove
 //     finished tasks no slot names: at once when their service or slot
-//     is gone, after Retention when the slot lives on under another task.
+//     is gone, after Retention (or HistoryLimit newer ones of the slot)
+//     when the slot lives on under another task.
 func AgentDecide(v NodeView, now time.Time) []AgentAction {
 	d := agent{v: v, now: now, ttl: cmp.Or(v.TTL, DefaultTTL), retention: cmp.Or(v.Retention, DefaultRetention)}
 	d.reserved = make(map[string]Reservation, len(v.Reservations))
@@ -265,6 +277,7 @@ type agent struct {
 	now            time.Time
 	ttl, retention time.Duration
 	reserved       map[string]Reservation
+	history        map[string][]*LocalTask // pastHistory's, by slot key
 	out            []AgentAction
 	wake           time.Time
 	why            string
@@ -435,10 +448,21 @@ func (d *agent) running(t *LocalTask, rt Runtime, spec ServiceSpec) {
 
 // exited applies the restart policy to a wanted task whose container
 // exited.
+//
+// A container that exited is restarted in place; one that could not start
+// at all (StartFailed) is not, unless its slot belongs to this node (a
+// global service's): the task fails, and its owner places the replacement
+// (with the same backoff), ranking last the nodes where the spec just
+// failed to start (Request.StartFailures). What stops a start is often
+// the node's (a missing bind path, a host port taken by another process,
+// its containerd or vold down), where another node would run the task.
 func (d *agent) exited(t *LocalTask, rt Runtime, spec ServiceSpec) {
 	failed := rt.ExitCode != 0 || rt.Error != ""
 	pol := spec.Restart
 	restart := pol.Policy == RestartAlways || pol.Policy == RestartOnFailure && failed
+	if rt.StartFailed && !spec.Global {
+		restart = false
+	}
 	if restart && (pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts) {
 		at := rt.ExitedAt.Add(Backoff(pol, t.Restarts))
 		if d.now.Before(at) {
@@ -492,7 +516,7 @@ func (d *agent) finish(t *LocalTask, rt Runtime, spec ServiceSpec, v verdict) {
 		d.emit(RemoveTask{TaskID: t.ID})
 		return
 	}
-	if gone := finished.Add(keepFinished(spec, finished, d.retention)); !d.now.Before(gone) {
+	if gone := finished.Add(keepFinished(spec, finished, d.retention)); !d.now.Before(gone) || d.pastHistory(t) {
 		d.emit(RemoveTask{TaskID: t.ID})
 	} else {
 		d.wakeAt(gone, "remove finished task")
@@ -516,6 +540,29 @@ func keepFinished(spec ServiceSpec, finished time.Time, retention time.Duration)
 		return retention
 	}
 	return min(retention, 3*after.Sub(next))
+}
+
+// pastHistory reports whether the finished task t, which no slot names,
+// has HistoryLimit newer finished tasks of its slot on this node.
+func (d *agent) pastHistory(t *LocalTask) bool {
+	if d.history == nil {
+		d.history = map[string][]*LocalTask{}
+		for i := range d.v.Tasks {
+			o := &d.v.Tasks[i]
+			k := SlotKey(o.Service, o.Slot)
+			if sl, ok := d.v.Slots[k]; o.State.Terminal() && !(ok && sl.Names(o.ID)) {
+				d.history[k] = append(d.history[k], o)
+			}
+		}
+		for _, ts := range d.history {
+			slices.SortFunc(ts, func(a, b *LocalTask) int {
+				return cmp.Or(b.Finished.Compare(a.Finished), strings.Compare(b.ID, a.ID))
+			})
+		}
+	}
+	ts := d.history[SlotKey(t.Service, t.Slot)]
+	i := slices.IndexFunc(ts, func(o *LocalTask) bool { return o.ID == t.ID })
+	return i >= HistoryLimit
 }
 
 func (d *agent) release(id string) {

@@ -461,3 +461,98 @@ func TestSimPausedUpdate(t *testing.T) {
 		t.Fatalf("%d tasks run; want the 2 old ones left alone by the paused rollout", good)
 	}
 }
+
+// TestSimStartFailureMoves: a node that cannot start containers (its
+// runtime down, a missing bind path) fails the task instead of retrying it
+// in place, and the owner places the replacement on another node, though
+// spread alone would put it back on the node with no task.
+func TestSimStartFailureMoves(t *testing.T) {
+	c := newCluster(t, 3, roomy, func(cfg *sim.Config) {
+		cfg.Nodes[1].StartError = "containerd is not reachable"
+	})
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 3})
+	settle(t, c, "web", 10*time.Second)
+	if got := c.Running("web"); got["n2"] != 0 || got["n1"]+got["n3"] != 3 {
+		t.Fatalf("running %v, want all 3 on n1 and n3", got)
+	}
+	failed := 0
+	for _, tk := range c.Tasks("web") {
+		switch {
+		case tk.Node == "n2":
+			if tk.State != sched.TaskFailed || !tk.Started.IsZero() || tk.Error != "containerd is not reachable" {
+				t.Errorf("task %s on n2: %s, started %v, error %q; want failed, never started", tk.ID, tk.State, tk.Started, tk.Error)
+			}
+			failed++
+		case tk.State == sched.TaskRunning && tk.Slot == slotOf(c, "web", "n2") && tk.Restarts != 1:
+			t.Errorf("the replacement %s has %d restarts, want the failed task's 1", tk.ID, tk.Restarts)
+		}
+	}
+	if failed != 1 {
+		t.Errorf("%d failed tasks on n2, want 1: the replacement avoids it", failed)
+	}
+	c.RunFor(time.Minute)
+	if got := c.Running("web"); got["n2"] != 0 {
+		t.Fatalf("running %v a minute later", got)
+	}
+}
+
+// slotOf names the slot of service whose first task ran on node ("" if
+// none did).
+func slotOf(c *sim.Cluster, service, node string) string {
+	for _, tk := range c.Tasks(service) {
+		if tk.Node == node {
+			return tk.Slot
+		}
+	}
+	return ""
+}
+
+// TestSimStartFailureEverywhere: a spec that starts nowhere goes round the
+// nodes with the restart backoff, and each node keeps at most
+// HistoryLimit finished tasks of the slot.
+func TestSimStartFailureEverywhere(t *testing.T) {
+	c := newCluster(t, 3, roomy, func(cfg *sim.Config) {
+		cfg.Images = map[string]sim.Behavior{"bad": {StartError: "exec: no such file"}}
+		cfg.Retention = time.Hour
+	})
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "bad", Replicas: 1,
+		Restart: sched.RestartPolicy{Delay: sched.Duration(100 * time.Millisecond), MaxDelay: sched.Duration(time.Second)}})
+	c.RunFor(2 * time.Minute)
+	perNode := map[string]int{}
+	most := 0
+	for _, tk := range c.Tasks("web") {
+		perNode[tk.Node]++
+		most = max(most, tk.Restarts)
+	}
+	if len(perNode) != 3 {
+		t.Errorf("tasks per node %v: want every node tried", perNode)
+	}
+	for n, k := range perNode {
+		if k > sched.HistoryLimit+1 {
+			t.Errorf("node %s keeps %d tasks of the slot, want at most %d finished and the current one", n, k, sched.HistoryLimit)
+		}
+	}
+	// About one attempt a second once the backoff is at its cap.
+	if most < 60 {
+		t.Errorf("%d restarts in 2 minutes, want the backoff capped at 1s", most)
+	}
+}
+
+// TestSimGlobalStartFailureInPlace: a global service's task has nowhere
+// else to go, so a start failure is retried on its node.
+func TestSimGlobalStartFailureInPlace(t *testing.T) {
+	c := newCluster(t, 2, roomy, func(cfg *sim.Config) {
+		cfg.Nodes[1].StartError = "containerd is not reachable"
+	})
+	create(t, c, sched.ServiceSpec{Name: "agent", Image: "img", Global: true})
+	c.RunFor(10 * time.Second)
+	var onN2 []sched.Task
+	for _, tk := range c.Tasks("agent") {
+		if tk.Node == "n2" {
+			onN2 = append(onN2, tk)
+		}
+	}
+	if len(onN2) != 1 || onN2[0].Restarts < 2 || onN2[0].State == sched.TaskFailed {
+		t.Fatalf("n2's tasks %+v: want one, restarted in place", onN2)
+	}
+}

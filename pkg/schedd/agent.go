@@ -300,7 +300,7 @@ func (n *node) startTask(ctx context.Context, id string, restart bool) {
 		}
 		lt.busy = false
 		if err != nil {
-			lt.Runtime = sched.Runtime{State: sched.RuntimeExited, ExitCode: -1, Error: err.Error(), ExitedAt: now}
+			lt.Runtime = sched.Runtime{State: sched.RuntimeExited, ExitCode: -1, Error: err.Error(), ExitedAt: now, StartFailed: true}
 			n.amu.Unlock()
 			n.log.Warn("task start failed", "task", id, "err", err)
 			n.wake()

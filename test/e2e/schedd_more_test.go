@@ -1335,6 +1335,58 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "bm")
 	})
 
+	t.Run("StartFailureMoves", func(t *testing.T) {
+		// Node 3's containerd is down: the task placed there cannot
+		// start, fails instead of retrying in place, and its
+		// replacement goes to another node, though spread prefers the
+		// node with no task; the service converges 3/3 on nodes 1 and 2.
+		ctx := context.Background()
+		if err := c.Stop(ctx, 3, "containerd", 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		restarted := false
+		restart := func() {
+			if !restarted {
+				restarted = true
+				if err := c.Start(ctx, 3, "containerd"); err != nil {
+					t.Errorf("start node 3's containerd again: %v", err)
+				}
+			}
+		}
+		defer restart()
+		out, errOut, code := c.ctlWithin(2*time.Minute, 1, "service", "create", "sf", "--image", img, "--replicas", "3", "--stop-grace", "1s",
+			"--restart-delay", "200ms", "--wait-timeout", "60s", "--", "sleep", "1000000")
+		removeIfFailed(t, c.Cluster, 1, "sf")
+		if code != 0 {
+			t.Fatalf("service create with node 3's containerd down: exit %d\n%s%s", code, out, errOut)
+		}
+		perNode := map[string]int{}
+		for _, tk := range c.currentTasks("sf") {
+			perNode[tk.GetNode()]++
+		}
+		if perNode[c.ids[2]] != 0 || perNode[c.ids[0]]+perNode[c.ids[1]] != 3 {
+			t.Errorf("current tasks per node %v: want 3 on nodes 1 and 2 (node 3 is %s)", perNode, c.ids[2])
+		}
+		lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		all, err := c.schedd(1).ListTasks(lctx, &schedv1.ListTasksRequest{Service: "sf", All: true})
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var failed *schedv1.Task
+		for _, tk := range all.GetTasks() {
+			if tk.GetNode() == c.ids[2] && tk.GetState() == "failed" {
+				failed = tk
+			}
+		}
+		if failed == nil {
+			t.Fatalf("no failed task on node 3: the test placed nothing there and shows nothing")
+		}
+		t.Logf("the task on node 3: %s, %q", failed.GetState(), failed.GetError())
+		restart()
+		c.mustCtl(1, "service", "rm", "sf")
+	})
+
 	t.Run("Init", func(t *testing.T) {
 		// --init: shoal-init is PID 1, reaps an orphan that PID 1 sleep
 		// leaves a zombie, and passes a signal on to a command that

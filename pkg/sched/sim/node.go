@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"cmp"
 	"fmt"
 	"maps"
 	"slices"
@@ -355,7 +356,7 @@ func (n *Node) View() sched.NodeView {
 		lt.Runtime = sched.Runtime{State: sched.RuntimeNone}
 		if ct := n.runtime[id]; ct != nil {
 			lt.Runtime = sched.Runtime{
-				State: ct.state, ExitCode: ct.exitCode, Error: ct.err, StartedAt: ct.started, ExitedAt: ct.exited,
+				State: ct.state, ExitCode: ct.exitCode, Error: ct.err, StartFailed: ct.notRun, StartedAt: ct.started, ExitedAt: ct.exited,
 				HealthPassed: ct.passed, HealthFailures: ct.failures,
 			}
 		}
@@ -442,8 +443,8 @@ func (n *Node) start(id string) {
 	c := n.c
 	b := c.cfg.Images[lt.Spec.Image]
 	ct := &container{behavior: b, started: c.now, state: sched.RuntimeRunning}
-	if b.StartError != "" {
-		ct.state, ct.exited, ct.exitCode, ct.err = sched.RuntimeExited, c.now, 0, b.StartError
+	if why := cmp.Or(n.cfg.StartError, b.StartError); why != "" {
+		ct.state, ct.exited, ct.exitCode, ct.err, ct.notRun, ct.started = sched.RuntimeExited, c.now, -1, why, true, time.Time{}
 	}
 	if h := lt.Spec.WithDefaults().Health; h.Enabled() {
 		ct.nextCheck = c.now.Add(h.Interval.D())

@@ -79,6 +79,9 @@ type NodeConfig struct {
 	Capacity sched.Resources
 	// Lag overrides Config.GossipLag for this node's view.
 	Lag time.Duration
+	// StartError, when set, makes every container start on this node
+	// fail with it (a node that cannot run anything: its runtime down).
+	StartError string
 }
 
 // Behavior is what a fake container does.
@@ -167,6 +170,7 @@ type container struct {
 	exited    time.Time
 	exitCode  int
 	err       string
+	notRun    bool // the start failed
 	passed    bool
 	failures  int
 	nextCheck time.Time
