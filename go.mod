@@ -26,6 +26,8 @@ require golang.org/x/term v0.46.0
 
 require github.com/docker/docker-credential-helpers v0.9.3
 
+require github.com/google/nftables v0.3.0 // indirect
+
 require (
 	github.com/compose-spec/compose-go/v2 v2.16.2
 	github.com/docker/go-connections v0.7.0 // indirect
@@ -82,7 +84,7 @@ require (
 	github.com/kr/pretty v0.3.1 // indirect
 	github.com/kr/text v0.2.0 // indirect
 	github.com/mdlayher/genetlink v1.3.2 // indirect
-	github.com/mdlayher/netlink v1.7.2 // indirect
+	github.com/mdlayher/netlink v1.7.3-0.20250113171957-fbb4dce95f42 // indirect
 	github.com/mdlayher/socket v0.6.0 // indirect
 	github.com/miekg/dns v1.1.73
 	github.com/minio/minlz v1.0.1-0.20250507153514-87eb42fe8882 // indirect

@@ -29,6 +29,13 @@ type networkView struct {
 	Subnets     []subnetView    `json:"subnets"`
 	Peers       []peerView      `json:"peers"`
 	Published   []publishedView `json:"published"`
+	Networks    []overlayView   `json:"networks"`
+}
+
+type overlayView struct {
+	Name      string   `json:"name"`
+	Services  []string `json:"services"`
+	Addresses []string `json:"addresses"`
 }
 
 type subnetView struct {
@@ -69,7 +76,10 @@ func networkViewOf(st *netv1.StatusResponse) networkView {
 	v := networkView{
 		Node: st.GetNodeId(), OverlayCIDR: st.GetOverlayCidr(), Subnet: st.GetSubnet(), Interface: st.GetInterface(),
 		Mode: st.GetMode(), PublicKey: st.GetPublicKey(), MTU: st.GetMtu(), DNS: st.GetDns(), Tasks: st.GetTasks(),
-		Subnets: []subnetView{}, Peers: []peerView{}, Published: []publishedView{},
+		Subnets: []subnetView{}, Peers: []peerView{}, Published: []publishedView{}, Networks: []overlayView{},
+	}
+	for _, n := range st.GetNetworks() {
+		v.Networks = append(v.Networks, overlayView{Name: n.GetName(), Services: nonNil(n.GetServices()), Addresses: nonNil(n.GetAddresses())})
 	}
 	for _, s := range st.GetSubnets() {
 		v.Subnets = append(v.Subnets, subnetView{Subnet: s.GetSubnet(), Node: s.GetNode()})
@@ -94,13 +104,14 @@ func networkViewOf(st *netv1.StatusResponse) networkView {
 }
 
 func (a *app) networkCommand() *cobra.Command {
-	cmd := &cobra.Command{Use: "network", Short: "Inspect the overlay network"}
+	cmd := &cobra.Command{Use: "network", Short: "Inspect the overlay and its networks"}
 	var format string
 	ls := &cobra.Command{
 		Use:   "ls",
-		Short: "The overlay and every node's subnet",
-		Long:  "The overlay and every node's subnet. -o json and yaml show everything `network inspect` shows too.",
-		Args:  cobra.NoArgs,
+		Short: "The overlay, every node's subnet, and the overlay networks services are on",
+		Long: "The overlay, every node's subnet, and the overlay networks services are on (`service create --network NAME`; " +
+			"a network exists while a service names it). -o json and yaml show everything `network inspect` shows too.",
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			v, err := a.netStatus(cmd, format)
 			if err != nil {
@@ -111,6 +122,13 @@ func (a *app) networkCommand() *cobra.Command {
 				fmt.Fprintln(tw, "SUBNET\tNODE")
 				for _, s := range v.Subnets {
 					fmt.Fprintf(tw, "%s\t%s\n", s.Subnet, s.Node)
+				}
+				if len(v.Networks) == 0 {
+					return
+				}
+				fmt.Fprintln(tw, "\nNETWORK\tTASKS\tSERVICES")
+				for _, n := range v.Networks {
+					fmt.Fprintf(tw, "%s\t%d\t%s\n", n.Name, len(n.Addresses), strings.Join(n.Services, ","))
 				}
 			})
 		},

@@ -63,6 +63,7 @@ type specFlags struct {
 	mode                                                     string
 	env, constraints, labels, publish, volumes, secrets      []string
 	configs, tmpfs, binds, capAdd, capDrop, ulimits, sysctls []string
+	networks                                                 []string
 	envFiles, hosts, prefs, logOpts, groups                  []string
 	logDriver, hostname                                      string
 	limitCPU, reserveCPU, limitMemory, reserveMemory         string
@@ -70,7 +71,7 @@ type specFlags struct {
 	withRegistryAuth                                         bool
 	// warnings are what apply took as given but ignored in part.
 	warnings                                            []string
-	healthCmd, network, entrypoint, user, workdir       string
+	healthCmd, entrypoint, user, workdir                string
 	healthHTTP, stopSignal, schedule                    string
 	healthTCP                                           int
 	readOnly, noHealthcheck, init                       bool
@@ -161,7 +162,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.sysctls, "sysctl", nil, "kernel parameter of the task's namespaces KEY=VALUE: net.*, fs.mqueue.*, kernel.msg*, sem, shm* (repeatable)")
 	fs.StringVar(&f.logDriver, "log-driver", "", "json-file (default: the task's log on its node, rotated) or none (output discarded)")
 	fs.StringArrayVar(&f.logOpts, "log-opt", nil, "log option KEY=VALUE: max-size=10m (rotate at), max-file=5 (files kept) (repeatable; default: the node's)")
-	fs.StringVar(&f.network, "network", "", "host: run in the node's network namespace instead of the overlay")
+	fs.StringArrayVar(&f.networks, "network", nil, "overlay network NAME the tasks are on (repeatable; default: the default network); tasks reach each other only on a network they share. host: the node's network namespace instead")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
 	}
@@ -271,7 +272,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"ulimit", func() { spec.Ulimits = f.ulimits }},
 		{"limit-pids", func() { spec.PidsLimit = f.pidsLimit }},
 		{"group", func() { spec.Groups = f.groups }},
-		{"network", func() { spec.Network = f.network }},
+		{"network", func() { spec.Network, spec.Networks = specNetworks(f.networks) }},
 	} {
 		if fs.Changed(fl.name) {
 			fl.apply()
@@ -1034,6 +1035,19 @@ func (a *app) servicePs() *cobra.Command {
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
 	filterFlag(cmd, &filters, taskFilters)
 	return cmd
+}
+
+// specNetworks turns --network values into the spec's fields: host alone
+// is the node's namespace (the spec refuses it among others), default
+// alone is the default network, which a spec says by naming none.
+func specNetworks(vals []string) (network string, networks []string) {
+	switch {
+	case len(vals) == 1 && vals[0] == sched.NetworkHost:
+		return sched.NetworkHost, nil
+	case len(vals) == 1 && vals[0] == sched.DefaultNetwork, len(vals) == 1 && vals[0] == "":
+		return "", nil
+	}
+	return "", vals
 }
 
 // waitFlags control how long-running commands wait for convergence.

@@ -171,6 +171,16 @@ func (s *api) Status(ctx context.Context, _ *netv1.StatusRequest) (*netv1.Status
 		slices.Sort(out.BindErrors)
 		resp.Published = append(resp.Published, out)
 	}
+	n.isoMu.Lock()
+	iso := n.iso
+	n.isoMu.Unlock()
+	for _, nw := range iso.networks {
+		out := &netv1.OverlayNetwork{Name: nw.name, Services: nw.services}
+		for _, a := range nw.addrs {
+			out.Addresses = append(out.Addresses, a.String())
+		}
+		resp.Networks = append(resp.Networks, out)
+	}
 	slices.SortFunc(resp.Published, func(a, b *netv1.PublishedPort) int {
 		return cmp.Or(cmp.Compare(a.GetPort(), b.GetPort()), strings.Compare(a.GetProtocol(), b.GetProtocol()))
 	})

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/errdefs"
+	"github.com/google/nftables"
 
 	"github.com/shoal-dev/shoal/pkg/client"
 	"github.com/shoal-dev/shoal/pkg/crdt"
@@ -124,6 +125,11 @@ func (n *node) setup(ctx context.Context) error {
 	}
 	if n.nl, err = wg.OpenNetlink(""); err != nil {
 		return err
+	}
+	// Lasting: its socket lives in this namespace whatever thread
+	// flushes later.
+	if n.nft, err = nftables.New(nftables.AsLasting()); err != nil {
+		return fmt.Errorf("nftables: %w", err)
 	}
 	underlay := 1500
 	if m, err := n.nl.AddrMTU(n.advertise); err == nil && m > 0 {
@@ -433,8 +439,12 @@ func (n *node) reconcile(ctx context.Context) {
 	t3 := time.Now()
 	enter("ports")
 	n.applyPorts(services, eps)
+	t4 := time.Now()
+	enter("isolation")
+	n.isolate(services)
 	if d := time.Since(t0); d > 100*time.Millisecond {
-		n.log.Warn("slow reconcile", "took", d, "subnet", t1.Sub(t0), "peers", t2.Sub(t1), "dns", t3.Sub(t2), "ports", time.Since(t3))
+		n.log.Warn("slow reconcile", "took", d, "subnet", t1.Sub(t0), "peers", t2.Sub(t1), "dns", t3.Sub(t2), "ports", t4.Sub(t3),
+			"isolation", time.Since(t4))
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/google/nftables"
 	"github.com/spf13/pflag"
 	"golang.zx2c4.com/wireguard/wgctrl/wgtypes"
 
@@ -118,6 +119,14 @@ type node struct {
 	// (written by it only, under pubMu; Status reads them).
 	pubMu sync.Mutex
 	pubs  map[portKey]*publication
+
+	// nft holds the isolation rules' netlink socket, opened in the
+	// node's namespace; iso is what the run loop last applied (under
+	// isoMu; Status reads it), applied reports whether it did yet.
+	nft     *nftables.Conn
+	isoMu   sync.Mutex
+	iso     isolation
+	applied bool
 }
 
 func start(ctx context.Context, rt *daemon.Runtime) (func(context.Context) error, error) {

@@ -159,6 +159,12 @@ type ServiceSpec struct {
 	// Network is "" (the overlay: a namespace per task from netd) or
 	// "host" (the node's own namespace).
 	Network string `json:"network,omitempty"`
+	// Networks name the overlay networks the tasks are on (none: the
+	// default network, DefaultNetwork). Two tasks reach each other
+	// over the overlay only if their services share one; the nodes and
+	// published ports reach every task. A network exists while a
+	// service names it. Not with Network host.
+	Networks []string `json:"networks,omitempty"`
 
 	// ForceUpdate changes the spec (and so its digest) without changing
 	// anything else: `service update --force` increments it to replace
@@ -168,6 +174,25 @@ type ServiceSpec struct {
 
 // NetworkHost keeps a service's tasks in their node's network namespace.
 const NetworkHost = "host"
+
+// DefaultNetwork is the overlay network of services that name none.
+const DefaultNetwork = "default"
+
+// networkNameRE is Docker's network name syntax, dots and underscores
+// included (a stack's networks are <stack>_<name>).
+var networkNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// OnNetworks returns the overlay networks the spec's tasks are on: its
+// Networks, or DefaultNetwork; none for a host-network spec.
+func (s ServiceSpec) OnNetworks() []string {
+	switch {
+	case s.Network == NetworkHost:
+		return nil
+	case len(s.Networks) == 0:
+		return []string{DefaultNetwork}
+	}
+	return s.Networks
+}
 
 // Strategy is a placement scoring strategy.
 type Strategy string
@@ -676,6 +701,19 @@ func (s ServiceSpec) Validate() error {
 	}
 	if d.Network != "" && d.Network != NetworkHost {
 		add("network %q: want empty (the overlay) or host", d.Network)
+	}
+	if d.Network == NetworkHost && len(d.Networks) > 0 {
+		add("networks %s: a host-network service is on no overlay network", strings.Join(d.Networks, ", "))
+	}
+	for i, n := range d.Networks {
+		switch {
+		case n == NetworkHost:
+			add("network host: give it alone (--network host), not among overlay networks")
+		case !networkNameRE.MatchString(n):
+			add("network %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 63", n)
+		case slices.Contains(d.Networks[:i], n):
+			add("network %s given twice", n)
+		}
 	}
 	for _, e := range d.Env {
 		k, _, ok := strings.Cut(e, "=")

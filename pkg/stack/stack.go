@@ -217,14 +217,26 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 			spec.Env = append(spec.Env, k+"="+*v)
 		}
 	}
-	for name := range svc.Networks {
-		if name != "default" {
-			warn("network %s is ignored: every service is on Shoal's one overlay", name)
+	// As docker stack deploy: the file's networks are the stack's,
+	// <stack>_<name>, an external one is named as it is, and a service
+	// that names none is on <stack>_default, so that stacks are apart.
+	for _, key := range slices.Sorted(maps.Keys(svc.Networks)) {
+		name := stack + "_" + key
+		if nw, ok := p.Networks[key]; ok && bool(nw.External) {
+			name = cmp.Or(nw.Name, key)
 		}
+		spec.Networks = append(spec.Networks, name)
+		if c := svc.Networks[key]; c != nil && (len(c.Aliases) > 0 || c.Ipv4Address != "" || c.Ipv6Address != "") {
+			warn("network %s: aliases and fixed addresses are ignored (the service answers by its name on each network)", key)
+		}
+	}
+	if len(spec.Networks) == 0 && svc.NetworkMode == "" {
+		spec.Networks = []string{stack + "_default"}
 	}
 	switch svc.NetworkMode {
 	case "":
 	case "host":
+		spec.Networks = nil
 		spec.Network = sched.NetworkHost
 	default:
 		fail("network_mode %q is not supported (only host)", svc.NetworkMode)

@@ -47,6 +47,7 @@ services:
     stop_grace_period: 20s
     stop_signal: SIGQUIT
     depends_on: [db]
+    networks: [front, corp]
     deploy:
       replicas: 3
       labels: {tier: front}
@@ -77,6 +78,9 @@ secrets:
 configs:
   site: {content: "listen 80;"}
   motd: {external: true}
+networks:
+  front: {}
+  corp: {external: true, name: corp-net}
 `)
 	plan, err := Convert(p, "app")
 	if err != nil {
@@ -100,9 +104,14 @@ configs:
 		Volumes: []string{"app-data:/var/www", "shared:/shared:ro"},
 		Secrets: []string{"app_db_pass:/run/secrets/db_pass", "site-tls:/etc/tls/key.pem"},
 		Configs: []string{"app_site:/etc/site.conf", "motd:motd"}, // /motd, Swarm's default
+		// The stack's network, and an external one as it is named.
+		Networks: []string{"corp-net", "app_front"},
 	}
 	if g, w := jsonOf(t, web), jsonOf(t, want); g != w {
 		t.Errorf("web:\n got %s\nwant %s", g, w)
+	}
+	if !slices.Equal(db.Networks, []string{"app_default"}) {
+		t.Errorf("db names no network: on %v, want the stack's default", db.Networks)
 	}
 	if !db.Global || db.Replicas != 0 || db.Restart.Policy != sched.RestartOnFailure || db.Restart.MaxAttempts != 2 ||
 		strings.Join(db.Health.Cmd, " ") != "true" || db.StackAlias() != "db" ||

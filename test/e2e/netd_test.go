@@ -791,6 +791,87 @@ func TestNetwork(t *testing.T) {
 
 	// An HTTP health check reaches a task on the overlay at its own
 	// address (port 80 of the node itself answers nothing).
+	// Overlay networks keep services apart: tasks reach each other, on
+	// one node or two, only on a network they share (none named: the
+	// default network); a node reaches every task (a health check).
+	c.run(t, "NetworkIsolation", func(t *testing.T) {
+		web := []string{"httpd", "-f", "-p", "80", "-h", "/www"}
+		for _, s := range []struct {
+			name string
+			node int
+			nets []string
+		}{
+			{"red1", 1, []string{"red"}}, {"redb1", 1, []string{"red"}}, {"blue1", 1, []string{"blue"}}, {"plain1", 1, nil},
+			{"red3", 3, []string{"red"}}, {"both3", 3, []string{"red", "blue"}}, {"plain3", 3, nil},
+		} {
+			var flags []string
+			for _, n := range s.nets {
+				flags = append(flags, "--network", n)
+			}
+			if s.name == "red3" {
+				flags = append(flags, "--health-http", "80/", "--health-interval", "1s")
+			}
+			c.create(s.name, s.node, flags, web...)
+		}
+		task := map[string]string{}
+		ip := map[string]string{}
+		for _, name := range []string{"red1", "redb1", "blue1", "plain1", "red3", "both3", "plain3"} {
+			i := 1
+			if strings.HasSuffix(name, "3") {
+				i = 3
+			}
+			task[name] = c.taskOn(name, i)
+			ip[name] = c.taskField(i, task[name], "ip")
+		}
+		node := func(name string) int {
+			if strings.HasSuffix(name, "3") {
+				return 3
+			}
+			return 1
+		}
+		get := func(from, to string) (string, string, int) {
+			return c.exec(node(from), task[from], "timeout", "3", "wget", "-qO-", "http://"+ip[to]+"/")
+		}
+		for _, p := range [][2]string{{"redb1", "red1"}, {"red3", "red1"}, {"both3", "red1"}, {"both3", "blue1"}, {"plain3", "plain1"}, {"red1", "red3"}} {
+			waitFor(t, 30*time.Second, p[0]+" reaches "+p[1]+" ("+ip[p[1]]+")", func() bool {
+				out, _, _ := get(p[0], p[1])
+				return strings.Contains(out, "shoal test image")
+			})
+		}
+		if h := c.taskField(3, task["red3"], "health"); h != "healthy" {
+			t.Errorf("red3's task is %q: its node's health check does not reach it", h)
+		}
+		for _, p := range [][2]string{{"blue1", "red1"}, {"plain1", "red1"}, {"red3", "blue1"}, {"plain3", "red1"}, {"red1", "plain1"}} {
+			if out, errOut, code := get(p[0], p[1]); code == 0 || strings.Contains(out, "shoal test image") {
+				t.Errorf("%s (node %d) reached %s (%s) on no shared network: exit %d %q %q", p[0], node(p[0]), p[1], ip[p[1]], code, out, errOut)
+			}
+		}
+		// network ls names the networks, their services and tasks.
+		var v struct {
+			Networks []struct {
+				Name      string   `json:"name"`
+				Services  []string `json:"services"`
+				Addresses []string `json:"addresses"`
+			} `json:"networks"`
+		}
+		decode(t, c.mustCtl(2, "network", "ls", "-o", "json"), &v)
+		nets := map[string]string{}
+		for _, n := range v.Networks {
+			nets[n.Name] = fmt.Sprintf("%v %d", n.Services, len(n.Addresses))
+		}
+		if nets["red"] != "[both3 red1 red3 redb1] 4" || nets["blue"] != "[blue1 both3] 2" || nets["default"] != "[plain1 plain3] 2" {
+			t.Errorf("network ls -o json: networks %v", nets)
+		}
+		if table := c.mustCtl(1, "network", "ls"); !strings.Contains(table, "NETWORK") || !regexp.MustCompile(`(?m)^red +4 +both3,red1,red3,redb1$`).MatchString(table) {
+			t.Errorf("network ls lacks red's line:\n%s", table)
+		}
+		_, errOut, code := c.ctl(1, "service", "create", "hostred", "--image", "local/busybox:latest", "--network", "host", "--network", "red", "--", "sleep", "1000000")
+		if code != 2 || !strings.Contains(errOut, "network host") {
+			t.Errorf("--network host --network red: exit %d %q, want exit 2 saying why", code, errOut)
+		}
+		c.rm("red1", "redb1", "blue1", "plain1", "red3", "both3", "plain3")
+	})
+
 	c.run(t, "HealthCheckOnOverlay", func(t *testing.T) {
 		c.create("hcov", 2, []string{"--health-http", "80/", "--health-interval", "1s", "-d"}, "httpd", "-f", "-p", "80", "-h", "/www")
 		task := c.taskOn("hcov", 2)

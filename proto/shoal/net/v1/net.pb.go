@@ -535,14 +535,17 @@ type StatusResponse struct {
 	Subnet      string                 `protobuf:"bytes,3,opt,name=subnet,proto3" json:"subnet,omitempty"`
 	Interface   string                 `protobuf:"bytes,4,opt,name=interface,proto3" json:"interface,omitempty"`
 	// mode: kernel or userspace.
-	Mode          string           `protobuf:"bytes,5,opt,name=mode,proto3" json:"mode,omitempty"`
-	PublicKey     string           `protobuf:"bytes,6,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
-	Mtu           int32            `protobuf:"varint,7,opt,name=mtu,proto3" json:"mtu,omitempty"`
-	Peers         []*Peer          `protobuf:"bytes,8,rep,name=peers,proto3" json:"peers,omitempty"`
-	Subnets       []*Subnet        `protobuf:"bytes,9,rep,name=subnets,proto3" json:"subnets,omitempty"`
-	Tasks         uint32           `protobuf:"varint,10,opt,name=tasks,proto3" json:"tasks,omitempty"`
-	Dns           string           `protobuf:"bytes,12,opt,name=dns,proto3" json:"dns,omitempty"`
-	Published     []*PublishedPort `protobuf:"bytes,13,rep,name=published,proto3" json:"published,omitempty"`
+	Mode      string           `protobuf:"bytes,5,opt,name=mode,proto3" json:"mode,omitempty"`
+	PublicKey string           `protobuf:"bytes,6,opt,name=public_key,json=publicKey,proto3" json:"public_key,omitempty"`
+	Mtu       int32            `protobuf:"varint,7,opt,name=mtu,proto3" json:"mtu,omitempty"`
+	Peers     []*Peer          `protobuf:"bytes,8,rep,name=peers,proto3" json:"peers,omitempty"`
+	Subnets   []*Subnet        `protobuf:"bytes,9,rep,name=subnets,proto3" json:"subnets,omitempty"`
+	Tasks     uint32           `protobuf:"varint,10,opt,name=tasks,proto3" json:"tasks,omitempty"`
+	Dns       string           `protobuf:"bytes,12,opt,name=dns,proto3" json:"dns,omitempty"`
+	Published []*PublishedPort `protobuf:"bytes,13,rep,name=published,proto3" json:"published,omitempty"`
+	// networks are the overlay networks services are on, as this node
+	// enforces them (a network exists while a service names it).
+	Networks      []*OverlayNetwork `protobuf:"bytes,14,rep,name=networks,proto3" json:"networks,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -661,6 +664,77 @@ func (x *StatusResponse) GetPublished() []*PublishedPort {
 	return nil
 }
 
+func (x *StatusResponse) GetNetworks() []*OverlayNetwork {
+	if x != nil {
+		return x.Networks
+	}
+	return nil
+}
+
+// OverlayNetwork is one overlay network: tasks reach each other only on a
+// network they share.
+type OverlayNetwork struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// services on it, sorted.
+	Services []string `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
+	// addresses of its tasks that are not finished.
+	Addresses     []string `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *OverlayNetwork) Reset() {
+	*x = OverlayNetwork{}
+	mi := &file_shoal_net_v1_net_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *OverlayNetwork) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*OverlayNetwork) ProtoMessage() {}
+
+func (x *OverlayNetwork) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_net_v1_net_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use OverlayNetwork.ProtoReflect.Descriptor instead.
+func (*OverlayNetwork) Descriptor() ([]byte, []int) {
+	return file_shoal_net_v1_net_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *OverlayNetwork) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *OverlayNetwork) GetServices() []string {
+	if x != nil {
+		return x.Services
+	}
+	return nil
+}
+
+func (x *OverlayNetwork) GetAddresses() []string {
+	if x != nil {
+		return x.Addresses
+	}
+	return nil
+}
+
 var File_shoal_net_v1_net_proto protoreflect.FileDescriptor
 
 const file_shoal_net_v1_net_proto_rawDesc = "" +
@@ -701,7 +775,7 @@ const file_shoal_net_v1_net_proto_rawDesc = "" +
 	"\x05bound\x18\x06 \x03(\tR\x05bound\x12\x1f\n" +
 	"\vbind_errors\x18\a \x03(\tR\n" +
 	"bindErrors\x12\x16\n" +
-	"\x06active\x18\b \x01(\rR\x06active\"\x8a\x03\n" +
+	"\x06active\x18\b \x01(\rR\x06active\"\xc4\x03\n" +
 	"\x0eStatusResponse\x12\x17\n" +
 	"\anode_id\x18\x01 \x01(\tR\x06nodeId\x12!\n" +
 	"\foverlay_cidr\x18\x02 \x01(\tR\voverlayCidr\x12\x16\n" +
@@ -716,7 +790,12 @@ const file_shoal_net_v1_net_proto_rawDesc = "" +
 	"\x05tasks\x18\n" +
 	" \x01(\rR\x05tasks\x12\x10\n" +
 	"\x03dns\x18\f \x01(\tR\x03dns\x129\n" +
-	"\tpublished\x18\r \x03(\v2\x1b.shoal.net.v1.PublishedPortR\tpublishedJ\x04\b\v\x10\f2\xd8\x01\n" +
+	"\tpublished\x18\r \x03(\v2\x1b.shoal.net.v1.PublishedPortR\tpublished\x128\n" +
+	"\bnetworks\x18\x0e \x03(\v2\x1c.shoal.net.v1.OverlayNetworkR\bnetworksJ\x04\b\v\x10\f\"^\n" +
+	"\x0eOverlayNetwork\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
+	"\bservices\x18\x02 \x03(\tR\bservices\x12\x1c\n" +
+	"\taddresses\x18\x03 \x03(\tR\taddresses2\xd8\x01\n" +
 	"\aNetwork\x12C\n" +
 	"\x06Attach\x12\x1b.shoal.net.v1.AttachRequest\x1a\x1c.shoal.net.v1.AttachResponse\x12C\n" +
 	"\x06Detach\x12\x1b.shoal.net.v1.DetachRequest\x1a\x1c.shoal.net.v1.DetachResponse\x12C\n" +
@@ -734,7 +813,7 @@ func file_shoal_net_v1_net_proto_rawDescGZIP() []byte {
 	return file_shoal_net_v1_net_proto_rawDescData
 }
 
-var file_shoal_net_v1_net_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
+var file_shoal_net_v1_net_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
 var file_shoal_net_v1_net_proto_goTypes = []any{
 	(*AttachRequest)(nil),         // 0: shoal.net.v1.AttachRequest
 	(*AttachResponse)(nil),        // 1: shoal.net.v1.AttachResponse
@@ -745,24 +824,26 @@ var file_shoal_net_v1_net_proto_goTypes = []any{
 	(*Subnet)(nil),                // 6: shoal.net.v1.Subnet
 	(*PublishedPort)(nil),         // 7: shoal.net.v1.PublishedPort
 	(*StatusResponse)(nil),        // 8: shoal.net.v1.StatusResponse
-	(*timestamppb.Timestamp)(nil), // 9: google.protobuf.Timestamp
+	(*OverlayNetwork)(nil),        // 9: shoal.net.v1.OverlayNetwork
+	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
 }
 var file_shoal_net_v1_net_proto_depIdxs = []int32{
-	9, // 0: shoal.net.v1.Peer.last_handshake:type_name -> google.protobuf.Timestamp
-	5, // 1: shoal.net.v1.StatusResponse.peers:type_name -> shoal.net.v1.Peer
-	6, // 2: shoal.net.v1.StatusResponse.subnets:type_name -> shoal.net.v1.Subnet
-	7, // 3: shoal.net.v1.StatusResponse.published:type_name -> shoal.net.v1.PublishedPort
-	0, // 4: shoal.net.v1.Network.Attach:input_type -> shoal.net.v1.AttachRequest
-	2, // 5: shoal.net.v1.Network.Detach:input_type -> shoal.net.v1.DetachRequest
-	4, // 6: shoal.net.v1.Network.Status:input_type -> shoal.net.v1.StatusRequest
-	1, // 7: shoal.net.v1.Network.Attach:output_type -> shoal.net.v1.AttachResponse
-	3, // 8: shoal.net.v1.Network.Detach:output_type -> shoal.net.v1.DetachResponse
-	8, // 9: shoal.net.v1.Network.Status:output_type -> shoal.net.v1.StatusResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	10, // 0: shoal.net.v1.Peer.last_handshake:type_name -> google.protobuf.Timestamp
+	5,  // 1: shoal.net.v1.StatusResponse.peers:type_name -> shoal.net.v1.Peer
+	6,  // 2: shoal.net.v1.StatusResponse.subnets:type_name -> shoal.net.v1.Subnet
+	7,  // 3: shoal.net.v1.StatusResponse.published:type_name -> shoal.net.v1.PublishedPort
+	9,  // 4: shoal.net.v1.StatusResponse.networks:type_name -> shoal.net.v1.OverlayNetwork
+	0,  // 5: shoal.net.v1.Network.Attach:input_type -> shoal.net.v1.AttachRequest
+	2,  // 6: shoal.net.v1.Network.Detach:input_type -> shoal.net.v1.DetachRequest
+	4,  // 7: shoal.net.v1.Network.Status:input_type -> shoal.net.v1.StatusRequest
+	1,  // 8: shoal.net.v1.Network.Attach:output_type -> shoal.net.v1.AttachResponse
+	3,  // 9: shoal.net.v1.Network.Detach:output_type -> shoal.net.v1.DetachResponse
+	8,  // 10: shoal.net.v1.Network.Status:output_type -> shoal.net.v1.StatusResponse
+	8,  // [8:11] is the sub-list for method output_type
+	5,  // [5:8] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_shoal_net_v1_net_proto_init() }
@@ -776,7 +857,7 @@ func file_shoal_net_v1_net_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_net_v1_net_proto_rawDesc), len(file_shoal_net_v1_net_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   9,
+			NumMessages:   10,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

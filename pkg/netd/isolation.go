@@ -1,0 +1,223 @@
+package netd
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/shoal-dev/shoal/pkg/sched"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+// isolation is what keeps services on different overlay networks apart:
+// per network, the addresses of its tasks. A task reaches another task
+// only if one network holds both; the nodes' bridge addresses (gateways:
+// a node's own connections, health checks, published ports' proxies)
+// reach every task.
+type isolation struct {
+	gateways []netip.Addr
+	tasks    []netip.Addr
+	networks []overlayNetwork
+}
+
+// overlayNetwork is one network of isolation: its tasks' addresses and
+// the services on it.
+type overlayNetwork struct {
+	name     string
+	services []string
+	addrs    []netip.Addr
+}
+
+func (iso isolation) equal(o isolation) bool {
+	return slices.Equal(iso.gateways, o.gateways) && slices.Equal(iso.tasks, o.tasks) &&
+		slices.EqualFunc(iso.networks, o.networks, func(a, b overlayNetwork) bool {
+			return a.name == b.name && slices.Equal(a.services, b.services) && slices.Equal(a.addrs, b.addrs)
+		})
+}
+
+// isolationOf derives the isolation from the service, task and node
+// documents. Every task with an overlay address that is not finished
+// counts, running or not: an address reached before its task is healthy
+// is still that service's. A task whose service is unknown here (its
+// document not arrived) is on no network, so nothing reaches it but the
+// nodes until it is known.
+func isolationOf(services []*sched.Service, tasks, nodes []*statev1.Document) isolation {
+	var iso isolation
+	for _, d := range nodes {
+		if sub, err := netip.ParsePrefix(d.GetFields()["subnet"].GetStringValue()); err == nil && sub.Addr().Is4() {
+			iso.gateways = append(iso.gateways, sub.Masked().Addr().Next())
+		}
+	}
+	bySvc := map[string]*sched.Service{}
+	for _, s := range services {
+		bySvc[s.Name] = s
+	}
+	nets := map[string]*overlayNetwork{}
+	for _, s := range services {
+		for _, n := range s.Spec.OnNetworks() {
+			if nets[n] == nil {
+				nets[n] = &overlayNetwork{name: n}
+			}
+			nets[n].services = append(nets[n].services, s.Name)
+		}
+	}
+	for _, d := range tasks {
+		f := d.GetFields()
+		ip, err := netip.ParseAddr(f["ip"].GetStringValue())
+		if err != nil || !ip.Is4() || sched.TaskState(f["state"].GetStringValue()).Terminal() {
+			continue
+		}
+		iso.tasks = append(iso.tasks, ip)
+		if s := bySvc[f["service"].GetStringValue()]; s != nil {
+			for _, n := range s.Spec.OnNetworks() {
+				nets[n].addrs = append(nets[n].addrs, ip)
+			}
+		}
+	}
+	for _, n := range nets {
+		slices.Sort(n.services)
+		n.addrs = sortedAddrs(n.addrs)
+		iso.networks = append(iso.networks, *n)
+	}
+	slices.SortFunc(iso.networks, func(a, b overlayNetwork) int { return strings.Compare(a.name, b.name) })
+	iso.gateways, iso.tasks = sortedAddrs(iso.gateways), sortedAddrs(iso.tasks)
+	return iso
+}
+
+func sortedAddrs(a []netip.Addr) []netip.Addr {
+	slices.SortFunc(a, func(x, y netip.Addr) int { return x.Compare(y) })
+	return slices.Compact(a)
+}
+
+// isolate applies the isolation the documents now call for, when it
+// changed.
+func (n *node) isolate(services []*sched.Service) {
+	iso := isolationOf(services, n.mirror.List(prefixTasks), n.mirror.List(prefixNodes))
+	n.isoMu.Lock()
+	same := n.applied && iso.equal(n.iso)
+	n.isoMu.Unlock()
+	if same {
+		return
+	}
+	if err := applyIsolation(n.nft, iso, n.overlay); err != nil {
+		n.log.Warn("apply network isolation", "err", err)
+		return
+	}
+	n.isoMu.Lock()
+	n.iso, n.applied = iso, true
+	n.isoMu.Unlock()
+}
+
+// isolationTable names netd's nftables tables (one inet, one bridge).
+const isolationTable = "shoal"
+
+// applyIsolation replaces netd's tables with iso's rules, in one
+// transaction, so that no packet sees a half-built ruleset. Two tables
+// hold the same rules: the inet one filters traffic routed between the
+// bridge and WireGuard (tasks of different nodes), the bridge one traffic
+// between two ports of the bridge (tasks of this node), which never
+// reaches the IP forward hook. In both, for IPv4:
+//
+//	ip saddr @gateways accept
+//	ip saddr @net_N ip daddr @net_N accept    (one per network)
+//	ip saddr OVERLAY ip daddr @tasks drop
+//
+// so traffic from outside the overlay (the node's masqueraded or proxied
+// connections) and to anything but a task passes.
+func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix) error {
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
+		t := &nftables.Table{Name: isolationTable, Family: fam}
+		conn.AddTable(t)
+		conn.DelTable(t)
+		t = conn.AddTable(&nftables.Table{Name: isolationTable, Family: fam})
+		accept := nftables.ChainPolicyAccept
+		ch := conn.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
+			Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+		set := func(name string, addrs []netip.Addr) (*nftables.Set, error) {
+			s := &nftables.Set{Table: t, Name: name, KeyType: nftables.TypeIPAddr}
+			elems := make([]nftables.SetElement, 0, len(addrs))
+			for _, a := range addrs {
+				elems = append(elems, nftables.SetElement{Key: a.AsSlice()})
+			}
+			if err := conn.AddSet(s, elems); err != nil {
+				return nil, fmt.Errorf("nftables set %s: %w", name, err)
+			}
+			return s, nil
+		}
+		rule := func(parts ...[]expr.Any) {
+			exprs := ipv4Only(fam)
+			for _, p := range parts {
+				exprs = append(exprs, p...)
+			}
+			conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
+		}
+		gw, err := set("gateways", iso.gateways)
+		if err != nil {
+			return err
+		}
+		rule(addrIn(saddrOffset, gw), verdict(expr.VerdictAccept))
+		for i, n := range iso.networks {
+			s, err := set(fmt.Sprintf("net_%d", i), n.addrs)
+			if err != nil {
+				return err
+			}
+			rule(addrIn(saddrOffset, s), addrIn(daddrOffset, s), verdict(expr.VerdictAccept))
+		}
+		tasks, err := set("tasks", iso.tasks)
+		if err != nil {
+			return err
+		}
+		rule(inPrefix(saddrOffset, overlay), addrIn(daddrOffset, tasks), verdict(expr.VerdictDrop))
+	}
+	if err := conn.Flush(); err != nil {
+		return fmt.Errorf("nftables: %w", err)
+	}
+	return nil
+}
+
+const (
+	saddrOffset = 12 // in the IPv4 header
+	daddrOffset = 16
+)
+
+// ipv4Only matches IPv4 packets: in the inet family by netfilter
+// protocol, in the bridge family by EtherType.
+func ipv4Only(fam nftables.TableFamily) []expr.Any {
+	if fam == nftables.TableFamilyBridge {
+		return []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
+		}
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+func addrIn(offset uint32, s *nftables.Set) []expr.Any {
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Lookup{SourceRegister: 1, SetName: s.Name, SetID: s.ID},
+	}
+}
+
+func inPrefix(offset uint32, p netip.Prefix) []expr.Any {
+	m := make([]byte, 4)
+	for i := range p.Bits() {
+		m[i/8] |= 0x80 >> (i % 8)
+	}
+	return []expr.Any{
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: m, Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()},
+	}
+}
+
+func verdict(k expr.VerdictKind) []expr.Any { return []expr.Any{&expr.Verdict{Kind: k}} }

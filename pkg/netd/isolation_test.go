@@ -1,0 +1,153 @@
+package netd
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/google/nftables"
+	"github.com/vishvananda/netns"
+
+	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/sched"
+	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
+)
+
+func isoText(iso isolation) string {
+	lines := []string{fmt.Sprintf("gateways %v", iso.gateways), fmt.Sprintf("tasks %v", iso.tasks)}
+	for _, n := range iso.networks {
+		lines = append(lines, fmt.Sprintf("%s %v %v", n.name, n.services, n.addrs))
+	}
+	return strings.Join(lines, "\n")
+}
+
+func TestIsolationOf(t *testing.T) {
+	svcDocs := []*statev1.Document{
+		serviceDoc(sched.ServiceSpec{Name: "web", Image: "x", Replicas: 1, Networks: []string{"front", "back"}}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x", Replicas: 1, Networks: []string{"back"}}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "old", Image: "x", Replicas: 1}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "agent", Image: "x", Global: true, Network: sched.NetworkHost}, stamp(1, "n1")),
+	}
+	tasks := []*statev1.Document{
+		taskDoc("w1", "web", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.2"),
+		taskDoc("w2", "web", "1", sched.TaskStarting, sched.HealthStarting, "10.42.2.2"), // not healthy yet: still web's
+		taskDoc("d1", "db", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.3"),
+		taskDoc("d0", "db", "0", sched.TaskFailed, sched.HealthNone, "10.42.1.9"), // finished: its address may be reused
+		taskDoc("o1", "old", "0", sched.TaskRunning, sched.HealthNone, "10.42.2.3"),
+		taskDoc("a1", "agent", "n1", sched.TaskRunning, sched.HealthNone, ""), // host network: no address
+		taskDoc("x1", "unknown", "0", sched.TaskRunning, sched.HealthNone, "10.42.2.4"),
+	}
+	nodes := []*statev1.Document{
+		doc(prefixNodes+"n1", map[string]crdt.Value{"subnet": crdt.String("10.42.1.0/24")}, stamp(1, "n1")),
+		doc(prefixNodes+"n2", map[string]crdt.Value{"subnet": crdt.String("10.42.2.0/24")}, stamp(1, "n2")),
+		doc(prefixNodes+"n3", map[string]crdt.Value{}, stamp(1, "n3")), // no subnet yet
+	}
+	got := isoText(isolationOf(decodeServices(svcDocs), tasks, nodes))
+	// x1's service is not known here: it is a task (dropped from the
+	// overlay) on no network (reached by none) until it is.
+	want := strings.Join([]string{
+		"gateways [10.42.1.1 10.42.2.1]",
+		"tasks [10.42.1.2 10.42.1.3 10.42.2.2 10.42.2.3 10.42.2.4]",
+		"back [db web] [10.42.1.2 10.42.1.3 10.42.2.2]",
+		"default [old] [10.42.2.3]",
+		"front [web] [10.42.1.2 10.42.2.2]",
+	}, "\n")
+	if got != want {
+		t.Fatalf("isolationOf:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestApplyIsolation writes the rules into a network namespace of its own
+// through netlink, twice (the second replaces the first whole), and reads
+// them back.
+func TestApplyIsolation(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root for a network namespace")
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	name := fmt.Sprintf("shoal-isotest-%d", os.Getpid())
+	ns, err := netns.NewNamed(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	defer netns.DeleteNamed(name)
+	if err := netns.Set(orig); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := nftables.New(nftables.WithNetNSFd(int(ns)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	overlay := netip.MustParsePrefix("10.42.0.0/16")
+	first := isolation{gateways: addrs("10.42.1.1"), tasks: addrs("10.42.1.2", "10.42.1.3", "10.42.1.4"),
+		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2")}, {name: "b", addrs: addrs("10.42.1.3", "10.42.1.4")}}}
+	second := isolation{gateways: addrs("10.42.1.1", "10.42.2.1"), tasks: addrs("10.42.1.2"),
+		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2")}}}
+	for _, iso := range []isolation{first, second} {
+		if err := applyIsolation(conn, iso, overlay); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
+		table := &nftables.Table{Name: isolationTable, Family: fam}
+		sets, err := conn.GetSets(table)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := map[string][]string{}
+		for _, s := range sets {
+			elems, err := conn.GetSetElements(s)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, e := range elems {
+				a, _ := netip.AddrFromSlice(e.Key)
+				got[s.Name] = append(got[s.Name], a.String())
+			}
+			slices.Sort(got[s.Name])
+		}
+		want := map[string][]string{"gateways": {"10.42.1.1", "10.42.2.1"}, "net_0": {"10.42.1.2"}, "tasks": {"10.42.1.2"}}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("family %v: sets %v, want %v (the second ruleset alone)", fam, got, want)
+		}
+		rules, err := conn.GetRules(table, &nftables.Chain{Name: "forward", Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// gateways accept, a's accept, the overlay's drop.
+		if len(rules) != 3 {
+			t.Errorf("family %v: %d rules in forward, want 3", fam, len(rules))
+		}
+	}
+	if err := removeIsolation(conn); err != nil {
+		t.Fatal(err)
+	}
+	tables, err := conn.ListTables()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != 0 {
+		t.Errorf("%d tables left after removeIsolation", len(tables))
+	}
+}
+
+// removeIsolation deletes netd's tables.
+func removeIsolation(conn *nftables.Conn) error {
+	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
+		t := &nftables.Table{Name: isolationTable, Family: fam}
+		conn.AddTable(t)
+		conn.DelTable(t)
+	}
+	return conn.Flush()
+}
