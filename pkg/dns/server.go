@@ -52,6 +52,11 @@ type Config struct {
 	// Records is the table to serve; nil: a new empty one (see
 	// Server.Records and Server.Update).
 	Records *Records
+	// Visible reports whether a name of the zone (canonical: lower
+	// case, with the final dot) exists for the client asking, which
+	// gets NXDOMAIN for it otherwise; nil: every name for every client.
+	// It is called for each query of a name the records hold.
+	Visible func(client netip.Addr, name string) bool
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -75,6 +80,7 @@ type Server struct {
 	fwdTO     time.Duration
 	stagger   time.Duration
 	records   *Records
+	visible   func(netip.Addr, string) bool
 	log       *slog.Logger
 
 	ctx    context.Context // cancelled by Close: aborts forwarding
@@ -144,6 +150,7 @@ func New(cfg Config) (*Server, error) {
 		fwdTO:     fwd,
 		stagger:   stagger,
 		records:   recs,
+		visible:   cfg.Visible,
 		log:       log.With("component", "dns"),
 		ctx:       ctx,
 		cancel:    cancel,
@@ -342,7 +349,11 @@ func (s *Server) serveDNS(w mdns.ResponseWriter, req *mdns.Msg) {
 			w.WriteMsg(m)
 		}
 	}()
-	resp := s.answer(req)
+	var client netip.Addr
+	if ap, err := netip.ParseAddrPort(w.RemoteAddr().String()); err == nil {
+		client = ap.Addr().Unmap()
+	}
+	resp := s.answer(req, client)
 	if resp == nil {
 		return
 	}
@@ -375,8 +386,8 @@ func isUDP(w mdns.ResponseWriter) bool {
 	return ok
 }
 
-// answer builds the response to req; nil sends nothing.
-func (s *Server) answer(req *mdns.Msg) *mdns.Msg {
+// answer builds the response to req from client; nil sends nothing.
+func (s *Server) answer(req *mdns.Msg, client netip.Addr) *mdns.Msg {
 	if req.Opcode != mdns.OpcodeQuery {
 		m := new(mdns.Msg)
 		m.SetRcode(req, mdns.RcodeNotImplemented)
@@ -391,7 +402,7 @@ func (s *Server) answer(req *mdns.Msg) *mdns.Msg {
 	if !mdns.IsSubDomain(s.zone, q.Name) {
 		return s.forward(req)
 	}
-	m := s.authoritative(req, q)
+	m := s.authoritative(req, q, client)
 	if req.IsEdns0() != nil {
 		m.SetEdns0(ednsSize, false)
 	}
@@ -399,7 +410,7 @@ func (s *Server) answer(req *mdns.Msg) *mdns.Msg {
 }
 
 // authoritative answers a question in the zone.
-func (s *Server) authoritative(req *mdns.Msg, q mdns.Question) *mdns.Msg {
+func (s *Server) authoritative(req *mdns.Msg, q mdns.Question, client netip.Addr) *mdns.Msg {
 	m := new(mdns.Msg)
 	m.SetReply(req)
 	m.Authoritative = true
@@ -425,6 +436,9 @@ func (s *Server) authoritative(req *mdns.Msg, q mdns.Question) *mdns.Msg {
 		return m
 	}
 	addrs, ok := s.records.Lookup(name)
+	if ok && s.visible != nil && !s.visible(client, name) {
+		ok = false
+	}
 	if !ok {
 		m.Rcode = mdns.RcodeNameError
 		m.Ns = append(m.Ns, s.soa())

@@ -662,3 +662,31 @@ func TestRecords(t *testing.T) {
 		t.Fatalf("AAAA v6.shoal. = %v", m.Answer)
 	}
 }
+
+// TestVisible: a name Visible hides from a client is NXDOMAIN to it, over
+// UDP and TCP, and the client Visible is asked about is the one asking.
+func TestVisible(t *testing.T) {
+	var mu sync.Mutex
+	var asked []string
+	_, addr := start(t, Config{Records: NewRecords(baseRecords()), Visible: func(client netip.Addr, name string) bool {
+		mu.Lock()
+		asked = append(asked, client.String()+" "+name)
+		mu.Unlock()
+		return name != "1.web.shoal."
+	}})
+	for _, tr := range []string{"udp", "tcp"} {
+		if m := query(t, addr, "web.shoal.", mdns.TypeA, qopt{net: tr}); m.Rcode != mdns.RcodeSuccess || len(m.Answer) != 3 {
+			t.Fatalf("%s: web.shoal.: rcode %s, %d answers", tr, mdns.RcodeToString[m.Rcode], len(m.Answer))
+		}
+		m := query(t, addr, "1.Web.shoal.", mdns.TypeA, qopt{net: tr})
+		if m.Rcode != mdns.RcodeNameError || len(m.Answer) != 0 || !m.Authoritative {
+			t.Fatalf("%s: hidden 1.web.shoal.: rcode %s, %d answers", tr, mdns.RcodeToString[m.Rcode], len(m.Answer))
+		}
+		wantSOA(t, m)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 4 || asked[1] != "127.0.0.1 1.web.shoal." {
+		t.Fatalf("Visible asked %q, want the client's address and the canonical name", asked)
+	}
+}

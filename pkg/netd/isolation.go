@@ -95,10 +95,9 @@ func sortedAddrs(a []netip.Addr) []netip.Addr {
 	return slices.Compact(a)
 }
 
-// isolate applies the isolation the documents now call for, when it
+// isolate applies iso, the isolation the documents now call for, when it
 // changed.
-func (n *node) isolate(services []*sched.Service) {
-	iso := isolationOf(services, n.mirror.List(prefixTasks), n.mirror.List(prefixNodes))
+func (n *node) isolate(iso isolation) {
 	n.isoMu.Lock()
 	same := n.applied && iso.equal(n.iso)
 	n.isoMu.Unlock()

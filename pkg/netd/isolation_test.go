@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/vishvananda/netns"
@@ -58,6 +59,47 @@ func TestIsolationOf(t *testing.T) {
 	}, "\n")
 	if got != want {
 		t.Fatalf("isolationOf:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// TestDNSScope: a task sees the names (service, stack alias, slots) of
+// services on a network it is on; the node and unknown clients see all.
+func TestDNSScope(t *testing.T) {
+	svcDocs := []*statev1.Document{
+		serviceDoc(sched.ServiceSpec{Name: "web", Image: "x", Replicas: 1, Networks: []string{"front", "back"}}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x", Replicas: 1, Networks: []string{"back"}}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "app-api", Stack: "app", Image: "x", Replicas: 1, Networks: []string{"front"}}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "old", Image: "x", Replicas: 1}, stamp(1, "n1")),
+	}
+	tasks := []*statev1.Document{
+		taskDoc("w1", "web", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.2"),
+		taskDoc("d1", "db", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.3"),
+		taskDoc("a1", "app-api", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.4"),
+		taskDoc("o1", "old", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.5"),
+	}
+	slots := []*statev1.Document{slotDoc("web", "0", "w1", ""), slotDoc("db", "0", "d1", ""), slotDoc("app-api", "0", "a1", ""), slotDoc("old", "0", "o1", "")}
+	services := decodeServices(svcDocs)
+	_, owners := records(services, endpoints(slots, tasks, nil, time.Unix(1, 0)))
+	sc := newDNSScope(services, owners, isolationOf(services, tasks, nil))
+	for _, c := range []struct {
+		client, name string
+		want         bool
+	}{
+		{"10.42.1.3", "web.shoal.", true},      // db and web share back
+		{"10.42.1.3", "0.WEB.shoal.", true},    // a slot's name, any case
+		{"10.42.1.3", "api.app.shoal.", false}, // api is on front only
+		{"10.42.1.3", "app-api.shoal.", false},
+		{"10.42.1.4", "web.shoal.", true}, // front
+		{"10.42.1.4", "db.shoal.", false},
+		{"10.42.1.5", "db.shoal.", false}, // default
+		{"10.42.1.5", "old.shoal.", true},
+		{"10.42.1.1", "db.shoal.", true},      // a node's address
+		{"10.42.9.9", "db.shoal.", true},      // not known as a task
+		{"10.42.1.3", "nothing.shoal.", true}, // no service's: the records say
+	} {
+		if got := sc.visible(netip.MustParseAddr(c.client), c.name); got != c.want {
+			t.Errorf("visible(%s, %s) = %v, want %v", c.client, c.name, got, c.want)
+		}
 	}
 }
 

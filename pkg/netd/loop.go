@@ -161,10 +161,12 @@ func (n *node) setup(ctx context.Context) error {
 	}
 	gw := n.ipam.Gateway()
 	listen := netip.AddrPortFrom(gw, uint16(n.cfg.DNSPort))
+	n.scope.Store(&dnsScope{})
 	n.dns, err = dns.New(dns.Config{
 		Listen:    []string{listen.String()},
 		Upstreams: n.upstreams(listen),
 		Logger:    n.log.With("component", "dns"),
+		Visible:   func(client netip.Addr, name string) bool { return n.scope.Load().visible(client, name) },
 	})
 	if err != nil {
 		return err
@@ -435,13 +437,16 @@ func (n *node) reconcile(ctx context.Context) {
 	t2 := time.Now()
 	enter("dns")
 	eps, services := n.endpoints(), decodeServices(n.mirror.List(prefixServices))
-	n.dns.Update(records(services, eps))
+	iso := isolationOf(services, n.mirror.List(prefixTasks), n.mirror.List(prefixNodes))
+	recs, owners := records(services, eps)
+	n.scope.Store(newDNSScope(services, owners, iso))
+	n.dns.Update(recs)
 	t3 := time.Now()
 	enter("ports")
 	n.applyPorts(services, eps)
 	t4 := time.Now()
 	enter("isolation")
-	n.isolate(services)
+	n.isolate(iso)
 	if d := time.Since(t0); d > 100*time.Millisecond {
 		n.log.Warn("slow reconcile", "took", d, "subnet", t1.Sub(t0), "peers", t2.Sub(t1), "dns", t3.Sub(t2), "ports", t4.Sub(t3),
 			"isolation", time.Since(t4))

@@ -123,8 +123,10 @@ func decodeServices(docs []*statev1.Document) []*sched.Service {
 // A stack's service also answers as <alias>.<stack>.shoal. (and its slots
 // under that): the name its Compose file gives it, which the stack's
 // tasks resolve alone through their search list (stackSearch).
-func records(services []*sched.Service, eps []endpoint) map[string][]netip.Addr {
-	out := map[string][]netip.Addr{}
+//
+// owners maps each name to its service (for dnsScope).
+func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.Addr, owners map[string]string) {
+	out, owners = map[string][]netip.Addr{}, map[string]string{}
 	names := map[string][]string{} // service -> its DNS names
 	for _, svc := range services {
 		name := svc.Name
@@ -133,16 +135,52 @@ func records(services []*sched.Service, eps []endpoint) map[string][]netip.Addr 
 			names[name] = append(names[name], alias+"."+svc.Spec.Stack+".shoal.")
 		}
 		for _, n := range names[name] {
-			out[n] = nil
+			out[n], owners[n] = nil, name
 		}
 	}
 	for _, e := range eps {
 		for _, svc := range names[e.service] {
 			out[svc] = append(out[svc], e.ip)
 			out[e.slot+"."+svc] = append(out[e.slot+"."+svc], e.ip)
+			owners[e.slot+"."+svc] = e.service
 		}
 	}
-	return out
+	return out, owners
+}
+
+// dnsScope hides the names of services on no network of the task asking:
+// it gets NXDOMAIN, as from a separate Swarm network. Clients that are
+// not tasks on an overlay network (the node, a host-network task, a
+// task not known yet) see every name.
+type dnsScope struct {
+	owners   map[string]string       // DNS name -> service
+	networks map[string][]string     // service -> its networks
+	clients  map[netip.Addr][]string // task address -> its networks
+}
+
+func newDNSScope(services []*sched.Service, owners map[string]string, iso isolation) *dnsScope {
+	sc := &dnsScope{owners: owners, networks: map[string][]string{}, clients: map[netip.Addr][]string{}}
+	for _, s := range services {
+		sc.networks[s.Name] = s.Spec.OnNetworks()
+	}
+	for _, n := range iso.networks {
+		for _, a := range n.addrs {
+			sc.clients[a] = append(sc.clients[a], n.name)
+		}
+	}
+	return sc
+}
+
+func (sc *dnsScope) visible(client netip.Addr, name string) bool {
+	svc, ok := sc.owners[strings.ToLower(name)]
+	if !ok {
+		return true
+	}
+	nets, ok := sc.clients[client]
+	if !ok {
+		return true
+	}
+	return slices.ContainsFunc(sc.networks[svc], func(n string) bool { return slices.Contains(nets, n) })
 }
 
 // stackSearch is the DNS search list of a task of service: a stack's

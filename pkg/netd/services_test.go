@@ -113,7 +113,8 @@ func TestRecords(t *testing.T) {
 		// Removed: no name.
 		statepb.ToDocument(sched.ServiceKey("gone"), 1, crdt.DeleteDoc(stamp(2, "n1")), true),
 	}
-	got := recordsText(records(decodeServices(services), endpoints(slots, tasks, nil, time.Unix(1, 0))))
+	recs, _ := records(decodeServices(services), endpoints(slots, tasks, nil, time.Unix(1, 0)))
+	got := recordsText(recs)
 	want := recordsText(map[string][]netip.Addr{
 		"web.shoal.":   addrs("10.42.1.2", "10.42.2.2", "10.42.1.6", "10.42.2.6", "10.42.1.7"),
 		"0.web.shoal.": addrs("10.42.1.2"),
@@ -128,7 +129,7 @@ func TestRecords(t *testing.T) {
 	if got != want {
 		t.Fatalf("records\n got:\n%s\nwant:\n%s", got, want)
 	}
-	if got := records(nil, endpoints(slots, nil, nil, time.Unix(1, 0))); len(got) != 0 {
+	if got, _ := records(nil, endpoints(slots, nil, nil, time.Unix(1, 0))); len(got) != 0 {
 		t.Fatalf("records without services and tasks: %v", got)
 	}
 }
@@ -146,7 +147,8 @@ func TestStackNames(t *testing.T) {
 		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x"}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "app-web", Stack: "app", Image: "x"}, stamp(1, "n1")),
 	}
-	got := recordsText(records(decodeServices(services), endpoints(slots, tasks, nil, time.Unix(1, 0))))
+	recs, _ := records(decodeServices(services), endpoints(slots, tasks, nil, time.Unix(1, 0)))
+	got := recordsText(recs)
 	want := recordsText(map[string][]netip.Addr{
 		"app-db.shoal.":   addrs("10.42.1.2"),
 		"0.app-db.shoal.": addrs("10.42.1.2"),

@@ -846,6 +846,20 @@ func TestNetwork(t *testing.T) {
 				t.Errorf("%s (node %d) reached %s (%s) on no shared network: exit %d %q %q", p[0], node(p[0]), p[1], ip[p[1]], code, out, errOut)
 			}
 		}
+		// Names resolve only on a shared network: NXDOMAIN, as from a
+		// separate Swarm network.
+		if got := c.lookup(1, task["red1"], "red3.shoal"); !slices.Equal(got, []string{ip["red3"]}) {
+			t.Errorf("red3.shoal from red1: %v, want %s", got, ip["red3"])
+		}
+		if got := c.lookup(3, task["both3"], "blue1.shoal"); !slices.Equal(got, []string{ip["blue1"]}) {
+			t.Errorf("blue1.shoal from both3: %v, want %s", got, ip["blue1"])
+		}
+		for _, p := range [][2]string{{"red1", "blue1"}, {"plain3", "red1"}, {"red3", "plain1"}} {
+			out, errOut, _ := c.exec(node(p[0]), task[p[0]], "nslookup", p[1]+".shoal")
+			if strings.Contains(out, ip[p[1]]) || !strings.Contains(out+errOut, "NXDOMAIN") {
+				t.Errorf("%s.shoal from %s: %q %q, want NXDOMAIN", p[1], p[0], out, errOut)
+			}
+		}
 		// network ls names the networks, their services and tasks.
 		var v struct {
 			Networks []struct {
