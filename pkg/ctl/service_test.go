@@ -113,6 +113,11 @@ func TestServiceCreateFlags(t *testing.T) {
 			return s.Replicas == 3 && strings.Join(s.Args, " ") == "sleep 10"
 		}},
 		{"global", []string{"--global"}, func(s sched.ServiceSpec) bool { return s.Global && s.Replicas == 0 }},
+		{"networks", []string{"--network", "front", "--network", "back"}, func(s sched.ServiceSpec) bool {
+			return s.Network == "" && strings.Join(s.Networks, " ") == "front back"
+		}},
+		{"the default network named", []string{"--network", "default"}, func(s sched.ServiceSpec) bool { return s.Network == "" && s.Networks == nil }},
+		{"host network", []string{"--network", "host"}, func(s sched.ServiceSpec) bool { return s.Network == sched.NetworkHost && s.Networks == nil }},
 		{"mode global", []string{"--mode", "global"}, func(s sched.ServiceSpec) bool { return s.Global && !s.Job && s.Replicas == 0 }},
 		{"replicated job", []string{"--mode", "replicated-job", "--replicas", "5", "--max-concurrent", "2"}, func(s sched.ServiceSpec) bool {
 			return s.Job && !s.Global && s.Replicas == 5 && s.MaxConcurrent == 2 && s.Restart.Policy == sched.RestartOnFailure
@@ -230,6 +235,9 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--sysctl", "net.core.somaxconn"}, `--sysctl "net.core.somaxconn": want KEY=VALUE`},
 		{[]string{"--sysctl", "vm.swappiness=1"}, "sysctl vm.swappiness is not one of a task's own namespaces"},
 		{[]string{"--cap-add", "FLY"}, `capability "FLY" is unknown`},
+		{[]string{"--network", "host", "--network", "red"}, "network host: give it alone"},
+		{[]string{"--network", "red", "--network", "red"}, "network red given twice"},
+		{[]string{"--network", "-red"}, `network "-red": want letters`},
 		{[]string{"--ulimit", "nofile"}, `ulimit "nofile"`},
 		{[]string{"--limit-pids", "-1"}, "pids limit is -1"},
 		{[]string{"--group", "a:b"}, `group "a:b"`},

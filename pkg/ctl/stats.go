@@ -133,6 +133,11 @@ func (a *app) runStats(ctx context.Context, req *schedv1.TaskStatsRequest, o sta
 			if err != nil && ctx.Err() == nil {
 				return err
 			}
+			if err == nil && !o.noStream && req.GetService() != "" {
+				// schedd ends a followed stream only when the
+				// service is gone.
+				fmt.Fprintf(a.errOut, "service %s was removed\n", req.GetService())
+			}
 			if o.noStream || !printed {
 				return a.printStats(tracker.views(), o.format, false, false)
 			}

@@ -96,7 +96,9 @@ func closed(c <-chan struct{}) bool {
 // ctx ends, resolving its tasks again every interval (as docker stats
 // follows containers that start): a node whose set changed is sampled
 // anew, and tasks no longer in the set are sent as gone once their
-// node's old sampler has stopped, so no sample of theirs follows.
+// node's old sampler has stopped, so no sample of theirs follows. Once
+// the service it follows is removed, every task is sent as gone and the
+// stream ends without an error.
 func (n *node) followStats(ctx context.Context, req *schedv1.TaskStatsRequest, tasks []sched.Task, send func(*schedv1.TaskStatsReply) error) error {
 	type sampler struct {
 		ids    []string
@@ -115,6 +117,7 @@ func (n *node) followStats(ctx context.Context, req *schedv1.TaskStatsRequest, t
 	}()
 	tick := time.NewTicker(req.GetInterval().AsDuration())
 	defer tick.Stop()
+	removed := false
 	for {
 		want := tasksByNode(tasks)
 		var gone []string
@@ -139,6 +142,9 @@ func (n *node) followStats(ctx context.Context, req *schedv1.TaskStatsRequest, t
 				return err
 			}
 		}
+		if removed {
+			return nil // every task sent as gone
+		}
 		for node, ts := range want {
 			sctx, cancel := context.WithCancel(ctx)
 			s := &sampler{cancel: cancel, done: make(chan struct{})}
@@ -158,7 +164,12 @@ func (n *node) followStats(ctx context.Context, req *schedv1.TaskStatsRequest, t
 		case <-tick.C:
 		}
 		var err error
-		if tasks, err = n.statsTasks(req); err != nil {
+		if tasks, err = n.statsTasks(req); errdefs.IsNotFound(err) {
+			// The service was removed (or the node) since the
+			// stream began: its tasks go, and the stream ends as
+			// docker stats ends with its containers.
+			tasks, removed = nil, true
+		} else if err != nil {
 			return err
 		}
 	}

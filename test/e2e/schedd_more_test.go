@@ -1663,7 +1663,13 @@ func TestSchedulerMore(t *testing.T) {
 		if now := c.currentTasks("st"); len(now) != 1 || !maps.Equal(kept, map[string]string{now[0].GetId(): ""}) {
 			t.Errorf("service stats followed %v, want the one current task %v", kept, now)
 		}
+		// A service removed while followed ends the stream, with exit 0.
+		bg = c.startCtl(asker, "service", "stats", "st", "--interval", "200ms", "-o", "json")
+		waitFor(t, 20*time.Second, "the task in service stats again", func() bool { return len(round()) == 1 })
 		c.mustCtl(1, "service", "rm", "st")
+		if code, ok := bg.wait(30 * time.Second); !ok || code != 0 || !strings.Contains(bg.errOut.String(), "service st was removed") {
+			t.Errorf("service stats of a removed service: ended %v, exit %d, stderr %q", ok, code, bg.errOut.String())
+		}
 		if _, errOut, code := c.ctl(asker, "task", "stats", cur[0].GetId(), "--no-stream"); code == 0 || !strings.Contains(errOut, "not found") {
 			t.Errorf("stats of a removed task: exit %d, %q; want not found", code, errOut)
 		}
