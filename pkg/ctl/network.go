@@ -2,6 +2,7 @@ package ctl
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -136,13 +137,23 @@ func (a *app) networkCommand() *cobra.Command {
 	outputFlag(ls, &format)
 	var iformat string
 	inspect := &cobra.Command{
-		Use:   "inspect",
-		Short: "This node's WireGuard peers (endpoints, last handshake, bytes) and published ports",
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Use:   "inspect [NETWORK]",
+		Short: "This node's WireGuard peers (endpoints, last handshake, bytes) and published ports, or one overlay network's services and tasks",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
 			v, err := a.netStatus(cmd, iformat)
 			if err != nil {
 				return err
+			}
+			if len(args) == 1 {
+				i := slices.IndexFunc(v.Networks, func(n overlayView) bool { return n.Name == args[0] })
+				if i < 0 {
+					return notFoundError{fmt.Errorf("network %s: no service is on it", args[0])}
+				}
+				n := v.Networks[i]
+				return render(a.out, iformat, n, func(tw *tabwriter.Writer) {
+					fmt.Fprintf(tw, "NETWORK\t%s\nSERVICES\t%s\nTASKS\t%s\n", n.Name, strings.Join(n.Services, ", "), dash(strings.Join(n.Addresses, ", ")))
+				})
 			}
 			return render(a.out, iformat, v, func(tw *tabwriter.Writer) {
 				fmt.Fprintf(tw, "INTERFACE\t%s (%s)\nPUBLIC KEY\t%s\nTASKS\t%d\n\n", v.Interface, v.Mode, v.PublicKey, v.Tasks)

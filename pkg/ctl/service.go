@@ -585,6 +585,7 @@ func (a *app) serviceCreate() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.errOut, "service %s created (version %d)\n", svc.GetName(), svc.GetVersion())
+			a.noteLoneNetworks(ctx, c, spec)
 			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w, false)
 		},
 	}
@@ -695,6 +696,9 @@ func (a *app) serviceUpdate() *cobra.Command {
 				return err
 			}
 			fmt.Fprintf(a.errOut, "service %s updated (version %d)\n", svc.GetName(), svc.GetVersion())
+			if cmd.Flags().Changed("network") {
+				a.noteLoneNetworks(ctx, c, spec)
+			}
 			return a.waitService(cmd, c, svc.GetName(), svc.GetVersion(), w, true)
 		},
 	}
@@ -1035,6 +1039,32 @@ func (a *app) servicePs() *cobra.Command {
 	cmd.Flags().BoolVarP(&all, "all", "a", false, "include finished tasks")
 	filterFlag(cmd, &filters, taskFilters)
 	return cmd
+}
+
+// noteLoneNetworks says which of spec's networks no other service is on:
+// a network exists while a service names it, so a misspelt name gives a
+// service a network of its own, where Swarm would say "not found".
+func (a *app) noteLoneNetworks(ctx context.Context, c *client.Schedd, spec sched.ServiceSpec) {
+	if len(spec.Networks) == 0 {
+		return
+	}
+	resp, err := c.ListServices(ctx, &schedv1.ListServicesRequest{})
+	if err != nil {
+		return // only a note
+	}
+	shared := map[string]bool{}
+	for _, s := range resp.GetServices() {
+		if s.GetName() != spec.Name {
+			for _, n := range specOf(s).OnNetworks() {
+				shared[n] = true
+			}
+		}
+	}
+	for _, n := range spec.Networks {
+		if !shared[n] {
+			fmt.Fprintf(a.errOut, "note: no other service is on network %s yet (a network exists while a service names it)\n", n)
+		}
+	}
 }
 
 // specNetworks turns --network values into the spec's fields: host alone

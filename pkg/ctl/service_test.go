@@ -40,6 +40,21 @@ func (f *fakeSchedd) CreateService(_ context.Context, req *schedv1.CreateService
 	return &schedv1.Service{Name: spec.Name, Version: 1, Spec: req.GetSpec()}, nil
 }
 
+// ListServices lists the specs created so far.
+func (f *fakeSchedd) ListServices(context.Context, *schedv1.ListServicesRequest) (*schedv1.ListServicesResponse, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	resp := &schedv1.ListServicesResponse{}
+	for _, spec := range f.specs {
+		data, err := json.Marshal(spec)
+		if err != nil {
+			return nil, err
+		}
+		resp.Services = append(resp.Services, &schedv1.Service{Name: spec.Name, Version: 1, Spec: data})
+	}
+	return resp, nil
+}
+
 // GetService answers that the service has none of its one task running,
 // so a wait for it to converge never ends by itself.
 func (f *fakeSchedd) GetService(_ context.Context, req *schedv1.GetServiceRequest) (*schedv1.Service, error) {
@@ -314,5 +329,31 @@ func TestServiceWaitEnds(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr.String(), "interrupted while waiting; the change was made") ||
 		strings.Contains(stderr.String(), "did not converge") {
 		t.Fatalf("interrupted: exit %d, stderr:\n%s", code, stderr.String())
+	}
+}
+
+// TestLoneNetworkNote: a network no other service is on is pointed out (a
+// misspelt name makes a network of its own).
+func TestLoneNetworkNote(t *testing.T) {
+	dir, _ := startFakeSchedd(t)
+	create := func(name string, nets ...string) string {
+		args := []string{"--run-dir", dir, "service", "create", name, "--image", "local/busybox:latest", "--detach"}
+		for _, n := range nets {
+			args = append(args, "--network", n)
+		}
+		_, errOut, code := ctlRun(t, args...)
+		if code != 0 {
+			t.Fatalf("create %s: exit %d %q", name, code, errOut)
+		}
+		return errOut
+	}
+	if errOut := create("a", "red"); !strings.Contains(errOut, "note: no other service is on network red yet") {
+		t.Errorf("the first service on red: %q", errOut)
+	}
+	if errOut := create("b", "red", "blue"); strings.Contains(errOut, "network red") || !strings.Contains(errOut, "network blue yet") {
+		t.Errorf("the second service on red, first on blue: %q", errOut)
+	}
+	if errOut := create("c"); strings.Contains(errOut, "note:") {
+		t.Errorf("a service on the default network: %q", errOut)
 	}
 }

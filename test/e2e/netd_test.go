@@ -879,6 +879,18 @@ func TestNetwork(t *testing.T) {
 		if table := c.mustCtl(1, "network", "ls"); !strings.Contains(table, "NETWORK") || !regexp.MustCompile(`(?m)^red +4 +both3,red1,red3,redb1$`).MatchString(table) {
 			t.Errorf("network ls lacks red's line:\n%s", table)
 		}
+		var red struct {
+			Name      string   `json:"name"`
+			Services  []string `json:"services"`
+			Addresses []string `json:"addresses"`
+		}
+		decode(t, c.mustCtl(3, "network", "inspect", "red", "-o", "json"), &red)
+		if red.Name != "red" || len(red.Services) != 4 || !slices.Contains(red.Addresses, ip["red1"]) || slices.Contains(red.Addresses, ip["blue1"]) {
+			t.Errorf("network inspect red: %+v", red)
+		}
+		if _, errOut, code := c.ctl(3, "network", "inspect", "green"); code != 3 || !strings.Contains(errOut, "no service is on it") {
+			t.Errorf("network inspect green: exit %d %q, want 3", code, errOut)
+		}
 		_, errOut, code := c.ctl(1, "service", "create", "hostred", "--image", "local/busybox:latest", "--network", "host", "--network", "red", "--", "sleep", "1000000")
 		if code != 2 || !strings.Contains(errOut, "network host") {
 			t.Errorf("--network host --network red: exit %d %q, want exit 2 saying why", code, errOut)
