@@ -104,7 +104,7 @@ func (n *node) isolate(iso isolation) {
 	if same {
 		return
 	}
-	if err := applyIsolation(n.nft, iso, n.overlay); err != nil {
+	if err := applyIsolation(n.nft, iso, n.overlay, n.cfg.Bridge); err != nil {
 		n.log.Warn("apply network isolation", "err", err)
 		return
 	}
@@ -117,19 +117,24 @@ func (n *node) isolate(iso isolation) {
 const isolationTable = "shoal"
 
 // applyIsolation replaces netd's tables with iso's rules, in one
-// transaction, so that no packet sees a half-built ruleset. Two tables
-// hold the same rules: the inet one filters traffic routed between the
-// bridge and WireGuard (tasks of different nodes), the bridge one traffic
-// between two ports of the bridge (tasks of this node), which never
-// reaches the IP forward hook. In both, for IPv4:
+// transaction, so that no packet sees a half-built ruleset. The inet
+// table filters traffic routed between the node's bridge and WireGuard
+// (tasks of different nodes), the bridge table traffic between two ports
+// of the bridge (tasks of this node), which never reaches the IP forward
+// hook. For IPv4:
 //
-//	ip saddr @gateways accept
-//	ip saddr @net_N ip daddr @net_N accept    (one per network)
-//	ip saddr OVERLAY ip daddr @tasks drop
+//	inet:   iifname BRIDGE ip saddr @gateways drop
+//	inet:   ip saddr @gateways accept
+//	both:   ip saddr @net_N ip daddr @net_N accept    (one per network)
+//	both:   ip saddr OVERLAY ip daddr @tasks drop
 //
 // so traffic from outside the overlay (the node's masqueraded or proxied
-// connections) and to anything but a task passes.
-func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix) error {
+// connections) and to anything but a task passes. A node's own traffic
+// leaves it through the output hook, never forward: a forwarded packet
+// from a gateway's address that came in from the bridge, or crosses
+// between two of its ports, is a task's forgery, and it is dropped (the
+// first rule; the bridge table has no gateway rule at all).
+func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, bridge string) error {
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
 		t := &nftables.Table{Name: isolationTable, Family: fam}
 		conn.AddTable(t)
@@ -156,11 +161,14 @@ func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix) er
 			}
 			conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
 		}
-		gw, err := set("gateways", iso.gateways)
-		if err != nil {
-			return err
+		if fam == nftables.TableFamilyINet {
+			gw, err := set("gateways", iso.gateways)
+			if err != nil {
+				return err
+			}
+			rule(ifname(expr.MetaKeyIIFNAME, bridge), addrIn(saddrOffset, gw), verdict(expr.VerdictDrop))
+			rule(addrIn(saddrOffset, gw), verdict(expr.VerdictAccept))
 		}
-		rule(addrIn(saddrOffset, gw), verdict(expr.VerdictAccept))
 		for i, n := range iso.networks {
 			s, err := set(fmt.Sprintf("net_%d", i), n.addrs)
 			if err != nil {
@@ -197,6 +205,16 @@ func ipv4Only(fam nftables.TableFamily) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.NFPROTO_IPV4}},
+	}
+}
+
+// ifname matches an interface name (IFNAMSIZ bytes, zero padded).
+func ifname(key expr.MetaKey, name string) []expr.Any {
+	b := make([]byte, unix.IFNAMSIZ)
+	copy(b, name)
+	return []expr.Any{
+		&expr.Meta{Key: key, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: b},
 	}
 }
 

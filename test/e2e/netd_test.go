@@ -895,7 +895,38 @@ func TestNetwork(t *testing.T) {
 		if code != 2 || !strings.Contains(errOut, "network host") {
 			t.Errorf("--network host --network red: exit %d %q, want exit 2 saying why", code, errOut)
 		}
-		c.rm("red1", "redb1", "blue1", "plain1", "red3", "both3", "plain3")
+		// Last, for forge1 also answers ARP for the address it takes,
+		// which misleads node 1's other tasks until they go.
+		// A task cannot pass for its node: forge1 (blue, NET_ADMIN) takes
+		// node 1's bridge address and pings red1 from it; no echo
+		// arrives (red1's ICMP counters), where the node's own address
+		// reaches every task. (Another node's address, WireGuard already
+		// refuses: it is not in the sender's allowed IPs. Across nodes,
+		// forge1's pings from its node's address do not even leave it,
+		// its gateway now being its own: TestApplyIsolation has that
+		// rule.)
+		gw1 := strings.TrimSuffix(c.status(1).GetSubnet(), ".0/24") + ".1"
+		c.create("forge1", 1, []string{"--network", "blue", "--cap-add", "NET_ADMIN"}, "sleep", "1000000")
+		forge := c.taskOn("forge1", 1)
+		c.mustExec(1, forge, "ip", "addr", "add", gw1+"/32", "dev", "eth0")
+		inEchos := func(target string) string {
+			out := c.mustExec(node(target), task[target], "sh", "-c", "grep '^Icmp:' /proc/net/snmp | tail -1 | cut -d' ' -f10")
+			return strings.TrimSpace(out)
+		}
+		for _, target := range []string{"red1"} {
+			// The counter counts: both3, on red, pings first.
+			before := inEchos(target)
+			c.mustExec(3, task["both3"], "ping", "-c", "2", "-W", "1", ip[target])
+			if after := inEchos(target); after == before {
+				t.Fatalf("%s's ICMP InEchos stayed %s over both3's pings", target, before)
+			}
+			before = inEchos(target)
+			c.exec(1, forge, "ping", "-c", "3", "-W", "1", "-I", gw1, ip[target])
+			if after := inEchos(target); after != before {
+				t.Errorf("pings from forge1 with node 1's address %s reached %s: its ICMP InEchos went %s -> %s", gw1, target, before, after)
+			}
+		}
+		c.rm("red1", "redb1", "blue1", "plain1", "red3", "both3", "plain3", "forge1")
 	})
 
 	c.run(t, "HealthCheckOnOverlay", func(t *testing.T) {
