@@ -120,13 +120,13 @@ type node struct {
 	pubMu sync.Mutex
 	pubs  map[portKey]*publication
 
-	// nft holds the isolation rules' netlink socket, opened in the
-	// node's namespace; iso is what the run loop last applied (under
-	// isoMu; Status reads it), applied reports whether it did yet.
 	// scope is what service DNS names each task sees (set before the
 	// DNS server starts, replaced by every reconcile).
 	scope atomic.Pointer[dnsScope]
 
+	// nft holds the isolation rules' netlink socket, opened in the
+	// node's namespace; iso is what the run loop last applied (under
+	// isoMu; Status reads it), applied reports whether it did yet.
 	nft     *nftables.Conn
 	isoMu   sync.Mutex
 	iso     isolation
