@@ -24,6 +24,28 @@ type isolation struct {
 	gateways []netip.Addr
 	tasks    []netip.Addr
 	networks []overlayNetwork
+	// ports are this node's task veths with their tasks' addresses:
+	// what comes in through one must come from its address.
+	ports []taskPort
+}
+
+// taskPort is a task's veth on this node's bridge and its address.
+type taskPort struct {
+	veth string
+	addr netip.Addr
+}
+
+// localPorts lists the ports of this node's tasks from its IPAM.
+func (n *node) localPorts() []taskPort {
+	n.mu.Lock()
+	allocs := n.ipam.Allocations()
+	n.mu.Unlock()
+	out := make([]taskPort, 0, len(allocs))
+	for _, a := range allocs {
+		_, veth := taskNames(a.Owner)
+		out = append(out, taskPort{veth: veth, addr: a.Addr})
+	}
+	return out
 }
 
 // overlayNetwork is one network of isolation: its tasks' addresses and
@@ -35,7 +57,7 @@ type overlayNetwork struct {
 }
 
 func (iso isolation) equal(o isolation) bool {
-	return slices.Equal(iso.gateways, o.gateways) && slices.Equal(iso.tasks, o.tasks) &&
+	return slices.Equal(iso.gateways, o.gateways) && slices.Equal(iso.tasks, o.tasks) && slices.Equal(iso.ports, o.ports) &&
 		slices.EqualFunc(iso.networks, o.networks, func(a, b overlayNetwork) bool {
 			return a.name == b.name && slices.Equal(a.services, b.services) && slices.Equal(a.addrs, b.addrs)
 		})
@@ -129,7 +151,9 @@ const isolationTable = "shoal"
 //	both:   ip saddr OVERLAY ip daddr @tasks drop
 //
 // so traffic from outside the overlay (the node's masqueraded or proxied
-// connections) and to anything but a task passes. A node's own traffic
+// connections) and to anything but a task passes; and before all that,
+// in the bridge table's prerouting, a task's packets and ARP messages
+// must come from its own address (antiSpoof). A node's own traffic
 // leaves it through the output hook, never forward: a forwarded packet
 // from a gateway's address that came in from the bridge, or crosses
 // between two of its ports, is a task's forgery, and it is dropped (the
@@ -181,6 +205,9 @@ func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, br
 			return err
 		}
 		rule(inPrefix(saddrOffset, overlay), addrIn(daddrOffset, tasks), verdict(expr.VerdictDrop))
+		if fam == nftables.TableFamilyBridge {
+			antiSpoof(conn, t, iso.ports)
+		}
 	}
 	if err := conn.Flush(); err != nil {
 		return fmt.Errorf("nftables: %w", err)
@@ -188,9 +215,38 @@ func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, br
 	return nil
 }
 
+// antiSpoof adds the bridge table's prerouting chain: an IPv4 packet or
+// an ARP message that comes in through a task's veth must carry that
+// task's address as its source (the ARP sender's), so that no task
+// passes for another, or for its node, in a packet or in an ARP answer.
+func antiSpoof(conn *nftables.Conn, t *nftables.Table, ports []taskPort) {
+	accept := nftables.ChainPolicyAccept
+	ch := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+	for _, p := range ports {
+		for _, proto := range []struct {
+			ethertype uint16
+			offset    uint32 // of the source address in the network header
+		}{{unix.ETH_P_IP, saddrOffset}, {unix.ETH_P_ARP, arpSenderIPOffset}} {
+			exprs := ifname(expr.MetaKeyIIFNAME, p.veth)
+			exprs = append(exprs,
+				&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(proto.ethertype)},
+				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: proto.offset, Len: 4},
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: p.addr.AsSlice()},
+				&expr.Verdict{Kind: expr.VerdictDrop})
+			conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
+		}
+	}
+}
+
 const (
 	saddrOffset = 12 // in the IPv4 header
 	daddrOffset = 16
+	// arpSenderIPOffset is where an Ethernet/IPv4 ARP message holds
+	// its sender's IPv4 address (after hardware and protocol types and
+	// sizes, the operation and the sender's MAC).
+	arpSenderIPOffset = 14
 )
 
 // ipv4Only matches IPv4 packets: in the inet family by netfilter

@@ -135,7 +135,8 @@ func TestApplyIsolation(t *testing.T) {
 	first := isolation{gateways: addrs("10.42.1.1"), tasks: addrs("10.42.1.2", "10.42.1.3", "10.42.1.4"),
 		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2")}, {name: "b", addrs: addrs("10.42.1.3", "10.42.1.4")}}}
 	second := isolation{gateways: addrs("10.42.1.1", "10.42.2.1"), tasks: addrs("10.42.1.2"),
-		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2")}}}
+		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2")}},
+		ports:    []taskPort{{veth: "ve0011223344", addr: netip.MustParseAddr("10.42.1.2")}}}
 	for _, iso := range []isolation{first, second} {
 		if err := applyIsolation(conn, iso, overlay, "shoal0"); err != nil {
 			t.Fatal(err)
@@ -174,6 +175,13 @@ func TestApplyIsolation(t *testing.T) {
 		}
 		if len(rules) != wantRules {
 			t.Errorf("family %v: %d rules in forward, want %d", fam, len(rules), wantRules)
+		}
+		if fam == nftables.TableFamilyBridge {
+			// The one port's IPv4 and ARP source checks.
+			pre, err := conn.GetRules(table, &nftables.Chain{Name: "prerouting", Table: table})
+			if err != nil || len(pre) != 2 {
+				t.Errorf("bridge prerouting: %d rules (%v), want 2", len(pre), err)
+			}
 		}
 	}
 	if err := removeIsolation(conn); err != nil {

@@ -438,6 +438,7 @@ func (n *node) reconcile(ctx context.Context) {
 	enter("dns")
 	eps, services := n.endpoints(), decodeServices(n.mirror.List(prefixServices))
 	iso := isolationOf(services, n.mirror.List(prefixTasks), n.mirror.List(prefixNodes))
+	iso.ports = n.localPorts()
 	recs, owners := records(services, eps)
 	n.scope.Store(newDNSScope(services, owners, iso))
 	n.dns.Update(recs)

@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -912,6 +913,25 @@ func TestNetwork(t *testing.T) {
 		inEchos := func(target string) string {
 			out := c.mustExec(node(target), task[target], "sh", "-c", "grep '^Icmp:' /proc/net/snmp | tail -1 | cut -d' ' -f10")
 			return strings.TrimSpace(out)
+		}
+		// Nor for another task: forge1 takes redb1's address too, and
+		// pings red3 (across nodes, on red like redb1) from it; and
+		// when red1 asks by ARP who has redb1's address, only redb1
+		// answers.
+		c.mustExec(1, forge, "ip", "addr", "add", ip["redb1"]+"/32", "dev", "eth0")
+		before := inEchos("red3")
+		c.exec(1, forge, "ping", "-c", "3", "-W", "1", "-I", ip["redb1"], ip["red3"])
+		if after := inEchos("red3"); after != before {
+			t.Errorf("pings from forge1 with redb1's address %s reached red3: its ICMP InEchos went %s -> %s", ip["redb1"], before, after)
+		}
+		redbMAC := strings.TrimSpace(c.mustExec(1, task["redb1"], "cat", "/sys/class/net/eth0/address"))
+		out, errOut, _ := c.exec(1, task["red1"], "busybox", "arping", "-b", "-c", "3", "-w", "3", "-I", "eth0", ip["redb1"])
+		macs := map[string]bool{}
+		for _, m := range regexp.MustCompile(`\[([0-9a-fA-F:]{17})\]`).FindAllStringSubmatch(out, -1) {
+			macs[strings.ToLower(m[1])] = true
+		}
+		if len(macs) != 1 || !macs[strings.ToLower(redbMAC)] {
+			t.Errorf("ARP replies for redb1's address %s came from %v, want redb1's %s alone\n%s%s", ip["redb1"], slices.Collect(maps.Keys(macs)), redbMAC, out, errOut)
 		}
 		for _, target := range []string{"red1"} {
 			// The counter counts: both3, on red, pings first.
