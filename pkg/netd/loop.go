@@ -436,8 +436,10 @@ func (n *node) reconcile(ctx context.Context) {
 	}
 	t2 := time.Now()
 	enter("dns")
-	eps, services := n.endpoints(), decodeServices(n.mirror.List(prefixServices))
-	iso := isolationOf(services, n.mirror.List(prefixTasks), n.mirror.List(prefixNodes))
+	// One listing of each prefix for the endpoints and the isolation.
+	tasks, nodes := n.mirror.List(prefixTasks), n.mirror.List(prefixNodes)
+	eps, services := endpoints(n.mirror.List(prefixSlots), tasks, nodes, time.Now()), decodeServices(n.mirror.List(prefixServices))
+	iso := isolationOf(services, tasks, nodes)
 	iso.ports = n.localPorts()
 	recs, owners := records(services, eps)
 	n.scope.Store(newDNSScope(services, owners, iso))

@@ -28,10 +28,6 @@ type endpoint struct {
 	ip            netip.Addr
 }
 
-func (n *node) endpoints() []endpoint {
-	return endpoints(n.mirror.List(prefixSlots), n.mirror.List(prefixTasks), n.mirror.List(prefixNodes), time.Now())
-}
-
 // handOverWindow is how long after the slot write that replaced it a task
 // of a node that shut down may still take traffic (endpoints): as long as
 // such a node's schedd may take to stop its tasks, and bounded, should
