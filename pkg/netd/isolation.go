@@ -2,6 +2,7 @@ package netd
 
 import (
 	"fmt"
+	"net"
 	"net/netip"
 	"slices"
 	"strings"
@@ -228,10 +229,8 @@ func antiSpoof(conn *nftables.Conn, t *nftables.Table, ports []taskPort) {
 			ethertype uint16
 			offset    uint32 // of the source address in the network header
 		}{{unix.ETH_P_IP, saddrOffset}, {unix.ETH_P_ARP, arpSenderIPOffset}} {
-			exprs := ifname(expr.MetaKeyIIFNAME, p.veth)
+			exprs := append(ifname(expr.MetaKeyIIFNAME, p.veth), etherType(proto.ethertype)...)
 			exprs = append(exprs,
-				&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
-				&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(proto.ethertype)},
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: proto.offset, Len: 4},
 				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: p.addr.AsSlice()},
 				&expr.Verdict{Kind: expr.VerdictDrop})
@@ -253,10 +252,7 @@ const (
 // protocol, in the bridge family by EtherType.
 func ipv4Only(fam nftables.TableFamily) []expr.Any {
 	if fam == nftables.TableFamilyBridge {
-		return []expr.Any{
-			&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
-			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(unix.ETH_P_IP)},
-		}
+		return etherType(unix.ETH_P_IP)
 	}
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyNFPROTO, Register: 1},
@@ -274,6 +270,14 @@ func ifname(key expr.MetaKey, name string) []expr.Any {
 	}
 }
 
+// etherType matches frames of one EtherType (bridge family).
+func etherType(t uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyPROTOCOL, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(t)},
+	}
+}
+
 func addrIn(offset uint32, s *nftables.Set) []expr.Any {
 	return []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
@@ -282,13 +286,9 @@ func addrIn(offset uint32, s *nftables.Set) []expr.Any {
 }
 
 func inPrefix(offset uint32, p netip.Prefix) []expr.Any {
-	m := make([]byte, 4)
-	for i := range p.Bits() {
-		m[i/8] |= 0x80 >> (i % 8)
-	}
 	return []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
-		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: m, Xor: make([]byte, 4)},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: make([]byte, 4)},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()},
 	}
 }
