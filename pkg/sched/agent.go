@@ -446,21 +446,31 @@ func (d *agent) running(t *LocalTask, rt Runtime, spec ServiceSpec) {
 	d.update(t, TaskRunning, healthOf(spec, true), t.Restarts, t.ExitCode, t.Error, rt.StartedAt, t.Finished)
 }
 
+// InPlaceRestarts is how many times a task whose container fails is
+// restarted on its node before it fails for good there and its owner
+// places the replacement, ranking this node after the others (Nomad
+// restarts twice in place, then reschedules; Swarm reschedules every
+// time). A crash that follows its node (a missing device or kernel
+// feature, a full disk, bad memory) thus moves; one that follows the
+// image goes round the nodes with the same backoff as in place.
+const InPlaceRestarts = 3
+
 // exited applies the restart policy to a wanted task whose container
 // exited.
 //
-// A container that exited is restarted in place; one that could not start
-// at all (StartFailed) is not, unless its slot belongs to this node (a
-// global service's): the task fails, and its owner places the replacement
-// (with the same backoff), ranking last the nodes where the spec just
-// failed to start (Request.StartFailures). What stops a start is often
-// the node's (a missing bind path, a host port taken by another process,
-// its containerd or vold down), where another node would run the task.
+// A container that exited is restarted in place, a failed one at most
+// InPlaceRestarts times; one that could not start at all (StartFailed)
+// is not. Either way the task then fails, unless its slot belongs to this
+// node (a global service's), and its owner places the replacement (with
+// the same backoff), ranking last the nodes where the spec just failed
+// (Request.Failures). What stops a start is often the node's (a missing
+// bind path, a host port taken by another process, its containerd or vold
+// down), where another node would run the task.
 func (d *agent) exited(t *LocalTask, rt Runtime, spec ServiceSpec) {
 	failed := rt.ExitCode != 0 || rt.Error != ""
 	pol := spec.Restart
 	restart := pol.Policy == RestartAlways || pol.Policy == RestartOnFailure && failed
-	if rt.StartFailed && !spec.Global {
+	if !spec.Global && (rt.StartFailed || failed && t.Restarts-t.Inherited >= InPlaceRestarts) {
 		restart = false
 	}
 	if restart && (pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts) {

@@ -304,14 +304,48 @@ func TestAgentDecide(t *testing.T) {
 		{
 			name: "the backoff doubles",
 			st:   sched.TaskRunning, rt: sched.RuntimeExited,
-			build: func(a *agentView) { a.task.Restarts = 3; a.exited(1, time.Second) },
+			build: func(a *agentView) { a.task.Restarts, a.task.Inherited = 3, 1; a.exited(1, time.Second) },
 			want:  "update a state=restarting restarts=3 exit=1\nrequeue at 00:00:07.000 (restart backoff)\n",
 		},
 		{
 			name: "up to a cap",
 			st:   sched.TaskRunning, rt: sched.RuntimeExited,
-			build: func(a *agentView) { a.task.Restarts = 12; a.exited(1, time.Second) },
+			build: func(a *agentView) { a.task.Restarts, a.task.Inherited = 12, 12; a.exited(1, time.Second) },
 			want:  "update a state=restarting restarts=12 exit=1\nrequeue at 00:00:29.000 (restart backoff)\n",
+		},
+		{
+			name: "failed after its restarts in place: failed, to move",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Restarts, a.task.Inherited = 2+sched.InPlaceRestarts, 2
+				a.exited(1, time.Second)
+			},
+			want: "update a state=failed restarts=5 exit=1\nrelease a\n",
+		},
+		{
+			name: "a global task's restarts stay in place",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Spec.Global, a.task.Spec.Replicas = true, 0
+				a.task.Restarts = sched.InPlaceRestarts
+				a.exited(1, time.Second)
+			},
+			want: "update a state=restarting restarts=3 exit=1\nrequeue at 00:00:07.000 (restart backoff)\n",
+		},
+		{
+			name: "exit 0 under always is no failure: in place",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) { a.task.Restarts = sched.InPlaceRestarts; a.exited(0, time.Second) },
+			want:  "update a state=restarting restarts=3\nrequeue at 00:00:07.000 (restart backoff)\n",
+		},
+		{
+			name: "could not start: failed at once, to move",
+			st:   sched.TaskStarting, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.exited(-1, time.Second)
+				a.task.Runtime.Error, a.task.Runtime.StartFailed = "no such file", true
+			},
+			want: "update a state=failed exit=-1 error=\"no such file\"\nrelease a\n",
 		},
 		{
 			name: "out of attempts: failed for good",

@@ -206,6 +206,7 @@ const (
 	fSpecDigest = "spec_digest"
 	fHealth     = "health"
 	fRestarts   = "restarts"
+	fInherited  = "inherited_restarts"
 	fExitCode   = "exit_code"
 	fError      = "error"
 	fCPU        = "cpu"
@@ -238,6 +239,7 @@ func TaskFromDoc(id string, d crdt.Doc) (Task, bool) {
 	h, _ := f[fHealth].AsString()
 	t.Health = Health(h)
 	t.Restarts = int(intField(f, fRestarts))
+	t.Inherited = int(intField(f, fInherited))
 	t.ExitCode = int(intField(f, fExitCode))
 	t.Error, _ = f[fError].AsString()
 	t.Resources = Resources{CPUMillis: intField(f, fCPU), MemoryBytes: intField(f, fMemory)}
@@ -254,6 +256,13 @@ func TaskFromDoc(id string, d crdt.Doc) (Task, bool) {
 	return t, true
 }
 
+// NewTask is the task a node holds once it accepts r (NewTaskFields is its
+// document), before it reads the document back for Created.
+func NewTask(r Reserve, node string) Task {
+	return Task{ID: r.TaskID, Service: r.Service, Slot: r.Slot, Node: node, Version: r.Version, SpecDigest: r.SpecDigest,
+		State: TaskPending, Restarts: r.Restarts, Inherited: r.Restarts, Resources: r.Resources, Ports: r.Ports, Image: r.Spec.Image}
+}
+
 // NewTaskFields is the task document a node writes when it accepts r: state
 // pending, created now (the write's stamp becomes the task's Created).
 func NewTaskFields(r Reserve, node string, now time.Time) map[string]crdt.Value {
@@ -266,6 +275,7 @@ func NewTaskFields(r Reserve, node string, now time.Time) map[string]crdt.Value 
 		fState:      crdt.String(string(TaskPending)),
 		fHealth:     crdt.String(""),
 		fRestarts:   crdt.Int(int64(r.Restarts)),
+		fInherited:  crdt.Int(int64(r.Restarts)),
 		fExitCode:   crdt.Int(0),
 		fError:      crdt.String(""),
 		fCPU:        crdt.Int(r.Resources.CPUMillis),

@@ -65,11 +65,16 @@ func TestDocsRoundTrip(t *testing.T) {
 	doc = crdt.Merge(doc, crdt.Set(u.Fields(), at(time.Second, "n1")))
 	task, ok := sched.TaskFromDoc("t1", doc)
 	wantTask := sched.Task{ID: "t1", Service: "web", Slot: "2", Node: "n1", Version: 4, SpecDigest: spec.Digest(),
-		State: sched.TaskRunning, Health: sched.HealthHealthy, Restarts: 3, ExitCode: 1, Error: "x",
+		State: sched.TaskRunning, Health: sched.HealthHealthy, Restarts: 3, Inherited: 2, ExitCode: 1, Error: "x",
 		Created: at(0, "n1"), Started: t0.Add(time.Second), Finished: t0.Add(time.Millisecond),
 		Resources: spec.Resources(), Ports: r.Ports, Image: "img:1"}
 	if !ok || !reflect.DeepEqual(task, wantTask) {
 		t.Fatalf("task = %+v\nwant %+v", task, wantTask)
+	}
+	fresh, _ := sched.TaskFromDoc("t1", crdt.Set(sched.NewTaskFields(r, "n1", t0), at(0, "n1")))
+	fresh.Created = crdt.Stamp{}
+	if nt := sched.NewTask(r, "n1"); !reflect.DeepEqual(nt, fresh) {
+		t.Fatalf("NewTask = %+v\nits document says %+v", nt, fresh)
 	}
 	if got := u.Apply(sched.Task{ID: "t1"}); got.State != sched.TaskRunning || got.Restarts != 3 {
 		t.Fatalf("Apply = %+v", got)

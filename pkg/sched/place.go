@@ -39,26 +39,27 @@ type Request struct {
 	// Needs are the spec's fields beyond the baseline (SpecNeeds): a node
 	// whose schedd does not know one would run the task without it.
 	Needs []string
-	// StartFailures counts, per node, the tasks of this spec that could
-	// not start there within StartFailureWindow (StartFailuresOf): nodes
-	// with fewer rank first, before spread and score. It ranks and never
-	// rejects, so a spec that fails everywhere still tries every node.
-	StartFailures map[string]int
+	// Failures counts, per node, the tasks of this spec that failed
+	// there within FailureWindow (FailuresOf): nodes with fewer rank
+	// first, before spread and score. It ranks and never rejects, so a
+	// spec that fails everywhere still tries every node.
+	Failures map[string]int
 }
 
-// StartFailureWindow is how long a task that could not start on a node
-// makes placement try other nodes first (swarmkit deprioritises a node
-// for five minutes after a service's tasks failed there too).
-const StartFailureWindow = 5 * time.Minute
+// FailureWindow is how long a task that failed on a node makes placement
+// try other nodes first (swarmkit deprioritises a node for five minutes
+// after a service's tasks failed there too).
+const FailureWindow = 5 * time.Minute
 
-// StartFailuresOf counts per node the tasks of the spec with digest that
-// failed to start (Task.Started zero) and finished within
-// StartFailureWindow before now; nil when there are none. Only tasks of
-// that spec count: an update that fixes what stopped them starts afresh.
-func StartFailuresOf(tasks []Task, digest string, now time.Time) map[string]int {
+// FailuresOf counts per node the tasks of the spec with digest that
+// failed (could not start, failed past their in-place restarts, or went
+// unhealthy) and finished within FailureWindow before now; nil when there
+// are none. Only tasks of that spec count: an update that fixes what
+// stopped them starts afresh.
+func FailuresOf(tasks []Task, digest string, now time.Time) map[string]int {
 	var out map[string]int
 	for _, t := range tasks {
-		if t.State != TaskFailed || !t.Started.IsZero() || t.SpecDigest != digest || now.Sub(t.Finished) >= StartFailureWindow {
+		if t.State != TaskFailed && t.State != TaskUnhealthy || t.SpecDigest != digest || now.Sub(t.Finished) >= FailureWindow {
 			continue
 		}
 		if out == nil {
@@ -344,9 +345,9 @@ func freeFraction(capacity, used Resources) float64 {
 // class, e.g. "3 nodes: 2 lack memory (need 512MiB, most free 256MiB),
 // 1 fails constraint node.labels.zone==eu".
 //
-// Nodes where fewer tasks of the spec recently failed to start
-// (req.StartFailures) come first; then req.Spread's label values with fewer of the service's tasks;
-// then the higher score; equal scores are ordered by a rendezvous weight
+// Nodes where fewer tasks of the spec recently failed (req.Failures)
+// come first; then req.Spread's label values with fewer of the service's
+// tasks; then the higher score; equal scores are ordered by a rendezvous weight
 // of (service/slot, node): deterministic, yet different slots prefer
 // different nodes.
 func Place(req Request, nodes []Node, usage Usage) (ranked []string, reason string) {
@@ -373,7 +374,7 @@ func Place(req Request, nodes []Node, usage Usage) (ranked []string, reason stri
 			rejects = append(rejects, r)
 			continue
 		}
-		c := cand{id: n.ID, failed: req.StartFailures[n.ID], score: Score(req, n, u), tie: weight(h, n.ID)}
+		c := cand{id: n.ID, failed: req.Failures[n.ID], score: Score(req, n, u), tie: weight(h, n.ID)}
 		for i, key := range req.Spread {
 			c.spread = append(c.spread, groups[i][n.Labels[key]])
 		}

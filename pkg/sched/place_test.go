@@ -264,21 +264,21 @@ func TestPlaceSpreadPreference(t *testing.T) {
 	}
 }
 
-func TestPlaceStartFailures(t *testing.T) {
+func TestPlaceFailures(t *testing.T) {
 	nodes := []sched.Node{node("n1", 4000, 8*gib, "zone=a"), node("n2", 4000, 8*gib, "zone=b"), node("n3", 4000, 8*gib, "zone=b")}
 	req := request(t, sched.ServiceSpec{Name: "web", Image: "x", CPUMillis: 500, Preferences: []string{"spread=node.labels.zone"}})
-	// n1 has no task and the emptiest zone, yet its start failure puts it
+	// n1 has no task and the emptiest zone, yet its failure puts it
 	// after both others; n3's two after n2's one. A failure ranks, never
 	// rejects.
 	req.Tasks = map[string]int{"n2": 1, "n3": 1}
-	req.StartFailures = map[string]int{"n1": 1, "n3": 2}
+	req.Failures = map[string]int{"n1": 1, "n3": 2}
 	ranked, why := sched.Place(req, nodes, nil)
 	if why != "" || !slices.Equal(ranked, []string{"n2", "n1", "n3"}) {
 		t.Fatalf("Place = %v %q, want [n2 n1 n3]", ranked, why)
 	}
 }
 
-func TestStartFailuresOf(t *testing.T) {
+func TestFailuresOf(t *testing.T) {
 	now := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
 	task := func(node string, st sched.TaskState, started bool, digest string, ago time.Duration) sched.Task {
 		tk := sched.Task{Node: node, State: st, SpecDigest: digest, Finished: now.Add(-ago)}
@@ -292,14 +292,16 @@ func TestStartFailuresOf(t *testing.T) {
 		task("n1", sched.TaskFailed, false, "d1", 4*time.Minute),
 		task("n2", sched.TaskFailed, false, "d1", 6*time.Minute), // too long ago
 		task("n2", sched.TaskFailed, true, "d1", time.Minute),    // it ran, then failed
-		task("n3", sched.TaskFailed, false, "d0", time.Minute),   // another spec
-		task("n3", sched.TaskStopped, false, "d1", time.Minute),  // stopped, not failed
+		task("n2", sched.TaskUnhealthy, true, "d1", 2*time.Minute),
+		task("n2", sched.TaskExited, true, "d1", time.Minute),   // exited 0: no failure
+		task("n3", sched.TaskFailed, false, "d0", time.Minute),  // another spec
+		task("n3", sched.TaskStopped, false, "d1", time.Minute), // stopped, not failed
 		task("n3", sched.TaskRunning, false, "d1", 0),
 	}
-	if got := sched.StartFailuresOf(tasks, "d1", now); !maps.Equal(got, map[string]int{"n1": 2}) {
-		t.Fatalf("StartFailuresOf = %v, want map[n1:2]", got)
+	if got := sched.FailuresOf(tasks, "d1", now); !maps.Equal(got, map[string]int{"n1": 2, "n2": 2}) {
+		t.Fatalf("FailuresOf = %v, want map[n1:2 n2:2]", got)
 	}
-	if got := sched.StartFailuresOf(tasks, "d9", now); got != nil {
-		t.Fatalf("StartFailuresOf of an unknown digest = %v", got)
+	if got := sched.FailuresOf(tasks, "d9", now); got != nil {
+		t.Fatalf("FailuresOf of an unknown digest = %v", got)
 	}
 }

@@ -199,14 +199,14 @@ func newReconciler(s Snapshot, now time.Time, newID func() string) *reconciler {
 	r.digest = r.spec.Digest()
 	r.req, r.reqErr = NewRequest(r.spec, "")
 	r.req.Near = NearVolumes(r.spec.Volumes, s.VolumeReplicas)
-	r.req.StartFailures = StartFailuresOf(s.Tasks, r.digest, now)
+	r.req.Failures = FailuresOf(s.Tasks, r.digest, now)
 	if s.Service.PrevSpec != nil {
 		p := s.Service.PrevSpec.WithDefaults()
 		p.Name = s.Service.Name
 		r.prev, r.prevDigest = &p, p.Digest()
 		r.prevReq, _ = NewRequest(p, "")
 		r.prevReq.Near = NearVolumes(p.Volumes, s.VolumeReplicas)
-		r.prevReq.StartFailures = StartFailuresOf(s.Tasks, r.prevDigest, now)
+		r.prevReq.Failures = FailuresOf(s.Tasks, r.prevDigest, now)
 	}
 	for i := range s.Nodes {
 		r.nodes[s.Nodes[i].ID] = &s.Nodes[i]

@@ -325,7 +325,7 @@ requeue at 00:00:10.000 (retry unschedulable)
 				w.finished("1", "n2", sched.TaskFailed, 1) // for good
 				w.svc.Version, w.svc.RunVersion, w.svc.Run = 2, 2, t0.Add(-5*time.Second)
 			},
-			want: "reserve web/0 task=new1 v2 as=task on=n2,n3,n1\nrequeue at 00:00:05.000 (next scheduled run)\n",
+			want: "reserve web/0 task=new1 v2 as=task on=n3,n1,n2\nrequeue at 00:00:05.000 (next scheduled run)\n", // n2 last: its task failed
 		},
 		{
 			// The slot of a task of the previous run still running
@@ -969,7 +969,8 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 				w.crashed("new0", "0", "n1", sched.TaskFailed, t0.Add(-3*time.Second), 2)
 				w.slot("0", "new0", "n1", 2, t0.Add(-3*time.Second))
 			},
-			want: "reserve web/0 task=new1 v2 as=task on=n1,n2,n3 restarts=1\nassign web/1 task=-\n",
+			// n1 ranks last: the spec just failed there.
+			want: "reserve web/0 task=new1 v2 as=task on=n2,n3,n1 restarts=1\nassign web/1 task=-\n",
 		},
 		{
 			name: "failures past the max failure ratio: pause",
@@ -992,8 +993,9 @@ reserve web/1 task=new2 v2 as=next on=n3,n1,n2
 				w.slot("0", "new0", "n1", 2, t0.Add(-time.Hour))
 			},
 			// Slot 0 is repaired (not throttled) and the rollout goes on;
-			// n1's old task t0 is superseded, so n1 runs none that stays.
-			want: "reserve web/0 task=new1 v2 as=task on=n1,n2,n3 restarts=1\nassign web/1 task=-\n",
+			// n1's old task t0 is superseded, so n1 runs none that stays,
+			// yet it ranks last: the spec failed there a minute ago.
+			want: "reserve web/0 task=new1 v2 as=task on=n2,n3,n1 restarts=1\nassign web/1 task=-\n",
 		},
 		{
 			name: "paused: no update steps, repairs keep the old spec",

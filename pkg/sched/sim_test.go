@@ -214,6 +214,9 @@ func TestSimTwoOwners(t *testing.T) {
 	t.Logf("stats %+v", c.Stats)
 }
 
+// TestSimCrashLoopBacksOff: a crashing task restarts in place with the
+// backoff InPlaceRestarts times, then fails and its replacement, after
+// the backoff too, goes to the other node.
 func TestSimCrashLoopBacksOff(t *testing.T) {
 	c := newCluster(t, 2, roomy, func(cfg *sim.Config) {
 		cfg.Images = map[string]sim.Behavior{"crash": {RunFor: 500 * time.Millisecond, ExitCode: 1}}
@@ -221,16 +224,78 @@ func TestSimCrashLoopBacksOff(t *testing.T) {
 	create(t, c, sched.ServiceSpec{Name: "web", Image: "crash", Replicas: 1})
 	c.RunFor(20 * time.Second)
 	tasks := c.Tasks("web")
-	if len(tasks) != 1 {
-		t.Fatalf("%d tasks, want the one restarted in place", len(tasks))
+	if len(tasks) != 2 {
+		t.Fatalf("%d tasks, want the first and its replacement", len(tasks))
 	}
-	// Starts at about 0.1s, then 0.6+1, 2.1+2, 4.6+4, 9.1+8 = 17.1s: four
-	// restarts in 20s, the fifth would be at 26s.
-	if tk := tasks[0]; tk.Restarts != 4 || (tk.State != sched.TaskRestarting && tk.State != sched.TaskRunning) {
-		t.Fatalf("task %s: state %s after %d restarts, want 4 restarts", tk.ID, tk.State, tk.Restarts)
+	slices.SortFunc(tasks, func(a, b sched.Task) int { return a.Restarts - b.Restarts })
+	// Starts at about 0.1s, then 0.6+1, 2.1+2, 4.6+4: three restarts in
+	// place; it fails at 9.1s, and its replacement comes 8s later on the
+	// other node, where it crashes at once and waits 16s.
+	first, next := tasks[0], tasks[1]
+	if first.State != sched.TaskFailed || first.Restarts != sched.InPlaceRestarts || first.Inherited != 0 {
+		t.Fatalf("first task %s: %s after %d restarts (%d inherited), want failed after %d", first.ID, first.State, first.Restarts, first.Inherited, sched.InPlaceRestarts)
+	}
+	if next.Node == first.Node || next.Restarts != 4 || next.Inherited != 4 || next.State != sched.TaskRestarting {
+		t.Fatalf("replacement %s on %s: %s, %d restarts (%d inherited); want restarting on the other node than %s, 4 inherited",
+			next.ID, next.Node, next.State, next.Restarts, next.Inherited, first.Node)
+	}
+	if next.Started.Sub(first.Finished) < 8*time.Second {
+		t.Fatalf("replacement started %v after the failure, want the 8s backoff", next.Started.Sub(first.Finished))
 	}
 	if c.Stats.Starts != 5 {
 		t.Fatalf("%d starts, want 5", c.Stats.Starts)
+	}
+}
+
+// TestSimCrashMoves: containers crash on one node only; its tasks move
+// to the others after their restarts in place, and stay there.
+func TestSimCrashMoves(t *testing.T) {
+	c := newCluster(t, 3, roomy, func(cfg *sim.Config) {
+		cfg.Nodes[1].Images = map[string]sim.Behavior{"img": {RunFor: 2 * time.Second, ExitCode: 139}}
+	})
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 3,
+		Restart: sched.RestartPolicy{Delay: sched.Duration(100 * time.Millisecond), MaxDelay: sched.Duration(time.Second)}})
+	if !c.RunUntil(func() bool {
+		got := c.Running("web")
+		return got["n2"] == 0 && got["n1"]+got["n3"] == 3 && c.Settled("web")
+	}, time.Minute) {
+		t.Fatalf("not moved off n2: running %v, slots %s", c.Running("web"), slotSummary(c, "web"))
+	}
+	failed := 0
+	for _, tk := range c.Tasks("web") {
+		if tk.Node == "n2" {
+			if tk.State != sched.TaskFailed || tk.ExitCode != 139 || tk.Restarts-tk.Inherited != sched.InPlaceRestarts {
+				t.Errorf("task %s on n2: %s exit %d after %d restarts in place", tk.ID, tk.State, tk.ExitCode, tk.Restarts-tk.Inherited)
+			}
+			failed++
+		}
+	}
+	if failed != 1 {
+		t.Errorf("%d failed tasks on n2, want 1: the replacement avoids it", failed)
+	}
+	c.RunFor(time.Minute)
+	if got := c.Running("web"); got["n2"] != 0 || got["n1"]+got["n3"] != 3 {
+		t.Fatalf("running %v a minute later", got)
+	}
+}
+
+// TestSimGlobalCrashInPlace: a global service's crashing task has nowhere
+// else to go and keeps restarting in place.
+func TestSimGlobalCrashInPlace(t *testing.T) {
+	c := newCluster(t, 2, roomy, func(cfg *sim.Config) {
+		cfg.Nodes[1].Images = map[string]sim.Behavior{"img": {RunFor: time.Second, ExitCode: 1}}
+	})
+	create(t, c, sched.ServiceSpec{Name: "agent", Image: "img", Global: true,
+		Restart: sched.RestartPolicy{Delay: sched.Duration(100 * time.Millisecond), MaxDelay: sched.Duration(time.Second)}})
+	c.RunFor(30 * time.Second)
+	var on2 []sched.Task
+	for _, tk := range c.Tasks("agent") {
+		if tk.Node == "n2" {
+			on2 = append(on2, tk)
+		}
+	}
+	if len(on2) != 1 || on2[0].Restarts <= sched.InPlaceRestarts || on2[0].State.Terminal() {
+		t.Fatalf("n2's tasks %+v, want one restarted in place more than %d times", on2, sched.InPlaceRestarts)
 	}
 }
 

@@ -207,7 +207,8 @@ const (
 	Binpack Strategy = "binpack"
 )
 
-// RestartPolicy says when a node restarts a task's container in place.
+// RestartPolicy says when a node restarts a task's container in place (a
+// failing one at most InPlaceRestarts times; then the task moves).
 type RestartPolicy struct {
 	// Policy is always (default), on-failure or never.
 	Policy RestartCondition `json:"policy,omitempty"`

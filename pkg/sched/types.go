@@ -183,10 +183,12 @@ type Task struct {
 	State      TaskState
 	Health     Health
 	// Restarts counts restarts of the slot: in-place restarts plus the
-	// count inherited from the task this one replaced.
-	Restarts int
-	ExitCode int
-	Error    string
+	// count inherited from the task this one replaced (Inherited, 0 in
+	// documents from before the field).
+	Restarts  int
+	Inherited int
+	ExitCode  int
+	Error     string
 	// Created is the stamp of the node's first write of the document:
 	// HLC time plus node ID. The supersession rule compares it with the
 	// slot document's stamp.

@@ -102,8 +102,7 @@ func (n *node) acceptReserve(ctx context.Context, a sched.Reserve) (bool, sched.
 		n.ledger.Release(a.TaskID)
 		return false, n.ledger.Free(), sched.Reject{}, err
 	}
-	task := sched.Task{ID: a.TaskID, Service: a.Service, Slot: a.Slot, Node: n.id, Version: a.Version,
-		SpecDigest: a.SpecDigest, State: sched.TaskPending, Restarts: a.Restarts, Resources: a.Resources, Ports: a.Ports, Image: a.Spec.Image}
+	task := sched.NewTask(a, n.id)
 	if d, err := n.getMeta(ctx, key); err == nil {
 		if t, ok := sched.TaskFromDoc(a.TaskID, statepb.FromDocument(d)); ok {
 			task = t

@@ -233,6 +233,32 @@ func (c *moreCluster) currentTasks(service string) []*schedv1.Task {
 	return out
 }
 
+// movedOffNode3 checks that service's current tasks all run on nodes 1
+// and 2, and returns the tasks of any version node 1 lists on node 3.
+func (c *moreCluster) movedOffNode3(t *testing.T, service string) []*schedv1.Task {
+	t.Helper()
+	perNode := map[string]int{}
+	for _, tk := range c.currentTasks(service) {
+		perNode[tk.GetNode()]++
+	}
+	if perNode[c.ids[2]] != 0 || perNode[c.ids[0]]+perNode[c.ids[1]] != 3 {
+		t.Errorf("current tasks per node %v: want 3 on nodes 1 and 2 (node 3 is %s)", perNode, c.ids[2])
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	all, err := c.schedd(1).ListTasks(ctx, &schedv1.ListTasksRequest{Service: service, All: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []*schedv1.Task
+	for _, tk := range all.GetTasks() {
+		if tk.GetNode() == c.ids[2] {
+			out = append(out, tk)
+		}
+	}
+	return out
+}
+
 // settledTasks waits until node 1 lists want current tasks of a service,
 // all of the given version, and returns them. A command on another node
 // returns once that node sees the service converged; node 1 learns of the
@@ -1360,22 +1386,9 @@ func TestSchedulerMore(t *testing.T) {
 		if code != 0 {
 			t.Fatalf("service create with node 3's containerd down: exit %d\n%s%s", code, out, errOut)
 		}
-		perNode := map[string]int{}
-		for _, tk := range c.currentTasks("sf") {
-			perNode[tk.GetNode()]++
-		}
-		if perNode[c.ids[2]] != 0 || perNode[c.ids[0]]+perNode[c.ids[1]] != 3 {
-			t.Errorf("current tasks per node %v: want 3 on nodes 1 and 2 (node 3 is %s)", perNode, c.ids[2])
-		}
-		lctx, cancel := context.WithTimeout(ctx, 20*time.Second)
-		all, err := c.schedd(1).ListTasks(lctx, &schedv1.ListTasksRequest{Service: "sf", All: true})
-		cancel()
-		if err != nil {
-			t.Fatal(err)
-		}
 		var failed *schedv1.Task
-		for _, tk := range all.GetTasks() {
-			if tk.GetNode() == c.ids[2] && tk.GetState() == "failed" {
+		for _, tk := range c.movedOffNode3(t, "sf") {
+			if tk.GetState() == "failed" {
 				failed = tk
 			}
 		}
@@ -1385,6 +1398,25 @@ func TestSchedulerMore(t *testing.T) {
 		t.Logf("the task on node 3: %s, %q", failed.GetState(), failed.GetError())
 		restart()
 		c.mustCtl(1, "service", "rm", "sf")
+	})
+
+	t.Run("CrashMoves", func(t *testing.T) {
+		// The container crashes on node 3 only (its env names the node
+		// through a template): restarted there InPlaceRestarts times,
+		// the task fails and its replacement goes to another node,
+		// though spread prefers the node with no task.
+		out, errOut, code := c.ctlWithin(2*time.Minute, 1, "service", "create", "cm", "--image", img, "--replicas", "3", "--stop-grace", "1s",
+			"--restart-delay", "200ms", "--env", "NODE={{.Node.ID}}", "--wait-timeout", "60s", "--",
+			"sh", "-c", fmt.Sprintf(`if [ "$NODE" = %q ]; then exit 139; fi; exec sleep 1000000`, c.ids[2]))
+		removeIfFailed(t, c.Cluster, 1, "cm")
+		if code != 0 {
+			t.Fatalf("service create of a task that crashes on node 3: exit %d\n%s%s", code, out, errOut)
+		}
+		failed := c.movedOffNode3(t, "cm")
+		if len(failed) != 1 || failed[0].GetState() != "failed" || failed[0].GetExitCode() != 139 || failed[0].GetRestarts() != 3 {
+			t.Fatalf("node 3's tasks %v: want one, failed with exit 139 after 3 restarts in place", failed)
+		}
+		c.mustCtl(1, "service", "rm", "cm")
 	})
 
 	t.Run("Init", func(t *testing.T) {

@@ -269,14 +269,9 @@ func (n *Node) accept(a sched.Reserve) {
 		return
 	}
 	stamp := n.write(sched.TaskKey(a.TaskID), sched.NewTaskFields(a, n.cfg.ID, n.c.now))
-	n.local[a.TaskID] = &sched.LocalTask{
-		Task: sched.Task{
-			ID: a.TaskID, Service: a.Service, Slot: a.Slot, Node: n.cfg.ID, Version: a.Version,
-			SpecDigest: a.SpecDigest, State: sched.TaskPending, Restarts: a.Restarts,
-			Created: stamp, Resources: a.Resources, Ports: a.Ports, Image: a.Spec.Image,
-		},
-		Spec: a.Spec,
-	}
+	task := sched.NewTask(a, n.cfg.ID)
+	task.Created = stamp
+	n.local[a.TaskID] = &sched.LocalTask{Task: task, Spec: a.Spec}
 	n.c.trace(n.cfg.ID, "accept %s/%s task=%s", a.Service, a.Slot, a.TaskID)
 }
 
@@ -441,7 +436,10 @@ func (n *Node) start(id string) {
 		return
 	}
 	c := n.c
-	b := c.cfg.Images[lt.Spec.Image]
+	b, ok := n.cfg.Images[lt.Spec.Image]
+	if !ok {
+		b = c.cfg.Images[lt.Spec.Image]
+	}
 	ct := &container{behavior: b, started: c.now, state: sched.RuntimeRunning}
 	if why := cmp.Or(n.cfg.StartError, b.StartError); why != "" {
 		ct.state, ct.exited, ct.exitCode, ct.err, ct.notRun, ct.started = sched.RuntimeExited, c.now, -1, why, true, time.Time{}

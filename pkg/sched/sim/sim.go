@@ -82,6 +82,9 @@ type NodeConfig struct {
 	// StartError, when set, makes every container start on this node
 	// fail with it (a node that cannot run anything: its runtime down).
 	StartError string
+	// Images overrides Config.Images on this node (an image that crashes
+	// on one node only: a device or kernel feature it lacks).
+	Images map[string]Behavior
 }
 
 // Behavior is what a fake container does.
