@@ -59,6 +59,7 @@ func (s *api) Attach(ctx context.Context, req *netv1.AttachRequest) (*netv1.Atta
 	if err := n.saveIPAM(); err != nil {
 		return nil, err
 	}
+	n.guardPorts()
 	nsName, veth := taskNames(req.GetTask())
 	nsPath := wg.NetnsPath(nsName)
 	gw := n.ipam.Gateway()

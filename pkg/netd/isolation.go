@@ -36,11 +36,10 @@ type taskPort struct {
 	addr netip.Addr
 }
 
-// localPorts lists the ports of this node's tasks from its IPAM.
+// localPorts lists the ports of this node's tasks from its IPAM; n.mu
+// held.
 func (n *node) localPorts() []taskPort {
-	n.mu.Lock()
 	allocs := n.ipam.Allocations()
-	n.mu.Unlock()
 	out := make([]taskPort, 0, len(allocs))
 	for _, a := range allocs {
 		_, veth := taskNames(a.Owner)
@@ -118,22 +117,51 @@ func sortedAddrs(a []netip.Addr) []netip.Addr {
 	return slices.Compact(a)
 }
 
-// isolate applies iso, the isolation the documents now call for, when it
-// changed.
+// isolate applies iso, the isolation the documents now call for, with
+// the ports of this node's tasks as its IPAM has them, when it changed.
+//
+// Lock order: n.mu, then isoMu. The ports are read under n.mu, and isoMu
+// is taken before n.mu is let go, so that every application of the rules
+// (this one and guardPorts') reads the IPAM after the one before it: no
+// application can undo a newer port's check.
 func (n *node) isolate(iso isolation) {
+	n.mu.Lock()
+	iso.ports = n.localPorts()
 	n.isoMu.Lock()
-	same := n.applied && iso.equal(n.iso)
-	n.isoMu.Unlock()
-	if same {
+	n.mu.Unlock()
+	defer n.isoMu.Unlock()
+	n.applyLocked(iso)
+}
+
+// guardPorts applies the rules last applied again with the ports of this
+// node's tasks as its IPAM now has them. Attach calls it (n.mu held) once
+// a task has its address and before its veth exists, so that the task's
+// packets are checked from the first: the reconcile after its start comes
+// a fraction of a second later. Before the first reconcile there are no
+// rules of this netd's to add to (those of the one before it stay), and
+// that reconcile reads the IPAM anew.
+func (n *node) guardPorts() {
+	ports := n.localPorts()
+	n.isoMu.Lock()
+	defer n.isoMu.Unlock()
+	if !n.applied {
+		return
+	}
+	iso := n.iso
+	iso.ports = ports
+	n.applyLocked(iso)
+}
+
+// applyLocked applies iso unless it is what was applied last; isoMu held.
+func (n *node) applyLocked(iso isolation) {
+	if n.applied && iso.equal(n.iso) {
 		return
 	}
 	if err := applyIsolation(n.nft, iso, n.overlay, n.cfg.Bridge); err != nil {
 		n.log.Warn("apply network isolation", "err", err)
 		return
 	}
-	n.isoMu.Lock()
 	n.iso, n.applied = iso, true
-	n.isoMu.Unlock()
 }
 
 // isolationTable names netd's nftables tables (one inet, one bridge).
@@ -220,6 +248,8 @@ func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, br
 // an ARP message that comes in through a task's veth must carry that
 // task's address as its source (the ARP sender's), so that no task
 // passes for another, or for its node, in a packet or in an ARP answer.
+// An ARP probe, whose sender is 0.0.0.0 (duplicate address detection,
+// RFC 5227: `arping -D`), passes: no host learns a mapping from it.
 func antiSpoof(conn *nftables.Conn, t *nftables.Table, ports []taskPort) {
 	accept := nftables.ChainPolicyAccept
 	ch := conn.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeFilter,
@@ -232,8 +262,11 @@ func antiSpoof(conn *nftables.Conn, t *nftables.Table, ports []taskPort) {
 			exprs := append(ifname(expr.MetaKeyIIFNAME, p.veth), etherType(proto.ethertype)...)
 			exprs = append(exprs,
 				&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: proto.offset, Len: 4},
-				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: p.addr.AsSlice()},
-				&expr.Verdict{Kind: expr.VerdictDrop})
+				&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: p.addr.AsSlice()})
+			if proto.ethertype == unix.ETH_P_ARP {
+				exprs = append(exprs, &expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: netip.IPv4Unspecified().AsSlice()})
+			}
+			exprs = append(exprs, &expr.Verdict{Kind: expr.VerdictDrop})
 			conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
 		}
 	}

@@ -1,7 +1,9 @@
 package netd
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"os"
 	"runtime"
@@ -11,9 +13,13 @@ import (
 	"time"
 
 	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/shoal-dev/shoal/pkg/crdt"
+	"github.com/shoal-dev/shoal/pkg/overlay"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
@@ -106,7 +112,10 @@ func TestDNSScope(t *testing.T) {
 // TestApplyIsolation writes the rules into a network namespace of its own
 // through netlink, twice (the second replaces the first whole), and reads
 // them back.
-func TestApplyIsolation(t *testing.T) {
+// nftInNetns opens an nftables connection in a network namespace of the
+// test's own, deleted at its end.
+func nftInNetns(t *testing.T) *nftables.Conn {
+	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Skip("needs root for a network namespace")
 	}
@@ -122,8 +131,7 @@ func TestApplyIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ns.Close()
-	defer netns.DeleteNamed(name)
+	t.Cleanup(func() { ns.Close(); netns.DeleteNamed(name) })
 	if err := netns.Set(orig); err != nil {
 		t.Fatal(err)
 	}
@@ -131,6 +139,11 @@ func TestApplyIsolation(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return conn
+}
+
+func TestApplyIsolation(t *testing.T) {
+	conn := nftInNetns(t)
 	overlay := netip.MustParsePrefix("10.42.0.0/16")
 	first := isolation{gateways: addrs("10.42.1.1"), tasks: addrs("10.42.1.2", "10.42.1.3", "10.42.1.4"),
 		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2")}, {name: "b", addrs: addrs("10.42.1.3", "10.42.1.4")}}}
@@ -204,4 +217,81 @@ func removeIsolation(conn *nftables.Conn) error {
 		conn.DelTable(t)
 	}
 	return conn.Flush()
+}
+
+// TestGuardPorts: a task attached between two reconciles has its port
+// checked at once, with the rest of the rules as last applied; before the
+// first reconcile nothing is written. An ARP probe's sender (0.0.0.0)
+// is let through, no other.
+func TestGuardPorts(t *testing.T) {
+	conn := nftInNetns(t)
+	ipam, err := overlay.NewIPAM(netip.MustParsePrefix("10.42.1.0/24"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{cfg: &Config{Bridge: "shoal0"}, log: slog.New(slog.DiscardHandler), nft: conn, ipam: ipam,
+		overlay: netip.MustParsePrefix("10.42.0.0/16")}
+	prerouting := func() []*nftables.Rule {
+		t.Helper()
+		table := &nftables.Table{Name: isolationTable, Family: nftables.TableFamilyBridge}
+		rules, err := conn.GetRules(table, &nftables.Chain{Name: "prerouting", Table: table})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rules
+	}
+	attach := func(task string) netip.Addr {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		a, err := n.ipam.Allocate(task)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.guardPorts()
+		return a
+	}
+	attach("web.a")
+	if tables, err := conn.ListTables(); err != nil || len(tables) != 0 {
+		t.Fatalf("before any reconcile: tables %v (%v), want none", tables, err)
+	}
+	iso := isolation{gateways: addrs("10.42.1.1"), tasks: addrs("10.42.1.2"), networks: []overlayNetwork{{name: "default", addrs: addrs("10.42.1.2")}}}
+	n.isolate(iso)
+	if got := len(prerouting()); got != 2 {
+		t.Fatalf("after the reconcile: %d prerouting rules, want web.a's 2", got)
+	}
+	b := attach("web.b")
+	rules := prerouting()
+	if len(rules) != 4 {
+		t.Fatalf("after web.b's attach: %d prerouting rules, want 4", len(rules))
+	}
+	_, veth := taskNames("web.b")
+	var arp *nftables.Rule
+	for _, r := range rules {
+		if ruleHas(r, []byte(veth)) && ruleHas(r, binaryutil.BigEndian.PutUint16(unix.ETH_P_ARP)) {
+			arp = r
+		}
+	}
+	if arp == nil || !ruleHas(arp, b.AsSlice()) || !ruleHas(arp, []byte{0, 0, 0, 0}) {
+		t.Fatalf("no ARP rule for %s that lets its own address and probes through: %v", veth, arp)
+	}
+	n.isoMu.Lock()
+	kept := isoText(n.iso) == isoText(iso) && len(n.iso.ports) == 2
+	n.isoMu.Unlock()
+	if !kept {
+		t.Fatalf("rules after the attach: %s, %d ports; want the reconcile's and 2 ports", isoText(n.iso), len(n.iso.ports))
+	}
+	if err := removeIsolation(conn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ruleHas reports whether one of r's comparisons holds data (an interface
+// name's bytes match as a prefix of their zero-padded field).
+func ruleHas(r *nftables.Rule, data []byte) bool {
+	for _, e := range r.Exprs {
+		if c, ok := e.(*expr.Cmp); ok && bytes.HasPrefix(c.Data, data) && (len(c.Data) == len(data) || c.Data[len(data)] == 0) {
+			return true
+		}
+	}
+	return false
 }

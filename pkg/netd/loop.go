@@ -440,7 +440,6 @@ func (n *node) reconcile(ctx context.Context) {
 	tasks, nodes := n.mirror.List(prefixTasks), n.mirror.List(prefixNodes)
 	eps, services := endpoints(n.mirror.List(prefixSlots), tasks, nodes, time.Now()), decodeServices(n.mirror.List(prefixServices))
 	iso := isolationOf(services, tasks, nodes)
-	iso.ports = n.localPorts()
 	recs, owners := records(services, eps)
 	n.scope.Store(newDNSScope(services, owners, iso))
 	n.dns.Update(recs)

@@ -933,6 +933,12 @@ func TestNetwork(t *testing.T) {
 		if len(macs) != 1 || !macs[strings.ToLower(redbMAC)] {
 			t.Errorf("ARP replies for redb1's address %s came from %v, want redb1's %s alone\n%s%s", ip["redb1"], slices.Collect(maps.Keys(macs)), redbMAC, out, errOut)
 		}
+		// Duplicate address detection: red1's ARP probes (sender
+		// 0.0.0.0) pass, and redb1 answers them: arping -D exits 1
+		// when it gets an answer.
+		if out, errOut, code := c.exec(1, task["red1"], "busybox", "arping", "-D", "-c", "2", "-w", "3", "-I", "eth0", ip["redb1"]); code != 1 {
+			t.Errorf("red1's duplicate address probe for redb1's %s: exit %d, want 1 (an answer)\n%s%s", ip["redb1"], code, out, errOut)
+		}
 		for _, target := range []string{"red1"} {
 			// The counter counts: both3, on red, pings first.
 			before := inEchos(target)
