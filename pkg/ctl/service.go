@@ -162,7 +162,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.sysctls, "sysctl", nil, "kernel parameter of the task's namespaces KEY=VALUE: net.*, fs.mqueue.*, kernel.msg*, sem, shm* (repeatable)")
 	fs.StringVar(&f.logDriver, "log-driver", "", "json-file (default: the task's log on its node, rotated) or none (output discarded)")
 	fs.StringArrayVar(&f.logOpts, "log-opt", nil, "log option KEY=VALUE: max-size=10m (rotate at), max-file=5 (files kept) (repeatable; default: the node's)")
-	fs.StringArrayVar(&f.networks, "network", nil, "overlay network NAME the tasks are on (repeatable; default: the default network); tasks reach each other only on a network they share. host: the node's network namespace instead")
+	fs.StringArrayVar(&f.networks, "network", nil, "overlay network NAME the tasks are on, or name=NAME,alias=ALIAS (more DNS names there) (repeatable; default: the default network); tasks reach each other only on a network they share. host: the node's network namespace instead")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
 	}
@@ -272,11 +272,17 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"ulimit", func() { spec.Ulimits = f.ulimits }},
 		{"limit-pids", func() { spec.PidsLimit = f.pidsLimit }},
 		{"group", func() { spec.Groups = f.groups }},
-		{"network", func() { spec.Network, spec.Networks = specNetworks(f.networks) }},
 	} {
 		if fs.Changed(fl.name) {
 			fl.apply()
 		}
+	}
+	if fs.Changed("network") {
+		network, networks, aliases, err := specNetworks(f.networks)
+		if err != nil {
+			return usageError{err}
+		}
+		spec.Network, spec.Networks, spec.Aliases = network, networks, aliases
 	}
 	// One kind of check at a time: the one given replaces the others.
 	kinds := 0
@@ -1069,15 +1075,47 @@ func (a *app) noteLoneNetworks(ctx context.Context, c *client.Schedd, spec sched
 
 // specNetworks turns --network values into the spec's fields: host alone
 // is the node's namespace (the spec refuses it among others), default
-// alone is the default network, which a spec says by naming none.
-func specNetworks(vals []string) (network string, networks []string) {
-	switch {
-	case len(vals) == 1 && vals[0] == sched.NetworkHost:
-		return sched.NetworkHost, nil
-	case len(vals) == 1 && vals[0] == sched.DefaultNetwork, len(vals) == 1 && vals[0] == "":
-		return "", nil
+// alone is the default network, which a spec says by naming none. A value
+// is NAME or Docker's long form, name=NAME[,alias=ALIAS...].
+func specNetworks(vals []string) (network string, networks []string, aliases map[string][]string, err error) {
+	for _, v := range vals {
+		if !strings.Contains(v, "=") {
+			networks = append(networks, v)
+			continue
+		}
+		var name string
+		var as []string
+		for _, field := range strings.Split(v, ",") {
+			k, val, _ := strings.Cut(field, "=")
+			switch k {
+			case "name":
+				name = val
+			case "alias":
+				as = append(as, val)
+			case "driver-opt", "ip", "ip6", "link-local-ip", "mac-address":
+				return "", nil, nil, fmt.Errorf("--network %q: %s is not supported (Shoal gives each task its address on the overlay)", v, k)
+			default:
+				return "", nil, nil, fmt.Errorf("--network %q: unknown field %q: want name and alias", v, k)
+			}
+		}
+		if name == "" {
+			return "", nil, nil, fmt.Errorf("--network %q: name is missing", v)
+		}
+		networks = append(networks, name)
+		if len(as) > 0 {
+			if aliases == nil {
+				aliases = map[string][]string{}
+			}
+			aliases[name] = append(aliases[name], as...)
+		}
 	}
-	return "", vals
+	switch {
+	case len(networks) == 1 && networks[0] == sched.NetworkHost:
+		return sched.NetworkHost, nil, aliases, nil
+	case len(networks) == 1 && networks[0] == sched.DefaultNetwork, len(networks) == 1 && networks[0] == "":
+		return "", nil, aliases, nil
+	}
+	return "", networks, aliases, nil
 }
 
 // waitFlags control how long-running commands wait for convergence.

@@ -131,6 +131,9 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"networks", []string{"--network", "front", "--network", "back"}, func(s sched.ServiceSpec) bool {
 			return s.Network == "" && strings.Join(s.Networks, " ") == "front back"
 		}},
+		{"aliases", []string{"--network", "name=front,alias=web,alias=www", "--network", "back"}, func(s sched.ServiceSpec) bool {
+			return slices.Equal(s.Networks, []string{"front", "back"}) && len(s.Aliases) == 1 && slices.Equal(s.Aliases["front"], []string{"web", "www"})
+		}},
 		{"the default network named", []string{"--network", "default"}, func(s sched.ServiceSpec) bool { return s.Network == "" && s.Networks == nil }},
 		{"host network", []string{"--network", "host"}, func(s sched.ServiceSpec) bool { return s.Network == sched.NetworkHost && s.Networks == nil }},
 		{"mode global", []string{"--mode", "global"}, func(s sched.ServiceSpec) bool { return s.Global && !s.Job && s.Replicas == 0 }},
@@ -253,6 +256,12 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--network", "host", "--network", "red"}, "network host: give it alone"},
 		{[]string{"--network", "red", "--network", "red"}, "network red given twice"},
 		{[]string{"--network", "-red"}, `network "-red": want letters`},
+		{[]string{"--network", "alias=db"}, `--network "alias=db": name is missing`},
+		{[]string{"--network", "name=red,ip=10.0.0.5"}, "ip is not supported"},
+		{[]string{"--network", "name=red,color=x"}, `unknown field "color"`},
+		{[]string{"--network", "name=red,alias=Bad_Name"}, `alias "Bad_Name" on network red: want a DNS label`},
+		{[]string{"--network", "name=red,alias=db,alias=db"}, "alias db given twice on network red"},
+		{[]string{"--network", "name=host,alias=db"}, "aliases on network host: the service is not on it (it is on none)"},
 		{[]string{"--ulimit", "nofile"}, `ulimit "nofile"`},
 		{[]string{"--limit-pids", "-1"}, "pids limit is -1"},
 		{[]string{"--group", "a:b"}, `group "a:b"`},

@@ -69,12 +69,16 @@ func TestIsolationOf(t *testing.T) {
 }
 
 // TestDNSScope: a task sees the names (service, stack alias, slots) of
-// services on a network it is on; the node and unknown clients see all.
+// services on a network it is on, and network aliases on that network;
+// the node and unknown clients see all.
 func TestDNSScope(t *testing.T) {
 	svcDocs := []*statev1.Document{
-		serviceDoc(sched.ServiceSpec{Name: "web", Image: "x", Replicas: 1, Networks: []string{"front", "back"}}, stamp(1, "n1")),
+		// web is also www on back; its alias db is db's name already.
+		serviceDoc(sched.ServiceSpec{Name: "web", Image: "x", Replicas: 1, Networks: []string{"front", "back"},
+			Aliases: map[string][]string{"back": {"www", "db"}}}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x", Replicas: 1, Networks: []string{"back"}}, stamp(1, "n1")),
-		serviceDoc(sched.ServiceSpec{Name: "app-api", Stack: "app", Image: "x", Replicas: 1, Networks: []string{"front"}}, stamp(1, "n1")),
+		serviceDoc(sched.ServiceSpec{Name: "app-api", Stack: "app", Image: "x", Replicas: 1, Networks: []string{"front"},
+			Aliases: map[string][]string{"front": {"rest"}}}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "old", Image: "x", Replicas: 1}, stamp(1, "n1")),
 	}
 	tasks := []*statev1.Document{
@@ -85,7 +89,14 @@ func TestDNSScope(t *testing.T) {
 	}
 	slots := []*statev1.Document{slotDoc("web", "0", "w1", ""), slotDoc("db", "0", "d1", ""), slotDoc("app-api", "0", "a1", ""), slotDoc("old", "0", "o1", "")}
 	services := decodeServices(svcDocs)
-	_, owners := records(services, endpoints(slots, tasks, nil, time.Unix(1, 0)))
+	recs, owners := records(services, endpoints(slots, tasks, nil, time.Unix(1, 0)))
+	for name, want := range map[string][]netip.Addr{
+		"www.shoal.": addrs("10.42.1.2"), "db.shoal.": addrs("10.42.1.3"), "rest.app.shoal.": addrs("10.42.1.4"),
+	} {
+		if got := recs[name]; !slices.Equal(got, want) {
+			t.Errorf("records[%s] = %v, want %v", name, got, want)
+		}
+	}
 	sc := newDNSScope(services, owners, isolationOf(services, tasks, nil))
 	for _, c := range []struct {
 		client, name string
@@ -102,6 +113,11 @@ func TestDNSScope(t *testing.T) {
 		{"10.42.1.1", "db.shoal.", true},      // a node's address
 		{"10.42.9.9", "db.shoal.", true},      // not known as a task
 		{"10.42.1.3", "nothing.shoal.", true}, // no service's: the records say
+		{"10.42.1.3", "www.shoal.", true},     // web's alias on back
+		{"10.42.1.4", "www.shoal.", false},    // api shares front with web, not back
+		{"10.42.1.2", "rest.app.shoal.", true},
+		{"10.42.1.3", "rest.app.shoal.", false},
+		{"10.42.9.9", "www.shoal.", true},
 	} {
 		if got := sc.visible(netip.MustParseAddr(c.client), c.name); got != c.want {
 			t.Errorf("visible(%s, %s) = %v, want %v", c.client, c.name, got, c.want)

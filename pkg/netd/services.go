@@ -2,6 +2,7 @@ package netd
 
 import (
 	"cmp"
+	"maps"
 	"net/netip"
 	"slices"
 	"strings"
@@ -120,9 +121,16 @@ func decodeServices(docs []*statev1.Document) []*sched.Service {
 // under that): the name its Compose file gives it, which the stack's
 // tasks resolve alone through their search list (stackSearch).
 //
-// owners maps each name to its service (for dnsScope).
-func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.Addr, owners map[string]string) {
-	out, owners = map[string][]netip.Addr{}, map[string]string{}
+// A service's network aliases (ServiceSpec.Aliases) are names of the
+// same addresses, <alias>.shoal. (<alias>.<stack>.shoal. for a stack's),
+// seen on their network only. A name is the first claimant's: services'
+// own names first, then aliases in service order, so that every node
+// answers alike; an alias that names another service is not made.
+//
+// owners maps each name to its service, and to an alias's network (for
+// dnsScope).
+func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.Addr, owners map[string]nameOwner) {
+	out, owners = map[string][]netip.Addr{}, map[string]nameOwner{}
 	names := map[string][]string{} // service -> its DNS names
 	for _, svc := range services {
 		name := svc.Name
@@ -131,30 +139,57 @@ func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.
 			names[name] = append(names[name], alias+"."+svc.Spec.Stack+".shoal.")
 		}
 		for _, n := range names[name] {
-			out[n], owners[n] = nil, name
+			out[n], owners[n] = nil, nameOwner{service: name}
+		}
+	}
+	aliases := map[string][]string{} // service -> its alias names, not its slots'
+	for _, svc := range services {
+		domain := "shoal."
+		if svc.Spec.StackAlias() != "" {
+			domain = svc.Spec.Stack + ".shoal."
+		}
+		for _, network := range slices.Sorted(maps.Keys(svc.Spec.Aliases)) {
+			for _, a := range svc.Spec.Aliases[network] {
+				n := a + "." + domain
+				if _, taken := owners[n]; taken {
+					continue
+				}
+				out[n], owners[n] = nil, nameOwner{service: svc.Name, network: network}
+				aliases[svc.Name] = append(aliases[svc.Name], n)
+			}
 		}
 	}
 	for _, e := range eps {
 		for _, svc := range names[e.service] {
 			out[svc] = append(out[svc], e.ip)
 			out[e.slot+"."+svc] = append(out[e.slot+"."+svc], e.ip)
-			owners[e.slot+"."+svc] = e.service
+			owners[e.slot+"."+svc] = nameOwner{service: e.service}
+		}
+		for _, n := range aliases[e.service] {
+			out[n] = append(out[n], e.ip)
 		}
 	}
 	return out, owners
+}
+
+// nameOwner is whose a DNS name is: a service's, and for a network alias
+// on that network only.
+type nameOwner struct {
+	service, network string
 }
 
 // dnsScope hides the names of services on no network of the task asking:
 // it gets NXDOMAIN, as from a separate Swarm network. Clients that are
 // not tasks on an overlay network (the node, a host-network task, a
 // task not known yet) see every name.
+// An alias is seen only by tasks on its network.
 type dnsScope struct {
-	owners   map[string]string       // DNS name -> service
+	owners   map[string]nameOwner    // DNS name -> its service (and network)
 	networks map[string][]string     // service -> its networks
 	clients  map[netip.Addr][]string // task address -> its networks
 }
 
-func newDNSScope(services []*sched.Service, owners map[string]string, iso isolation) *dnsScope {
+func newDNSScope(services []*sched.Service, owners map[string]nameOwner, iso isolation) *dnsScope {
 	sc := &dnsScope{owners: owners, networks: map[string][]string{}, clients: map[netip.Addr][]string{}}
 	for _, s := range services {
 		sc.networks[s.Name] = s.Spec.OnNetworks()
@@ -168,7 +203,7 @@ func newDNSScope(services []*sched.Service, owners map[string]string, iso isolat
 }
 
 func (sc *dnsScope) visible(client netip.Addr, name string) bool {
-	svc, ok := sc.owners[strings.ToLower(name)]
+	owner, ok := sc.owners[strings.ToLower(name)]
 	if !ok {
 		return true
 	}
@@ -176,7 +211,10 @@ func (sc *dnsScope) visible(client netip.Addr, name string) bool {
 	if !ok {
 		return true
 	}
-	return slices.ContainsFunc(sc.networks[svc], func(n string) bool { return slices.Contains(nets, n) })
+	if owner.network != "" {
+		return slices.Contains(nets, owner.network)
+	}
+	return slices.ContainsFunc(sc.networks[owner.service], func(n string) bool { return slices.Contains(nets, n) })
 }
 
 // stackSearch is the DNS search list of a task of service: a stack's

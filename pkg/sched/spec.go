@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -165,6 +166,12 @@ type ServiceSpec struct {
 	// published ports reach every task. A network exists while a
 	// service names it. Not with Network host.
 	Networks []string `json:"networks,omitempty"`
+	// Aliases are, per network the service is on, more names it answers
+	// DNS by there, and only there (Compose's networks.<name>.aliases,
+	// `--network name=NET,alias=NAME`): <alias>.shoal, or for a stack's
+	// service <alias>.<stack>.shoal, which its stack's tasks reach by
+	// <alias> alone.
+	Aliases map[string][]string `json:"aliases,omitempty"`
 
 	// ForceUpdate changes the spec (and so its digest) without changing
 	// anything else: `service update --force` increments it to replace
@@ -714,6 +721,20 @@ func (s ServiceSpec) Validate() error {
 			add("network %q: want letters, digits, '_', '.' and '-', starting with a letter or digit, at most 63", n)
 		case slices.Contains(d.Networks[:i], n):
 			add("network %s given twice", n)
+		}
+	}
+	on := d.OnNetworks()
+	for _, n := range slices.Sorted(maps.Keys(d.Aliases)) {
+		if !slices.Contains(on, n) {
+			add("aliases on network %s: the service is not on it (it is on %s)", n, cmp.Or(strings.Join(on, ", "), "none"))
+		}
+		for i, a := range d.Aliases[n] {
+			switch {
+			case !nameRE.MatchString(a) || len(a) > 63:
+				add("alias %q on network %s: want a DNS label (lower-case letters, digits and '-', at most 63)", a, n)
+			case slices.Contains(d.Aliases[n][:i], a):
+				add("alias %s given twice on network %s", a, n)
+			}
 		}
 	}
 	for _, e := range d.Env {

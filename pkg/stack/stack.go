@@ -226,8 +226,15 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 			name = cmp.Or(nw.Name, key)
 		}
 		spec.Networks = append(spec.Networks, name)
-		if c := svc.Networks[key]; c != nil && (len(c.Aliases) > 0 || c.Ipv4Address != "" || c.Ipv6Address != "") {
-			warn("network %s: aliases and fixed addresses are ignored (the service answers by its name on each network)", key)
+		c := svc.Networks[key]
+		if c != nil && len(c.Aliases) > 0 {
+			if spec.Aliases == nil {
+				spec.Aliases = map[string][]string{}
+			}
+			spec.Aliases[name] = slices.Clone(c.Aliases)
+		}
+		if c != nil && (c.Ipv4Address != "" || c.Ipv6Address != "") {
+			warn("network %s: fixed addresses are ignored (each task gets its address on the overlay)", key)
 		}
 	}
 	if len(spec.Networks) == 0 && svc.NetworkMode == "" {

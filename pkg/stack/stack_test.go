@@ -47,7 +47,7 @@ services:
     stop_grace_period: 20s
     stop_signal: SIGQUIT
     depends_on: [db]
-    networks: [front, corp]
+    networks: {front: {aliases: [www, site]}, corp: null}
     deploy:
       replicas: 3
       labels: {tier: front}
@@ -106,6 +106,7 @@ networks:
 		Configs: []string{"app_site:/etc/site.conf", "motd:motd"}, // /motd, Swarm's default
 		// The stack's network, and an external one as it is named.
 		Networks: []string{"corp-net", "app_front"},
+		Aliases:  map[string][]string{"app_front": {"www", "site"}},
 	}
 	if g, w := jsonOf(t, web), jsonOf(t, want); g != w {
 		t.Errorf("web:\n got %s\nwant %s", g, w)

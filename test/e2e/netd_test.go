@@ -807,6 +807,9 @@ func TestNetwork(t *testing.T) {
 		} {
 			var flags []string
 			for _, n := range s.nets {
+				if s.name == "both3" && n == "blue" {
+					n = "name=blue,alias=bothb" // a name on blue only
+				}
 				flags = append(flags, "--network", n)
 			}
 			if s.name == "red3" {
@@ -860,6 +863,14 @@ func TestNetwork(t *testing.T) {
 			if strings.Contains(out, ip[p[1]]) || !strings.Contains(out+errOut, "NXDOMAIN") {
 				t.Errorf("%s.shoal from %s: %q %q, want NXDOMAIN", p[1], p[0], out, errOut)
 			}
+		}
+		// both3's alias bothb is a name on blue, by itself too (the
+		// search list), and none on red, which both3 is on as well.
+		if got := c.lookup(1, task["blue1"], "bothb"); !slices.Equal(got, []string{ip["both3"]}) {
+			t.Errorf("bothb from blue1: %v, want both3's %s", got, ip["both3"])
+		}
+		if out, errOut, _ := c.exec(1, task["red1"], "nslookup", "bothb.shoal"); strings.Contains(out, ip["both3"]) || !strings.Contains(out+errOut, "NXDOMAIN") {
+			t.Errorf("bothb.shoal from red1 (red, not blue): %q %q, want NXDOMAIN", out, errOut)
 		}
 		// network ls names the networks, their services and tasks.
 		var v struct {
