@@ -73,6 +73,8 @@ deps:
 	command -v wget >/dev/null || missing="$$missing wget"; \
 	command -v debootstrap >/dev/null || missing="$$missing debootstrap"; \
 	command -v systemd-nspawn >/dev/null || missing="$$missing systemd-container"; \
+	command -v ssh >/dev/null || missing="$$missing openssh-client"; \
+	[ -x /usr/sbin/sshd ] || missing="$$missing openssh-server"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing:$$missing"; \
 		apt-get update -qq && apt-get install -y -qq --no-install-recommends $$missing; \

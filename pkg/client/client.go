@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"path/filepath"
+	"strings"
 	"time"
 
 	"google.golang.org/grpc"
@@ -69,13 +69,22 @@ func (r Retry) Backoff(attempt int) time.Duration {
 
 // Dial returns a connection to the named daemon's socket in runDir. It does
 // not block: the first call connects.
+//
+// runDir may also be ssh://[user@]host[:port][/run/dir]: the daemon of
+// another node, through ssh (see sshScheme).
 func Dial(runDir, name string, retry Retry) (*grpc.ClientConn, error) {
-	path := filepath.Join(runDir, name+".sock")
+	path := SocketPath(runDir, name)
+	dial := rpc.DialUnix(path)
+	if u, remote, err := parseSSH(runDir); err != nil {
+		return nil, err
+	} else if remote {
+		dial = dialSSH(u, name)
+	}
 	retry = retry.withDefaults()
 	ri := retryInterceptor{daemon: name, path: path, retry: retry}
 	return grpc.NewClient("passthrough:///"+name,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(rpc.DialUnix(path)),
+		grpc.WithContextDialer(dial),
 		grpc.WithChainUnaryInterceptor(ri.unary),
 		grpc.WithChainStreamInterceptor(ri.stream),
 	)
@@ -145,8 +154,11 @@ func (ri retryInterceptor) explain(err error) error {
 	if status.Code(err) != codes.Unavailable {
 		return err
 	}
-	return status.Errorf(codes.Unavailable, "shoal-%s is not reachable at %s (is it running? try `systemctl status shoal-%s`): %s",
-		ri.daemon, ri.path, ri.daemon, status.Convert(err).Message())
+	hint := fmt.Sprintf("is it running? try `systemctl status shoal-%s`", ri.daemon)
+	if strings.HasPrefix(ri.path, sshScheme+"://") {
+		hint = fmt.Sprintf("does ssh reach that node, and shoal-%s run there?", ri.daemon)
+	}
+	return status.Errorf(codes.Unavailable, "shoal-%s is not reachable at %s (%s): %s", ri.daemon, ri.path, hint, status.Convert(err).Message())
 }
 
 // Info asks any daemon to describe itself.
@@ -159,5 +171,5 @@ var Daemons = []string{"statd", "schedd", "netd", "vold"}
 
 // ErrNotReachable formats a failed dial for humans.
 func ErrNotReachable(name, runDir string, err error) error {
-	return fmt.Errorf("shoal-%s at %s: %w", name, filepath.Join(runDir, name+".sock"), err)
+	return fmt.Errorf("shoal-%s at %s: %w", name, SocketPath(runDir, name), err)
 }

@@ -79,7 +79,9 @@ func (a *app) rootCommand() *cobra.Command {
 		Use:   "shoalctl",
 		Short: "Control a Shoal node and cluster",
 		Long: `shoalctl talks to the Shoal daemons of this node over their local sockets
-(--run-dir, or $SHOAL_RUN_DIR, default /run/shoal).
+(--run-dir, or $SHOAL_RUN_DIR, default /run/shoal), or to another node's
+through ssh (--host ssh://[user@]host[:port], or $SHOAL_HOST), which runs
+shoalctl there.
 
 Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
 4 a daemon is unreachable.`,
@@ -89,10 +91,15 @@ Exit codes: 0 success, 1 failure, 2 bad usage or input, 3 not found,
 	}
 	root.PersistentFlags().StringVar(&a.runDir, "run-dir", client.RunDirFromEnv(), "directory of the daemons' sockets ($SHOAL_RUN_DIR)")
 	root.PersistentFlags().DurationVar(&a.timeout, "timeout", 30*time.Second, "give up on a call after this long")
+	var host string
+	root.PersistentFlags().StringVarP(&host, "host", "H", os.Getenv(hostEnv),
+		"another node's daemons, through ssh: ssh://[user@]host[:port] ($"+hostEnv+"; files named stay on this machine)")
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return a.useHost(cmd, host) }
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.AddCommand(a.daemonCommand(), a.stateCommand(), a.clusterCommand(), a.nodeCommand(), a.serviceCommand(), a.stackCommand(), a.taskCommand(), a.imageCommand(), a.secretCommand(), a.configCommand(), a.registryCommand(), a.networkCommand(), a.volumeCommand(), a.lockCommand(), a.kvCommand(), a.devCommand(), a.eventsCommand(),
 		a.taskStats(), // `shoalctl stats`, as `docker stats`
-		a.taskCopy())  // `shoalctl cp`, as `docker cp`
+		a.taskCopy(),  // `shoalctl cp`, as `docker cp`
+		a.dialStdio())
 	usageErrors(root)
 	return root
 }
