@@ -79,6 +79,9 @@ func TestDNSScope(t *testing.T) {
 		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x", Replicas: 1, Networks: []string{"back"}}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "app-api", Stack: "app", Image: "x", Replicas: 1, Networks: []string{"front"},
 			Aliases: map[string][]string{"front": {"rest"}}}, stamp(1, "n1")),
+		// The same alias on both its networks.
+		serviceDoc(sched.ServiceSpec{Name: "cache", Image: "x", Replicas: 1, Networks: []string{"back", "front"},
+			Aliases: map[string][]string{"back": {"kv"}, "front": {"kv"}}}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "old", Image: "x", Replicas: 1}, stamp(1, "n1")),
 	}
 	tasks := []*statev1.Document{
@@ -118,6 +121,9 @@ func TestDNSScope(t *testing.T) {
 		{"10.42.1.2", "rest.app.shoal.", true},
 		{"10.42.1.3", "rest.app.shoal.", false},
 		{"10.42.9.9", "www.shoal.", true},
+		{"10.42.1.3", "kv.shoal.", true}, // cache's alias on back
+		{"10.42.1.4", "kv.shoal.", true}, // and on front
+		{"10.42.1.5", "kv.shoal.", false},
 	} {
 		if got := sc.visible(netip.MustParseAddr(c.client), c.name); got != c.want {
 			t.Errorf("visible(%s, %s) = %v, want %v", c.client, c.name, got, c.want)

@@ -151,10 +151,14 @@ func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.
 		for _, network := range slices.Sorted(maps.Keys(svc.Spec.Aliases)) {
 			for _, a := range svc.Spec.Aliases[network] {
 				n := a + "." + domain
-				if _, taken := owners[n]; taken {
+				if o, taken := owners[n]; taken {
+					if o.service == svc.Name && len(o.networks) > 0 { // its alias on another network too
+						o.networks = append(o.networks, network)
+						owners[n] = o
+					}
 					continue
 				}
-				out[n], owners[n] = nil, nameOwner{service: svc.Name, network: network}
+				out[n], owners[n] = nil, nameOwner{service: svc.Name, networks: []string{network}}
 				aliases[svc.Name] = append(aliases[svc.Name], n)
 			}
 		}
@@ -173,16 +177,17 @@ func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.
 }
 
 // nameOwner is whose a DNS name is: a service's, and for a network alias
-// on that network only.
+// on those networks only.
 type nameOwner struct {
-	service, network string
+	service  string
+	networks []string // an alias's; none for the service's own names
 }
 
 // dnsScope hides the names of services on no network of the task asking:
 // it gets NXDOMAIN, as from a separate Swarm network. Clients that are
 // not tasks on an overlay network (the node, a host-network task, a
-// task not known yet) see every name.
-// An alias is seen only by tasks on its network.
+// task not known yet) see every name. A network alias is seen only by
+// tasks on its networks.
 type dnsScope struct {
 	owners   map[string]nameOwner    // DNS name -> its service (and network)
 	networks map[string][]string     // service -> its networks
@@ -211,8 +216,8 @@ func (sc *dnsScope) visible(client netip.Addr, name string) bool {
 	if !ok {
 		return true
 	}
-	if owner.network != "" {
-		return slices.Contains(nets, owner.network)
+	if len(owner.networks) > 0 {
+		return slices.ContainsFunc(owner.networks, func(n string) bool { return slices.Contains(nets, n) })
 	}
 	return slices.ContainsFunc(sc.networks[owner.service], func(n string) bool { return slices.Contains(nets, n) })
 }
