@@ -455,12 +455,18 @@ func (d *agent) running(t *LocalTask, rt Runtime, spec ServiceSpec) {
 // image goes round the nodes with the same backoff as in place.
 const InPlaceRestarts = 3
 
+// StableRun is how long a container must have run for its failure not to
+// count towards moving its task: a crash after that long is no crash loop,
+// and the task restarts in place whatever its count (kubelet likewise
+// forgets a container's crash backoff after ten minutes of running).
+const StableRun = 10 * time.Minute
+
 // exited applies the restart policy to a wanted task whose container
 // exited.
 //
 // A container that exited is restarted in place, a failed one at most
-// InPlaceRestarts times; one that could not start at all (StartFailed)
-// is not. Either way the task then fails, unless its slot belongs to this
+// InPlaceRestarts times unless it ran for StableRun; one that could not
+// start at all (StartFailed) is not. Either way the task then fails, unless its slot belongs to this
 // node (a global service's), and its owner places the replacement (with
 // the same backoff), ranking last the nodes where the spec just failed
 // (Request.Failures). What stops a start is often the node's (a missing
@@ -470,7 +476,8 @@ func (d *agent) exited(t *LocalTask, rt Runtime, spec ServiceSpec) {
 	failed := rt.ExitCode != 0 || rt.Error != ""
 	pol := spec.Restart
 	restart := pol.Policy == RestartAlways || pol.Policy == RestartOnFailure && failed
-	if !spec.Global && (rt.StartFailed || failed && t.Restarts-t.Inherited >= InPlaceRestarts) {
+	stable := !rt.StartedAt.IsZero() && rt.ExitedAt.Sub(rt.StartedAt) >= StableRun
+	if !spec.Global && (rt.StartFailed || failed && !stable && t.Restarts-t.Inherited >= InPlaceRestarts) {
 		restart = false
 	}
 	if restart && (pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts) {

@@ -323,6 +323,16 @@ func TestAgentDecide(t *testing.T) {
 			want: "update a state=failed restarts=5 exit=1\nrelease a\n",
 		},
 		{
+			name: "a failure after a stable run stays in place, whatever the count",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Restarts = 2 + sched.InPlaceRestarts
+				a.exited(1, time.Second)
+				a.task.Runtime.StartedAt = a.task.Runtime.ExitedAt.Add(-sched.StableRun)
+			},
+			want: "update a state=restarting restarts=5 exit=1\nrequeue at 00:00:29.000 (restart backoff)\n",
+		},
+		{
 			name: "a global task's restarts stay in place",
 			st:   sched.TaskRunning, rt: sched.RuntimeExited,
 			build: func(a *agentView) {

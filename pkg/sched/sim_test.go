@@ -279,6 +279,23 @@ func TestSimCrashMoves(t *testing.T) {
 	}
 }
 
+// TestSimStableCrashInPlace: a container that fails after running for
+// StableRun or longer is no crash loop: it restarts in place whatever its
+// count.
+func TestSimStableCrashInPlace(t *testing.T) {
+	c := newCluster(t, 2, roomy, func(cfg *sim.Config) {
+		cfg.Images = map[string]sim.Behavior{"img": {RunFor: sched.StableRun + time.Minute, ExitCode: 1}}
+	})
+	create(t, c, sched.ServiceSpec{Name: "web", Image: "img", Replicas: 1})
+	c.RunFor(time.Minute)
+	first := c.Slots("web")[0].Task
+	c.RunFor(time.Hour)
+	tasks := c.Tasks("web")
+	if len(tasks) != 1 || tasks[0].ID != first || tasks[0].Restarts <= sched.InPlaceRestarts || tasks[0].State.Terminal() {
+		t.Fatalf("tasks %+v, want the first, %s, restarted in place more than %d times", tasks, first, sched.InPlaceRestarts)
+	}
+}
+
 // TestSimGlobalCrashInPlace: a global service's crashing task has nowhere
 // else to go and keeps restarting in place.
 func TestSimGlobalCrashInPlace(t *testing.T) {
