@@ -34,9 +34,15 @@ type networkView struct {
 }
 
 type overlayView struct {
-	Name      string   `json:"name"`
-	Services  []string `json:"services"`
-	Addresses []string `json:"addresses"`
+	Name      string      `json:"name"`
+	Services  []string    `json:"services"`
+	Addresses []string    `json:"addresses"`
+	Aliases   []aliasView `json:"aliases"`
+}
+
+type aliasView struct {
+	Name    string `json:"name"`
+	Service string `json:"service"`
 }
 
 type subnetView struct {
@@ -80,7 +86,11 @@ func networkViewOf(st *netv1.StatusResponse) networkView {
 		Subnets: []subnetView{}, Peers: []peerView{}, Published: []publishedView{}, Networks: []overlayView{},
 	}
 	for _, n := range st.GetNetworks() {
-		v.Networks = append(v.Networks, overlayView{Name: n.GetName(), Services: nonNil(n.GetServices()), Addresses: nonNil(n.GetAddresses())})
+		ov := overlayView{Name: n.GetName(), Services: nonNil(n.GetServices()), Addresses: nonNil(n.GetAddresses()), Aliases: []aliasView{}}
+		for _, al := range n.GetAliases() {
+			ov.Aliases = append(ov.Aliases, aliasView{Name: al.GetName(), Service: al.GetService()})
+		}
+		v.Networks = append(v.Networks, ov)
 	}
 	for _, s := range st.GetSubnets() {
 		v.Subnets = append(v.Subnets, subnetView{Subnet: s.GetSubnet(), Node: s.GetNode()})
@@ -152,7 +162,12 @@ func (a *app) networkCommand() *cobra.Command {
 				}
 				n := v.Networks[i]
 				return render(a.out, iformat, n, func(tw *tabwriter.Writer) {
-					fmt.Fprintf(tw, "NETWORK\t%s\nSERVICES\t%s\nTASKS\t%s\n", n.Name, strings.Join(n.Services, ", "), dash(strings.Join(n.Addresses, ", ")))
+					aliases := make([]string, len(n.Aliases))
+					for i, al := range n.Aliases {
+						aliases[i] = strings.TrimSuffix(al.Name, ".") + " (" + al.Service + ")"
+					}
+					fmt.Fprintf(tw, "NETWORK\t%s\nSERVICES\t%s\nTASKS\t%s\nALIASES\t%s\n", n.Name, strings.Join(n.Services, ", "),
+						dash(strings.Join(n.Addresses, ", ")), dash(strings.Join(aliases, ", ")))
 				})
 			}
 			return render(a.out, iformat, v, func(tw *tabwriter.Writer) {

@@ -101,6 +101,19 @@ func TestDNSScope(t *testing.T) {
 		}
 	}
 	sc := newDNSScope(services, owners, isolationOf(services, tasks, nil))
+	aliasText := func(nw string) string {
+		var out []string
+		for _, a := range sc.aliases()[nw] {
+			out = append(out, a.GetName()+" "+a.GetService())
+		}
+		return strings.Join(out, ", ")
+	}
+	if got, want := aliasText("back"), "kv.shoal. cache, www.shoal. web"; got != want {
+		t.Errorf("aliases on back: %s, want %s", got, want)
+	}
+	if got, want := aliasText("front"), "kv.shoal. cache, rest.app.shoal. app-api"; got != want {
+		t.Errorf("aliases on front: %s, want %s", got, want)
+	}
 	for _, c := range []struct {
 		client, name string
 		want         bool

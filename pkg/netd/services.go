@@ -14,6 +14,7 @@ import (
 	"github.com/shoal-dev/shoal/pkg/portproxy"
 	"github.com/shoal-dev/shoal/pkg/sched"
 	"github.com/shoal-dev/shoal/pkg/statepb"
+	netv1 "github.com/shoal-dev/shoal/proto/shoal/net/v1"
 	statev1 "github.com/shoal-dev/shoal/proto/shoal/state/v1"
 )
 
@@ -220,6 +221,21 @@ func (sc *dnsScope) visible(client netip.Addr, name string) bool {
 		return slices.ContainsFunc(owner.networks, func(n string) bool { return slices.Contains(nets, n) })
 	}
 	return slices.ContainsFunc(sc.networks[owner.service], func(n string) bool { return slices.Contains(nets, n) })
+}
+
+// aliases lists, per network, the aliases answered on it, by name.
+func (sc *dnsScope) aliases() map[string][]*netv1.NetworkAlias {
+	out := map[string][]*netv1.NetworkAlias{}
+	if sc == nil {
+		return out
+	}
+	for _, name := range slices.Sorted(maps.Keys(sc.owners)) {
+		o := sc.owners[name]
+		for _, nw := range o.networks {
+			out[nw] = append(out[nw], &netv1.NetworkAlias{Name: name, Service: o.service})
+		}
+	}
+	return out
 }
 
 // stackSearch is the DNS search list of a task of service: a stack's

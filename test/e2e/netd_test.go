@@ -900,6 +900,12 @@ func TestNetwork(t *testing.T) {
 		if red.Name != "red" || len(red.Services) != 4 || !slices.Contains(red.Addresses, ip["red1"]) || slices.Contains(red.Addresses, ip["blue1"]) {
 			t.Errorf("network inspect red: %+v", red)
 		}
+		if table := c.mustCtl(3, "network", "inspect", "blue"); !regexp.MustCompile(`(?m)^ALIASES +bothb\.shoal \(both3\)$`).MatchString(table) {
+			t.Errorf("network inspect blue lacks both3's alias:\n%s", table)
+		}
+		if table := c.mustCtl(3, "network", "inspect", "red"); !regexp.MustCompile(`(?m)^ALIASES +-$`).MatchString(table) {
+			t.Errorf("network inspect red lists aliases:\n%s", table)
+		}
 		if _, errOut, code := c.ctl(3, "network", "inspect", "green"); code != 3 || !strings.Contains(errOut, "no service is on it") {
 			t.Errorf("network inspect green: exit %d %q, want 3", code, errOut)
 		}

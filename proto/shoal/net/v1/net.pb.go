@@ -679,7 +679,9 @@ type OverlayNetwork struct {
 	// services on it, sorted.
 	Services []string `protobuf:"bytes,2,rep,name=services,proto3" json:"services,omitempty"`
 	// addresses of its tasks that are not finished.
-	Addresses     []string `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	Addresses []string `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
+	// network aliases answered on it, sorted by name.
+	Aliases       []*NetworkAlias `protobuf:"bytes,4,rep,name=aliases,proto3" json:"aliases,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -733,6 +735,67 @@ func (x *OverlayNetwork) GetAddresses() []string {
 		return x.Addresses
 	}
 	return nil
+}
+
+func (x *OverlayNetwork) GetAliases() []*NetworkAlias {
+	if x != nil {
+		return x.Aliases
+	}
+	return nil
+}
+
+// NetworkAlias is a DNS name a service has on one network only.
+type NetworkAlias struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// name is the full DNS name (bothb.shoal.).
+	Name          string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Service       string `protobuf:"bytes,2,opt,name=service,proto3" json:"service,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *NetworkAlias) Reset() {
+	*x = NetworkAlias{}
+	mi := &file_shoal_net_v1_net_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *NetworkAlias) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*NetworkAlias) ProtoMessage() {}
+
+func (x *NetworkAlias) ProtoReflect() protoreflect.Message {
+	mi := &file_shoal_net_v1_net_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use NetworkAlias.ProtoReflect.Descriptor instead.
+func (*NetworkAlias) Descriptor() ([]byte, []int) {
+	return file_shoal_net_v1_net_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *NetworkAlias) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *NetworkAlias) GetService() string {
+	if x != nil {
+		return x.Service
+	}
+	return ""
 }
 
 var File_shoal_net_v1_net_proto protoreflect.FileDescriptor
@@ -791,11 +854,15 @@ const file_shoal_net_v1_net_proto_rawDesc = "" +
 	" \x01(\rR\x05tasks\x12\x10\n" +
 	"\x03dns\x18\f \x01(\tR\x03dns\x129\n" +
 	"\tpublished\x18\r \x03(\v2\x1b.shoal.net.v1.PublishedPortR\tpublished\x128\n" +
-	"\bnetworks\x18\x0e \x03(\v2\x1c.shoal.net.v1.OverlayNetworkR\bnetworksJ\x04\b\v\x10\f\"^\n" +
+	"\bnetworks\x18\x0e \x03(\v2\x1c.shoal.net.v1.OverlayNetworkR\bnetworksJ\x04\b\v\x10\f\"\x94\x01\n" +
 	"\x0eOverlayNetwork\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bservices\x18\x02 \x03(\tR\bservices\x12\x1c\n" +
-	"\taddresses\x18\x03 \x03(\tR\taddresses2\xd8\x01\n" +
+	"\taddresses\x18\x03 \x03(\tR\taddresses\x124\n" +
+	"\aaliases\x18\x04 \x03(\v2\x1a.shoal.net.v1.NetworkAliasR\aaliases\"<\n" +
+	"\fNetworkAlias\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
+	"\aservice\x18\x02 \x01(\tR\aservice2\xd8\x01\n" +
 	"\aNetwork\x12C\n" +
 	"\x06Attach\x12\x1b.shoal.net.v1.AttachRequest\x1a\x1c.shoal.net.v1.AttachResponse\x12C\n" +
 	"\x06Detach\x12\x1b.shoal.net.v1.DetachRequest\x1a\x1c.shoal.net.v1.DetachResponse\x12C\n" +
@@ -813,7 +880,7 @@ func file_shoal_net_v1_net_proto_rawDescGZIP() []byte {
 	return file_shoal_net_v1_net_proto_rawDescData
 }
 
-var file_shoal_net_v1_net_proto_msgTypes = make([]protoimpl.MessageInfo, 10)
+var file_shoal_net_v1_net_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_shoal_net_v1_net_proto_goTypes = []any{
 	(*AttachRequest)(nil),         // 0: shoal.net.v1.AttachRequest
 	(*AttachResponse)(nil),        // 1: shoal.net.v1.AttachResponse
@@ -825,25 +892,27 @@ var file_shoal_net_v1_net_proto_goTypes = []any{
 	(*PublishedPort)(nil),         // 7: shoal.net.v1.PublishedPort
 	(*StatusResponse)(nil),        // 8: shoal.net.v1.StatusResponse
 	(*OverlayNetwork)(nil),        // 9: shoal.net.v1.OverlayNetwork
-	(*timestamppb.Timestamp)(nil), // 10: google.protobuf.Timestamp
+	(*NetworkAlias)(nil),          // 10: shoal.net.v1.NetworkAlias
+	(*timestamppb.Timestamp)(nil), // 11: google.protobuf.Timestamp
 }
 var file_shoal_net_v1_net_proto_depIdxs = []int32{
-	10, // 0: shoal.net.v1.Peer.last_handshake:type_name -> google.protobuf.Timestamp
+	11, // 0: shoal.net.v1.Peer.last_handshake:type_name -> google.protobuf.Timestamp
 	5,  // 1: shoal.net.v1.StatusResponse.peers:type_name -> shoal.net.v1.Peer
 	6,  // 2: shoal.net.v1.StatusResponse.subnets:type_name -> shoal.net.v1.Subnet
 	7,  // 3: shoal.net.v1.StatusResponse.published:type_name -> shoal.net.v1.PublishedPort
 	9,  // 4: shoal.net.v1.StatusResponse.networks:type_name -> shoal.net.v1.OverlayNetwork
-	0,  // 5: shoal.net.v1.Network.Attach:input_type -> shoal.net.v1.AttachRequest
-	2,  // 6: shoal.net.v1.Network.Detach:input_type -> shoal.net.v1.DetachRequest
-	4,  // 7: shoal.net.v1.Network.Status:input_type -> shoal.net.v1.StatusRequest
-	1,  // 8: shoal.net.v1.Network.Attach:output_type -> shoal.net.v1.AttachResponse
-	3,  // 9: shoal.net.v1.Network.Detach:output_type -> shoal.net.v1.DetachResponse
-	8,  // 10: shoal.net.v1.Network.Status:output_type -> shoal.net.v1.StatusResponse
-	8,  // [8:11] is the sub-list for method output_type
-	5,  // [5:8] is the sub-list for method input_type
-	5,  // [5:5] is the sub-list for extension type_name
-	5,  // [5:5] is the sub-list for extension extendee
-	0,  // [0:5] is the sub-list for field type_name
+	10, // 5: shoal.net.v1.OverlayNetwork.aliases:type_name -> shoal.net.v1.NetworkAlias
+	0,  // 6: shoal.net.v1.Network.Attach:input_type -> shoal.net.v1.AttachRequest
+	2,  // 7: shoal.net.v1.Network.Detach:input_type -> shoal.net.v1.DetachRequest
+	4,  // 8: shoal.net.v1.Network.Status:input_type -> shoal.net.v1.StatusRequest
+	1,  // 9: shoal.net.v1.Network.Attach:output_type -> shoal.net.v1.AttachResponse
+	3,  // 10: shoal.net.v1.Network.Detach:output_type -> shoal.net.v1.DetachResponse
+	8,  // 11: shoal.net.v1.Network.Status:output_type -> shoal.net.v1.StatusResponse
+	9,  // [9:12] is the sub-list for method output_type
+	6,  // [6:9] is the sub-list for method input_type
+	6,  // [6:6] is the sub-list for extension type_name
+	6,  // [6:6] is the sub-list for extension extendee
+	0,  // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_shoal_net_v1_net_proto_init() }
@@ -857,7 +926,7 @@ func file_shoal_net_v1_net_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shoal_net_v1_net_proto_rawDesc), len(file_shoal_net_v1_net_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   10,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
