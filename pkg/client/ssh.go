@@ -127,17 +127,28 @@ type commandConn struct {
 
 func startCommandConn(cmd *exec.Cmd) (*commandConn, error) {
 	c := &commandConn{cmd: cmd, stderr: &lockedBuffer{}, done: make(chan struct{})}
-	var err error
-	if c.stdin, err = cmd.StdinPipe(); err != nil {
+	// Pipes of our own, not StdinPipe and StdoutPipe: Wait closes those
+	// once the command exits, under a Read of what it wrote last.
+	inR, inW, err := os.Pipe()
+	if err != nil {
 		return nil, err
 	}
-	if c.stdout, err = cmd.StdoutPipe(); err != nil {
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		inR.Close()
+		inW.Close()
 		return nil, err
 	}
-	cmd.Stderr = c.stderr
-	if err := cmd.Start(); err != nil {
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, c.stderr
+	err = cmd.Start()
+	inR.Close() // the command's ends
+	outW.Close()
+	if err != nil {
+		inW.Close()
+		outR.Close()
 		return nil, fmt.Errorf("run %s: %w", cmd.Path, err)
 	}
+	c.stdin, c.stdout = inW, outR
 	go func() {
 		c.err = cmd.Wait()
 		close(c.done)
@@ -175,6 +186,7 @@ func (c *commandConn) Close() error {
 			c.cmd.Process.Kill()
 			<-c.done
 		}
+		c.stdout.Close()
 	})
 	return nil
 }
