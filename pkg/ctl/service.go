@@ -83,7 +83,7 @@ type specFlags struct {
 	healthRetries, parallelism, maxAttempts, maxPerNode int
 	pidsLimit                                           int64
 	updateDelay, monitor, stopGrace                     time.Duration
-	restartDelay, restartMaxDelay                       time.Duration
+	restartDelay, restartMaxDelay, restartWindow        time.Duration
 	force                                               bool
 }
 
@@ -119,6 +119,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.IntVar(&f.maxAttempts, "restart-max-attempts", 0, "restarts allowed per slot (0: unlimited)")
 	fs.DurationVar(&f.restartDelay, "restart-delay", 0, "wait before the first restart, doubled at each next one (default 1s)")
 	fs.DurationVar(&f.restartMaxDelay, "restart-max-delay", 0, "longest wait between restarts (default 30s)")
+	fs.DurationVar(&f.restartWindow, "restart-window", 0, "count only the restarts within this window towards --restart-max-attempts (default 0: all of them)")
 	fs.StringVar(&f.healthCmd, "health-cmd", "", "health check command, run with sh -c in the container")
 	fs.StringVar(&f.healthHTTP, "health-http", "", "health check: the node GETs PORT[/PATH] of the task; 200-399 is healthy")
 	fs.IntVar(&f.healthTCP, "health-tcp", 0, "health check: the node connects to PORT of the task")
@@ -245,6 +246,7 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		{"restart", func() { spec.Restart.Policy = sched.RestartCondition(dockerRestart(f.restart)) }},
 		{"restart-delay", func() { spec.Restart.Delay = sched.Duration(f.restartDelay) }},
 		{"restart-max-delay", func() { spec.Restart.MaxDelay = sched.Duration(f.restartMaxDelay) }},
+		{"restart-window", func() { spec.Restart.Window = sched.Duration(f.restartWindow) }},
 		{"restart-max-attempts", func() { spec.Restart.MaxAttempts = f.maxAttempts }},
 		{"health-interval", func() { spec.Health.Interval = sched.Duration(f.healthInterval) }},
 		{"health-timeout", func() { spec.Health.Timeout = sched.Duration(f.healthTimeout) }},

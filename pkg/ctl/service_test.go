@@ -131,6 +131,9 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"networks", []string{"--network", "front", "--network", "back"}, func(s sched.ServiceSpec) bool {
 			return s.Network == "" && strings.Join(s.Networks, " ") == "front back"
 		}},
+		{"restart window", []string{"--restart-max-attempts", "3", "--restart-window", "2m"}, func(s sched.ServiceSpec) bool {
+			return s.Restart.MaxAttempts == 3 && s.Restart.Window == sched.Duration(2*time.Minute)
+		}},
 		{"aliases", []string{"--network", "name=front,alias=web,alias=www", "--network", "back"}, func(s sched.ServiceSpec) bool {
 			return slices.Equal(s.Networks, []string{"front", "back"}) && len(s.Aliases) == 1 && slices.Equal(s.Aliases["front"], []string{"web", "www"})
 		}},
@@ -249,6 +252,7 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--env", "NOEQUALS"}, `--env "NOEQUALS": want KEY=VALUE`},
 		{[]string{"--env-file", "/nonexistent/app.env"}, "--env-file: open /nonexistent/app.env"},
 		{[]string{"--restart-delay", "-1s"}, "restart delays must not be negative"},
+		{[]string{"--restart-window", "-1m"}, "restart window -1m0s must not be negative"},
 		{[]string{"--restart-delay", "1m", "--restart-max-delay", "10s"}, "restart max delay 10s is shorter than the delay 1m0s"},
 		{[]string{"--sysctl", "net.core.somaxconn"}, `--sysctl "net.core.somaxconn": want KEY=VALUE`},
 		{[]string{"--sysctl", "vm.swappiness=1"}, "sysctl vm.swappiness is not one of a task's own namespaces"},

@@ -33,8 +33,10 @@ type Reserve struct {
 	SpecDigest string
 	Resources  Resources
 	Ports      []Port // host-mode ports
-	// Restarts is the restart count the new task inherits.
-	Restarts int
+	// Restarts is the restart count the new task inherits, and
+	// RestartTimes the times within the policy's window.
+	Restarts     int
+	RestartTimes []time.Time `json:",omitempty"`
 	// TTL is how long the reservation lives unconfirmed.
 	TTL time.Duration
 	// Candidates are the nodes that fit, best first (Place's ranking).

@@ -137,6 +137,9 @@ type UpdateTask struct {
 	// SupersededAt, when set, is the time of the slot write that
 	// superseded the task (Task.SupersededAt).
 	SupersededAt time.Time
+	// RestartTimes, when not nil, replaces Task.RestartTimes (empty:
+	// none).
+	RestartTimes []time.Time
 }
 
 // ShutDownReason is the error recorded on a task that its node stopped
@@ -480,7 +483,7 @@ func (d *agent) exited(t *LocalTask, rt Runtime, spec ServiceSpec) {
 	if !spec.Global && (rt.StartFailed || failed && !stable && t.Restarts-t.Inherited >= InPlaceRestarts) {
 		restart = false
 	}
-	if restart && (pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts) {
+	if restart && pol.Allows(t.Restarts, t.RestartTimes, rt.ExitedAt) {
 		at := rt.ExitedAt.Add(Backoff(pol, t.Restarts))
 		if d.now.Before(at) {
 			d.update(t, TaskRestarting, healthOf(spec, false), t.Restarts, rt.ExitCode, rt.Error, rt.StartedAt, rt.ExitedAt)
@@ -488,7 +491,9 @@ func (d *agent) exited(t *LocalTask, rt Runtime, spec ServiceSpec) {
 			return
 		}
 		d.emit(RestartTask{TaskID: t.ID})
-		d.update(t, TaskStarting, healthOf(spec, false), t.Restarts+1, rt.ExitCode, rt.Error, rt.StartedAt, rt.ExitedAt)
+		d.emit(UpdateTask{TaskID: t.ID, State: TaskStarting, Health: healthOf(spec, false), Restarts: t.Restarts + 1,
+			ExitCode: rt.ExitCode, Error: rt.Error, Started: rt.StartedAt, Finished: rt.ExitedAt,
+			RestartTimes: pol.track(t.RestartTimes, rt.ExitedAt)})
 		return
 	}
 	st := TaskExited

@@ -358,6 +358,28 @@ func TestAgentDecide(t *testing.T) {
 			want: "update a state=failed exit=-1 error=\"no such file\"\nrelease a\n",
 		},
 		{
+			name: "a window counts only the restarts within it",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Spec.Restart.MaxAttempts, a.task.Spec.Restart.Window = 2, sched.Duration(time.Minute)
+				a.task.Restarts, a.task.Inherited = 5, 5
+				a.task.RestartTimes = []time.Time{t0.Add(-3 * time.Minute), t0.Add(-50 * time.Second)}
+				a.exited(1, time.Second)
+			},
+			want: "update a state=restarting restarts=5 exit=1\nrequeue at 00:00:29.000 (restart backoff)\n",
+		},
+		{
+			name: "as many restarts within the window as allowed: failed for good",
+			st:   sched.TaskRunning, rt: sched.RuntimeExited,
+			build: func(a *agentView) {
+				a.task.Spec.Restart.MaxAttempts, a.task.Spec.Restart.Window = 2, sched.Duration(time.Minute)
+				a.task.Restarts, a.task.Inherited = 5, 5
+				a.task.RestartTimes = []time.Time{t0.Add(-50 * time.Second), t0.Add(-10 * time.Second)}
+				a.exited(1, time.Second)
+			},
+			want: "update a state=failed restarts=5 exit=1\nrelease a\n",
+		},
+		{
 			name: "out of attempts: failed for good",
 			st:   sched.TaskRunning, rt: sched.RuntimeExited,
 			build: func(a *agentView) {

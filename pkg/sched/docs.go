@@ -207,6 +207,7 @@ const (
 	fHealth     = "health"
 	fRestarts   = "restarts"
 	fInherited  = "inherited_restarts"
+	fRestartsAt = "restart_times"
 	fExitCode   = "exit_code"
 	fError      = "error"
 	fCPU        = "cpu"
@@ -240,6 +241,7 @@ func TaskFromDoc(id string, d crdt.Doc) (Task, bool) {
 	t.Health = Health(h)
 	t.Restarts = int(intField(f, fRestarts))
 	t.Inherited = int(intField(f, fInherited))
+	t.RestartTimes = timesField(f, fRestartsAt)
 	t.ExitCode = int(intField(f, fExitCode))
 	t.Error, _ = f[fError].AsString()
 	t.Resources = Resources{CPUMillis: intField(f, fCPU), MemoryBytes: intField(f, fMemory)}
@@ -260,7 +262,8 @@ func TaskFromDoc(id string, d crdt.Doc) (Task, bool) {
 // document), before it reads the document back for Created.
 func NewTask(r Reserve, node string) Task {
 	return Task{ID: r.TaskID, Service: r.Service, Slot: r.Slot, Node: node, Version: r.Version, SpecDigest: r.SpecDigest,
-		State: TaskPending, Restarts: r.Restarts, Inherited: r.Restarts, Resources: r.Resources, Ports: r.Ports, Image: r.Spec.Image}
+		State: TaskPending, Restarts: r.Restarts, Inherited: r.Restarts, RestartTimes: r.RestartTimes, Resources: r.Resources, Ports: r.Ports,
+		Image: r.Spec.Image}
 }
 
 // NewTaskFields is the task document a node writes when it accepts r: state
@@ -288,6 +291,9 @@ func NewTaskFields(r Reserve, node string, now time.Time) map[string]crdt.Value 
 	if len(r.Ports) > 0 {
 		f[fPorts] = crdt.String(formatPorts(r.Ports))
 	}
+	if len(r.RestartTimes) > 0 {
+		f[fRestartsAt] = timesValue(r.RestartTimes)
+	}
 	return f
 }
 
@@ -306,6 +312,9 @@ func (u UpdateTask) Fields() map[string]crdt.Value {
 	if !u.SupersededAt.IsZero() {
 		f[fSuperseded] = timeValue(u.SupersededAt)
 	}
+	if u.RestartTimes != nil {
+		f[fRestartsAt] = timesValue(u.RestartTimes)
+	}
 	return f
 }
 
@@ -315,6 +324,12 @@ func (u UpdateTask) Apply(t Task) Task {
 	t.Started, t.Finished = u.Started, u.Finished
 	if !u.SupersededAt.IsZero() {
 		t.SupersededAt = u.SupersededAt
+	}
+	if u.RestartTimes != nil {
+		t.RestartTimes = nil
+		if len(u.RestartTimes) > 0 {
+			t.RestartTimes = u.RestartTimes
+		}
 	}
 	return t
 }
@@ -408,6 +423,26 @@ func timeValue(t time.Time) crdt.Value {
 		return crdt.String("")
 	}
 	return crdt.String(t.UTC().Format(time.RFC3339Nano))
+}
+
+// timesValue renders times as RFC 3339 times joined by commas.
+func timesValue(ts []time.Time) crdt.Value {
+	parts := make([]string, len(ts))
+	for i, t := range ts {
+		parts[i] = t.UTC().Format(time.RFC3339Nano)
+	}
+	return crdt.String(strings.Join(parts, ","))
+}
+
+func timesField(f map[string]crdt.Value, name string) []time.Time {
+	s, _ := f[name].AsString()
+	var out []time.Time
+	for _, p := range strings.Split(s, ",") {
+		if t, err := time.Parse(time.RFC3339Nano, p); err == nil {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 func timeField(f map[string]crdt.Value, name string) time.Time {

@@ -59,13 +59,14 @@ func TestDocsRoundTrip(t *testing.T) {
 
 	// Task: created by the Reserve's target, then updated.
 	r := sched.Reserve{Service: "web", Slot: "2", TaskID: "t1", Version: 4, Spec: spec, SpecDigest: spec.Digest(),
-		Resources: spec.Resources(), Ports: []sched.Port{{Host: 8080, Container: 80, Protocol: "tcp", Mode: sched.PortHost}}, Restarts: 2}
+		Resources: spec.Resources(), Ports: []sched.Port{{Host: 8080, Container: 80, Protocol: "tcp", Mode: sched.PortHost}}, Restarts: 2,
+		RestartTimes: []time.Time{t0.Add(-time.Minute), t0.Add(-time.Second)}}
 	doc := crdt.Set(sched.NewTaskFields(r, "n1", t0), at(0, "n1"))
 	u := sched.UpdateTask{TaskID: "t1", State: sched.TaskRunning, Health: sched.HealthHealthy, Restarts: 3, ExitCode: 1, Error: "x", Started: t0.Add(time.Second), Finished: t0.Add(time.Millisecond)}
 	doc = crdt.Merge(doc, crdt.Set(u.Fields(), at(time.Second, "n1")))
 	task, ok := sched.TaskFromDoc("t1", doc)
 	wantTask := sched.Task{ID: "t1", Service: "web", Slot: "2", Node: "n1", Version: 4, SpecDigest: spec.Digest(),
-		State: sched.TaskRunning, Health: sched.HealthHealthy, Restarts: 3, Inherited: 2, ExitCode: 1, Error: "x",
+		State: sched.TaskRunning, Health: sched.HealthHealthy, Restarts: 3, Inherited: 2, RestartTimes: r.RestartTimes, ExitCode: 1, Error: "x",
 		Created: at(0, "n1"), Started: t0.Add(time.Second), Finished: t0.Add(time.Millisecond),
 		Resources: spec.Resources(), Ports: r.Ports, Image: "img:1"}
 	if !ok || !reflect.DeepEqual(task, wantTask) {

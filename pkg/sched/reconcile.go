@@ -956,7 +956,7 @@ func (r *reconciler) runDue() bool {
 // allows no more restarts.
 func (r *reconciler) settled(t *Task) bool {
 	pol := r.specFor(t).Restart
-	budget := pol.MaxAttempts == 0 || t.Restarts < pol.MaxAttempts
+	budget := pol.Allows(t.Restarts, t.RestartTimes, t.Finished)
 	switch t.State {
 	case TaskStopped:
 		return false
@@ -1104,10 +1104,19 @@ func (r *reconciler) place(si *slotInfo, d *Slot, asNext bool, why string, resta
 		assign = AssignSlot{Service: r.svc.Name, Slot: si.name, Task: d.Task, Node: d.Node, Version: d.Version,
 			Next: id, NextVersion: version}
 	}
+	var times []time.Time
+	if old != nil && restarts > 0 && spec.Restart.windowed() {
+		// The slot's restarts within the window go with it, this
+		// replacement's too if it is one (restarts one more).
+		times = old.RestartTimes
+		if restarts > old.Restarts {
+			times = spec.Restart.track(times, old.Finished)
+		}
+	}
 	r.emit(Reserve{
 		Service: r.svc.Name, Slot: si.name, TaskID: id, Version: version,
 		Spec: spec, SpecDigest: digest, Resources: req.Resources, Ports: req.Ports,
-		Restarts: restarts, TTL: r.ttl, Candidates: ranked, Assign: assign,
+		Restarts: restarts, RestartTimes: times, TTL: r.ttl, Candidates: ranked, Assign: assign,
 	})
 	r.usage.add(ranked[0], req.Resources, req.Ports)
 	r.counts[ranked[0]]++

@@ -279,6 +279,47 @@ func TestSimCrashMoves(t *testing.T) {
 	}
 }
 
+// TestSimRestartWindow: with a window, max attempts count only the
+// restarts within it: runs longer than the window restart for ever, runs
+// shorter stop after max attempts within it, moves included.
+func TestSimRestartWindow(t *testing.T) {
+	for _, tc := range []struct {
+		window   time.Duration
+		max      int
+		settles  bool
+		restarts int // the least (for ever) or the exact count (settles)
+	}{
+		{3 * time.Second, 2, false, 10},
+		{30 * time.Second, 2, true, 2},
+		// Three restarts in place, the fourth a move: the replacement
+		// counts the four, and stops after one more.
+		{time.Minute, 5, true, 5},
+	} {
+		t.Run(tc.window.String(), func(t *testing.T) {
+			c := newCluster(t, 2, roomy, func(cfg *sim.Config) {
+				cfg.Images = map[string]sim.Behavior{"crash": {RunFor: 5 * time.Second, ExitCode: 1}}
+			})
+			create(t, c, sched.ServiceSpec{Name: "web", Image: "crash", Replicas: 1,
+				Restart: sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: tc.max, Window: sched.Duration(tc.window),
+					Delay: sched.Duration(100 * time.Millisecond), MaxDelay: sched.Duration(100 * time.Millisecond)}})
+			c.RunFor(2 * time.Minute)
+			most, failedForGood := 0, false
+			for _, tk := range c.Tasks("web") {
+				most = max(most, tk.Restarts)
+				if tk.State == sched.TaskFailed && c.Slots("web")[0].Task == tk.ID {
+					failedForGood = true
+				}
+			}
+			switch {
+			case tc.settles && (!failedForGood || most != tc.restarts):
+				t.Fatalf("window %v: %d restarts, failed for good %v; want failed after %d", tc.window, most, failedForGood, tc.restarts)
+			case !tc.settles && (failedForGood || most < tc.restarts):
+				t.Fatalf("window %v: %d restarts, failed for good %v; want restarting still, at least %d", tc.window, most, failedForGood, tc.restarts)
+			}
+		})
+	}
+}
+
 // TestSimStableCrashInPlace: a container that fails after running for
 // StableRun or longer is no crash loop: it restarts in place whatever its
 // count.

@@ -226,6 +226,49 @@ type RestartPolicy struct {
 	// restart up to MaxDelay (default 30s).
 	Delay    Duration `json:"delay,omitempty"`
 	MaxDelay Duration `json:"max_delay,omitempty"`
+	// Window, with MaxAttempts, counts only the restarts within it
+	// before a failure (Swarm's --restart-window, Compose's
+	// restart_policy.window): a slot that fails now and then restarts
+	// for ever, one that fails MaxAttempts times within it stops.
+	Window Duration `json:"window,omitempty"`
+}
+
+// windowed reports whether p counts restarts within a window, for which
+// tasks keep their restarts' times (Task.RestartTimes).
+func (p RestartPolicy) windowed() bool { return p.MaxAttempts > 0 && p.Window > 0 }
+
+// Allows reports whether p allows one more restart of a slot that failed
+// at at, after restarts restarts in all, made at times (as far as the
+// window goes back).
+func (p RestartPolicy) Allows(restarts int, times []time.Time, at time.Time) bool {
+	switch {
+	case p.MaxAttempts == 0:
+		return true
+	case p.Window == 0:
+		return restarts < p.MaxAttempts
+	}
+	within := 0
+	for _, t := range times {
+		if at.Sub(t) < p.Window.D() {
+			within++
+		}
+	}
+	return within < p.MaxAttempts
+}
+
+// track returns times with a restart at at added, less those the window
+// no longer holds; nil unless p counts within a window.
+func (p RestartPolicy) track(times []time.Time, at time.Time) []time.Time {
+	if !p.windowed() {
+		return nil
+	}
+	out := []time.Time{}
+	for _, t := range times {
+		if at.Sub(t) < p.Window.D() {
+			out = append(out, t)
+		}
+	}
+	return append(out, at)
 }
 
 // RestartCondition is when to restart.
@@ -802,6 +845,9 @@ func (s ServiceSpec) Validate() error {
 	}
 	if d.Restart.MaxAttempts < 0 {
 		add("restart max attempts is %d; it must be 0 (unlimited) or more", d.Restart.MaxAttempts)
+	}
+	if d.Restart.Window < 0 {
+		add("restart window %v must not be negative", d.Restart.Window.D())
 	}
 	if d.Restart.Delay < 0 || d.Restart.MaxDelay < 0 {
 		add("restart delays must not be negative")

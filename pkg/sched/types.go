@@ -187,8 +187,11 @@ type Task struct {
 	// documents from before the field).
 	Restarts  int
 	Inherited int
-	ExitCode  int
-	Error     string
+	// RestartTimes are when the slot's restarts within its policy's
+	// window were made (RestartPolicy.Window; none without one).
+	RestartTimes []time.Time
+	ExitCode     int
+	Error        string
 	// Created is the stamp of the node's first write of the document:
 	// HLC time plus node ID. The supersession rule compares it with the
 	// slot document's stamp.

@@ -469,7 +469,7 @@ func deploy(d *types.DeployConfig, spec *sched.ServiceSpec, warn func(string, ..
 			spec.Restart.MaxAttempts = int(*rp.MaxAttempts)
 		}
 		if rp.Window != nil {
-			warn("deploy: restart_policy: window is ignored")
+			spec.Restart.Window = sched.Duration(*rp.Window)
 		}
 	}
 	if u := d.UpdateConfig; u != nil {

@@ -53,7 +53,7 @@ services:
       labels: {tier: front}
       resources: {limits: {cpus: "0.5", memory: 64M}, reservations: {cpus: "0.25"}}
       placement: {constraints: ["node.labels.zone==eu"], max_replicas_per_node: 2, preferences: [{spread: node.labels.rack}]}
-      restart_policy: {condition: on-failure, delay: 2s, max_attempts: 4}
+      restart_policy: {condition: on-failure, delay: 2s, max_attempts: 4, window: 2m}
       update_config: {parallelism: 0, delay: 5s, order: start-first, failure_action: rollback, monitor: 10s, max_failure_ratio: 0.2}
   db:
     image: local/db:1
@@ -94,7 +94,7 @@ networks:
 		Name: "app-web", Stack: "app", Image: "local/web:v2", Args: []string{"httpd", "-f", "-p", "80"},
 		Env: []string{"EMPTY=", "MODE=prod"}, Replicas: 3, CPUMillis: 500, MemoryBytes: 64 << 20,
 		Constraints: []string{"node.labels.zone==eu"}, Preferences: []string{"spread=node.labels.rack"}, MaxPerNode: 2, Labels: map[string]string{"tier": "front"},
-		Restart: sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: 4, Delay: sched.Duration(2e9)},
+		Restart: sched.RestartPolicy{Policy: sched.RestartOnFailure, MaxAttempts: 4, Delay: sched.Duration(2e9), Window: sched.Duration(120e9)},
 		Health:  sched.HealthCheck{Cmd: []string{"sh", "-c", "wget -q -O- localhost"}, Interval: sched.Duration(5e9), Retries: 2},
 		Update: sched.UpdateConfig{Parallelism: 1<<31 - 1, Delay: sched.Duration(5e9), Order: sched.StartFirst,
 			FailureAction: sched.ActionRollback, Monitor: sched.Duration(10e9), MaxFailureRatio: 0.2},

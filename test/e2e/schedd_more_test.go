@@ -1419,6 +1419,32 @@ func TestSchedulerMore(t *testing.T) {
 		c.mustCtl(1, "service", "rm", "cm")
 	})
 
+	t.Run("RestartWindow", func(t *testing.T) {
+		// One restart allowed within 2 s, and each run lasts 3 s: no
+		// failure finds a restart within the window before it, so the
+		// slot restarts past --restart-max-attempts (without the window
+		// it would fail for good after one).
+		c.mustCtl(1, "service", "create", "rw", "--image", img, "--replicas", "1", "--stop-grace", "1s", "--detach",
+			"--restart-condition", "on-failure", "--restart-max-attempts", "1", "--restart-window", "2s", "--restart-delay", "100ms",
+			"--", "sh", "-c", "sleep 3; exit 1")
+		removeIfFailed(t, c.Cluster, 1, "rw")
+		waitFor(t, 40*time.Second, "rw restarted 3 times", func() bool {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			all, err := c.schedd(1).ListTasks(ctx, &schedv1.ListTasksRequest{Service: "rw", All: true})
+			if err != nil {
+				return false
+			}
+			for _, tk := range all.GetTasks() {
+				if tk.GetRestarts() >= 3 {
+					return true
+				}
+			}
+			return false
+		})
+		c.mustCtl(1, "service", "rm", "rw")
+	})
+
 	t.Run("Init", func(t *testing.T) {
 		// --init: shoal-init is PID 1, reaps an orphan that PID 1 sleep
 		// leaves a zombie, and passes a signal on to a command that
