@@ -24,9 +24,11 @@ require (
 
 require golang.org/x/term v0.46.0
 
-require github.com/docker/docker-credential-helpers v0.9.3
-
-require github.com/google/nftables v0.3.0 // indirect
+require (
+	al.essio.dev/pkg/shellescape v1.6.1
+	github.com/docker/docker-credential-helpers v0.9.3
+	github.com/google/nftables v0.3.0
+)
 
 require (
 	github.com/compose-spec/compose-go/v2 v2.16.2
@@ -79,7 +81,6 @@ require (
 	github.com/golang/snappy v0.0.5-0.20231225225746-43d5d4cd4e0e // indirect
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/inconshreveable/mousetrap v1.1.0 // indirect
-	github.com/josharian/native v1.1.0 // indirect
 	github.com/klauspost/compress v1.20.1 // indirect
 	github.com/kr/pretty v0.3.1 // indirect
 	github.com/kr/text v0.2.0 // indirect

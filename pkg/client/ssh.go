@@ -16,6 +16,9 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"al.essio.dev/pkg/shellescape"
+	"github.com/mattn/go-shellwords"
 )
 
 // A run dir of the form ssh://[user@]host[:port][/remote/run/dir] names
@@ -27,8 +30,8 @@ import (
 // writes (stack files, image archives, `cp`) stay on this machine.
 const sshScheme = "ssh"
 
-// SSHCommandEnv overrides the ssh client command (words split at
-// spaces, as GIT_SSH_COMMAND without quoting), e.g. "ssh -i key".
+// SSHCommandEnv overrides the ssh client command (words split as a shell
+// splits them, as GIT_SSH_COMMAND), e.g. "ssh -i key".
 const SSHCommandEnv = "SHOAL_SSH_COMMAND"
 
 // RemoteCtlEnv overrides the shoalctl run on the other node (default
@@ -65,7 +68,10 @@ func SocketPath(runDir, name string) string {
 
 // sshArgs is the ssh command line that reaches daemon name at u.
 func sshArgs(u *url.URL, name string) ([]string, error) {
-	args := strings.Fields(os.Getenv(SSHCommandEnv))
+	args, err := shellwords.Parse(os.Getenv(SSHCommandEnv))
+	if err != nil {
+		return nil, fmt.Errorf("$%s: %w", SSHCommandEnv, err)
+	}
 	if len(args) == 0 {
 		args = []string{"ssh"}
 	}
@@ -85,18 +91,10 @@ func sshArgs(u *url.URL, name string) ([]string, error) {
 	remote = append(remote, "dial-stdio", name)
 	quoted := make([]string, len(remote))
 	for i, w := range remote {
-		quoted[i] = shellQuote(w)
+		quoted[i] = shellescape.Quote(w)
 	}
 	// ssh hands the command to the remote user's shell as one string.
 	return append(args, "--", u.Hostname(), strings.Join(quoted, " ")), nil
-}
-
-// shellQuote quotes s for a POSIX shell.
-func shellQuote(s string) string {
-	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./=:@") == "" {
-		return s
-	}
-	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // dialSSH returns a dialer for grpc.WithContextDialer that runs ssh to

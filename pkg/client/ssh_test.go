@@ -28,7 +28,7 @@ func TestParseSSH(t *testing.T) {
 }
 
 func TestSSHArgs(t *testing.T) {
-	t.Setenv(SSHCommandEnv, "ssh -i /k -o BatchMode=yes")
+	t.Setenv(SSHCommandEnv, "ssh -i '/my keys/k' -o BatchMode=yes")
 	t.Setenv(RemoteCtlEnv, "/opt/shoal/bin/shoalctl")
 	u, _, err := parseSSH("ssh://ops@node1:2222/run/it's")
 	if err != nil {
@@ -38,10 +38,18 @@ func TestSSHArgs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"ssh", "-i", "/k", "-o", "BatchMode=yes", "-l", "ops", "-p", "2222", "--", "node1",
-		`/opt/shoal/bin/shoalctl --run-dir '/run/it'\''s' dial-stdio schedd`}
-	if strings.Join(args, "|") != strings.Join(want, "|") {
-		t.Fatalf("sshArgs:\n got %q\nwant %q", args, want)
+	want := []string{"ssh", "-i", "/my keys/k", "-o", "BatchMode=yes", "-l", "ops", "-p", "2222", "--", "node1"}
+	if len(args) != len(want)+1 || strings.Join(args[:len(want)], "|") != strings.Join(want, "|") {
+		t.Fatalf("sshArgs:\n got %q\nwant %q and the remote command", args, want)
+	}
+	// The remote shell splits the command into these words.
+	out, err := exec.Command("sh", "-c", `for w in `+args[len(want)]+`; do printf '%s|' "$w"; done`).Output()
+	if err != nil || string(out) != "/opt/shoal/bin/shoalctl|--run-dir|/run/it's|dial-stdio|schedd|" {
+		t.Fatalf("the remote command %q splits into %q (%v)", args[len(want)], out, err)
+	}
+	t.Setenv(SSHCommandEnv, "ssh -i 'unclosed")
+	if _, err := sshArgs(u, "schedd"); err == nil || !strings.Contains(err.Error(), SSHCommandEnv) {
+		t.Fatalf("an ssh command that does not parse: %v", err)
 	}
 	t.Setenv(SSHCommandEnv, "")
 	t.Setenv(RemoteCtlEnv, "")

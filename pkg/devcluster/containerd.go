@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"al.essio.dev/pkg/shellescape"
 	"github.com/moby/sys/mountinfo"
 	"golang.org/x/sys/unix"
 )
@@ -159,8 +160,8 @@ func ContainerdProcess(binary string) ProcessSpec {
 	}
 	l := ContainerdTemplate
 	script := fmt.Sprintf("set -e\nmkdir -p %s %s\ncat > %s <<'EOF'\n%sEOF\nexec %s --config %s\n",
-		shellQuote(filepath.Dir(l.Config)), shellQuote(l.State), shellQuote(l.Config),
-		ContainerdConfig(l, ""), shellQuote(binary), shellQuote(l.Config))
+		shellescape.Quote(filepath.Dir(l.Config)), shellescape.Quote(l.State), shellescape.Quote(l.Config),
+		ContainerdConfig(l, ""), shellescape.Quote(binary), shellescape.Quote(l.Config))
 	return ProcessSpec{
 		Name:        ContainerdProcessName,
 		Path:        "/bin/sh",
@@ -168,8 +169,6 @@ func ContainerdProcess(binary string) ProcessSpec {
 		ReadySocket: l.Address,
 	}
 }
-
-func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
 // KillContainers kills every container of the containerd laid out as l,
 // and its shims, whether or not containerd still runs, then removes what
