@@ -58,6 +58,27 @@ func parseSSH(runDir string) (*url.URL, bool, error) {
 	return u, true, nil
 }
 
+// SSHRunDir is the run dir of the daemons of host (ssh://[user@]host[:port])
+// through ssh, runDir on that node ("": its default).
+func SSHRunDir(host, runDir string) (string, error) {
+	u, remote, err := parseSSH(host)
+	switch {
+	case err != nil:
+		return "", err
+	case !remote:
+		return "", fmt.Errorf("host %q: want ssh://[user@]host[:port]", host)
+	case u.Path != "" && u.Path != "/":
+		return "", fmt.Errorf("host %q: want ssh://[user@]host[:port], the run dir apart", host)
+	case runDir != "" && !path.IsAbs(runDir):
+		return "", fmt.Errorf("run dir %q: want the absolute run dir on that node", runDir)
+	}
+	u.Path = ""
+	if runDir != "" {
+		u.Path = path.Clean(runDir)
+	}
+	return u.String(), nil
+}
+
 // SocketPath names a daemon's socket in runDir, local or ssh://.
 func SocketPath(runDir, name string) string {
 	if strings.HasPrefix(runDir, sshScheme+"://") {

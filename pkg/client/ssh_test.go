@@ -27,6 +27,21 @@ func TestParseSSH(t *testing.T) {
 	}
 }
 
+func TestSSHRunDir(t *testing.T) {
+	for _, tc := range []struct{ host, runDir, want, err string }{
+		{"ssh://root@node1:2222", "", "ssh://root@node1:2222", ""},
+		{"ssh://node1/", "/run/x/../y", "ssh://node1/run/y", ""},
+		{"http://node1", "", "", "want ssh://"},
+		{"ssh://node1/run", "", "", "the run dir apart"},
+		{"ssh://node1", "rel", "", "want the absolute run dir"},
+	} {
+		got, err := SSHRunDir(tc.host, tc.runDir)
+		if got != tc.want || (tc.err == "") != (err == nil) || err != nil && !strings.Contains(err.Error(), tc.err) {
+			t.Errorf("SSHRunDir(%q, %q) = %q, %v; want %q, %q", tc.host, tc.runDir, got, err, tc.want, tc.err)
+		}
+	}
+}
+
 func TestSSHArgs(t *testing.T) {
 	t.Setenv(SSHCommandEnv, "ssh -i '/my keys/k' -o BatchMode=yes")
 	t.Setenv(RemoteCtlEnv, "/opt/shoal/bin/shoalctl")

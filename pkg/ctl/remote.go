@@ -5,15 +5,14 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/shoal-dev/shoal/pkg/client"
+	"github.com/shoal-dev/shoal/pkg/rpc"
 )
 
 // hostEnv is where --host defaults from, as DOCKER_HOST.
@@ -27,18 +26,15 @@ func (a *app) useHost(cmd *cobra.Command, host string) error {
 	if host == "" {
 		return nil
 	}
-	u, err := url.Parse(host)
-	if err != nil || u.Scheme != "ssh" || u.Hostname() == "" || (u.Path != "" && u.Path != "/") || u.RawQuery != "" {
-		return usageError{fmt.Errorf("--host %q: want ssh://[user@]host[:port]", host)}
-	}
-	u.Path = ""
+	remoteDir := ""
 	if cmd.Flags().Changed("run-dir") {
-		if !filepath.IsAbs(a.runDir) {
-			return usageError{fmt.Errorf("--run-dir %q: with --host, want the absolute run dir on that node", a.runDir)}
-		}
-		u.Path = filepath.Clean(a.runDir)
+		remoteDir = a.runDir
 	}
-	a.runDir = u.String()
+	runDir, err := client.SSHRunDir(host, remoteDir)
+	if err != nil {
+		return usageError{err}
+	}
+	a.runDir = runDir
 	return nil
 }
 
@@ -58,10 +54,9 @@ func (a *app) dialStdio() *cobra.Command {
 			if strings.Contains(a.runDir, "://") {
 				return usageError{errors.New("dial-stdio joins a daemon of this node: no --host")}
 			}
-			path := filepath.Join(a.runDir, name+".sock")
-			conn, err := net.Dial("unix", path)
+			conn, err := rpc.DialUnix(client.SocketPath(a.runDir, name))(cmd.Context(), "")
 			if err != nil {
-				return fmt.Errorf("shoal-%s at %s: %w", name, path, err)
+				return fmt.Errorf("shoal-%s: %w", name, err)
 			}
 			defer conn.Close()
 			go func() {
