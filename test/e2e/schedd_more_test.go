@@ -1551,15 +1551,11 @@ func TestSchedulerMore(t *testing.T) {
 		if out := c.mustCtl(3, "task", "exec", cur[0].GetId(), "--", "id", "-G"); !slices.Equal(strings.Fields(out), []string{"0", "4321", "65534"}) {
 			t.Errorf("caps's groups: %q, want 0 4321 65534", out)
 		}
-		// --limit-pids: the task's pids cgroup refuses a seventh process
-		// (sleep 1000000 and the exec'd shell are two; of its eight
-		// sleeps, the fifth fork fails).
-		out, errOut, _ := c.ctl(2, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 3 & done; wait")
-		if !strings.Contains(out+errOut, "can't fork") {
-			t.Errorf("eight processes under --limit-pids 6 all started: %q %q", out, errOut)
-		}
 		// task exec -t gives the command a terminal, from every node (the
-		// task's own and relayed); without -t it has none.
+		// task's own and relayed); without -t it has none. Before the
+		// pids limit's check, which leaves zombies behind (the shell that
+		// cannot fork exits, and PID 1, sleep, reaps none): an exec at
+		// the limit could not start.
 		for i := 1; i <= 3; i++ {
 			if out, _, _ := c.ctl(i, "task", "exec", "-t", cur[0].GetId(), "--", "busybox", "tty"); !strings.HasPrefix(out, "/dev/pts/") {
 				t.Errorf("task exec -t from node %d: tty says %q, want /dev/pts/N", i, out)
@@ -1567,6 +1563,13 @@ func TestSchedulerMore(t *testing.T) {
 		}
 		if out, _, code := c.ctl(2, "task", "exec", cur[0].GetId(), "--", "busybox", "tty"); code != 1 || !strings.Contains(out, "not a tty") {
 			t.Errorf("task exec without -t: tty says %q, exit %d; want not a tty, 1", out, code)
+		}
+		// --limit-pids: the task's pids cgroup refuses a seventh process
+		// (sleep 1000000 and the exec'd shell are two; of its eight
+		// sleeps, the fifth fork fails).
+		out, errOut, _ := c.ctl(2, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 3 & done; wait")
+		if !strings.Contains(out+errOut, "can't fork") {
+			t.Errorf("eight processes under --limit-pids 6 all started: %q %q", out, errOut)
 		}
 		_, errOut, code := c.ctl(2, "service", "create", "badsysctl", "--image", img, "--sysctl", "vm.swappiness=1", "--", "true")
 		if code != 2 || !strings.Contains(errOut, "sysctl vm.swappiness is not one of a task's own namespaces") {
