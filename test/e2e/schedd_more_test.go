@@ -1523,7 +1523,7 @@ func TestSchedulerMore(t *testing.T) {
 		// effective set has NET_ADMIN (bit 12), which the default set
 		// lacks, and lacks CHOWN (bit 0), which the default set has.
 		c.mustCtl(1, "service", "create", "caps", "--image", img, "--cap-add", "net_admin", "--cap-drop", "CAP_CHOWN", "--stop-grace", "1s",
-			"--ulimit", "nofile=1024:2048", "--sysctl", "kernel.msgmax=65536", "--host", "db.internal:10.1.2.3", "--limit-pids", "6",
+			"--ulimit", "nofile=1024:2048", "--sysctl", "kernel.msgmax=65536", "--host", "db.internal:10.1.2.3", "--limit-pids", "20",
 			"--group", "4321", "--group", "nogroup", "--", "sleep", "1000000")
 		removeIfFailed(t, c.Cluster, 1, "caps")
 		cur := c.currentTasks("caps")
@@ -1564,12 +1564,14 @@ func TestSchedulerMore(t *testing.T) {
 		if out, _, code := c.ctl(2, "task", "exec", cur[0].GetId(), "--", "busybox", "tty"); code != 1 || !strings.Contains(out, "not a tty") {
 			t.Errorf("task exec without -t: tty says %q, exit %d; want not a tty, 1", out, code)
 		}
-		// --limit-pids: the task's pids cgroup refuses a seventh process
-		// (sleep 1000000 and the exec'd shell are two; of its eight
-		// sleeps, the fifth fork fails).
-		out, errOut, _ := c.ctl(2, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "for i in 1 2 3 4 5 6 7 8; do sleep 3 & done; wait")
+		// --limit-pids: the task's pids cgroup refuses a 21st task (sleep
+		// 1000000 and the exec'd shell are two; of its 30 sleeps, the
+		// 19th fork fails). The limit counts threads too, and runc's exec
+		// starts a Go runtime inside the cgroup: under a limit of 6 the
+		// exec itself sometimes failed ("read init-p: connection reset").
+		out, errOut, _ := c.ctl(2, "task", "exec", cur[0].GetId(), "--", "sh", "-c", "i=0; while [ $i -lt 30 ]; do sleep 3 & i=$((i+1)); done; wait")
 		if !strings.Contains(out+errOut, "can't fork") {
-			t.Errorf("eight processes under --limit-pids 6 all started: %q %q", out, errOut)
+			t.Errorf("30 processes under --limit-pids 20 all started: %q %q", out, errOut)
 		}
 		_, errOut, code := c.ctl(2, "service", "create", "badsysctl", "--image", img, "--sysctl", "vm.swappiness=1", "--", "true")
 		if code != 2 || !strings.Contains(errOut, "sysctl vm.swappiness is not one of a task's own namespaces") {
