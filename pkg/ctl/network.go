@@ -162,9 +162,14 @@ func (a *app) networkCommand() *cobra.Command {
 				}
 				n := v.Networks[i]
 				return render(a.out, iformat, n, func(tw *tabwriter.Writer) {
-					aliases := make([]string, len(n.Aliases))
-					for i, al := range n.Aliases {
-						aliases[i] = strings.TrimSuffix(al.Name, ".") + " (" + al.Service + ")"
+					// One entry per name, with the services that share it.
+					var aliases []string
+					for i := 0; i < len(n.Aliases); {
+						name, services := n.Aliases[i].Name, []string{}
+						for ; i < len(n.Aliases) && n.Aliases[i].Name == name; i++ {
+							services = append(services, n.Aliases[i].Service)
+						}
+						aliases = append(aliases, strings.TrimSuffix(name, ".")+" ("+strings.Join(services, ", ")+")")
 					}
 					fmt.Fprintf(tw, "NETWORK\t%s\nSERVICES\t%s\nTASKS\t%s\nALIASES\t%s\n", n.Name, strings.Join(n.Services, ", "),
 						dash(strings.Join(n.Addresses, ", ")), dash(strings.Join(aliases, ", ")))

@@ -52,11 +52,13 @@ type Config struct {
 	// Records is the table to serve; nil: a new empty one (see
 	// Server.Records and Server.Update).
 	Records *Records
-	// Visible reports whether a name of the zone (canonical: lower
-	// case, with the final dot) exists for the client asking, which
-	// gets NXDOMAIN for it otherwise; nil: every name for every client.
-	// It is called for each query of a name the records hold.
-	Visible func(client netip.Addr, name string) bool
+	// Scope narrows a name of the zone (canonical: lower case, with the
+	// final dot) to what the client asking may see: the addresses it is
+	// answered with, of those the records hold (addrs, not to be
+	// modified), and whether the name exists for it at all (NXDOMAIN
+	// otherwise). nil: every name and address for every client. It is
+	// called for each query of a name the records hold.
+	Scope func(client netip.Addr, name string, addrs []netip.Addr) ([]netip.Addr, bool)
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -80,7 +82,7 @@ type Server struct {
 	fwdTO     time.Duration
 	stagger   time.Duration
 	records   *Records
-	visible   func(netip.Addr, string) bool
+	scope     func(netip.Addr, string, []netip.Addr) ([]netip.Addr, bool)
 	log       *slog.Logger
 
 	ctx    context.Context // cancelled by Close: aborts forwarding
@@ -150,7 +152,7 @@ func New(cfg Config) (*Server, error) {
 		fwdTO:     fwd,
 		stagger:   stagger,
 		records:   recs,
-		visible:   cfg.Visible,
+		scope:     cfg.Scope,
 		log:       log.With("component", "dns"),
 		ctx:       ctx,
 		cancel:    cancel,
@@ -436,8 +438,8 @@ func (s *Server) authoritative(req *mdns.Msg, q mdns.Question, client netip.Addr
 		return m
 	}
 	addrs, ok := s.records.Lookup(name)
-	if ok && s.visible != nil && !s.visible(client, name) {
-		ok = false
+	if ok && s.scope != nil {
+		addrs, ok = s.scope(client, name, addrs)
 	}
 	if !ok {
 		m.Rcode = mdns.RcodeNameError

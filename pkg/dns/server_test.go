@@ -663,22 +663,27 @@ func TestRecords(t *testing.T) {
 	}
 }
 
-// TestVisible: a name Visible hides from a client is NXDOMAIN to it, over
-// UDP and TCP, and the client Visible is asked about is the one asking.
-func TestVisible(t *testing.T) {
+// TestScope: a name Scope hides from a client is NXDOMAIN to it, over UDP
+// and TCP; the client is answered with the addresses Scope gives; and the
+// client Scope is asked about is the one asking.
+func TestScope(t *testing.T) {
 	var mu sync.Mutex
 	var asked []string
-	_, addr := start(t, Config{Records: NewRecords(baseRecords()), Visible: func(client netip.Addr, name string) bool {
+	_, addr := start(t, Config{Records: NewRecords(baseRecords()), Scope: func(client netip.Addr, name string, addrs []netip.Addr) ([]netip.Addr, bool) {
 		mu.Lock()
 		asked = append(asked, client.String()+" "+name)
 		mu.Unlock()
-		return name != "1.web.shoal."
+		if name == "web.shoal." {
+			return addrs[:2], true
+		}
+		return addrs, name != "1.web.shoal."
 	}})
 	for _, tr := range []string{"udp", "tcp"} {
-		if m := query(t, addr, "web.shoal.", mdns.TypeA, qopt{net: tr}); m.Rcode != mdns.RcodeSuccess || len(m.Answer) != 3 {
-			t.Fatalf("%s: web.shoal.: rcode %s, %d answers", tr, mdns.RcodeToString[m.Rcode], len(m.Answer))
+		m := query(t, addr, "web.shoal.", mdns.TypeA, qopt{net: tr})
+		if got := sorted(aAddrs(t, m)); m.Rcode != mdns.RcodeSuccess || !slices.Equal(got, []netip.Addr{web1, web2}) {
+			t.Fatalf("%s: web.shoal.: rcode %s, answers %v; want %v and %v, the two Scope gives", tr, mdns.RcodeToString[m.Rcode], got, web1, web2)
 		}
-		m := query(t, addr, "1.Web.shoal.", mdns.TypeA, qopt{net: tr})
+		m = query(t, addr, "1.Web.shoal.", mdns.TypeA, qopt{net: tr})
 		if m.Rcode != mdns.RcodeNameError || len(m.Answer) != 0 || !m.Authoritative {
 			t.Fatalf("%s: hidden 1.web.shoal.: rcode %s, %d answers", tr, mdns.RcodeToString[m.Rcode], len(m.Answer))
 		}
@@ -687,6 +692,6 @@ func TestVisible(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if len(asked) != 4 || asked[1] != "127.0.0.1 1.web.shoal." {
-		t.Fatalf("Visible asked %q, want the client's address and the canonical name", asked)
+		t.Fatalf("Scope asked %q, want the client's address and the canonical name", asked)
 	}
 }

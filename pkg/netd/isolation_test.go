@@ -83,20 +83,27 @@ func TestDNSScope(t *testing.T) {
 		serviceDoc(sched.ServiceSpec{Name: "cache", Image: "x", Replicas: 1, Networks: []string{"back", "front"},
 			Aliases: map[string][]string{"back": {"kv"}, "front": {"kv"}}}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "old", Image: "x", Replicas: 1}, stamp(1, "n1")),
+		// Shares cache's alias on back, as Docker allows.
+		serviceDoc(sched.ServiceSpec{Name: "replica", Image: "x", Replicas: 1, Networks: []string{"back"},
+			Aliases: map[string][]string{"back": {"kv"}}}, stamp(1, "n1")),
 	}
 	tasks := []*statev1.Document{
 		taskDoc("w1", "web", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.2"),
 		taskDoc("d1", "db", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.3"),
 		taskDoc("a1", "app-api", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.4"),
 		taskDoc("o1", "old", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.5"),
+		taskDoc("c1", "cache", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.6"),
+		taskDoc("r1", "replica", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.7"),
 	}
-	slots := []*statev1.Document{slotDoc("web", "0", "w1", ""), slotDoc("db", "0", "d1", ""), slotDoc("app-api", "0", "a1", ""), slotDoc("old", "0", "o1", "")}
+	slots := []*statev1.Document{slotDoc("web", "0", "w1", ""), slotDoc("db", "0", "d1", ""), slotDoc("app-api", "0", "a1", ""), slotDoc("old", "0", "o1", ""),
+		slotDoc("cache", "0", "c1", ""), slotDoc("replica", "0", "r1", "")}
 	services := decodeServices(svcDocs)
 	recs, owners := records(services, endpoints(slots, tasks, nil, time.Unix(1, 0)))
 	for name, want := range map[string][]netip.Addr{
 		"www.shoal.": addrs("10.42.1.2"), "db.shoal.": addrs("10.42.1.3"), "rest.app.shoal.": addrs("10.42.1.4"),
+		"kv.shoal.": addrs("10.42.1.6", "10.42.1.7"),
 	} {
-		if got := recs[name]; !slices.Equal(got, want) {
+		if got := slices.SortedFunc(slices.Values(recs[name]), netip.Addr.Compare); !slices.Equal(got, want) {
 			t.Errorf("records[%s] = %v, want %v", name, got, want)
 		}
 	}
@@ -108,7 +115,7 @@ func TestDNSScope(t *testing.T) {
 		}
 		return strings.Join(out, ", ")
 	}
-	if got, want := aliasText("back"), "kv.shoal. cache, www.shoal. web"; got != want {
+	if got, want := aliasText("back"), "kv.shoal. cache, kv.shoal. replica, www.shoal. web"; got != want {
 		t.Errorf("aliases on back: %s, want %s", got, want)
 	}
 	if got, want := aliasText("front"), "kv.shoal. cache, rest.app.shoal. app-api"; got != want {
@@ -138,8 +145,27 @@ func TestDNSScope(t *testing.T) {
 		{"10.42.1.4", "kv.shoal.", true}, // and on front
 		{"10.42.1.5", "kv.shoal.", false},
 	} {
-		if got := sc.visible(netip.MustParseAddr(c.client), c.name); got != c.want {
-			t.Errorf("visible(%s, %s) = %v, want %v", c.client, c.name, got, c.want)
+		if _, got := sc.scope(netip.MustParseAddr(c.client), c.name, nil); got != c.want {
+			t.Errorf("scope(%s, %s) sees it: %v, want %v", c.client, c.name, got, c.want)
+		}
+	}
+	// The addresses of a shared alias: of the services on a network the
+	// client is on; all of them for a client that is no task. Names of
+	// one service's are the records' own.
+	for _, c := range []struct {
+		client, name string
+		want         []netip.Addr
+	}{
+		{"10.42.1.3", "kv.shoal.", addrs("10.42.1.6", "10.42.1.7")}, // cache and replica on back
+		{"10.42.1.4", "kv.shoal.", addrs("10.42.1.6")},              // cache alone on front
+		{"10.42.1.1", "kv.shoal.", addrs("10.42.1.6", "10.42.1.7")}, // the node
+		{"10.42.1.3", "www.shoal.", addrs("10.42.1.2")},
+		{"10.42.1.4", "web.shoal.", addrs("10.42.1.2")},
+	} {
+		name := c.name
+		got, _ := sc.scope(netip.MustParseAddr(c.client), name, recs[name])
+		if got = slices.SortedFunc(slices.Values(got), netip.Addr.Compare); !slices.Equal(got, c.want) {
+			t.Errorf("scope(%s, %s) answers %v, want %v", c.client, name, got, c.want)
 		}
 	}
 }

@@ -166,7 +166,9 @@ func (n *node) setup(ctx context.Context) error {
 		Listen:    []string{listen.String()},
 		Upstreams: n.upstreams(listen),
 		Logger:    n.log.With("component", "dns"),
-		Visible:   func(client netip.Addr, name string) bool { return n.scope.Load().visible(client, name) },
+		Scope: func(client netip.Addr, name string, addrs []netip.Addr) ([]netip.Addr, bool) {
+			return n.scope.Load().scope(client, name, addrs)
+		},
 	})
 	if err != nil {
 		return err

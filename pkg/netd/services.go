@@ -124,14 +124,16 @@ func decodeServices(docs []*statev1.Document) []*sched.Service {
 //
 // A service's network aliases (ServiceSpec.Aliases) are names of the
 // same addresses, <alias>.shoal. (<alias>.<stack>.shoal. for a stack's),
-// seen on their network only. A name is the first claimant's: services'
-// own names first, then aliases in service order, so that every node
-// answers alike; an alias that names another service is not made.
+// seen on their network only. Services may share an alias, as in Docker:
+// it answers with the addresses of those that share a network with the
+// client asking (dnsScope), and with all of them in the records. A
+// service's own name is never an alias: the alias is not made.
 //
-// owners maps each name to its service, and to an alias's network (for
-// dnsScope).
-func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.Addr, owners map[string]nameOwner) {
-	out, owners = map[string][]netip.Addr{}, map[string]nameOwner{}
+// owners maps each name to its service, and an alias to the services
+// that claim it, in service order, each with its networks and addresses
+// (for dnsScope).
+func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.Addr, owners map[string][]nameOwner) {
+	out, owners = map[string][]netip.Addr{}, map[string][]nameOwner{}
 	names := map[string][]string{} // service -> its DNS names
 	for _, svc := range services {
 		name := svc.Name
@@ -140,7 +142,7 @@ func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.
 			names[name] = append(names[name], alias+"."+svc.Spec.Stack+".shoal.")
 		}
 		for _, n := range names[name] {
-			out[n], owners[n] = nil, nameOwner{service: name}
+			out[n], owners[n] = nil, []nameOwner{{service: name}}
 		}
 	}
 	aliases := map[string][]string{} // service -> its alias names, not its slots'
@@ -152,14 +154,15 @@ func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.
 		for _, network := range slices.Sorted(maps.Keys(svc.Spec.Aliases)) {
 			for _, a := range svc.Spec.Aliases[network] {
 				n := a + "." + domain
-				if o, taken := owners[n]; taken {
-					if o.service == svc.Name && len(o.networks) > 0 { // its alias on another network too
-						o.networks = append(o.networks, network)
-						owners[n] = o
-					}
+				claims, taken := owners[n]
+				if taken && len(claims[0].networks) == 0 { // a service's own name
 					continue
 				}
-				out[n], owners[n] = nil, nameOwner{service: svc.Name, networks: []string{network}}
+				if i := slices.IndexFunc(claims, func(o nameOwner) bool { return o.service == svc.Name }); i >= 0 {
+					claims[i].networks = append(claims[i].networks, network) // its alias on another network too
+					continue
+				}
+				out[n], owners[n] = nil, append(claims, nameOwner{service: svc.Name, networks: []string{network}})
 				aliases[svc.Name] = append(aliases[svc.Name], n)
 			}
 		}
@@ -168,34 +171,39 @@ func records(services []*sched.Service, eps []endpoint) (out map[string][]netip.
 		for _, svc := range names[e.service] {
 			out[svc] = append(out[svc], e.ip)
 			out[e.slot+"."+svc] = append(out[e.slot+"."+svc], e.ip)
-			owners[e.slot+"."+svc] = nameOwner{service: e.service}
+			owners[e.slot+"."+svc] = []nameOwner{{service: e.service}}
 		}
 		for _, n := range aliases[e.service] {
 			out[n] = append(out[n], e.ip)
+			claims := owners[n]
+			i := slices.IndexFunc(claims, func(o nameOwner) bool { return o.service == e.service })
+			claims[i].addrs = append(claims[i].addrs, e.ip)
 		}
 	}
 	return out, owners
 }
 
 // nameOwner is whose a DNS name is: a service's, and for a network alias
-// on those networks only.
+// on those networks only, with the service's addresses.
 type nameOwner struct {
 	service  string
-	networks []string // an alias's; none for the service's own names
+	networks []string     // an alias's; none for the service's own names
+	addrs    []netip.Addr // an alias's
 }
 
 // dnsScope hides the names of services on no network of the task asking:
 // it gets NXDOMAIN, as from a separate Swarm network. Clients that are
 // not tasks on an overlay network (the node, a host-network task, a
 // task not known yet) see every name. A network alias is seen only by
-// tasks on its networks.
+// tasks on its networks, and answers them with the addresses of the
+// services that claim it there.
 type dnsScope struct {
-	owners   map[string]nameOwner    // DNS name -> its service (and network)
+	owners   map[string][]nameOwner  // DNS name -> its service, or an alias's claims
 	networks map[string][]string     // service -> its networks
 	clients  map[netip.Addr][]string // task address -> its networks
 }
 
-func newDNSScope(services []*sched.Service, owners map[string]nameOwner, iso isolation) *dnsScope {
+func newDNSScope(services []*sched.Service, owners map[string][]nameOwner, iso isolation) *dnsScope {
 	sc := &dnsScope{owners: owners, networks: map[string][]string{}, clients: map[netip.Addr][]string{}}
 	for _, s := range services {
 		sc.networks[s.Name] = s.Spec.OnNetworks()
@@ -208,31 +216,45 @@ func newDNSScope(services []*sched.Service, owners map[string]nameOwner, iso iso
 	return sc
 }
 
-func (sc *dnsScope) visible(client netip.Addr, name string) bool {
-	owner, ok := sc.owners[strings.ToLower(name)]
+// scope is dns.Config.Scope: the addresses of name that client sees, and
+// whether it sees the name at all.
+func (sc *dnsScope) scope(client netip.Addr, name string, addrs []netip.Addr) ([]netip.Addr, bool) {
+	owners, ok := sc.owners[strings.ToLower(name)]
 	if !ok {
-		return true
+		return addrs, true
 	}
 	nets, ok := sc.clients[client]
 	if !ok {
-		return true
+		return addrs, true
 	}
-	if len(owner.networks) > 0 {
-		return slices.ContainsFunc(owner.networks, func(n string) bool { return slices.Contains(nets, n) })
+	shares := func(networks []string) bool {
+		return slices.ContainsFunc(networks, func(n string) bool { return slices.Contains(nets, n) })
 	}
-	return slices.ContainsFunc(sc.networks[owner.service], func(n string) bool { return slices.Contains(nets, n) })
+	if len(owners[0].networks) == 0 {
+		return addrs, shares(sc.networks[owners[0].service])
+	}
+	var out []netip.Addr
+	seen := false
+	for _, o := range owners {
+		if shares(o.networks) {
+			out, seen = append(out, o.addrs...), true
+		}
+	}
+	return out, seen
 }
 
-// aliases lists, per network, the aliases answered on it, by name.
+// aliases lists, per network, the aliases answered on it, by name, with
+// each service that claims one there.
 func (sc *dnsScope) aliases() map[string][]*netv1.NetworkAlias {
 	out := map[string][]*netv1.NetworkAlias{}
 	if sc == nil {
 		return out
 	}
 	for _, name := range slices.Sorted(maps.Keys(sc.owners)) {
-		o := sc.owners[name]
-		for _, nw := range o.networks {
-			out[nw] = append(out[nw], &netv1.NetworkAlias{Name: name, Service: o.service})
+		for _, o := range sc.owners[name] {
+			for _, nw := range o.networks {
+				out[nw] = append(out[nw], &netv1.NetworkAlias{Name: name, Service: o.service})
+			}
 		}
 	}
 	return out

@@ -807,8 +807,11 @@ func TestNetwork(t *testing.T) {
 		} {
 			var flags []string
 			for _, n := range s.nets {
-				if s.name == "both3" && n == "blue" {
-					n = "name=blue,alias=bothb" // a name on blue only
+				switch {
+				case s.name == "both3" && n == "blue", s.name == "blue1":
+					n = "name=blue,alias=bothb" // a name on blue, of two services
+				case s.name == "redb1":
+					n = "name=red,alias=bothb" // and on red, of another
 				}
 				flags = append(flags, "--network", n)
 			}
@@ -864,13 +867,17 @@ func TestNetwork(t *testing.T) {
 				t.Errorf("%s.shoal from %s: %q %q, want NXDOMAIN", p[1], p[0], out, errOut)
 			}
 		}
-		// both3's alias bothb is a name on blue, by itself too (the
-		// search list), and none on red, which both3 is on as well.
-		if got := c.lookup(1, task["blue1"], "bothb"); !slices.Equal(got, []string{ip["both3"]}) {
-			t.Errorf("bothb from blue1: %v, want both3's %s", got, ip["both3"])
+		// The alias bothb is both3's and blue1's on blue, by itself too
+		// (the search list), redb1's on red (which both3 is on as well)
+		// and no name on the default network.
+		if got, want := c.lookup(1, task["blue1"], "bothb"), slices.Sorted(slices.Values([]string{ip["both3"], ip["blue1"]})); !slices.Equal(got, want) {
+			t.Errorf("bothb from blue1: %v, want both3's and blue1's %v", got, want)
 		}
-		if out, errOut, _ := c.exec(1, task["red1"], "nslookup", "bothb.shoal"); strings.Contains(out, ip["both3"]) || !strings.Contains(out+errOut, "NXDOMAIN") {
-			t.Errorf("bothb.shoal from red1 (red, not blue): %q %q, want NXDOMAIN", out, errOut)
+		if got := c.lookup(1, task["red1"], "bothb.shoal"); !slices.Equal(got, []string{ip["redb1"]}) {
+			t.Errorf("bothb.shoal from red1 (red, not blue): %v, want redb1's %s", got, ip["redb1"])
+		}
+		if out, errOut, _ := c.exec(3, task["plain3"], "nslookup", "bothb.shoal"); strings.Contains(out, ip["both3"]) || !strings.Contains(out+errOut, "NXDOMAIN") {
+			t.Errorf("bothb.shoal from plain3 (default network): %q %q, want NXDOMAIN", out, errOut)
 		}
 		// network ls names the networks, their services and tasks.
 		var v struct {
@@ -900,11 +907,14 @@ func TestNetwork(t *testing.T) {
 		if red.Name != "red" || len(red.Services) != 4 || !slices.Contains(red.Addresses, ip["red1"]) || slices.Contains(red.Addresses, ip["blue1"]) {
 			t.Errorf("network inspect red: %+v", red)
 		}
-		if table := c.mustCtl(3, "network", "inspect", "blue"); !regexp.MustCompile(`(?m)^ALIASES +bothb\.shoal \(both3\)$`).MatchString(table) {
-			t.Errorf("network inspect blue lacks both3's alias:\n%s", table)
+		if table := c.mustCtl(3, "network", "inspect", "blue"); !regexp.MustCompile(`(?m)^ALIASES +bothb\.shoal \(blue1, both3\)$`).MatchString(table) {
+			t.Errorf("network inspect blue lacks blue1's and both3's alias:\n%s", table)
 		}
-		if table := c.mustCtl(3, "network", "inspect", "red"); !regexp.MustCompile(`(?m)^ALIASES +-$`).MatchString(table) {
-			t.Errorf("network inspect red lists aliases:\n%s", table)
+		if table := c.mustCtl(3, "network", "inspect", "red"); !regexp.MustCompile(`(?m)^ALIASES +bothb\.shoal \(redb1\)$`).MatchString(table) {
+			t.Errorf("network inspect red lacks redb1's alias:\n%s", table)
+		}
+		if table := c.mustCtl(3, "network", "inspect", "default"); !regexp.MustCompile(`(?m)^ALIASES +-$`).MatchString(table) {
+			t.Errorf("network inspect default lists aliases:\n%s", table)
 		}
 		if _, errOut, code := c.ctl(3, "network", "inspect", "green"); code != 3 || !strings.Contains(errOut, "no service is on it") {
 			t.Errorf("network inspect green: exit %d %q, want 3", code, errOut)
