@@ -73,6 +73,10 @@ func TestIsolationOf(t *testing.T) {
 // the node and unknown clients see all.
 func TestDNSScope(t *testing.T) {
 	svcDocs := []*statev1.Document{
+		// Shares cache's alias on back, as Docker allows; listed first,
+		// as the mirror may, and still after cache, by name.
+		serviceDoc(sched.ServiceSpec{Name: "replica", Image: "x", Replicas: 1, Networks: []string{"back"},
+			Aliases: map[string][]string{"back": {"kv"}}}, stamp(1, "n1")),
 		// web is also www on back; its alias db is db's name already.
 		serviceDoc(sched.ServiceSpec{Name: "web", Image: "x", Replicas: 1, Networks: []string{"front", "back"},
 			Aliases: map[string][]string{"back": {"www", "db"}}}, stamp(1, "n1")),
@@ -83,9 +87,6 @@ func TestDNSScope(t *testing.T) {
 		serviceDoc(sched.ServiceSpec{Name: "cache", Image: "x", Replicas: 1, Networks: []string{"back", "front"},
 			Aliases: map[string][]string{"back": {"kv"}, "front": {"kv"}}}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "old", Image: "x", Replicas: 1}, stamp(1, "n1")),
-		// Shares cache's alias on back, as Docker allows.
-		serviceDoc(sched.ServiceSpec{Name: "replica", Image: "x", Replicas: 1, Networks: []string{"back"},
-			Aliases: map[string][]string{"back": {"kv"}}}, stamp(1, "n1")),
 	}
 	tasks := []*statev1.Document{
 		taskDoc("w1", "web", "0", sched.TaskRunning, sched.HealthNone, "10.42.1.2"),

@@ -92,9 +92,10 @@ func endpoints(slots, tasks, nodes []*statev1.Document, now time.Time) []endpoin
 }
 
 // decodeServices decodes the service documents once for records and
-// publications. A service whose spec does not decode (a newer schedd's?)
-// keeps its name, and so its DNS name, with an empty spec: no alias, no
-// published port.
+// publications, sorted by name (the mirror lists them in no order; the
+// records and the network listing must not depend on it). A service
+// whose spec does not decode (a newer schedd's?) keeps its name, and so
+// its DNS name, with an empty spec: no alias, no published port.
 func decodeServices(docs []*statev1.Document) []*sched.Service {
 	out := make([]*sched.Service, 0, len(docs))
 	for _, d := range docs {
@@ -109,6 +110,7 @@ func decodeServices(docs []*statev1.Document) []*sched.Service {
 		}
 		out = append(out, svc)
 	}
+	slices.SortFunc(out, func(a, b *sched.Service) int { return strings.Compare(a.Name, b.Name) })
 	return out
 }
 
