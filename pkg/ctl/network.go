@@ -38,6 +38,7 @@ type overlayView struct {
 	Services  []string    `json:"services"`
 	Addresses []string    `json:"addresses"`
 	Aliases   []aliasView `json:"aliases"`
+	Internal  bool        `json:"internal"`
 }
 
 type aliasView struct {
@@ -86,7 +87,8 @@ func networkViewOf(st *netv1.StatusResponse) networkView {
 		Subnets: []subnetView{}, Peers: []peerView{}, Published: []publishedView{}, Networks: []overlayView{},
 	}
 	for _, n := range st.GetNetworks() {
-		ov := overlayView{Name: n.GetName(), Services: nonNil(n.GetServices()), Addresses: nonNil(n.GetAddresses()), Aliases: []aliasView{}}
+		ov := overlayView{Name: n.GetName(), Services: nonNil(n.GetServices()), Addresses: nonNil(n.GetAddresses()), Aliases: []aliasView{},
+			Internal: n.GetInternal()}
 		for _, al := range n.GetAliases() {
 			ov.Aliases = append(ov.Aliases, aliasView{Name: al.GetName(), Service: al.GetService()})
 		}
@@ -171,8 +173,12 @@ func (a *app) networkCommand() *cobra.Command {
 						}
 						aliases = append(aliases, strings.TrimSuffix(name, ".")+" ("+strings.Join(services, ", ")+")")
 					}
-					fmt.Fprintf(tw, "NETWORK\t%s\nSERVICES\t%s\nTASKS\t%s\nALIASES\t%s\n", n.Name, strings.Join(n.Services, ", "),
-						dash(strings.Join(n.Addresses, ", ")), dash(strings.Join(aliases, ", ")))
+					internal := "no"
+					if n.Internal {
+						internal = "yes: its tasks on internal networks only reach nothing outside the overlay"
+					}
+					fmt.Fprintf(tw, "NETWORK\t%s\nINTERNAL\t%s\nSERVICES\t%s\nTASKS\t%s\nALIASES\t%s\n", n.Name, internal,
+						strings.Join(n.Services, ", "), dash(strings.Join(n.Addresses, ", ")), dash(strings.Join(aliases, ", ")))
 				})
 			}
 			return render(a.out, iformat, v, func(tw *tabwriter.Writer) {

@@ -163,7 +163,7 @@ func (f *specFlags) bind(fs *pflag.FlagSet, create bool) {
 	fs.StringArrayVar(&f.sysctls, "sysctl", nil, "kernel parameter of the task's namespaces KEY=VALUE: net.*, fs.mqueue.*, kernel.msg*, sem, shm* (repeatable)")
 	fs.StringVar(&f.logDriver, "log-driver", "", "json-file (default: the task's log on its node, rotated) or none (output discarded)")
 	fs.StringArrayVar(&f.logOpts, "log-opt", nil, "log option KEY=VALUE: max-size=10m (rotate at), max-file=5 (files kept) (repeatable; default: the node's)")
-	fs.StringArrayVar(&f.networks, "network", nil, "overlay network NAME the tasks are on, or name=NAME,alias=ALIAS (more DNS names there) (repeatable; default: the default network); tasks reach each other only on a network they share. host: the node's network namespace instead")
+	fs.StringArrayVar(&f.networks, "network", nil, "overlay network NAME the tasks are on, or name=NAME[,alias=ALIAS][,internal] (more DNS names there; internal: no traffic leaves the overlay from tasks on internal networks only) (repeatable; default: the default network); tasks reach each other only on a network they share. host: the node's network namespace instead")
 	if !create {
 		fs.BoolVar(&f.force, "force", false, "replace every task even if the spec did not change")
 	}
@@ -280,11 +280,9 @@ func (f *specFlags) apply(fs *pflag.FlagSet, spec *sched.ServiceSpec, args []str
 		}
 	}
 	if fs.Changed("network") {
-		network, networks, aliases, err := specNetworks(f.networks)
-		if err != nil {
+		if err := setNetworks(spec, f.networks); err != nil {
 			return usageError{err}
 		}
-		spec.Network, spec.Networks, spec.Aliases = network, networks, aliases
 	}
 	// One kind of check at a time: the one given replaces the others.
 	kinds := 0
@@ -1075,49 +1073,63 @@ func (a *app) noteLoneNetworks(ctx context.Context, c *client.Schedd, spec sched
 	}
 }
 
-// specNetworks turns --network values into the spec's fields: host alone
-// is the node's namespace (the spec refuses it among others), default
-// alone is the default network, which a spec says by naming none. A value
-// is NAME or Docker's long form, name=NAME[,alias=ALIAS...].
-func specNetworks(vals []string) (network string, networks []string, aliases map[string][]string, err error) {
+// setNetworks turns --network values into the spec's fields: host alone
+// is Network, the node's namespace (the spec refuses it among others);
+// default alone is no Networks, the default network; NAME or name=NAME[,alias=A...][,internal] (Docker's long
+// form; internal is Shoal's, having no network create) is one more.
+func setNetworks(spec *sched.ServiceSpec, vals []string) error {
+	spec.Network, spec.Networks, spec.Aliases, spec.Internal = "", nil, nil, nil
 	for _, v := range vals {
 		if !strings.Contains(v, "=") {
-			networks = append(networks, v)
+			spec.Networks = append(spec.Networks, v)
 			continue
 		}
 		var name string
 		var as []string
+		internal := false
 		for _, field := range strings.Split(v, ",") {
-			k, val, _ := strings.Cut(field, "=")
+			k, val, hasVal := strings.Cut(field, "=")
 			switch k {
 			case "name":
 				name = val
 			case "alias":
 				as = append(as, val)
+			case "internal":
+				internal = true
+				if hasVal {
+					b, err := strconv.ParseBool(val)
+					if err != nil {
+						return fmt.Errorf("--network %q: internal=%q: want true or false", v, val)
+					}
+					internal = b
+				}
 			case "driver-opt", "ip", "ip6", "link-local-ip", "mac-address":
-				return "", nil, nil, fmt.Errorf("--network %q: %s is not supported (Shoal gives each task its address on the overlay)", v, k)
+				return fmt.Errorf("--network %q: %s is not supported (Shoal gives each task its address on the overlay)", v, k)
 			default:
-				return "", nil, nil, fmt.Errorf("--network %q: unknown field %q: want name and alias", v, k)
+				return fmt.Errorf("--network %q: unknown field %q: want name, alias and internal", v, k)
 			}
 		}
 		if name == "" {
-			return "", nil, nil, fmt.Errorf("--network %q: name is missing", v)
+			return fmt.Errorf("--network %q: name is missing", v)
 		}
-		networks = append(networks, name)
+		spec.Networks = append(spec.Networks, name)
 		if len(as) > 0 {
-			if aliases == nil {
-				aliases = map[string][]string{}
+			if spec.Aliases == nil {
+				spec.Aliases = map[string][]string{}
 			}
-			aliases[name] = append(aliases[name], as...)
+			spec.Aliases[name] = append(spec.Aliases[name], as...)
+		}
+		if internal {
+			spec.Internal = append(spec.Internal, name)
 		}
 	}
 	switch {
-	case len(networks) == 1 && networks[0] == sched.NetworkHost:
-		return sched.NetworkHost, nil, aliases, nil
-	case len(networks) == 1 && networks[0] == sched.DefaultNetwork, len(networks) == 1 && networks[0] == "":
-		return "", nil, aliases, nil
+	case len(spec.Networks) == 1 && spec.Networks[0] == sched.NetworkHost:
+		spec.Network, spec.Networks = sched.NetworkHost, nil
+	case len(spec.Networks) == 1 && spec.Networks[0] == sched.DefaultNetwork, len(spec.Networks) == 1 && spec.Networks[0] == "":
+		spec.Networks = nil
 	}
-	return "", networks, aliases, nil
+	return nil
 }
 
 // waitFlags control how long-running commands wait for convergence.

@@ -137,6 +137,9 @@ func TestServiceCreateFlags(t *testing.T) {
 		{"aliases", []string{"--network", "name=front,alias=web,alias=www", "--network", "back"}, func(s sched.ServiceSpec) bool {
 			return slices.Equal(s.Networks, []string{"front", "back"}) && len(s.Aliases) == 1 && slices.Equal(s.Aliases["front"], []string{"web", "www"})
 		}},
+		{"internal", []string{"--network", "name=vault,internal", "--network", "name=back,alias=db,internal=false", "--network", "name=audit,internal=true"}, func(s sched.ServiceSpec) bool {
+			return slices.Equal(s.Networks, []string{"vault", "back", "audit"}) && slices.Equal(s.Internal, []string{"vault", "audit"}) && slices.Equal(s.Aliases["back"], []string{"db"})
+		}},
 		{"the default network named", []string{"--network", "default"}, func(s sched.ServiceSpec) bool { return s.Network == "" && s.Networks == nil }},
 		{"host network", []string{"--network", "host"}, func(s sched.ServiceSpec) bool { return s.Network == sched.NetworkHost && s.Networks == nil }},
 		{"mode global", []string{"--mode", "global"}, func(s sched.ServiceSpec) bool { return s.Global && !s.Job && s.Replicas == 0 }},
@@ -266,6 +269,9 @@ func TestServiceCreateBadFlags(t *testing.T) {
 		{[]string{"--network", "name=red,alias=Bad_Name"}, `alias "Bad_Name" on network red: want a DNS label`},
 		{[]string{"--network", "name=red,alias=db,alias=db"}, "alias db given twice on network red"},
 		{[]string{"--network", "name=host,alias=db"}, "aliases on network host: the service is not on it (it is on none)"},
+		{[]string{"--network", "name=red,internal=maybe"}, `internal="maybe": want true or false`},
+		{[]string{"--network", "name=default,internal"}, "network default cannot be internal"},
+		{[]string{"--network", "name=red,internal", "--network", "name=red,internal"}, "network red given twice"},
 		{[]string{"--ulimit", "nofile"}, `ulimit "nofile"`},
 		{[]string{"--limit-pids", "-1"}, "pids limit is -1"},
 		{[]string{"--group", "a:b"}, `group "a:b"`},

@@ -59,6 +59,10 @@ type Config struct {
 	// otherwise). nil: every name and address for every client. It is
 	// called for each query of a name the records hold.
 	Scope func(client netip.Addr, name string, addrs []netip.Addr) ([]netip.Addr, bool)
+	// Forwards reports whether names outside the zone are forwarded for
+	// the client asking; it is REFUSED them otherwise (a task on
+	// internal networks only, as Docker's resolver does). nil: for all.
+	Forwards func(client netip.Addr) bool
 	// Logger; nil discards.
 	Logger *slog.Logger
 }
@@ -83,6 +87,7 @@ type Server struct {
 	stagger   time.Duration
 	records   *Records
 	scope     func(netip.Addr, string, []netip.Addr) ([]netip.Addr, bool)
+	forwards  func(netip.Addr) bool
 	log       *slog.Logger
 
 	ctx    context.Context // cancelled by Close: aborts forwarding
@@ -153,6 +158,7 @@ func New(cfg Config) (*Server, error) {
 		stagger:   stagger,
 		records:   recs,
 		scope:     cfg.Scope,
+		forwards:  cfg.Forwards,
 		log:       log.With("component", "dns"),
 		ctx:       ctx,
 		cancel:    cancel,
@@ -402,6 +408,11 @@ func (s *Server) answer(req *mdns.Msg, client netip.Addr) *mdns.Msg {
 	}
 	q := req.Question[0]
 	if !mdns.IsSubDomain(s.zone, q.Name) {
+		if s.forwards != nil && !s.forwards(client) {
+			m := new(mdns.Msg)
+			m.SetRcode(req, mdns.RcodeRefused)
+			return m
+		}
 		return s.forward(req)
 	}
 	m := s.authoritative(req, q, client)

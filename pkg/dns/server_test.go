@@ -695,3 +695,24 @@ func TestScope(t *testing.T) {
 		t.Fatalf("Scope asked %q, want the client's address and the canonical name", asked)
 	}
 }
+
+// TestForwards: a client Forwards refuses is REFUSED names outside the
+// zone, and the upstream never asked; names in the zone it still gets;
+// other clients are forwarded as before.
+func TestForwards(t *testing.T) {
+	var seen sync.Map
+	up := fakeUpstream(t, answering(1, &seen))
+	_, addr := start(t, Config{Records: NewRecords(baseRecords()), Upstreams: []string{up},
+		Forwards: func(client netip.Addr) bool { return client != netip.MustParseAddr("127.0.0.1") }})
+	if m := query(t, addr, "example.test.", mdns.TypeA, qopt{}); m.Rcode != mdns.RcodeRefused || len(m.Answer) != 0 {
+		t.Fatalf("example.test. for a refused client: rcode %s, %d answers; want REFUSED", mdns.RcodeToString[m.Rcode], len(m.Answer))
+	}
+	seen.Range(func(k, _ any) bool { t.Errorf("the upstream was asked %v", k); return true })
+	if m := query(t, addr, "web.shoal.", mdns.TypeA, qopt{}); m.Rcode != mdns.RcodeSuccess || len(m.Answer) != 3 {
+		t.Fatalf("web.shoal. for a refused client: rcode %s, %d answers", mdns.RcodeToString[m.Rcode], len(m.Answer))
+	}
+	_, other := start(t, Config{Upstreams: []string{up}, Forwards: func(netip.Addr) bool { return true }})
+	if m := query(t, other, "example.test.", mdns.TypeA, qopt{}); m.Rcode != mdns.RcodeSuccess || len(m.Answer) != 1 {
+		t.Fatalf("example.test. forwarded: rcode %s, %d answers", mdns.RcodeToString[m.Rcode], len(m.Answer))
+	}
+}

@@ -177,7 +177,7 @@ func (s *api) Status(ctx context.Context, _ *netv1.StatusRequest) (*netv1.Status
 	n.isoMu.Unlock()
 	aliases := n.scope.Load().aliases()
 	for _, nw := range iso.networks {
-		out := &netv1.OverlayNetwork{Name: nw.name, Services: nw.services, Aliases: aliases[nw.name]}
+		out := &netv1.OverlayNetwork{Name: nw.name, Services: nw.services, Aliases: aliases[nw.name], Internal: nw.internal}
 		for _, a := range nw.addrs {
 			out.Addresses = append(out.Addresses, a.String())
 		}

@@ -25,6 +25,9 @@ type isolation struct {
 	gateways []netip.Addr
 	tasks    []netip.Addr
 	networks []overlayNetwork
+	// sealed are the tasks on internal networks only: they reach
+	// nothing outside the overlay but the DNS of the nodes.
+	sealed []netip.Addr
 	// ports are this node's task veths with their tasks' addresses:
 	// what comes in through one must come from its address.
 	ports []taskPort
@@ -54,12 +57,14 @@ type overlayNetwork struct {
 	name     string
 	services []string
 	addrs    []netip.Addr
+	internal bool
 }
 
 func (iso isolation) equal(o isolation) bool {
 	return slices.Equal(iso.gateways, o.gateways) && slices.Equal(iso.tasks, o.tasks) && slices.Equal(iso.ports, o.ports) &&
+		slices.Equal(iso.sealed, o.sealed) &&
 		slices.EqualFunc(iso.networks, o.networks, func(a, b overlayNetwork) bool {
-			return a.name == b.name && slices.Equal(a.services, b.services) && slices.Equal(a.addrs, b.addrs)
+			return a.name == b.name && a.internal == b.internal && slices.Equal(a.services, b.services) && slices.Equal(a.addrs, b.addrs)
 		})
 }
 
@@ -68,7 +73,8 @@ func (iso isolation) equal(o isolation) bool {
 // counts, running or not: an address reached before its task is healthy
 // is still that service's. A task whose service is unknown here (its
 // document not arrived) is on no network, so nothing reaches it but the
-// nodes until it is known.
+// nodes until it is known. A network is internal if a service on it says
+// so, whatever the others say: the safer reading, and every node's alike.
 func isolationOf(services []*sched.Service, tasks, nodes []*statev1.Document) isolation {
 	var iso isolation
 	for _, d := range nodes {
@@ -87,6 +93,7 @@ func isolationOf(services []*sched.Service, tasks, nodes []*statev1.Document) is
 				nets[n] = &overlayNetwork{name: n}
 			}
 			nets[n].services = append(nets[n].services, s.Name)
+			nets[n].internal = nets[n].internal || slices.Contains(s.Spec.Internal, n)
 		}
 	}
 	for _, d := range tasks {
@@ -97,8 +104,12 @@ func isolationOf(services []*sched.Service, tasks, nodes []*statev1.Document) is
 		}
 		iso.tasks = append(iso.tasks, ip)
 		if s := bySvc[f["service"].GetStringValue()]; s != nil {
-			for _, n := range s.Spec.OnNetworks() {
+			on := s.Spec.OnNetworks()
+			for _, n := range on {
 				nets[n].addrs = append(nets[n].addrs, ip)
+			}
+			if len(on) > 0 && !slices.ContainsFunc(on, func(n string) bool { return !nets[n].internal }) {
+				iso.sealed = append(iso.sealed, ip)
 			}
 		}
 	}
@@ -108,7 +119,7 @@ func isolationOf(services []*sched.Service, tasks, nodes []*statev1.Document) is
 		iso.networks = append(iso.networks, *n)
 	}
 	slices.SortFunc(iso.networks, func(a, b overlayNetwork) int { return strings.Compare(a.name, b.name) })
-	iso.gateways, iso.tasks = sortedAddrs(iso.gateways), sortedAddrs(iso.tasks)
+	iso.gateways, iso.tasks, iso.sealed = sortedAddrs(iso.gateways), sortedAddrs(iso.tasks), sortedAddrs(iso.sealed)
 	return iso
 }
 
@@ -157,7 +168,7 @@ func (n *node) applyLocked(iso isolation) {
 	if n.applied && iso.equal(n.iso) {
 		return
 	}
-	if err := applyIsolation(n.nft, iso, n.overlay, n.cfg.Bridge); err != nil {
+	if err := applyIsolation(n.nft, iso, n.overlay, n.cfg.Bridge, uint16(n.cfg.DNSPort)); err != nil {
 		n.log.Warn("apply network isolation", "err", err)
 		return
 	}
@@ -180,14 +191,29 @@ const isolationTable = "shoal"
 //	both:   ip saddr OVERLAY ip daddr @tasks drop
 //
 // so traffic from outside the overlay (the node's masqueraded or proxied
-// connections) and to anything but a task passes; and before all that,
+// connections) and to anything but a task passes, but from a sealed task
+// (on internal networks only):
+//
+//	inet forward: ip saddr @sealed ip daddr != OVERLAY drop
+//	inet input:   ip saddr @sealed ct state established,related accept
+//	inet input:   ip saddr @sealed udp/tcp dport DNS accept
+//	inet input:   ip saddr @sealed drop
+//
+// (it reaches no host outside the overlay, nor a node but for its DNS
+// and the replies to the node's own connections: health checks,
+// published ports' proxies); other tasks' traffic out of the overlay is
+// masqueraded:
+//
+//	inet postrouting (nat): ip saddr OVERLAY ip daddr != OVERLAY masquerade
+//
+// and before all that,
 // in the bridge table's prerouting, a task's packets and ARP messages
 // must come from its own address (antiSpoof). A node's own traffic
 // leaves it through the output hook, never forward: a forwarded packet
 // from a gateway's address that came in from the bridge, or crosses
 // between two of its ports, is a task's forgery, and it is dropped (the
 // first rule; the bridge table has no gateway rule at all).
-func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, bridge string) error {
+func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, bridge string, dnsPort uint16) error {
 	for _, fam := range []nftables.TableFamily{nftables.TableFamilyINet, nftables.TableFamilyBridge} {
 		t := &nftables.Table{Name: isolationTable, Family: fam}
 		conn.AddTable(t)
@@ -207,13 +233,14 @@ func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, br
 			}
 			return s, nil
 		}
-		rule := func(parts ...[]expr.Any) {
+		ruleIn := func(ch *nftables.Chain, parts ...[]expr.Any) {
 			exprs := ipv4Only(fam)
 			for _, p := range parts {
 				exprs = append(exprs, p...)
 			}
 			conn.AddRule(&nftables.Rule{Table: t, Chain: ch, Exprs: exprs})
 		}
+		rule := func(parts ...[]expr.Any) { ruleIn(ch, parts...) }
 		if fam == nftables.TableFamilyINet {
 			gw, err := set("gateways", iso.gateways)
 			if err != nil {
@@ -221,6 +248,25 @@ func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, br
 			}
 			rule(ifname(expr.MetaKeyIIFNAME, bridge), addrIn(saddrOffset, gw), verdict(expr.VerdictDrop))
 			rule(addrIn(saddrOffset, gw), verdict(expr.VerdictAccept))
+			sealed, err := set("sealed", iso.sealed)
+			if err != nil {
+				return err
+			}
+			rule(addrIn(saddrOffset, sealed), prefixCmp(daddrOffset, overlay, expr.CmpOpNeq), verdict(expr.VerdictDrop))
+			input := conn.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
+				Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
+			ruleIn(input, addrIn(saddrOffset, sealed), ctReply(), verdict(expr.VerdictAccept))
+			for _, proto := range []byte{unix.IPPROTO_UDP, unix.IPPROTO_TCP} {
+				ruleIn(input, addrIn(saddrOffset, sealed), dport(proto, dnsPort), verdict(expr.VerdictAccept))
+			}
+			ruleIn(input, addrIn(saddrOffset, sealed), verdict(expr.VerdictDrop))
+			// Tasks' own traffic out of the overlay leaves with the node's
+			// address, as Docker's bridge masquerades: nothing outside
+			// routes the overlay back, and WireGuard would drop a reply
+			// from another node's address anyway.
+			nat := conn.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
+				Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
+			ruleIn(nat, prefixCmp(saddrOffset, overlay, expr.CmpOpEq), prefixCmp(daddrOffset, overlay, expr.CmpOpNeq), []expr.Any{&expr.Masq{}})
 		}
 		for i, n := range iso.networks {
 			s, err := set(fmt.Sprintf("net_%d", i), n.addrs)
@@ -233,7 +279,7 @@ func applyIsolation(conn *nftables.Conn, iso isolation, overlay netip.Prefix, br
 		if err != nil {
 			return err
 		}
-		rule(inPrefix(saddrOffset, overlay), addrIn(daddrOffset, tasks), verdict(expr.VerdictDrop))
+		rule(prefixCmp(saddrOffset, overlay, expr.CmpOpEq), addrIn(daddrOffset, tasks), verdict(expr.VerdictDrop))
 		if fam == nftables.TableFamilyBridge {
 			antiSpoof(conn, t, iso.ports)
 		}
@@ -318,11 +364,33 @@ func addrIn(offset uint32, s *nftables.Set) []expr.Any {
 	}
 }
 
-func inPrefix(offset uint32, p netip.Prefix) []expr.Any {
+// prefixCmp matches an address in p (CmpOpEq) or outside it (CmpOpNeq).
+func prefixCmp(offset uint32, p netip.Prefix, op expr.CmpOp) []expr.Any {
 	return []expr.Any{
 		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
 		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4, Mask: net.CIDRMask(p.Bits(), 32), Xor: make([]byte, 4)},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: p.Masked().Addr().AsSlice()},
+		&expr.Cmp{Op: op, Register: 1, Data: p.Masked().Addr().AsSlice()},
+	}
+}
+
+// ctReply matches packets of connections already seen both ways, or
+// related to one (ct state established,related).
+func ctReply() []expr.Any {
+	return []expr.Any{
+		&expr.Ct{Register: 1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: 4,
+			Mask: binaryutil.NativeEndian.PutUint32(expr.CtStateBitESTABLISHED | expr.CtStateBitRELATED), Xor: make([]byte, 4)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: 1, Data: make([]byte, 4)},
+	}
+}
+
+// dport matches a transport protocol and destination port.
+func dport(proto byte, port uint16) []expr.Any {
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{proto}},
+		&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(port)},
 	}
 }
 

@@ -27,15 +27,21 @@ import (
 func isoText(iso isolation) string {
 	lines := []string{fmt.Sprintf("gateways %v", iso.gateways), fmt.Sprintf("tasks %v", iso.tasks)}
 	for _, n := range iso.networks {
-		lines = append(lines, fmt.Sprintf("%s %v %v", n.name, n.services, n.addrs))
+		internal := ""
+		if n.internal {
+			internal = " internal"
+		}
+		lines = append(lines, fmt.Sprintf("%s%s %v %v", n.name, internal, n.services, n.addrs))
 	}
+	lines = append(lines, fmt.Sprintf("sealed %v", iso.sealed))
 	return strings.Join(lines, "\n")
 }
 
 func TestIsolationOf(t *testing.T) {
 	svcDocs := []*statev1.Document{
 		serviceDoc(sched.ServiceSpec{Name: "web", Image: "x", Replicas: 1, Networks: []string{"front", "back"}}, stamp(1, "n1")),
-		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x", Replicas: 1, Networks: []string{"back"}}, stamp(1, "n1")),
+		// db makes back internal for web too; web is on front as well.
+		serviceDoc(sched.ServiceSpec{Name: "db", Image: "x", Replicas: 1, Networks: []string{"back"}, Internal: []string{"back"}}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "old", Image: "x", Replicas: 1}, stamp(1, "n1")),
 		serviceDoc(sched.ServiceSpec{Name: "agent", Image: "x", Global: true, Network: sched.NetworkHost}, stamp(1, "n1")),
 	}
@@ -53,18 +59,26 @@ func TestIsolationOf(t *testing.T) {
 		doc(prefixNodes+"n2", map[string]crdt.Value{"subnet": crdt.String("10.42.2.0/24")}, stamp(1, "n2")),
 		doc(prefixNodes+"n3", map[string]crdt.Value{}, stamp(1, "n3")), // no subnet yet
 	}
-	got := isoText(isolationOf(decodeServices(svcDocs), tasks, nodes))
+	iso := isolationOf(decodeServices(svcDocs), tasks, nodes)
+	got := isoText(iso)
 	// x1's service is not known here: it is a task (dropped from the
 	// overlay) on no network (reached by none) until it is.
 	want := strings.Join([]string{
 		"gateways [10.42.1.1 10.42.2.1]",
 		"tasks [10.42.1.2 10.42.1.3 10.42.2.2 10.42.2.3 10.42.2.4]",
-		"back [db web] [10.42.1.2 10.42.1.3 10.42.2.2]",
+		"back internal [db web] [10.42.1.2 10.42.1.3 10.42.2.2]",
 		"default [old] [10.42.2.3]",
 		"front [web] [10.42.1.2 10.42.2.2]",
+		"sealed [10.42.1.3]", // db's task; the finished one is not a task
 	}, "\n")
 	if got != want {
 		t.Fatalf("isolationOf:\n%s\nwant:\n%s", got, want)
+	}
+	// The sealed task's names outside the overlay are not forwarded.
+	sc := newDNSScope(decodeServices(svcDocs), nil, iso)
+	if sc.forwards(netip.MustParseAddr("10.42.1.3")) || !sc.forwards(netip.MustParseAddr("10.42.1.2")) || !sc.forwards(netip.MustParseAddr("10.42.1.1")) {
+		t.Errorf("forwards: db's task %v, web's %v, the node %v; want false, true, true", sc.forwards(netip.MustParseAddr("10.42.1.3")),
+			sc.forwards(netip.MustParseAddr("10.42.1.2")), sc.forwards(netip.MustParseAddr("10.42.1.1")))
 	}
 }
 
@@ -210,10 +224,10 @@ func TestApplyIsolation(t *testing.T) {
 	first := isolation{gateways: addrs("10.42.1.1"), tasks: addrs("10.42.1.2", "10.42.1.3", "10.42.1.4"),
 		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2")}, {name: "b", addrs: addrs("10.42.1.3", "10.42.1.4")}}}
 	second := isolation{gateways: addrs("10.42.1.1", "10.42.2.1"), tasks: addrs("10.42.1.2"),
-		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2")}},
-		ports:    []taskPort{{veth: "ve0011223344", addr: netip.MustParseAddr("10.42.1.2")}}}
+		networks: []overlayNetwork{{name: "a", addrs: addrs("10.42.1.2"), internal: true}}, sealed: addrs("10.42.1.2"),
+		ports: []taskPort{{veth: "ve0011223344", addr: netip.MustParseAddr("10.42.1.2")}}}
 	for _, iso := range []isolation{first, second} {
-		if err := applyIsolation(conn, iso, overlay, "shoal0"); err != nil {
+		if err := applyIsolation(conn, iso, overlay, "shoal0", 53); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -235,11 +249,28 @@ func TestApplyIsolation(t *testing.T) {
 			}
 			slices.Sort(got[s.Name])
 		}
-		want := map[string][]string{"gateways": {"10.42.1.1", "10.42.2.1"}, "net_0": {"10.42.1.2"}, "tasks": {"10.42.1.2"}}
-		wantRules := 4 // a forged gateway's drop, gateways accept, a's accept, the overlay's drop
+		want := map[string][]string{"gateways": {"10.42.1.1", "10.42.2.1"}, "net_0": {"10.42.1.2"}, "sealed": {"10.42.1.2"}, "tasks": {"10.42.1.2"}}
+		// A forged gateway's drop, gateways accept, the sealed tasks'
+		// drop out of the overlay, a's accept, the overlay's drop.
+		wantRules := 5
 		if fam == nftables.TableFamilyBridge {
-			delete(want, "gateways") // a node's own packets never cross the bridge's ports
+			// A node's own packets never cross the bridge's ports, nor
+			// a packet out of the overlay.
+			delete(want, "gateways")
+			delete(want, "sealed")
 			wantRules = 2
+		} else {
+			// The sealed tasks' replies and DNS over UDP and TCP accepted,
+			// the rest dropped.
+			in, err := conn.GetRules(table, &nftables.Chain{Name: "input", Table: table})
+			if err != nil || len(in) != 4 {
+				t.Errorf("inet input: %d rules (%v), want 4", len(in), err)
+			}
+			// The masquerade of tasks' traffic out of the overlay.
+			post, err := conn.GetRules(table, &nftables.Chain{Name: "postrouting", Table: table})
+			if err != nil || len(post) != 1 {
+				t.Errorf("inet postrouting: %d rules (%v), want 1", len(post), err)
+			}
 		}
 		if fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("family %v: sets %v, want %v (the second ruleset alone)", fam, got, want)

@@ -169,6 +169,7 @@ func (n *node) setup(ctx context.Context) error {
 		Scope: func(client netip.Addr, name string, addrs []netip.Addr) ([]netip.Addr, bool) {
 			return n.scope.Load().scope(client, name, addrs)
 		},
+		Forwards: func(client netip.Addr) bool { return n.scope.Load().forwards(client) },
 	})
 	if err != nil {
 		return err

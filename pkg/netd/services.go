@@ -203,10 +203,14 @@ type dnsScope struct {
 	owners   map[string][]nameOwner  // DNS name -> its service, or an alias's claims
 	networks map[string][]string     // service -> its networks
 	clients  map[netip.Addr][]string // task address -> its networks
+	sealed   map[netip.Addr]bool     // tasks on internal networks only
 }
 
 func newDNSScope(services []*sched.Service, owners map[string][]nameOwner, iso isolation) *dnsScope {
-	sc := &dnsScope{owners: owners, networks: map[string][]string{}, clients: map[netip.Addr][]string{}}
+	sc := &dnsScope{owners: owners, networks: map[string][]string{}, clients: map[netip.Addr][]string{}, sealed: map[netip.Addr]bool{}}
+	for _, a := range iso.sealed {
+		sc.sealed[a] = true
+	}
 	for _, s := range services {
 		sc.networks[s.Name] = s.Spec.OnNetworks()
 	}
@@ -244,6 +248,10 @@ func (sc *dnsScope) scope(client netip.Addr, name string, addrs []netip.Addr) ([
 	}
 	return out, seen
 }
+
+// forwards is dns.Config.Forwards: a task on internal networks only gets
+// no name from outside the overlay either, as from Docker's resolver.
+func (sc *dnsScope) forwards(client netip.Addr) bool { return !sc.sealed[client] }
 
 // aliases lists, per network, the aliases answered on it, by name, with
 // each service that claims one there.

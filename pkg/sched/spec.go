@@ -172,6 +172,12 @@ type ServiceSpec struct {
 	// service <alias>.<stack>.shoal, which its stack's tasks reach by
 	// <alias> alone.
 	Aliases map[string][]string `json:"aliases,omitempty"`
+	// Internal names networks of the service's that are internal, as
+	// Docker's `network create --internal` and Compose's internal: a
+	// task on internal networks only reaches nothing outside the overlay
+	// (but its node's DNS). A network is internal if any service on it
+	// says so (`--network name=NET,internal`).
+	Internal []string `json:"internal_networks,omitempty"`
 
 	// ForceUpdate changes the spec (and so its digest) without changing
 	// anything else: `service update --force` increments it to replace
@@ -778,6 +784,16 @@ func (s ServiceSpec) Validate() error {
 			case slices.Contains(d.Aliases[n][:i], a):
 				add("alias %s given twice on network %s", a, n)
 			}
+		}
+	}
+	for i, n := range d.Internal {
+		switch {
+		case n == DefaultNetwork:
+			add("network %s cannot be internal: it is the network of every service that names none", n)
+		case !slices.Contains(on, n):
+			add("internal network %s: the service is not on it (it is on %s)", n, cmp.Or(strings.Join(on, ", "), "none"))
+		case slices.Contains(d.Internal[:i], n):
+			add("internal network %s given twice", n)
 		}
 	}
 	for _, e := range d.Env {

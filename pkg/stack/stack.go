@@ -220,12 +220,19 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	// As docker stack deploy: the file's networks are the stack's,
 	// <stack>_<name>, an external one is named as it is, and a service
 	// that names none is on <stack>_default, so that stacks are apart.
+	// A stack's network the file makes internal is in every spec on it.
+	internal := func(key, name string) {
+		if nw, ok := p.Networks[key]; ok && nw.Internal && !bool(nw.External) {
+			spec.Internal = append(spec.Internal, name)
+		}
+	}
 	for _, key := range slices.Sorted(maps.Keys(svc.Networks)) {
 		name := stack + "_" + key
 		if nw, ok := p.Networks[key]; ok && bool(nw.External) {
 			name = cmp.Or(nw.Name, key)
 		}
 		spec.Networks = append(spec.Networks, name)
+		internal(key, name)
 		c := svc.Networks[key]
 		if c != nil && len(c.Aliases) > 0 {
 			if spec.Aliases == nil {
@@ -239,6 +246,7 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	}
 	if len(spec.Networks) == 0 && svc.NetworkMode == "" {
 		spec.Networks = []string{stack + "_default"}
+		internal("default", spec.Networks[0])
 	}
 	switch svc.NetworkMode {
 	case "":

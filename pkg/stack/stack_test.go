@@ -79,8 +79,9 @@ configs:
   site: {content: "listen 80;"}
   motd: {external: true}
 networks:
-  front: {}
+  front: {internal: true}
   corp: {external: true, name: corp-net}
+  default: {internal: true}
 `)
 	plan, err := Convert(p, "app")
 	if err != nil {
@@ -107,12 +108,13 @@ networks:
 		// The stack's network, and an external one as it is named.
 		Networks: []string{"corp-net", "app_front"},
 		Aliases:  map[string][]string{"app_front": {"www", "site"}},
+		Internal: []string{"app_front"},
 	}
 	if g, w := jsonOf(t, web), jsonOf(t, want); g != w {
 		t.Errorf("web:\n got %s\nwant %s", g, w)
 	}
-	if !slices.Equal(db.Networks, []string{"app_default"}) {
-		t.Errorf("db names no network: on %v, want the stack's default", db.Networks)
+	if !slices.Equal(db.Networks, []string{"app_default"}) || !slices.Equal(db.Internal, []string{"app_default"}) {
+		t.Errorf("db names no network: on %v (internal %v), want the stack's default, internal as the file says", db.Networks, db.Internal)
 	}
 	if !db.Global || db.Replicas != 0 || db.Restart.Policy != sched.RestartOnFailure || db.Restart.MaxAttempts != 2 ||
 		strings.Join(db.Health.Cmd, " ") != "true" || db.StackAlias() != "db" ||

@@ -982,6 +982,79 @@ func TestNetwork(t *testing.T) {
 		c.rm("red1", "redb1", "blue1", "plain1", "red3", "both3", "plain3", "forge1")
 	})
 
+	// An internal network (Docker's network create --internal, Compose's
+	// internal): a task on internal networks only reaches the tasks on
+	// them and its node's DNS, and nothing outside the overlay, not even
+	// a node's address; names outside .shoal are refused it. The nodes
+	// still reach it: its published port answers.
+	c.run(t, "InternalNetwork", func(t *testing.T) {
+		queries := c.fakeResolver(t, 1, fakeUpstreamPort)
+		web := []string{"httpd", "-f", "-p", "80", "-h", "/www"}
+		// vault1 makes vault internal, for vault3 too; open1 is also on
+		// outer, so it is not sealed.
+		c.create("vault1", 1, []string{"--network", "name=vault,internal", "--publish", "8097:80"}, web...)
+		c.create("vault3", 3, []string{"--network", "vault"}, web...)
+		c.create("open1", 1, []string{"--network", "vault", "--network", "outer"}, web...)
+		vault1, vault3, open1 := c.taskOn("vault1", 1), c.taskOn("vault3", 3), c.taskOn("open1", 1)
+		for _, i := range []int{1, 3} {
+			waitFor(t, 30*time.Second, fmt.Sprintf("node %d's netd has vault internal with its 3 tasks", i), func() bool {
+				var v struct {
+					Internal  bool     `json:"internal"`
+					Addresses []string `json:"addresses"`
+				}
+				out, _, code := c.ctl(i, "network", "inspect", "vault", "-o", "json")
+				return code == 0 && json.Unmarshal([]byte(out), &v) == nil && v.Internal && len(v.Addresses) == 3
+			})
+		}
+		// Within the overlay, by name: DNS and the other node's task.
+		waitFor(t, 30*time.Second, "vault3 reaches vault1 by name", func() bool {
+			out, _, _ := c.exec(3, vault3, "timeout", "3", "wget", "-qO-", "http://vault1.shoal/")
+			return strings.Contains(out, "shoal test image")
+		})
+		// The nodes reach vault1: its published port on node 1 (its own
+		// node's proxy) and on node 3 (across the overlay).
+		for _, i := range []int{1, 3} {
+			url := fmt.Sprintf("http://%s:8097/", c.Addr(i))
+			waitFor(t, 15*time.Second, url+" answers from vault1", func() bool {
+				b, err := httpGet(url)
+				return err == nil && strings.Contains(b, "shoal test image")
+			})
+		}
+		// A task that is not sealed reaches a node's address; sealed
+		// ones reach neither another node's nor their own node's.
+		url3 := fmt.Sprintf("http://%s:8097/", c.Addr(3))
+		if out, errOut, code := c.exec(1, open1, "timeout", "3", "wget", "-qO-", url3); code != 0 || !strings.Contains(out, "shoal test image") {
+			t.Errorf("open1 (vault and outer) to %s: exit %d %q %q, want the page", url3, code, out, errOut)
+		}
+		for _, p := range []struct {
+			node       int
+			task, name string
+			addr       int
+		}{{1, vault1, "vault1", 3}, {3, vault3, "vault3", 1}, {3, vault3, "vault3", 3}} {
+			url := fmt.Sprintf("http://%s:8097/", c.Addr(p.addr))
+			if out, errOut, code := c.exec(p.node, p.task, "timeout", "3", "wget", "-qO-", url); code == 0 || strings.Contains(out, "shoal test image") {
+				t.Errorf("%s (node %d, internal only) reached %s (node %d): exit %d %q %q", p.name, p.node, url, p.addr, code, out, errOut)
+			}
+		}
+		// DNS forwarding: open1 gets the fake upstream's answer, vault1
+		// is refused and the upstream is not asked.
+		if got := c.lookup(1, open1, "probe.example.test"); !slices.Equal(got, []string{"192.0.2.77"}) {
+			t.Errorf("probe.example.test from open1: %v, want the fake upstream's 192.0.2.77", got)
+		}
+		before := queries.Load()
+		if out, errOut, _ := c.exec(1, vault1, "nslookup", "probe.example.test"); strings.Contains(out, "192.0.2.77") || queries.Load() != before {
+			t.Errorf("probe.example.test from vault1 (internal only): %q %q, upstream queries %d -> %d; want no answer and none asked",
+				out, errOut, before, queries.Load())
+		}
+		if table := c.mustCtl(3, "network", "inspect", "vault"); !regexp.MustCompile(`(?m)^INTERNAL +yes`).MatchString(table) {
+			t.Errorf("network inspect vault does not say internal:\n%s", table)
+		}
+		if table := c.mustCtl(3, "network", "inspect", "outer"); !regexp.MustCompile(`(?m)^INTERNAL +no$`).MatchString(table) {
+			t.Errorf("network inspect outer says internal:\n%s", table)
+		}
+		c.rm("vault1", "vault3", "open1")
+	})
+
 	c.run(t, "HealthCheckOnOverlay", func(t *testing.T) {
 		c.create("hcov", 2, []string{"--health-http", "80/", "--health-interval", "1s", "-d"}, "httpd", "-f", "-p", "80", "-h", "/www")
 		task := c.taskOn("hcov", 2)

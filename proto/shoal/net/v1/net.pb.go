@@ -681,7 +681,10 @@ type OverlayNetwork struct {
 	// addresses of its tasks that are not finished.
 	Addresses []string `protobuf:"bytes,3,rep,name=addresses,proto3" json:"addresses,omitempty"`
 	// network aliases answered on it, sorted by name.
-	Aliases       []*NetworkAlias `protobuf:"bytes,4,rep,name=aliases,proto3" json:"aliases,omitempty"`
+	Aliases []*NetworkAlias `protobuf:"bytes,4,rep,name=aliases,proto3" json:"aliases,omitempty"`
+	// internal: a service on it says so (ServiceSpec.Internal); its tasks
+	// on internal networks only reach nothing outside the overlay.
+	Internal      bool `protobuf:"varint,5,opt,name=internal,proto3" json:"internal,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -742,6 +745,13 @@ func (x *OverlayNetwork) GetAliases() []*NetworkAlias {
 		return x.Aliases
 	}
 	return nil
+}
+
+func (x *OverlayNetwork) GetInternal() bool {
+	if x != nil {
+		return x.Internal
+	}
+	return false
 }
 
 // NetworkAlias is a DNS name a service has on one network only.
@@ -854,12 +864,13 @@ const file_shoal_net_v1_net_proto_rawDesc = "" +
 	" \x01(\rR\x05tasks\x12\x10\n" +
 	"\x03dns\x18\f \x01(\tR\x03dns\x129\n" +
 	"\tpublished\x18\r \x03(\v2\x1b.shoal.net.v1.PublishedPortR\tpublished\x128\n" +
-	"\bnetworks\x18\x0e \x03(\v2\x1c.shoal.net.v1.OverlayNetworkR\bnetworksJ\x04\b\v\x10\f\"\x94\x01\n" +
+	"\bnetworks\x18\x0e \x03(\v2\x1c.shoal.net.v1.OverlayNetworkR\bnetworksJ\x04\b\v\x10\f\"\xb0\x01\n" +
 	"\x0eOverlayNetwork\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n" +
 	"\bservices\x18\x02 \x03(\tR\bservices\x12\x1c\n" +
 	"\taddresses\x18\x03 \x03(\tR\taddresses\x124\n" +
-	"\aaliases\x18\x04 \x03(\v2\x1a.shoal.net.v1.NetworkAliasR\aaliases\"<\n" +
+	"\aaliases\x18\x04 \x03(\v2\x1a.shoal.net.v1.NetworkAliasR\aaliases\x12\x1a\n" +
+	"\binternal\x18\x05 \x01(\bR\binternal\"<\n" +
 	"\fNetworkAlias\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n" +
 	"\aservice\x18\x02 \x01(\tR\aservice2\xd8\x01\n" +
