@@ -59,7 +59,8 @@ func (s *api) Attach(ctx context.Context, req *netv1.AttachRequest) (*netv1.Atta
 	if err := n.saveIPAM(); err != nil {
 		return nil, err
 	}
-	n.guardPorts()
+	spec := specOf(n.mirror.Get, req.GetService())
+	n.guardPorts(ip, spec)
 	nsName, veth := taskNames(req.GetTask())
 	nsPath := wg.NetnsPath(nsName)
 	gw := n.ipam.Gateway()
@@ -78,7 +79,7 @@ func (s *api) Attach(ctx context.Context, req *netv1.AttachRequest) (*netv1.Atta
 		return nil, fmt.Errorf("configure task %s: %w", req.GetTask(), err)
 	}
 	resolv := filepath.Join(n.cfg.StateDir, "resolv", req.GetTask()+".conf")
-	conf := fmt.Sprintf("nameserver %s\nsearch %s\noptions ndots:1\n", gw, stackSearch(n.mirror.Get, req.GetService()))
+	conf := fmt.Sprintf("nameserver %s\nsearch %s\noptions ndots:1\n", gw, stackSearch(spec))
 	if err := os.WriteFile(resolv, []byte(conf), 0o644); err != nil {
 		return nil, err
 	}

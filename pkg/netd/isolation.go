@@ -138,6 +138,7 @@ func sortedAddrs(a []netip.Addr) []netip.Addr {
 func (n *node) isolate(iso isolation) {
 	n.mu.Lock()
 	iso.ports = n.localPorts()
+	n.keepSealing(&iso)
 	n.isoMu.Lock()
 	n.mu.Unlock()
 	defer n.isoMu.Unlock()
@@ -145,13 +146,15 @@ func (n *node) isolate(iso isolation) {
 }
 
 // guardPorts applies the rules last applied again with the ports of this
-// node's tasks as its IPAM now has them. Attach calls it (n.mu held) once
-// a task has its address and before its veth exists, so that the task's
-// packets are checked from the first: the reconcile after its start comes
-// a fraction of a second later. Before the first reconcile there are no
-// rules of this netd's to add to (those of the one before it stay), and
-// that reconcile reads the IPAM anew.
-func (n *node) guardPorts() {
+// node's tasks as its IPAM now has them, and with the new task at addr
+// sealed if spec, its service's (nil: not known here yet), is on internal
+// networks only. Attach calls it (n.mu held) once a task has its address
+// and before its veth exists, so that the task's packets are checked from
+// the first: the reconcile after its start comes a fraction of a second
+// later. Before the first reconcile there are no rules of this netd's to
+// add to (those of the one before it stay), and that reconcile reads the
+// IPAM anew.
+func (n *node) guardPorts(addr netip.Addr, spec *sched.ServiceSpec) {
 	ports := n.localPorts()
 	n.isoMu.Lock()
 	defer n.isoMu.Unlock()
@@ -160,7 +163,45 @@ func (n *node) guardPorts() {
 	}
 	iso := n.iso
 	iso.ports = ports
+	if spec != nil && sealedOn(*spec, iso.networks) {
+		if n.sealing == nil {
+			n.sealing = map[netip.Addr]bool{}
+		}
+		n.sealing[addr] = true
+		n.keepSealing(&iso)
+	}
 	n.applyLocked(iso)
+}
+
+// keepSealing adds to iso.sealed the tasks sealed at their attach whose
+// documents iso does not count yet, and forgets those it counts (it
+// decides from now on) or that lost their address; n.mu held, iso.ports
+// read.
+func (n *node) keepSealing(iso *isolation) {
+	if len(n.sealing) == 0 {
+		return
+	}
+	sealed := slices.Clone(iso.sealed)
+	for a := range n.sealing {
+		_, known := slices.BinarySearchFunc(iso.tasks, a, netip.Addr.Compare)
+		if known || !slices.ContainsFunc(iso.ports, func(p taskPort) bool { return p.addr == a }) {
+			delete(n.sealing, a)
+			continue
+		}
+		sealed = append(sealed, a)
+	}
+	iso.sealed = sortedAddrs(sealed)
+}
+
+// sealedOn reports whether a task of spec is sealed: every network it is
+// on is internal, by spec's say or by a network of nets (another
+// service's say).
+func sealedOn(spec sched.ServiceSpec, nets []overlayNetwork) bool {
+	on := spec.OnNetworks()
+	return len(on) > 0 && !slices.ContainsFunc(on, func(name string) bool {
+		i := slices.IndexFunc(nets, func(n overlayNetwork) bool { return n.name == name })
+		return !slices.Contains(spec.Internal, name) && (i < 0 || !nets[i].internal)
+	})
 }
 
 // applyLocked applies iso unless it is what was applied last; isoMu held.

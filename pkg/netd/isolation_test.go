@@ -333,17 +333,17 @@ func TestGuardPorts(t *testing.T) {
 		}
 		return rules
 	}
-	attach := func(task string) netip.Addr {
+	attach := func(task string, spec *sched.ServiceSpec) netip.Addr {
 		n.mu.Lock()
 		defer n.mu.Unlock()
 		a, err := n.ipam.Allocate(task)
 		if err != nil {
 			t.Fatal(err)
 		}
-		n.guardPorts()
+		n.guardPorts(a, spec)
 		return a
 	}
-	attach("web.a")
+	attach("web.a", nil)
 	if tables, err := conn.ListTables(); err != nil || len(tables) != 0 {
 		t.Fatalf("before any reconcile: tables %v (%v), want none", tables, err)
 	}
@@ -352,7 +352,7 @@ func TestGuardPorts(t *testing.T) {
 	if got := len(prerouting()); got != 2 {
 		t.Fatalf("after the reconcile: %d prerouting rules, want web.a's 2", got)
 	}
-	b := attach("web.b")
+	b := attach("web.b", &sched.ServiceSpec{Name: "web"})
 	rules := prerouting()
 	if len(rules) != 4 {
 		t.Fatalf("after web.b's attach: %d prerouting rules, want 4", len(rules))
@@ -372,6 +372,46 @@ func TestGuardPorts(t *testing.T) {
 	n.isoMu.Unlock()
 	if !kept {
 		t.Fatalf("rules after the attach: %s, %d ports; want the reconcile's and 2 ports", isoText(n.iso), len(n.iso.ports))
+	}
+	// A task on internal networks only is sealed from its attach: by its
+	// own spec's say, or by the rules' (another service's); not one also
+	// on a network that is not internal.
+	n.isoMu.Lock()
+	n.iso.networks = append(n.iso.networks, overlayNetwork{name: "vault", internal: true})
+	n.isoMu.Unlock()
+	own := attach("db.a", &sched.ServiceSpec{Name: "db", Networks: []string{"back"}, Internal: []string{"back"}})
+	other := attach("db.b", &sched.ServiceSpec{Name: "db2", Networks: []string{"vault"}})
+	attach("db.c", &sched.ServiceSpec{Name: "db3", Networks: []string{"vault", "front"}})
+	n.isoMu.Lock()
+	sealed := fmt.Sprint(n.iso.sealed)
+	n.isoMu.Unlock()
+	if want := fmt.Sprint([]netip.Addr{own, other}); sealed != want {
+		t.Fatalf("sealed after the attaches: %s, want %s", sealed, want)
+	}
+	table := &nftables.Table{Name: isolationTable, Family: nftables.TableFamilyINet}
+	set, err := conn.GetSetByName(table, "sealed")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if elems, err := conn.GetSetElements(set); err != nil || len(elems) != 2 {
+		t.Fatalf("the sealed set: %v (%v), want 2 addresses", elems, err)
+	}
+	// A reconcile before their documents arrive keeps them sealed; once
+	// the documents count a task, they decide (here: db.a's says it is
+	// not sealed any more).
+	sealedAfter := func(iso isolation) string {
+		n.isolate(iso)
+		n.isoMu.Lock()
+		defer n.isoMu.Unlock()
+		return fmt.Sprint(n.iso.sealed)
+	}
+	if got, want := sealedAfter(iso), fmt.Sprint([]netip.Addr{own, other}); got != want {
+		t.Fatalf("sealed after a reconcile without their documents: %s, want %s", got, want)
+	}
+	withOwn := iso
+	withOwn.tasks = sortedAddrs(append(slices.Clone(iso.tasks), own))
+	if got, want := sealedAfter(withOwn), fmt.Sprint([]netip.Addr{other}); got != want {
+		t.Fatalf("sealed after db.a's document: %s, want %s", got, want)
 	}
 	if err := removeIsolation(conn); err != nil {
 		t.Fatal(err)

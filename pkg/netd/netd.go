@@ -112,8 +112,12 @@ type node struct {
 	dns   *dns.Server
 	proxy *portproxy.Proxy
 
-	mu   sync.Mutex // guards ipam and attach/detach
+	mu   sync.Mutex // guards ipam, sealing and attach/detach
 	ipam *overlay.IPAM
+	// sealing are this node's tasks sealed at their attach (on internal
+	// networks only) whose documents have not arrived: isolationOf
+	// cannot tell yet, and a reconcile meanwhile must not unseal them.
+	sealing map[netip.Addr]bool
 
 	// pubs are the published ports as the run loop last applied them
 	// (written by it only, under pubMu; Status reads them).

@@ -270,14 +270,26 @@ func (sc *dnsScope) aliases() map[string][]*netv1.NetworkAlias {
 	return out
 }
 
-// stackSearch is the DNS search list of a task of service: a stack's
+// specOf is service's spec as get (the mirror's Get) has it; nil if it
+// has none (yet) or cannot decode it.
+func specOf(get func(key string) *statev1.Document, service string) *sched.ServiceSpec {
+	d := get(prefixServices + service)
+	if d == nil {
+		return nil
+	}
+	svc, err := sched.ServiceFromDoc(service, statepb.FromDocument(d))
+	if err != nil || svc == nil {
+		return nil
+	}
+	return &svc.Spec
+}
+
+// stackSearch is the DNS search list of a task of spec's service: a stack's
 // tasks look names up in their stack first, so that "db" is the stack's
 // db, then among all services.
-func stackSearch(services func(key string) *statev1.Document, service string) string {
-	if d := services(prefixServices + service); d != nil {
-		if svc, err := sched.ServiceFromDoc(service, statepb.FromDocument(d)); err == nil && svc != nil && svc.Spec.StackAlias() != "" {
-			return svc.Spec.Stack + ".shoal shoal"
-		}
+func stackSearch(spec *sched.ServiceSpec) string {
+	if spec != nil && spec.StackAlias() != "" {
+		return spec.Stack + ".shoal shoal"
 	}
 	return "shoal"
 }

@@ -168,7 +168,7 @@ func TestStackNames(t *testing.T) {
 	}
 	get := func(key string) *statev1.Document { return byKey[key] }
 	for service, want := range map[string]string{"app-web": "app.shoal shoal", "db": "shoal", "unknown": "shoal"} {
-		if got := stackSearch(get, service); got != want {
+		if got := stackSearch(specOf(get, service)); got != want {
 			t.Errorf("stackSearch(%s) = %q, want %q", service, got, want)
 		}
 	}
