@@ -222,7 +222,10 @@ func convertService(p *types.Project, stack string, svc types.ServiceConfig, sec
 	// that names none is on <stack>_default, so that stacks are apart.
 	// A stack's network the file makes internal is in every spec on it.
 	internal := func(key, name string) {
-		if nw, ok := p.Networks[key]; ok && nw.Internal && !bool(nw.External) {
+		switch nw, ok := p.Networks[key]; {
+		case ok && nw.Internal && bool(nw.External):
+			warn("network %s: internal is ignored on an external network (the services on it say whether it is)", key)
+		case ok && nw.Internal:
 			spec.Internal = append(spec.Internal, name)
 		}
 	}

@@ -80,7 +80,7 @@ configs:
   motd: {external: true}
 networks:
   front: {internal: true}
-  corp: {external: true, name: corp-net}
+  corp: {external: true, name: corp-net, internal: true}
   default: {internal: true}
 `)
 	plan, err := Convert(p, "app")
@@ -132,7 +132,8 @@ networks:
 	if g := jsonOf(t, plan.Configs); g != `[{"Key":"motd","Name":"motd","External":true,"File":"","Env":"","Content":""},{"Key":"site","Name":"app_site","External":false,"File":"","Env":"","Content":"listen 80;"}]` {
 		t.Errorf("configs: %s", g)
 	}
-	if len(plan.Warnings) != 1 || !strings.Contains(plan.Warnings[0], "service web: depends_on is ignored") {
+	if len(plan.Warnings) != 2 || !strings.Contains(plan.Warnings[0], "service web: depends_on is ignored") ||
+		!strings.Contains(plan.Warnings[1], "service web: network corp: internal is ignored on an external network") {
 		t.Errorf("warnings: %q", plan.Warnings)
 	}
 }
