@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -1049,7 +1050,9 @@ func (a *app) servicePs() *cobra.Command {
 
 // noteLoneNetworks says which of spec's networks no other service is on:
 // a network exists while a service names it, so a misspelt name gives a
-// service a network of its own, where Swarm would say "not found".
+// service a network of its own, where Swarm would say "not found". It
+// also names the networks of spec's that another service makes internal,
+// which spec does not say itself.
 func (a *app) noteLoneNetworks(ctx context.Context, c *client.Schedd, spec sched.ServiceSpec) {
 	if len(spec.Networks) == 0 {
 		return
@@ -1059,24 +1062,34 @@ func (a *app) noteLoneNetworks(ctx context.Context, c *client.Schedd, spec sched
 		return // only a note
 	}
 	shared := map[string]bool{}
+	internalBy := map[string]string{} // network -> a service that makes it internal
 	for _, s := range resp.GetServices() {
 		if s.GetName() != spec.Name {
-			for _, n := range specOf(s).OnNetworks() {
+			other := specOf(s)
+			for _, n := range other.OnNetworks() {
 				shared[n] = true
+				if slices.Contains(other.Internal, n) && internalBy[n] == "" {
+					internalBy[n] = s.GetName()
+				}
 			}
 		}
 	}
 	for _, n := range spec.Networks {
-		if !shared[n] {
+		switch {
+		case !shared[n]:
 			fmt.Fprintf(a.errOut, "note: no other service is on network %s yet (a network exists while a service names it)\n", n)
+		case internalBy[n] != "" && !slices.Contains(spec.Internal, n):
+			fmt.Fprintf(a.errOut, "note: network %s is internal (service %s says so): tasks on internal networks only reach nothing outside the overlay\n",
+				n, internalBy[n])
 		}
 	}
 }
 
 // setNetworks turns --network values into the spec's fields: host alone
 // is Network, the node's namespace (the spec refuses it among others);
-// default alone is no Networks, the default network; NAME or name=NAME[,alias=A...][,internal] (Docker's long
-// form; internal is Shoal's, having no network create) is one more.
+// default alone is no Networks, the default network; NAME, or
+// name=NAME[,alias=A...][,internal] (Docker's long form; internal is
+// Shoal's, having no network create), is one more.
 func setNetworks(spec *sched.ServiceSpec, vals []string) error {
 	spec.Network, spec.Networks, spec.Aliases, spec.Internal = "", nil, nil, nil
 	for _, v := range vals {

@@ -375,4 +375,13 @@ func TestLoneNetworkNote(t *testing.T) {
 	if errOut := create("c"); strings.Contains(errOut, "note:") {
 		t.Errorf("a service on the default network: %q", errOut)
 	}
+	// A network another service makes internal is named, unless this
+	// service says so too.
+	create("d", "name=vault,internal")
+	if errOut := create("e", "vault"); !strings.Contains(errOut, "note: network vault is internal (service d says so)") {
+		t.Errorf("a service on a network d makes internal: %q", errOut)
+	}
+	if errOut := create("f", "name=vault,internal"); strings.Contains(errOut, "note:") {
+		t.Errorf("a service that makes vault internal too: %q", errOut)
+	}
 }
