@@ -104,11 +104,10 @@ func isolationOf(services []*sched.Service, tasks, nodes []*statev1.Document) is
 		}
 		iso.tasks = append(iso.tasks, ip)
 		if s := bySvc[f["service"].GetStringValue()]; s != nil {
-			on := s.Spec.OnNetworks()
-			for _, n := range on {
+			for _, n := range s.Spec.OnNetworks() {
 				nets[n].addrs = append(nets[n].addrs, ip)
 			}
-			if len(on) > 0 && !slices.ContainsFunc(on, func(n string) bool { return !nets[n].internal }) {
+			if allInternal(s.Spec, func(n string) bool { return nets[n].internal }) {
 				iso.sealed = append(iso.sealed, ip)
 			}
 		}
@@ -163,7 +162,11 @@ func (n *node) guardPorts(addr netip.Addr, spec *sched.ServiceSpec) {
 	}
 	iso := n.iso
 	iso.ports = ports
-	if spec != nil && sealedOn(*spec, iso.networks) {
+	internal := func(name string) bool {
+		i := slices.IndexFunc(iso.networks, func(n overlayNetwork) bool { return n.name == name })
+		return slices.Contains(spec.Internal, name) || i >= 0 && iso.networks[i].internal
+	}
+	if spec != nil && allInternal(*spec, internal) {
 		if n.sealing == nil {
 			n.sealing = map[netip.Addr]bool{}
 		}
@@ -193,15 +196,11 @@ func (n *node) keepSealing(iso *isolation) {
 	iso.sealed = sortedAddrs(sealed)
 }
 
-// sealedOn reports whether a task of spec is sealed: every network it is
-// on is internal, by spec's say or by a network of nets (another
-// service's say).
-func sealedOn(spec sched.ServiceSpec, nets []overlayNetwork) bool {
+// allInternal reports whether a task of spec is sealed: every network it is
+// on is internal (isolationOf and guardPorts know that differently).
+func allInternal(spec sched.ServiceSpec, internal func(network string) bool) bool {
 	on := spec.OnNetworks()
-	return len(on) > 0 && !slices.ContainsFunc(on, func(name string) bool {
-		i := slices.IndexFunc(nets, func(n overlayNetwork) bool { return n.name == name })
-		return !slices.Contains(spec.Internal, name) && (i < 0 || !nets[i].internal)
-	})
+	return len(on) > 0 && !slices.ContainsFunc(on, func(n string) bool { return !internal(n) })
 }
 
 // applyLocked applies iso unless it is what was applied last; isoMu held.
